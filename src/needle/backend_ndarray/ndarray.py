@@ -1,0 +1,967 @@
+"""NDArray: a strided view (shape, strides, offset) over a flat typed buffer on a device.
+
+Views (reshape when the strides allow, permute, broadcast_to, slicing, flip) share the
+buffer; everything else goes through the device's backend, which sees only flat buffers
+and explicit sizes. NDArray does the checking (shapes, axes, dtypes, devices) so that no
+backend ever receives input it cannot handle.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import numbers
+import operator
+from functools import reduce
+
+import numpy as np
+
+from ..errors import AxisError, DeviceError, DTypeError, IndexOutOfRangeError, ShapeError
+from . import dtypes
+from .device import Device, cpu_numpy, default_device
+
+_prod = lambda xs: reduce(operator.mul, xs, 1)  # noqa: E731
+
+
+def _compact_strides(shape) -> tuple[int, ...]:
+    stride, out = 1, []
+    for dim in reversed(shape):
+        out.append(stride)
+        stride *= dim
+    return tuple(reversed(out))
+
+
+def _check_shape(shape) -> tuple[int, ...]:
+    try:
+        shape = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise ShapeError(f"shape must be a tuple of ints, got {shape!r}") from None
+    if any(s < 0 for s in shape):
+        raise ShapeError(f"negative dimension in shape {shape}; sizes must be >= 0")
+    return shape
+
+
+def broadcast_shapes(*shapes) -> tuple[int, ...]:
+    """The numpy broadcast of ``shapes``, or ShapeError naming the dimensions that clash."""
+    ndim = builtins.max(len(s) for s in shapes)
+    out = []
+    for i in range(ndim):
+        dims = {s[i - ndim + len(s)] for s in shapes if i - ndim + len(s) >= 0} - {1}
+        if len(dims) > 1:
+            raise ShapeError(f"shapes {' and '.join(map(str, shapes))} cannot be broadcast together "
+                             f"(dimension {i} is {sorted(dims)})")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def _normalize_axes(axis, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    out = []
+    for ax in axes:
+        if not isinstance(ax, numbers.Integral):
+            raise AxisError(f"axis must be an int, got {ax!r}")
+        if not -ndim <= ax < builtins.max(ndim, 1):
+            raise AxisError(f"axis {ax} is out of range for an array of {ndim} dimensions")
+        out.append(int(ax) % builtins.max(ndim, 1))
+    if len(set(out)) != len(out):
+        raise AxisError(f"repeated axis in {axis!r}")
+    return tuple(out)
+
+
+class NDArray:
+    """A strided n-dimensional array of one dtype on one device."""
+
+    __slots__ = ("_shape", "_strides", "_offset", "_device", "_handle", "__weakref__")
+
+    def __init__(self, other, device: Device | None = None, dtype=None):
+        if isinstance(other, NDArray):
+            device = device or other.device
+            src = other.astype(dtypes.canonical(dtype)) if dtype is not None else other
+            src = src.to(device) if device != src.device else src.compact()
+            self._init(src if src is not other else other.compact().copy())
+            return
+        if hasattr(other, "__dlpack__") and not isinstance(other, np.ndarray):
+            other = np.asarray(other.detach().cpu() if hasattr(other, "detach") else other)
+        array = np.asarray(other)
+        if dtype is None:
+            if array.dtype.kind == "f" and array.dtype not in (np.float16, np.float32):
+                dtype = "float32" if array.dtype == np.float64 else dtypes.canonical(array.dtype)
+            elif array.dtype.kind in "iu":
+                dtype = "int64" if array.dtype.itemsize == 8 else "int32"
+            else:
+                dtype = dtypes.canonical(array.dtype)
+        dtype = dtypes.canonical(dtype)
+        device = device or default_device()
+        out = NDArray.make(array.shape, device=device, dtype=dtype)
+        if array.dtype == np.object_:
+            raise DTypeError("cannot make an NDArray from ragged or object data")
+        device.backend.from_numpy(np.ascontiguousarray(array, dtype=dtypes.to_numpy_dtype(dtype)),
+                                  out._handle)
+        self._init(out)
+
+    def _init(self, other: NDArray) -> None:
+        self._shape, self._strides, self._offset = other._shape, other._strides, other._offset
+        self._device, self._handle = other._device, other._handle
+
+    @staticmethod
+    def make(shape, strides=None, device: Device | None = None, handle=None, offset: int = 0,
+             dtype: str = "float32") -> NDArray:
+        """Create an NDArray over ``handle`` (or a fresh buffer) without copying."""
+        arr = NDArray.__new__(NDArray)
+        arr._shape = _check_shape(shape)
+        arr._strides = _compact_strides(arr._shape) if strides is None else tuple(strides)
+        arr._offset = offset
+        arr._device = device if device is not None else default_device()
+        if handle is None:
+            handle = arr._device.backend.Array(_prod(arr._shape), dtypes.canonical(dtype))
+        arr._handle = handle
+        return arr
+
+    # --- properties ----------------------------------------------------------------------
+    shape = property(lambda self: self._shape)
+    strides = property(lambda self: self._strides)
+    offset = property(lambda self: self._offset)
+    device = property(lambda self: self._device)
+    handle = property(lambda self: self._handle)
+    dtype = property(lambda self: self._handle.dtype)
+    ndim = property(lambda self: len(self._shape))
+    size = property(lambda self: _prod(self._shape))
+    itemsize = property(lambda self: dtypes.ITEMSIZE[self.dtype])
+    nbytes = property(lambda self: self.size * self.itemsize)
+
+    @property
+    def _be(self):
+        return self._device.backend
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise ShapeError("len() of a 0-d array")
+        return self._shape[0]
+
+    def __repr__(self) -> str:
+        return f"NDArray({self.numpy()!r}, device={self.device!r}, dtype={self.dtype})"
+
+    __str__ = lambda self: str(self.numpy())  # noqa: E731
+
+    # --- creation and transfer -----------------------------------------------------------
+    def _empty_like(self, shape=None, dtype=None) -> NDArray:
+        return NDArray.make(self.shape if shape is None else shape, device=self.device,
+                            dtype=dtype or self.dtype)
+
+    def fill(self, value) -> None:
+        """Set every element to ``value`` (the array must be compact)."""
+        if not self.is_compact():
+            self[...] = value
+            return
+        self._be.fill(self._handle, value)
+
+    def numpy(self) -> np.ndarray:
+        """A numpy copy of the array (waits for queued device work)."""
+        return self._be.to_numpy(self._handle, self._shape, self._strides, self._offset)
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.numpy()
+        return out.astype(dtype) if dtype is not None else out
+
+    def item(self):
+        if self.size != 1:
+            raise ShapeError(f"item() needs an array of one element, this one has shape {self.shape}")
+        return self.numpy().reshape(-1)[0].item()
+
+    def to(self, device: Device) -> NDArray:
+        if device == self.device:
+            return self
+        return NDArray(self.numpy(), device=device, dtype=self.dtype)
+
+    def copy(self) -> NDArray:
+        out = self._empty_like()
+        self._be.compact(self._handle, out._handle, self._shape, self._strides, self._offset)
+        return out
+
+    def astype(self, dtype) -> NDArray:
+        dtype = dtypes.canonical(dtype)
+        if dtype == self.dtype:
+            return self
+        src = self.compact()
+        out = self._empty_like(dtype=dtype)
+        self._be.ewise_cast(src._handle, out._handle)
+        return out
+
+    # --- DLPack --------------------------------------------------------------------------
+    def __dlpack__(self, stream=None, **kwargs):
+        be = self._be
+        if hasattr(be, "to_dlpack"):
+            return be.to_dlpack(self._handle, self._shape, self._strides, self._offset, stream)
+        return self._host_view().__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def __dlpack_device__(self):
+        be = self._be
+        if hasattr(be, "dlpack_device"):
+            return be.dlpack_device()
+        return (1, 0)  # kDLCPU
+
+    def _host_view(self) -> np.ndarray:
+        if self.dtype == "bfloat16":
+            raise DTypeError("DLPack exchange of bfloat16 is not supported on the CPU "
+                             "(numpy has no bfloat16 DLPack code); cast to float32 first")
+        flat = self._be.host_view(self._handle)
+        item = flat.itemsize
+        return np.lib.stride_tricks.as_strided(
+            flat[self._offset:], self._shape, tuple(s * item for s in self._strides))
+
+    # --- layout --------------------------------------------------------------------------
+    def is_compact(self) -> bool:
+        return (self._offset == 0 and self._strides == _compact_strides(self._shape)
+                and self.size == self._handle.size)
+
+    def compact(self) -> NDArray:
+        return self if self.is_compact() else self.copy()
+
+    def as_strided(self, shape, strides) -> NDArray:
+        return NDArray.make(shape, strides, self.device, self._handle, self._offset, self.dtype)
+
+    def reshape(self, new_shape) -> NDArray:
+        """A view with ``new_shape`` when the strides allow one, else a compact copy."""
+        if isinstance(new_shape, numbers.Integral):
+            new_shape = (new_shape,)
+        new_shape = list(new_shape)
+        if new_shape.count(-1) > 1:
+            raise ShapeError(f"only one dimension can be -1 in reshape, got {tuple(new_shape)}")
+        if -1 in new_shape:
+            known = _prod(d for d in new_shape if d != -1)
+            if known == 0 or self.size % known:
+                raise ShapeError(f"cannot reshape array of size {self.size} into {tuple(new_shape)}")
+            new_shape[new_shape.index(-1)] = self.size // known
+        new_shape = _check_shape(new_shape)
+        if _prod(new_shape) != self.size:
+            raise ShapeError(f"cannot reshape array of shape {self.shape} (size {self.size}) "
+                             f"into shape {new_shape} (size {_prod(new_shape)})")
+        strides = self._view_strides(new_shape)
+        if strides is None:
+            return self.compact().reshape(new_shape)
+        return NDArray.make(new_shape, strides, self.device, self._handle, self._offset, self.dtype)
+
+    def _view_strides(self, new_shape) -> tuple[int, ...] | None:
+        """Strides that read this array's elements in order under ``new_shape``, or None.
+
+        numpy already knows when a reshape can be a view; ask it on a probe array with
+        itemsize 1 whose byte strides are our element strides (no data is ever read).
+        """
+        probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), self._shape, self._strides)
+        try:
+            return np.reshape(probe, new_shape, copy=False).strides
+        except ValueError:
+            return None
+
+    def permute(self, new_axes) -> NDArray:
+        axes = _normalize_axes(tuple(new_axes), self.ndim)
+        if len(axes) != self.ndim:
+            raise AxisError(f"permute needs all {self.ndim} axes, got {tuple(new_axes)}")
+        return self.as_strided(tuple(self._shape[a] for a in axes),
+                               tuple(self._strides[a] for a in axes))
+
+    def transpose(self, axes=None) -> NDArray:
+        if axes is None:
+            return self.permute(tuple(reversed(range(self.ndim))))
+        return self.permute(axes)
+
+    def swapaxes(self, a: int, b: int) -> NDArray:
+        a, b = _normalize_axes((a, b), self.ndim) if a != b else (_normalize_axes(a, self.ndim) * 2)
+        axes = list(range(self.ndim))
+        axes[a], axes[b] = axes[b], axes[a]
+        return self.permute(axes)
+
+    @property
+    def T(self) -> NDArray:  # noqa: N802
+        return self.transpose()
+
+    def broadcast_to(self, new_shape) -> NDArray:
+        new_shape = _check_shape(new_shape)
+        if len(new_shape) < self.ndim:
+            raise ShapeError(f"cannot broadcast shape {self.shape} to fewer dimensions {new_shape}")
+        lead = len(new_shape) - self.ndim
+        strides = [0] * lead
+        for i, (d, s) in enumerate(zip(self._shape, self._strides)):
+            if d == new_shape[lead + i]:
+                strides.append(s)
+            elif d == 1:
+                strides.append(0)
+            else:
+                raise ShapeError(f"cannot broadcast shape {self.shape} to {new_shape}")
+        return self.as_strided(new_shape, strides)
+
+    def flip(self, axes=None) -> NDArray:
+        axes = _normalize_axes(axes, self.ndim)
+        offset, strides = self._offset, list(self._strides)
+        for ax in axes:
+            if self._shape[ax] > 0:
+                offset += (self._shape[ax] - 1) * strides[ax]
+            strides[ax] = -strides[ax]
+        return NDArray.make(self._shape, strides, self.device, self._handle, offset, self.dtype)
+
+    def pad(self, axes) -> NDArray:
+        """Zero-pad: ``axes`` gives (before, after) for each dimension."""
+        axes = tuple(tuple(p) for p in axes)
+        if len(axes) != self.ndim or any(len(p) != 2 or min(p) < 0 for p in axes):
+            raise ShapeError(f"pad needs a (before, after) pair of non-negative ints for each of "
+                             f"the {self.ndim} dimensions, got {axes}")
+        out = self._empty_like(tuple(d + a + b for d, (a, b) in zip(self._shape, axes)))
+        out.fill(0)
+        out[tuple(slice(a, a + d) for d, (a, _) in zip(self._shape, axes))] = self
+        return out
+
+    # --- indexing ------------------------------------------------------------------------
+    def _parse_index(self, idxs):
+        """Turn an index into (view, squeeze_axes): basic indexing only."""
+        if not isinstance(idxs, tuple):
+            idxs = (idxs,)
+        n_ell = builtins.sum(1 for i in idxs if i is Ellipsis)
+        if n_ell > 1:
+            raise IndexOutOfRangeError("an index can only have a single ellipsis ('...')")
+        n_real = builtins.sum(1 for i in idxs if i is not None and i is not Ellipsis)
+        if n_real > self.ndim:
+            raise IndexOutOfRangeError(f"too many indices ({n_real}) for an array of "
+                                       f"{self.ndim} dimensions")
+        expanded = []
+        for i in idxs:
+            if i is Ellipsis:
+                expanded.extend([slice(None)] * (self.ndim - n_real))
+            else:
+                expanded.append(i)
+        if not n_ell:
+            expanded.extend([slice(None)] * (self.ndim - n_real))
+        shape, strides, offset, dim = [], [], self._offset, 0
+        for i in expanded:
+            if i is None:
+                shape.append(1)
+                strides.append(0)
+                continue
+            size, stride = self._shape[dim], self._strides[dim]
+            if isinstance(i, slice):
+                start, stop, step = i.indices(size)
+                n = len(range(start, stop, step))
+                offset += start * stride if n else 0
+                shape.append(n)
+                strides.append(stride * step)
+            elif isinstance(i, (numbers.Integral, np.integer)) and not isinstance(i, bool):
+                j = int(i)
+                if not -size <= j < size:
+                    raise IndexOutOfRangeError(f"index {j} is out of range for axis {dim} "
+                                               f"of size {size}")
+                offset += (j % size) * stride
+            else:
+                raise IndexOutOfRangeError(
+                    f"unsupported index {i!r}: use ints, slices, None or '...' "
+                    "(for lookups by an index array use take())")
+            dim += 1
+        return NDArray.make(tuple(shape), tuple(strides), self.device, self._handle, offset,
+                            self.dtype)
+
+    def __getitem__(self, idxs) -> NDArray:
+        return self._parse_index(idxs)
+
+    def __setitem__(self, idxs, other) -> None:
+        view = self._parse_index(idxs)
+        if isinstance(other, NDArray):
+            self._check_device(other)
+            src = other.astype(self.dtype)
+            if src.shape != view.shape:
+                src = src.broadcast_to(view.shape)
+            src = src.compact()
+            self._be.ewise_setitem(src._handle, self._handle, view.shape, view.strides,
+                                   view.offset)
+        elif isinstance(other, (numbers.Number, np.generic)):
+            self._be.scalar_setitem(view.size, other, self._handle, view.shape, view.strides,
+                                    view.offset)
+        else:
+            self[idxs] = NDArray(np.asarray(other), device=self.device, dtype=self.dtype)
+
+    # --- elementwise ---------------------------------------------------------------------
+    def _check_device(self, other: NDArray) -> None:
+        if other.device != self.device:
+            raise DeviceError(f"arrays are on different devices ({self.device.name} and "
+                              f"{other.device.name}); move one with .to(device)")
+
+    def _binary(self, other, name: str, dtype_rule=None, out_dtype=None) -> NDArray:
+        """Promote, broadcast and compact both sides, then call ewise_/scalar_ ``name``."""
+        if isinstance(other, NDArray):
+            self._check_device(other)
+            dt = dtypes.promote(self.dtype, other.dtype)
+            dt = dtype_rule(dt) if dtype_rule else dt
+            shape = broadcast_shapes(self.shape, other.shape)
+            a = self.astype(dt).broadcast_to(shape).compact()
+            b = other.astype(dt).broadcast_to(shape).compact()
+            out = NDArray.make(shape, device=self.device, dtype=out_dtype or dt)
+            getattr(self._be, "ewise_" + name)(a._handle, b._handle, out._handle)
+            return out
+        if isinstance(other, (numbers.Number, np.generic)):
+            dt = dtypes.promote_scalar(self.dtype, other)
+            dt = dtype_rule(dt) if dtype_rule else dt
+            a = self.astype(dt).compact()
+            out = a._empty_like(dtype=out_dtype or dt)
+            value = float(other) if dtypes.is_floating(dt) else int(other)
+            getattr(self._be, "scalar_" + name)(a._handle, value, out._handle)
+            return out
+        if isinstance(other, (list, tuple, np.ndarray)):
+            return self._binary(NDArray(np.asarray(other), device=self.device), name,
+                                dtype_rule, out_dtype)
+        return NotImplemented
+
+    def _rbinary(self, other, name):
+        if isinstance(other, (numbers.Number, np.generic)):
+            return full(self.shape, other, dtype=dtypes.promote_scalar(self.dtype, other),
+                        device=self.device)._binary(self, name, dtypes.arithmetic)
+        return NotImplemented
+
+    def __add__(self, other):
+        return self._binary(other, "add", dtypes.arithmetic)
+
+    def __sub__(self, other):
+        return self._binary(other, "sub", dtypes.arithmetic)
+
+    def __mul__(self, other):
+        return self._binary(other, "mul", dtypes.arithmetic)
+
+    def __truediv__(self, other):
+        return self._binary(other, "div", dtypes.floating)
+
+    def __floordiv__(self, other):
+        raise DTypeError("floor division is not an array-API op; use / and cast")
+
+    def __pow__(self, other):
+        return self._binary(other, "power", dtypes.arithmetic)
+
+    __radd__ = __add__
+    __rmul__ = __mul__
+
+    def __rsub__(self, other):
+        return self._rbinary(other, "sub")
+
+    def __rtruediv__(self, other):
+        if isinstance(other, (numbers.Number, np.generic)):
+            return full(self.shape, other, dtype=dtypes.floating(self.dtype),
+                        device=self.device)._binary(self, "div", dtypes.floating)
+        return NotImplemented
+
+    def __rpow__(self, other):
+        return self._rbinary(other, "power")
+
+    def __neg__(self):
+        return self._unary("neg", dtypes.arithmetic)
+
+    def __abs__(self):
+        return self._unary("abs", dtypes.arithmetic)
+
+    def maximum(self, other):
+        return self._binary(other, "maximum", dtypes.arithmetic)
+
+    def minimum(self, other):
+        return self._binary(other, "minimum", dtypes.arithmetic)
+
+    def __eq__(self, other):  # type: ignore[override]
+        return self._binary(other, "eq", out_dtype="bool")
+
+    def __ne__(self, other):  # type: ignore[override]
+        return self._binary(other, "ne", out_dtype="bool")
+
+    def __lt__(self, other):
+        return self._binary(other, "lt", out_dtype="bool")
+
+    def __le__(self, other):
+        return self._binary(other, "le", out_dtype="bool")
+
+    def __gt__(self, other):
+        return self._binary(other, "gt", out_dtype="bool")
+
+    def __ge__(self, other):
+        return self._binary(other, "ge", out_dtype="bool")
+
+    __hash__ = None  # arrays are mutable and compare elementwise
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def _unary(self, name: str, dtype_rule=dtypes.floating) -> NDArray:
+        a = self.astype(dtype_rule(self.dtype)).compact()
+        out = a._empty_like()
+        getattr(self._be, "ewise_" + name)(a._handle, out._handle)
+        return out
+
+    def abs(self):
+        return self._unary("abs", dtypes.arithmetic)
+
+    def relu(self):
+        return self._unary("relu", dtypes.arithmetic)
+
+    def exp(self):
+        return self._unary("exp")
+
+    def log(self):
+        return self._unary("log")
+
+    def sqrt(self):
+        return self._unary("sqrt")
+
+    def rsqrt(self):
+        return self._unary("rsqrt")
+
+    def sin(self):
+        return self._unary("sin")
+
+    def cos(self):
+        return self._unary("cos")
+
+    def tanh(self):
+        return self._unary("tanh")
+
+    def sigmoid(self):
+        return self._unary("sigmoid")
+
+    def silu(self):
+        return self._unary("silu")
+
+    def gelu(self):
+        return self._unary("gelu")
+
+    # --- reductions ----------------------------------------------------------------------
+    def _reduce(self, name: str, axis, keepdims: bool, out_dtype=None) -> NDArray:
+        axes = _normalize_axes(axis, self.ndim)
+        if self.ndim == 0:
+            axes = ()
+        out_shape = tuple(1 if i in axes else d for i, d in enumerate(self._shape))
+        reduce_size = _prod(self._shape[i] for i in axes)
+        if reduce_size == 0 and name != "sum":
+            raise ShapeError(f"{name}() of an empty axis has no identity; "
+                             f"array shape {self.shape}, axes {axes}")
+        if self.dtype == "bool" and name in ("max", "min"):
+            return self.astype("int32")._reduce(name, axis, keepdims).astype("bool")
+        keep = [i for i in range(self.ndim) if i not in axes]
+        # reduce a contiguous block of axes in place when possible, else permute them last
+        if axes and list(axes) == list(range(axes[0], axes[-1] + 1)):
+            src = self.compact()
+            outer = _prod(self._shape[: axes[0]])
+            inner = _prod(self._shape[axes[-1] + 1:])
+        else:
+            src = self.permute(keep + list(axes)).compact()
+            outer, inner = _prod(self._shape[i] for i in keep), 1
+        dt = out_dtype or ("int64" if self.dtype == "bool" and name == "sum" else self.dtype)
+        out = NDArray.make(out_shape, device=self.device, dtype=dt)
+        if self.size == 0:
+            out.fill(0)
+        else:
+            getattr(self._be, "reduce_" + name)(src._handle, out._handle, outer, reduce_size,
+                                                inner)
+        if not keepdims:
+            out = out.reshape(tuple(d for i, d in enumerate(self._shape) if i not in axes))
+        return out
+
+    def sum(self, axis=None, keepdims: bool = False) -> NDArray:
+        return self._reduce("sum", axis, keepdims)
+
+    def max(self, axis=None, keepdims: bool = False) -> NDArray:
+        return self._reduce("max", axis, keepdims)
+
+    def min(self, axis=None, keepdims: bool = False) -> NDArray:
+        return self._reduce("min", axis, keepdims)
+
+    def argmax(self, axis=None, keepdims: bool = False) -> NDArray:
+        if axis is None:
+            return self.reshape(-1)._reduce("argmax", 0, False, "int64")
+        if not isinstance(axis, numbers.Integral):
+            raise AxisError(f"argmax takes a single axis, got {axis!r}")
+        return self._reduce("argmax", axis, keepdims, "int64")
+
+    def mean(self, axis=None, keepdims: bool = False) -> NDArray:
+        axes = _normalize_axes(axis, self.ndim)
+        count = _prod(self._shape[i] for i in axes)
+        src = self if dtypes.is_floating(self.dtype) else self.astype("float32")
+        return src.sum(axis, keepdims) / builtins.max(count, 1)
+
+    # --- matmul --------------------------------------------------------------------------
+    def __matmul__(self, other: NDArray) -> NDArray:
+        if not isinstance(other, NDArray):
+            return NotImplemented
+        self._check_device(other)
+        if self.dtype == "bool" or other.dtype == "bool":
+            raise DTypeError("matmul is not defined for bool arrays; cast to a number type")
+        a, b = self, other
+        if a.ndim == 0 or b.ndim == 0:
+            raise ShapeError("matmul needs arrays of at least one dimension; use * for scalars")
+        dt = dtypes.promote(a.dtype, b.dtype)
+        a, b = a.astype(dt), b.astype(dt)
+        squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
+        if squeeze_a:
+            a = a.reshape((1, a.shape[0]))
+        if squeeze_b:
+            b = b.reshape((b.shape[0], 1))
+        m, n = a.shape[-2:]
+        n2, p = b.shape[-2:]
+        if n != n2:
+            raise ShapeError(f"matmul: inner dimensions differ, {self.shape} @ {other.shape} "
+                             f"({n} != {n2})")
+        batch_shape = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        if b.ndim == 2 and a.ndim > 2:  # (..., m, n) @ (n, p): one big matrix product
+            a2 = a.reshape((-1, n)) if a.is_compact() else a.compact().reshape((-1, n))
+            out = a2._matmul2d(b).reshape(batch_shape + (m, p))
+        else:
+            batch = _prod(batch_shape)
+            out = NDArray.make((batch, m, p), device=self.device, dtype=dt)
+            ha, sa, ta = a._matmul_operand(batch_shape)
+            hb, sb, tb = b._matmul_operand(batch_shape)
+            if out.size:
+                self._be.matmul(ha._handle, hb._handle, out._handle, m, n, p, batch=batch,
+                                stride_a=sa, stride_b=sb, transpose_a=ta, transpose_b=tb)
+            out = out.reshape(batch_shape + (m, p))
+        if squeeze_a:
+            out = out.reshape(out.shape[:-2] + (p,))
+        if squeeze_b:
+            out = out.reshape(out.shape[:-1])
+        return out
+
+    def _matmul2d(self, b: NDArray) -> NDArray:
+        out = NDArray.make((1, self.shape[0], b.shape[1]), device=self.device, dtype=self.dtype)
+        ha, sa, ta = self._matmul_operand(())
+        hb, sb, tb = b._matmul_operand(())
+        if out.size:
+            self._be.matmul(ha._handle, hb._handle, out._handle, self.shape[0], self.shape[1],
+                            b.shape[1], batch=1, stride_a=sa, stride_b=sb, transpose_a=ta,
+                            transpose_b=tb)
+        return out.reshape(out.shape[1:])
+
+    def _matmul_operand(self, batch_shape):
+        """(array, batch stride, transposed) for this operand without copying when possible.
+
+        A matrix whose last two axes are swapped from compact passes as transposed; a single
+        matrix broadcast over the batch passes with batch stride 0.
+        """
+        r, c = self.shape[-2:]
+        mat = self[(0,) * (self.ndim - 2)] if self.ndim > 2 else self
+        broadcast_one = self.ndim == 2 or all(s == 0 for s in self.strides[:-2])
+        if broadcast_one and mat.offset == 0 and mat._handle.size == r * c:
+            if mat.strides == (c, 1) or r == 1 and mat.strides[1] == 1:
+                return mat, 0, False
+            if mat.strides == (1, r) or c == 1 and mat.strides[0] == 1:
+                return mat, 0, True
+        full_ = self.broadcast_to(batch_shape + (r, c)).compact()
+        return full_, r * c, False
+
+    # --- transformer and indexing functions ---------------------------------------------
+    def _rows(self, name: str) -> tuple[NDArray, int]:
+        if not dtypes.is_floating(self.dtype):
+            raise DTypeError(f"{name} needs a floating-point array, got {self.dtype}")
+        if self.ndim == 0:
+            raise ShapeError(f"{name} needs at least one dimension")
+        return self.compact(), self.shape[-1]
+
+    def softmax(self) -> NDArray:
+        """Softmax over the last axis."""
+        a, dim = self._rows("softmax")
+        out = a._empty_like()
+        if a.size:
+            self._be.softmax(a._handle, out._handle, dim)
+        return out
+
+    def log_softmax(self) -> NDArray:
+        """log(softmax(x)) over the last axis, computed stably."""
+        a, dim = self._rows("log_softmax")
+        out = a._empty_like()
+        if a.size:
+            self._be.log_softmax(a._handle, out._handle, dim)
+        return out
+
+    def rmsnorm(self, weight: NDArray, eps: float = 1e-6) -> NDArray:
+        a, dim = self._rows("rmsnorm")
+        w = self._param(weight, dim, "rmsnorm weight")
+        out = a._empty_like()
+        if a.size:
+            self._be.rmsnorm(a._handle, w._handle, out._handle, dim, float(eps))
+        return out
+
+    def layernorm(self, weight: NDArray, bias: NDArray, eps: float = 1e-5) -> NDArray:
+        a, dim = self._rows("layernorm")
+        w = self._param(weight, dim, "layernorm weight")
+        b = self._param(bias, dim, "layernorm bias")
+        out = a._empty_like()
+        if a.size:
+            self._be.layernorm(a._handle, w._handle, b._handle, out._handle, dim, float(eps))
+        return out
+
+    def _param(self, p: NDArray, dim: int, what: str) -> NDArray:
+        self._check_device(p)
+        if p.shape != (dim,):
+            raise ShapeError(f"{what} must have shape ({dim},), got {p.shape}")
+        return p.astype(self.dtype).compact()
+
+    def rope(self, cos: NDArray, sin: NDArray) -> NDArray:
+        """Rotary embedding (half-split) of x shaped (batch, seq, heads, head_dim)."""
+        a, d = self._rows("rope")
+        if a.ndim != 4 or d % 2:
+            raise ShapeError(f"rope needs x of shape (batch, seq, heads, head_dim) with an even "
+                             f"head_dim, got {self.shape}")
+        bsz, seq, heads, _ = a.shape
+        for t, nm in ((cos, "cos"), (sin, "sin")):
+            self._check_device(t)
+            if t.shape != (seq, d // 2):
+                raise ShapeError(f"rope {nm} must have shape ({seq}, {d // 2}), got {t.shape}")
+        c, s = cos.astype(a.dtype).compact(), sin.astype(a.dtype).compact()
+        out = a._empty_like()
+        if a.size:
+            self._be.rope(a._handle, c._handle, s._handle, out._handle, bsz, seq, heads, d)
+        return out
+
+    def silu_mul(self, other: NDArray) -> NDArray:
+        """silu(self) * other, the SwiGLU gate."""
+        self._check_device(other)
+        if self.shape != other.shape:
+            raise ShapeError(f"silu_mul needs equal shapes, got {self.shape} and {other.shape}")
+        a, _ = self._rows("silu_mul")
+        b = other.astype(a.dtype).compact()
+        out = a._empty_like()
+        if a.size:
+            self._be.silu_mul(a._handle, b._handle, out._handle)
+        return out
+
+    def take(self, indices: NDArray) -> NDArray:
+        """Rows of this (rows, dim) table at ``indices`` (any shape): shape indices.shape + (dim,)."""
+        if self.ndim != 2:
+            raise ShapeError(f"take needs a 2-d table, got shape {self.shape}")
+        idx = _as_index_array(indices, self.device)
+        rows, dim = self.shape
+        if idx.size and self.device.kind.startswith("cpu"):
+            lo, hi = idx.min().item(), idx.max().item()
+            if lo < 0 or hi >= rows:
+                raise IndexOutOfRangeError(f"take: index {lo if lo < 0 else hi} is out of range "
+                                           f"for a table of {rows} rows")
+        table = self.compact()
+        out = NDArray.make(idx.shape + (dim,), device=self.device, dtype=self.dtype)
+        if out.size:
+            self._be.take(table._handle, idx.compact()._handle, out._handle, rows, dim)
+        return out
+
+
+def _as_index_array(indices, device) -> NDArray:
+    if not isinstance(indices, NDArray):
+        indices = NDArray(np.asarray(indices), device=device)
+    if indices.dtype not in ("int32", "int64"):
+        raise DTypeError(f"indices must be int32 or int64, got {indices.dtype}")
+    if indices.device != device:
+        raise DeviceError(f"indices are on {indices.device.name}, the table on {device.name}")
+    return indices
+
+
+# --- module-level helpers (as in needle) ---------------------------------------------------
+
+def array(a, dtype=None, device: Device | None = None) -> NDArray:
+    return NDArray(a, device=device, dtype=dtype)
+
+
+def empty(shape, dtype="float32", device: Device | None = None) -> NDArray:
+    return (device or default_device()).empty(_check_shape(shape), dtype)
+
+
+def full(shape, fill_value, dtype="float32", device: Device | None = None) -> NDArray:
+    return (device or default_device()).full(_check_shape(shape), fill_value, dtype)
+
+
+def zeros(shape, dtype="float32", device: Device | None = None) -> NDArray:
+    return full(shape, 0, dtype, device)
+
+
+def ones(shape, dtype="float32", device: Device | None = None) -> NDArray:
+    return full(shape, 1, dtype, device)
+
+
+def broadcast_to(a: NDArray, shape) -> NDArray:
+    return a.broadcast_to(shape)
+
+
+def reshape(a: NDArray, shape) -> NDArray:
+    return a.reshape(shape)
+
+
+def maximum(a: NDArray, b) -> NDArray:
+    return a.maximum(b)
+
+
+def minimum(a: NDArray, b) -> NDArray:
+    return a.minimum(b)
+
+
+def log(a: NDArray) -> NDArray:
+    return a.log()
+
+
+def exp(a: NDArray) -> NDArray:
+    return a.exp()
+
+
+def tanh(a: NDArray) -> NDArray:
+    return a.tanh()
+
+
+def sqrt(a: NDArray) -> NDArray:
+    return a.sqrt()
+
+
+def sum(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:  # noqa: A001
+    return a.sum(axis=axis, keepdims=keepdims)
+
+
+def max(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:  # noqa: A001
+    return a.max(axis=axis, keepdims=keepdims)
+
+
+def flip(a: NDArray, axes=None) -> NDArray:
+    return a.flip(axes)
+
+
+def transpose(a: NDArray, axes=None) -> NDArray:
+    return a.transpose(axes)
+
+
+def where(cond: NDArray, a, b) -> NDArray:
+    """Elements of ``a`` where ``cond`` is true, else of ``b`` (all broadcast together)."""
+    dev = cond.device
+    a = a if isinstance(a, NDArray) else full((), a, dtypes.promote_scalar("bool", a)
+                                              if not isinstance(b, NDArray) else b.dtype, dev)
+    b = b if isinstance(b, NDArray) else full((), b, a.dtype, dev)
+    cond._check_device(a)
+    cond._check_device(b)
+    dt = dtypes.promote(a.dtype, b.dtype)
+    shape = broadcast_shapes(cond.shape, a.shape, b.shape)
+    c = cond.astype("bool").broadcast_to(shape).compact()
+    a = a.astype(dt).broadcast_to(shape).compact()
+    b = b.astype(dt).broadcast_to(shape).compact()
+    out = NDArray.make(shape, device=dev, dtype=dt)
+    if out.size:
+        dev.backend.where(c._handle, a._handle, b._handle, out._handle)
+    return out
+
+
+def stack(arrays, axis: int = 0) -> NDArray:
+    arrays = list(arrays)
+    if not arrays:
+        raise ShapeError("stack needs at least one array")
+    shape = arrays[0].shape
+    for a in arrays:
+        arrays[0]._check_device(a)
+        if a.shape != shape:
+            raise ShapeError(f"stack needs arrays of one shape, got {shape} and {a.shape}")
+    axis = _normalize_axes(axis, len(shape) + 1)[0]
+    dt = reduce(dtypes.promote, (a.dtype for a in arrays))
+    out = NDArray.make(shape[:axis] + (len(arrays),) + shape[axis:], device=arrays[0].device,
+                       dtype=dt)
+    for i, a in enumerate(arrays):
+        out[(slice(None),) * axis + (i,)] = a
+    return out
+
+
+def concatenate(arrays, axis: int = 0) -> NDArray:
+    arrays = list(arrays)
+    if not arrays:
+        raise ShapeError("concatenate needs at least one array")
+    first = arrays[0]
+    axis = _normalize_axes(axis, first.ndim)[0]
+    for a in arrays:
+        first._check_device(a)
+        if a.ndim != first.ndim or any(a.shape[i] != first.shape[i]
+                                       for i in range(first.ndim) if i != axis):
+            raise ShapeError(f"concatenate: shapes {first.shape} and {a.shape} differ off "
+                             f"axis {axis}")
+    dt = reduce(dtypes.promote, (a.dtype for a in arrays))
+    total = builtins.sum(a.shape[axis] for a in arrays)
+    out = NDArray.make(first.shape[:axis] + (total,) + first.shape[axis + 1:],
+                       device=first.device, dtype=dt)
+    start = 0
+    for a in arrays:
+        out[(slice(None),) * axis + (slice(start, start + a.shape[axis]),)] = a
+        start += a.shape[axis]
+    return out
+
+
+def scatter_add(indices, values: NDArray, rows: int) -> NDArray:
+    """A (rows, dim) array of zeros with ``values[i]`` added at row ``indices[i]``."""
+    idx = _as_index_array(indices, values.device).reshape(-1)
+    dim = values.shape[-1] if values.ndim else 1
+    if values.size != idx.size * dim:
+        raise ShapeError(f"scatter_add: {idx.size} indices need values of shape "
+                         f"({idx.size}, {dim}), got {values.shape}")
+    out = zeros((rows, dim), dtype=values.dtype, device=values.device)
+    if idx.size:
+        if values.device.kind.startswith("cpu"):
+            lo, hi = idx.min().item(), idx.max().item()
+            if lo < 0 or hi >= rows:
+                raise IndexOutOfRangeError(f"scatter_add: index {lo if lo < 0 else hi} is out "
+                                           f"of range for {rows} rows")
+        values.device.backend.scatter_add(idx.compact()._handle, values.compact()._handle,
+                                          out._handle, rows, dim)
+    return out
+
+
+def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
+              causal: bool = False, kv_len: int | None = None) -> NDArray:
+    """softmax(q kᵀ · scale) v with grouped-query heads.
+
+    q is (batch, q_heads, q_len, head_dim); k and v are (batch, kv_heads, capacity,
+    head_dim), of which the first ``kv_len`` positions (default: all) are attended to.
+    k and v may be views of a larger cache along the capacity axis.
+    """
+    for t in (k, v):
+        q._check_device(t)
+    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
+        raise ShapeError(f"attention needs 4-d q, k, v with k and v of one shape; got "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    bsz, hq, sq, d = q.shape
+    bk, hkv, cap, dk = k.shape
+    if bk != bsz or dk != d:
+        raise ShapeError(f"attention: q {q.shape} and k {k.shape} differ in batch or head_dim")
+    if hkv == 0 or hq % hkv:
+        raise ShapeError(f"attention: {hq} query heads are not a multiple of {hkv} kv heads")
+    kv_len = cap if kv_len is None else kv_len
+    if not 0 < kv_len <= cap or (causal and kv_len < sq):
+        raise ShapeError(f"attention: kv_len {kv_len} must be in 1..{cap}"
+                         + (f" and at least q_len {sq} when causal" if causal else ""))
+    if not dtypes.is_floating(q.dtype):
+        raise DTypeError(f"attention needs floating-point arrays, got {q.dtype}")
+    scale = 1 / math.sqrt(d) if scale is None else float(scale)
+    qc = q.compact()
+    kc, vc = k.astype(q.dtype).compact(), v.astype(q.dtype).compact()
+    out = qc._empty_like()
+    if out.size:
+        q.device.backend.attention(qc._handle, kc._handle, vc._handle, out._handle, bsz, hq, hkv,
+                                   sq, kv_len, cap, d, scale, bool(causal))
+    return out
+
+
+def from_dlpack(x, device: Device | None = None) -> NDArray:
+    """Wrap a DLPack-exporting array (numpy, PyTorch, CuPy) without copying where possible.
+
+    Host memory is shared with a CPU device when its strides are non-negative; device
+    memory is imported by the backend that owns that kind of device.
+    """
+    dev_type, dev_id = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else (1, 0)
+    if dev_type != 1:
+        from .device import cuda
+
+        return (device or cuda(dev_id)).backend.from_dlpack(x, NDArray)
+    host = np.from_dlpack(x)
+    target = device or cpu_numpy()
+    dt = dtypes.canonical(host.dtype)
+    item = host.itemsize
+    if (not hasattr(target.backend, "wrap") or host.size == 0
+            or any(s < 0 or s % item for s in host.strides)):
+        return NDArray(host, device=target, dtype=dt)
+    strides = tuple(s // item for s in host.strides)
+    span = builtins.sum(s * (d - 1) for s, d in zip(strides, host.shape)) + 1
+    flat = np.lib.stride_tricks.as_strided(host, (span,), (item,))
+    return NDArray.make(host.shape, strides, target, target.backend.wrap(flat, dt), 0, dt)
+
+

@@ -1,0 +1,48 @@
+"""Errors raised by needle.
+
+Every error a user can cause is a ``NeedleError`` subclass whose message says what was
+wrong and what to do about it. Subclasses also derive from the matching built-in
+exception (``ValueError``, ``IndexError``, ...) so existing ``except`` clauses keep working.
+"""
+
+from __future__ import annotations
+
+
+class NeedleError(Exception):
+    """Base class of every error needle raises on purpose."""
+
+
+class ShapeError(NeedleError, ValueError):
+    """Shapes do not fit: mismatch, impossible broadcast, reshape to a different size."""
+
+
+class AxisError(NeedleError, IndexError):
+    """An axis is out of range or repeated."""
+
+
+class IndexOutOfRangeError(NeedleError, IndexError):
+    """An index or slice falls outside an array or table."""
+
+
+class DTypeError(NeedleError, TypeError):
+    """A dtype is unknown, or not supported by an operation or device."""
+
+
+class DeviceError(NeedleError, RuntimeError):
+    """A device is unavailable, or arrays on different devices were combined."""
+
+
+class OutOfMemoryError(NeedleError, MemoryError):
+    """A device allocation failed even after the caching pool was emptied."""
+
+
+class KernelCompileError(NeedleError, RuntimeError):
+    """A kernel source failed to compile; the message carries the compiler's log."""
+
+
+class KernelLaunchError(NeedleError, RuntimeError):
+    """A kernel launch or command buffer failed on the device."""
+
+
+class ModelFormatError(NeedleError, ValueError):
+    """A model or checkpoint file is missing, malformed or inconsistent."""
