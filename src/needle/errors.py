@@ -32,6 +32,10 @@ class DeviceError(NeedleError, RuntimeError):
     """A device is unavailable, or arrays on different devices were combined."""
 
 
+class GradientError(NeedleError, RuntimeError):
+    """A gradient was asked of a tensor outside any graph (no input requires grad)."""
+
+
 class OutOfMemoryError(NeedleError, MemoryError):
     """A device allocation failed even after the caching pool was emptied."""
 
@@ -46,3 +50,7 @@ class KernelLaunchError(NeedleError, RuntimeError):
 
 class ModelFormatError(NeedleError, ValueError):
     """A model or checkpoint file is missing, malformed or inconsistent."""
+
+
+class DataFormatError(NeedleError, ValueError):
+    """A dataset file is missing, malformed or inconsistent, or its reader is not installed."""

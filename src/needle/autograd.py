@@ -1,0 +1,503 @@
+"""Reverse-mode automatic differentiation over NDArrays.
+
+A ``Tensor`` is a node of a computation graph: either a leaf holding data, or the output of
+a ``TensorOp`` applied to input tensors. Ops compute on NDArrays (``compute``) and say how
+to differentiate themselves in terms of other ops (``gradient``), so the gradient of a
+gradient is again a graph and higher-order derivatives work.
+
+``Tensor.backward`` walks the graph once in reverse topological order, summing the partial
+gradients each node receives from its uses, and adds the result into ``.grad`` of every leaf
+that requires a gradient. Gradients accumulate over repeated uses and over backward calls;
+``.grad = None`` (what optimizers' ``zero_grad`` does) starts afresh.
+
+What gets recorded:
+
+* grad mode: inside ``no_grad()`` ops record no graph and their results do not require
+  grad (a process-wide switch, as in needle; not per thread).
+* ``create_graph`` (an argument of ``backward`` and ``grad``): by default the backward pass
+  itself runs under ``no_grad`` so that stored gradients do not keep the forward graph
+  alive; pass ``create_graph=True`` to differentiate the gradients again.
+* ``LAZY_MODE`` (module global, as in needle): when true, ops build the graph without
+  computing; data is computed when first asked for (``realize_cached_data``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from collections.abc import Iterator
+
+import numpy as np
+
+from . import backend_ndarray as nd
+from .backend_ndarray import dtypes
+from .backend_ndarray.device import Device, default_device
+from .errors import GradientError, ShapeError
+
+LAZY_MODE = False
+_grad_enabled = True
+
+
+@contextlib.contextmanager
+def _grad_mode(enabled: bool) -> Iterator[None]:
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, enabled
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def no_grad():
+    """Context manager (and decorator) in which ops record no graph: for inference and for
+    updating parameters in optimizers."""
+    return _grad_mode(False)
+
+
+def enable_grad():
+    """Context manager (and decorator) that turns graph recording back on inside ``no_grad``."""
+    return _grad_mode(True)
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled
+
+
+class Op:
+    """An operator: ``compute`` on NDArrays, ``gradient`` in terms of other ops."""
+
+    def compute(self, *args: nd.NDArray):
+        """The op's value from its inputs' NDArrays."""
+        raise NotImplementedError
+
+    def gradient(self, out_grad: Value, node: Value):
+        """Partial adjoints for each input given the adjoint ``out_grad`` of ``node``.
+
+        Returns one Tensor (single input) or a tuple with one entry per input; an entry is
+        None for an input that is not differentiable (indices, masks, constants).
+        """
+        raise NotImplementedError
+
+    def gradient_as_tuple(self, out_grad: Value, node: Value) -> tuple:
+        grads = self.gradient(out_grad, node)
+        return tuple(grads) if isinstance(grads, (tuple, list)) else (grads,)
+
+
+class Value:
+    """A node of the graph: an op and its inputs, or a leaf; ``cached_data`` its value."""
+
+    op: Op | None
+    inputs: list[Value]
+    cached_data: object
+    requires_grad: bool
+
+    def _init(self, op: Op | None, inputs: list[Value], *, cached_data=None,
+              requires_grad: bool | None = None) -> None:
+        if requires_grad is None:
+            requires_grad = _grad_enabled and any(x.requires_grad for x in inputs)
+        self.op = op
+        self.inputs = inputs
+        self.cached_data = cached_data
+        self.requires_grad = requires_grad
+
+    def realize_cached_data(self):
+        """The node's value, computing it (and its inputs') on first use."""
+        if self.cached_data is None:
+            self.cached_data = self.op.compute(*[x.realize_cached_data() for x in self.inputs])
+        return self.cached_data
+
+    def is_leaf(self) -> bool:
+        return self.op is None
+
+    @classmethod
+    def make_const(cls, data, requires_grad: bool = False):
+        value = cls.__new__(cls)
+        value._init(None, [], cached_data=data, requires_grad=requires_grad)
+        return value
+
+    @classmethod
+    def make_from_op(cls, op: Op, inputs: list[Value]):
+        value = cls.__new__(cls)
+        value._init(op, inputs)
+        if not LAZY_MODE:
+            value.realize_cached_data()
+            if not value.requires_grad:
+                return value.detach()
+        return value
+
+
+class TensorTuple(Value):
+    """A tuple of tensors as one graph node (the output of ``split``, the input of ``stack``)."""
+
+    def __len__(self) -> int:
+        return len(self.realize_cached_data())
+
+    def __getitem__(self, index: int) -> Tensor:
+        return ops.tuple_get_item(self, index)
+
+    def tuple(self) -> tuple[Tensor, ...]:
+        return tuple(self[i] for i in range(len(self)))
+
+    def __iter__(self):
+        return iter(self.tuple())
+
+    def __add__(self, other: TensorTuple) -> TensorTuple:
+        if len(self) != len(other):
+            raise ShapeError(f"cannot add tuples of {len(self)} and {len(other)} tensors")
+        return ops.make_tuple(*[a + b for a, b in zip(self, other)])
+
+    def detach(self) -> TensorTuple:
+        return TensorTuple.make_const(self.realize_cached_data())
+
+    def __repr__(self) -> str:
+        return f"needle.TensorTuple({self.realize_cached_data()!r})"
+
+
+class TensorOp(Op):
+    """An op whose output is a Tensor."""
+
+    def __call__(self, *args) -> Tensor:
+        return Tensor.make_from_op(self, list(args))
+
+
+class TensorTupleOp(Op):
+    """An op whose output is a TensorTuple."""
+
+    def __call__(self, *args) -> TensorTuple:
+        return TensorTuple.make_from_op(self, list(args))
+
+
+def _to_ndarray(data, device: Device | str | None, dtype) -> nd.NDArray:
+    """``data`` as an NDArray on ``device`` with ``dtype``, copying only when they differ."""
+    if isinstance(device, str):
+        device = nd.device_from_name(device)
+    if isinstance(data, nd.NDArray):
+        same_device = device is None or device == data.device
+        if same_device and (dtype is None or dtypes.canonical(dtype) == data.dtype):
+            return data
+        return nd.NDArray(data, device=device or data.device, dtype=dtype)
+    return nd.NDArray(data, device=device or default_device(), dtype=dtype)
+
+
+class Tensor(Value):
+    """An n-dimensional array that records the operations applied to it.
+
+    ``data`` may be a Tensor, NDArray, numpy array, nested list or scalar. Floats default
+    to float32 and integers keep an integer dtype; only floating-point tensors can require
+    a gradient (``requires_grad`` is ignored for others).
+    """
+
+    grad: Tensor | None
+
+    def __init__(self, data, device: Device | str | None = None, dtype=None,
+                 requires_grad: bool = True):
+        if isinstance(data, Tensor):
+            data = data.realize_cached_data()
+        array = _to_ndarray(data, device, dtype)
+        self._init(None, [], cached_data=array,
+                   requires_grad=requires_grad and dtypes.is_floating(array.dtype))
+
+    def _init(self, op, inputs, *, cached_data=None, requires_grad=None) -> None:
+        super()._init(op, inputs, cached_data=cached_data, requires_grad=requires_grad)
+        self.grad = None
+
+    def realize_cached_data(self) -> nd.NDArray:
+        data = super().realize_cached_data()
+        if self.requires_grad and self.op is not None and not dtypes.is_floating(data.dtype):
+            self.requires_grad = False  # integer and bool results carry no gradient
+        return data
+
+    # --- data and metadata -------------------------------------------------------------
+    @property
+    def data(self) -> Tensor:
+        """The same values, outside the graph."""
+        return self.detach()
+
+    @data.setter
+    def data(self, value) -> None:
+        """Replace the storage (possibly on another device or of another dtype: this is how
+        ``Module.to`` moves parameters and optimizers update them)."""
+        self.cached_data = (value.realize_cached_data() if isinstance(value, Tensor)
+                            else _to_ndarray(value, None, None))
+
+    def detach(self) -> Tensor:
+        return Tensor.make_const(self.realize_cached_data())
+
+    shape = property(lambda self: self.realize_cached_data().shape)
+    dtype = property(lambda self: self.realize_cached_data().dtype)
+    device = property(lambda self: self.realize_cached_data().device)
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: self.realize_cached_data().size)
+
+    def __len__(self) -> int:
+        return len(self.realize_cached_data())
+
+    def numpy(self) -> np.ndarray:
+        return self.realize_cached_data().numpy()
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self.realize_cached_data().__array__(dtype)
+
+    def item(self):
+        return self.realize_cached_data().item()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return (f"needle.Tensor({self.numpy()!r}, device={self.device!r}, "
+                f"dtype={self.dtype}{grad})")
+
+    def __str__(self) -> str:
+        return str(self.numpy())
+
+    __hash__ = object.__hash__  # identity, so tensors can key dicts despite elementwise ==
+    __array_ufunc__ = None  # numpy defers to Tensor's reflected operators (ndarray + Tensor)
+
+    def to(self, device: Device | str) -> Tensor:
+        """This tensor on ``device`` (differentiable; the same tensor when already there)."""
+        if isinstance(device, str):
+            device = nd.device_from_name(device)
+        return self if device == self.device else ops.to_device(self, device)
+
+    def astype(self, dtype) -> Tensor:
+        return self if dtypes.canonical(dtype) == self.dtype else ops.cast(self, dtype)
+
+    # --- backward ------------------------------------------------------------------------
+    def backward(self, out_grad: Tensor | None = None, create_graph: bool = False) -> None:
+        """Add d(self)/d(leaf) · out_grad into ``leaf.grad`` for every leaf requiring grad.
+
+        ``out_grad`` defaults to ones of this tensor's shape (so a scalar loss needs none).
+        """
+        if not self.requires_grad:
+            raise GradientError("backward() called on a tensor that does not require grad: "
+                                "no input of its graph has requires_grad=True (or it was "
+                                "computed under no_grad())")
+        if out_grad is None:
+            out_grad = Tensor(nd.ones(self.shape, dtype=self.dtype, device=self.device),
+                              requires_grad=False)
+        out_grad = self._other(out_grad)
+        if out_grad.shape != self.shape:
+            raise ShapeError(f"backward: out_grad has shape {out_grad.shape}, the tensor "
+                             f"{self.shape}")
+        for leaf, grad in _backward_pass(self, out_grad, create_graph):
+            if leaf.grad is None:
+                leaf.grad = grad if create_graph else grad.detach()
+            else:
+                with _grad_mode(create_graph):
+                    leaf.grad = leaf.grad + grad
+
+    # --- operators -----------------------------------------------------------------------
+    def _other(self, other) -> Tensor:
+        return other if isinstance(other, Tensor) else Tensor(other, device=self.device,
+                                                              requires_grad=False)
+
+    def __add__(self, other):
+        if isinstance(other, numbers.Number):
+            return ops.add_scalar(self, other)
+        return ops.add(self, self._other(other))
+
+    def __sub__(self, other):
+        if isinstance(other, numbers.Number):
+            return ops.add_scalar(self, -other)
+        return ops.add(self, ops.negate(self._other(other)))
+
+    def __mul__(self, other):
+        if isinstance(other, numbers.Number):
+            return ops.mul_scalar(self, other)
+        return ops.multiply(self, self._other(other))
+
+    def __truediv__(self, other):
+        if isinstance(other, numbers.Number):
+            return ops.divide_scalar(self, other)
+        return ops.divide(self, self._other(other))
+
+    def __pow__(self, other):
+        if isinstance(other, numbers.Number):
+            return ops.power_scalar(self, other)
+        return ops.power(self, self._other(other))
+
+    def __matmul__(self, other):
+        return ops.matmul(self, self._other(other))
+
+    def __rmatmul__(self, other):
+        return ops.matmul(self._other(other), self)
+
+    def __neg__(self):
+        return ops.negate(self)
+
+    __radd__ = __add__
+    __rmul__ = __mul__
+
+    def __rsub__(self, other):
+        return -self + other
+
+    def __rtruediv__(self, other):
+        if isinstance(other, numbers.Number):
+            return ops.mul_scalar(ops.power_scalar(self, -1), other)
+        return ops.divide(self._other(other), self)
+
+    def __rpow__(self, other):
+        base = Tensor(nd.full(self.shape, other, dtype=self.dtype, device=self.device),
+                      requires_grad=False) if isinstance(other, numbers.Number) else other
+        return ops.power(self._other(base), self)
+
+    # comparisons are not differentiable: they give constant bool tensors
+    def _compare(self, other, name: str) -> Tensor:
+        a = self.realize_cached_data()
+        b = other.realize_cached_data() if isinstance(other, Tensor) else other
+        return Tensor.make_const(getattr(a, name)(b))
+
+    def __eq__(self, other):  # type: ignore[override]
+        return self._compare(other, "__eq__")
+
+    def __ne__(self, other):  # type: ignore[override]
+        return self._compare(other, "__ne__")
+
+    def __lt__(self, other):
+        return self._compare(other, "__lt__")
+
+    def __le__(self, other):
+        return self._compare(other, "__le__")
+
+    def __gt__(self, other):
+        return self._compare(other, "__gt__")
+
+    def __ge__(self, other):
+        return self._compare(other, "__ge__")
+
+    def __getitem__(self, index):
+        return ops.getitem(self, index)
+
+    # --- method forms of ops ---------------------------------------------------------------
+    def sum(self, axes=None, keepdims: bool = False) -> Tensor:
+        return ops.summation(self, axes, keepdims)
+
+    def mean(self, axes=None, keepdims: bool = False) -> Tensor:
+        return ops.mean(self, axes, keepdims)
+
+    def max(self, axes=None, keepdims: bool = False) -> Tensor:
+        return ops.max(self, axes, keepdims)
+
+    def reshape(self, *shape) -> Tensor:
+        return ops.reshape(self, shape[0] if len(shape) == 1 and not isinstance(
+            shape[0], numbers.Integral) else shape)
+
+    def transpose(self, *axes) -> Tensor:
+        """Swap two axes, given as a pair or two ints (default: the last two)."""
+        return ops.transpose(self, axes[0] if len(axes) == 1 else axes or None)
+
+    def permute(self, *axes) -> Tensor:
+        return ops.permute(self, axes[0] if len(axes) == 1 and not isinstance(
+            axes[0], numbers.Integral) else axes)
+
+    def broadcast_to(self, shape) -> Tensor:
+        return ops.broadcast_to(self, shape)
+
+    def flip(self, axes=None) -> Tensor:
+        return ops.flip(self, axes)
+
+    def exp(self) -> Tensor:
+        return ops.exp(self)
+
+    def log(self) -> Tensor:
+        return ops.log(self)
+
+    def sqrt(self) -> Tensor:
+        return ops.sqrt(self)
+
+    def relu(self) -> Tensor:
+        return ops.relu(self)
+
+    def tanh(self) -> Tensor:
+        return ops.tanh(self)
+
+    def sigmoid(self) -> Tensor:
+        return ops.sigmoid(self)
+
+    def silu(self) -> Tensor:
+        return ops.silu(self)
+
+    def gelu(self) -> Tensor:
+        return ops.gelu(self)
+
+    def softmax(self) -> Tensor:
+        """Softmax over the last axis."""
+        return ops.softmax(self)
+
+    def log_softmax(self) -> Tensor:
+        """log(softmax) over the last axis."""
+        return ops.log_softmax(self)
+
+
+def _reverse_topo_order(root: Value) -> list[Value]:
+    """Nodes that require grad, each after every node that uses it (iterative DFS, so deep
+    graphs do not hit Python's recursion limit)."""
+    order: list[Value] = []
+    visited: set[int] = set()
+    stack: list[tuple[Value, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        stack.extend((x, False) for x in node.inputs if x.requires_grad and id(x) not in visited)
+    order.reverse()
+    return order
+
+
+def _backward_pass(output: Tensor, out_grad: Tensor, create_graph: bool,
+                   stop_at: frozenset[int] = frozenset()) -> list[tuple[Value, Value]]:
+    """(node, gradient) for each leaf requiring grad that ``output`` depends on, and for each
+    node whose id is in ``stop_at`` (the gradient does not flow past those)."""
+    grads: dict[int, Value] = {id(output): ops.match_input(out_grad, output)}
+    found = []
+    with _grad_mode(create_graph):
+        for node in _reverse_topo_order(output):
+            grad = grads.pop(id(node), None)
+            if grad is None:
+                continue
+            if node.is_leaf() or id(node) in stop_at:
+                found.append((node, grad))
+                continue
+            for inp, g in zip(node.inputs, node.op.gradient_as_tuple(grad, node)):
+                if g is None or not inp.requires_grad:
+                    continue
+                if isinstance(inp, Tensor):
+                    g = ops.match_input(g, inp)
+                prev = grads.get(id(inp))
+                grads[id(inp)] = g if prev is None else prev + g
+    return found
+
+
+def grad(output: Tensor, inputs: list[Tensor], out_grad: Tensor | None = None,
+         create_graph: bool = False) -> list[Tensor | None]:
+    """d(output)/d(input) · out_grad for each of ``inputs`` (leaves or intermediate tensors),
+    leaving every ``.grad`` untouched; None for an input ``output`` does not depend on.
+
+    With ``create_graph=True`` the results are graphs themselves: differentiate them again
+    for higher-order derivatives.
+    """
+    if not output.requires_grad:
+        raise GradientError("grad() of a tensor that does not require grad")
+    if out_grad is None:
+        out_grad = Tensor(nd.ones(output.shape, dtype=output.dtype, device=output.device),
+                          requires_grad=False)
+    found = {id(node): g for node, g in _backward_pass(
+        output, output._other(out_grad), create_graph, frozenset(id(x) for x in inputs))}
+    return [found.get(id(x)) for x in inputs]
+
+
+# ops subclass TensorOp and Tensor's operators call ops: import them once both exist.
+from . import ops  # noqa: E402

@@ -1,0 +1,75 @@
+"""The ``needle`` command: ``devices``, ``demo``, ``bench`` and ``generate``.
+
+Each subcommand's module is imported only when it runs, so ``needle devices`` works even
+where optional dependencies (scikit-learn, tokenizers, a GPU) are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from .errors import NeedleError
+
+
+def _devices(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="needle devices",
+                            description="List needle's devices with status and reason.").parse_args(argv)
+    from .backend_ndarray import all_devices, default_device
+
+    best = default_device()
+    rows = []
+    for dev in all_devices():
+        status = "enabled" if dev.enabled() else "disabled"
+        mark = "*" if dev == best else " "
+        rows.append((f"{mark} {dev.name}", status, dev.reason or ""))
+    width = max(len(r[0]) for r in rows)
+    for name, status, reason in rows:
+        print(f"{name:<{width}}  {status:<8}  {reason}".rstrip())
+    print(f"(* default device; set NEEDLE_DEVICE to choose another)")
+    return 0
+
+
+def _bench(argv: list[str]) -> int:
+    """Run the benchmark runner in ``benchmarks/`` of a needle checkout."""
+    sys.path.insert(0, os.getcwd())
+    try:
+        runner = importlib.import_module("benchmarks.__main__")
+    except ImportError:
+        print("needle bench: run it from the root of a needle checkout "
+              "(the benchmarks/ folder is not part of the installed package)", file=sys.stderr)
+        return 2
+    return runner.main(argv) or 0
+
+
+_COMMANDS = {
+    "devices": (_devices, "list devices with status and reason"),
+    "demo": ("needle.demo", "train a small CNN on scikit-learn's digits"),
+    "bench": (_bench, "time needle against numpy and PyTorch (from a checkout)"),
+    "generate": ("needle.generate_cli", "generate text with a local Llama-family model"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in _COMMANDS:
+        print("usage: needle {" + ",".join(_COMMANDS) + "} [options]\n")
+        for name, (_, help_) in _COMMANDS.items():
+            print(f"  {name:<9} {help_}")
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    target, _ = _COMMANDS[argv[0]]
+    try:
+        if isinstance(target, str):
+            return importlib.import_module(target).main(argv[1:]) or 0
+        return target(argv[1:])
+    except NeedleError as e:
+        print(f"needle {argv[0]}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Log-domain reductions: logsumexp, softmax and log_softmax, computed stably."""
+
+from __future__ import annotations
+
+from .. import backend_ndarray as nd
+from ..autograd import TensorOp
+from .ops_mathematic import exp
+from .ops_shape import broadcast_to, kept_shape, normalize_axes, reshape, summation
+
+
+class LogSumExp(TensorOp):
+    """log(sum(exp(x))) over ``axes``, shifted by the maximum so that nothing overflows."""
+
+    def __init__(self, axes=None, keepdims: bool = False):
+        self.axes, self.keepdims = axes, keepdims
+
+    def compute(self, a):
+        shift = a.max(axis=self.axes, keepdims=True)
+        # rows whose max is ±inf or NaN are shifted by 0 (x - x is 0 only for finite x)
+        shift = nd.where((shift - shift) == 0, shift, 0)
+        out = (a - shift.broadcast_to(a.shape)).exp().sum(axis=self.axes, keepdims=True).log()
+        out = out + shift
+        if not self.keepdims:
+            out = out.reshape(tuple(d for i, d in enumerate(a.shape)
+                                    if i not in normalize_axes(self.axes, a.ndim)))
+        return out
+
+    def gradient(self, out_grad, node):
+        x = node.inputs[0]
+        kept = kept_shape(x.shape, normalize_axes(self.axes, x.ndim))
+        lse = broadcast_to(reshape(node, kept), x.shape)
+        return broadcast_to(reshape(out_grad, kept), x.shape) * exp(x - lse)
+
+
+def logsumexp(a, axes=None, keepdims: bool = False):
+    return LogSumExp(axes, keepdims)(a)
+
+
+class LogSoftmax(TensorOp):
+    """log(softmax(x)) over the last axis."""
+
+    def compute(self, a):
+        return a.log_softmax()
+
+    def gradient(self, out_grad, node):
+        total = broadcast_to(summation(out_grad, -1, keepdims=True), out_grad.shape)
+        return out_grad - exp(node) * total
+
+
+def log_softmax(a):
+    return LogSoftmax()(a)
+
+
+class Softmax(TensorOp):
+    """exp(x) / sum(exp(x)) over the last axis."""
+
+    def compute(self, a):
+        return a.softmax()
+
+    def gradient(self, out_grad, node):
+        dot = broadcast_to(summation(out_grad * node, -1, keepdims=True), node.shape)
+        return node * (out_grad - dot)
+
+
+def softmax(a):
+    return Softmax()(a)
+
