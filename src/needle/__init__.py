@@ -1,9 +1,23 @@
 """needle: a small deep-learning framework over CPUs, NVIDIA GPUs and Apple GPUs."""
 
-from . import backend_ndarray
+from . import autograd, backend_ndarray, data, init, nn, ops, optim
+from .autograd import Tensor, TensorTuple, enable_grad, grad, is_grad_enabled, no_grad
 from .backend_ndarray import all_devices, cpu, cpu_numpy, cuda, default_device, metal
-from .errors import (AxisError, DeviceError, DTypeError, IndexOutOfRangeError,
-                     KernelCompileError, KernelLaunchError, ModelFormatError, NeedleError,
-                     OutOfMemoryError, ShapeError)
+from .errors import (
+                     AxisError,
+                     DataFormatError,
+                     DeviceError,
+                     DTypeError,
+                     GradientError,
+                     IndexOutOfRangeError,
+                     KernelCompileError,
+                     KernelLaunchError,
+                     ModelFormatError,
+                     NeedleError,
+                     OutOfMemoryError,
+                     ShapeError,
+)
+from .ops import *  # noqa: F403
+from .serialization import load, save
 
 __version__ = "0.1.0"

@@ -52,5 +52,9 @@ class ModelFormatError(NeedleError, ValueError):
     """A model or checkpoint file is missing, malformed or inconsistent."""
 
 
+class GenerationError(NeedleError, ValueError):
+    """A text-generation request is invalid: sampling settings, token counts, sequence length."""
+
+
 class DataFormatError(NeedleError, ValueError):
     """A dataset file is missing, malformed or inconsistent, or its reader is not installed."""

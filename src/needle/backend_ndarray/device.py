@@ -43,6 +43,9 @@ class Device:
             return
         try:
             module = importlib.import_module(_MODULES[self.kind])
+            if not hasattr(module, "load") and not hasattr(module, "Array"):
+                # e.g. a source folder without its package (a namespace package)
+                raise DeviceError(f"{module.__name__} does not implement the array API")
             self._backend = module.load(self.index) if hasattr(module, "load") else module
         except DeviceError as e:
             self._reason = str(e)

@@ -69,7 +69,8 @@ def canonical(dtype) -> str:
 
 
 def to_numpy_dtype(dtype: str) -> np.dtype:
-    return _NUMPY[canonical(dtype)]
+    npdt = _NUMPY.get(dtype) if isinstance(dtype, str) else None
+    return npdt if npdt is not None else _NUMPY[canonical(dtype)]
 
 
 def is_floating(dtype: str) -> bool:

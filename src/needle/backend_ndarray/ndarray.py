@@ -16,7 +16,14 @@ from functools import reduce
 
 import numpy as np
 
-from ..errors import AxisError, DeviceError, DTypeError, IndexOutOfRangeError, ShapeError
+from ..errors import (
+    AxisError,
+    DeviceError,
+    DTypeError,
+    IndexOutOfRangeError,
+    OutOfMemoryError,
+    ShapeError,
+)
 from . import dtypes
 from .device import Device, cpu_numpy, default_device
 
@@ -57,7 +64,12 @@ def broadcast_shapes(*shapes) -> tuple[int, ...]:
 def _normalize_axes(axis, ndim: int) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    if isinstance(axis, numbers.Integral):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list, range)):
+        axes = tuple(axis)
+    else:
+        raise AxisError(f"axis must be an int or a tuple of ints, got {axis!r}")
     out = []
     for ax in axes:
         if not isinstance(ax, numbers.Integral):
@@ -84,7 +96,13 @@ class NDArray:
             return
         if hasattr(other, "__dlpack__") and not isinstance(other, np.ndarray):
             other = np.asarray(other.detach().cpu() if hasattr(other, "detach") else other)
-        array = np.asarray(other)
+        try:
+            array = np.asarray(other)
+        except ValueError as e:  # ragged nested sequences
+            raise ShapeError(f"cannot make an array from ragged data: {e}") from None
+        if array.dtype.kind not in "biuf" and array.dtype != dtypes.to_numpy_dtype("bfloat16"):
+            raise DTypeError(f"numpy data of dtype {array.dtype} is not supported; use numbers "
+                             f"(bool, int or float)")
         if dtype is None:
             if array.dtype.kind == "f" and array.dtype not in (np.float16, np.float32):
                 dtype = "float32" if array.dtype == np.float64 else dtypes.canonical(array.dtype)
@@ -95,8 +113,6 @@ class NDArray:
         dtype = dtypes.canonical(dtype)
         device = device or default_device()
         out = NDArray.make(array.shape, device=device, dtype=dtype)
-        if array.dtype == np.object_:
-            raise DTypeError("cannot make an NDArray from ragged or object data")
         device.backend.from_numpy(np.ascontiguousarray(array, dtype=dtypes.to_numpy_dtype(dtype)),
                                   out._handle)
         self._init(out)
@@ -115,7 +131,12 @@ class NDArray:
         arr._offset = offset
         arr._device = device if device is not None else default_device()
         if handle is None:
-            handle = arr._device.backend.Array(_prod(arr._shape), dtypes.canonical(dtype))
+            dtype = dtypes.canonical(dtype)
+            nbytes = _prod(arr._shape) * dtypes.ITEMSIZE[dtype]
+            if nbytes >= 2**63:  # would overflow a backend's size_t arithmetic
+                raise OutOfMemoryError(f"an array of shape {arr._shape} and dtype {dtype} needs "
+                                       f"{nbytes} bytes, more than any device can address")
+            handle = arr._device.backend.Array(_prod(arr._shape), dtype)
         arr._handle = handle
         return arr
 
@@ -152,6 +173,8 @@ class NDArray:
 
     def fill(self, value) -> None:
         """Set every element to ``value`` (the array must be compact)."""
+        if not isinstance(value, (numbers.Number, np.bool_)):
+            raise DTypeError(f"fill value must be a number, got {type(value).__name__}")
         if not self.is_compact():
             self[...] = value
             return
@@ -191,6 +214,8 @@ class NDArray:
 
     # --- DLPack --------------------------------------------------------------------------
     def __dlpack__(self, stream=None, **kwargs):
+        if builtins.min(self._strides, default=0) < 0:  # consumers such as torch abort on these
+            return self.compact().__dlpack__(stream, **kwargs)
         be = self._be
         if hasattr(be, "to_dlpack"):
             return be.to_dlpack(self._handle, self._shape, self._strides, self._offset, stream)
@@ -213,13 +238,28 @@ class NDArray:
 
     # --- layout --------------------------------------------------------------------------
     def is_compact(self) -> bool:
-        return (self._offset == 0 and self._strides == _compact_strides(self._shape)
-                and self.size == self._handle.size)
+        return self._is_plain()
 
     def compact(self) -> NDArray:
         return self if self.is_compact() else self.copy()
 
     def as_strided(self, shape, strides) -> NDArray:
+        """A view of this array's buffer; it must stay inside the buffer (no wild reads)."""
+        shape = _check_shape(shape)
+        try:
+            strides = tuple(operator.index(s) for s in strides)
+        except TypeError:
+            raise ShapeError(f"strides must be a tuple of ints, got {strides!r}") from None
+        if len(strides) != len(shape):
+            raise ShapeError(f"as_strided: {len(strides)} strides for {len(shape)} dimensions")
+        if _prod(shape):
+            reach = [(d - 1) * s for d, s in zip(shape, strides)]
+            lo = self._offset + builtins.sum(r for r in reach if r < 0)
+            hi = self._offset + builtins.sum(r for r in reach if r > 0)
+            if lo < 0 or hi >= self._handle.size:
+                raise IndexOutOfRangeError(
+                    f"as_strided: shape {shape} with strides {strides} reads elements {lo}..{hi}"
+                    f" of a buffer of {self._handle.size}")
         return NDArray.make(shape, strides, self.device, self._handle, self._offset, self.dtype)
 
     def reshape(self, new_shape) -> NDArray:
@@ -256,9 +296,9 @@ class NDArray:
             return None
 
     def permute(self, new_axes) -> NDArray:
-        axes = _normalize_axes(tuple(new_axes), self.ndim)
+        axes = _normalize_axes(new_axes, self.ndim)
         if len(axes) != self.ndim:
-            raise AxisError(f"permute needs all {self.ndim} axes, got {tuple(new_axes)}")
+            raise AxisError(f"permute needs all {self.ndim} axes, got {new_axes!r}")
         return self.as_strided(tuple(self._shape[a] for a in axes),
                                tuple(self._strides[a] for a in axes))
 
@@ -340,7 +380,10 @@ class NDArray:
                 continue
             size, stride = self._shape[dim], self._strides[dim]
             if isinstance(i, slice):
-                start, stop, step = i.indices(size)
+                try:
+                    start, stop, step = i.indices(size)
+                except (TypeError, ValueError) as e:  # a zero step, or bounds that are not ints
+                    raise IndexOutOfRangeError(f"bad slice {i!r}: {e}") from None
                 n = len(range(start, stop, step))
                 offset += start * stride if n else 0
                 shape.append(n)
@@ -384,9 +427,30 @@ class NDArray:
             raise DeviceError(f"arrays are on different devices ({self.device.name} and "
                               f"{other.device.name}); move one with .to(device)")
 
+    def _fresh(self, shape: tuple[int, ...], dtype: str) -> NDArray:
+        """A new compact array on this device; the hot path's lean ``make`` (no checks)."""
+        arr = NDArray.__new__(NDArray)
+        arr._shape, arr._strides, arr._offset = shape, _compact_strides(shape), 0
+        arr._device = self._device
+        arr._handle = self._device.backend.Array(_prod(shape), dtype)
+        return arr
+
+    def _is_plain(self) -> bool:
+        """Compact and starting at the buffer's first element (cheap form of is_compact)."""
+        return self._offset == 0 and self._handle.size == _prod(self._shape) and (
+            self._strides == _compact_strides(self._shape))
+
     def _binary(self, other, name: str, dtype_rule=None, out_dtype=None) -> NDArray:
         """Promote, broadcast and compact both sides, then call ewise_/scalar_ ``name``."""
-        if isinstance(other, NDArray):
+        if type(other) is NDArray:
+            dt = self._handle.dtype
+            if (other._device is self._device and other._shape == self._shape
+                    and other._handle.dtype == dt and (dtype_rule is None or dtype_rule(dt) == dt)
+                    and self._is_plain() and other._is_plain()):  # the common case, fast
+                out = self._fresh(self._shape, out_dtype or dt)
+                getattr(self._device.backend, "ewise_" + name)(self._handle, other._handle,
+                                                               out._handle)
+                return out
             self._check_device(other)
             dt = dtypes.promote(self.dtype, other.dtype)
             dt = dtype_rule(dt) if dtype_rule else dt
@@ -399,8 +463,8 @@ class NDArray:
         if isinstance(other, (numbers.Number, np.generic)):
             dt = dtypes.promote_scalar(self.dtype, other)
             dt = dtype_rule(dt) if dtype_rule else dt
-            a = self.astype(dt).compact()
-            out = a._empty_like(dtype=out_dtype or dt)
+            a = self if dt == self._handle.dtype and self._is_plain() else self.astype(dt).compact()
+            out = a._fresh(a._shape, out_dtype or dt)
             value = float(other) if dtypes.is_floating(dt) else int(other)
             getattr(self._be, "scalar_" + name)(a._handle, value, out._handle)
             return out
@@ -448,6 +512,45 @@ class NDArray:
     def __rpow__(self, other):
         return self._rbinary(other, "power")
 
+    # In place: ``a += b`` writes into a's own buffer when a is compact and the result keeps
+    # its shape and dtype, so optimizers update weights without allocating. Elementwise
+    # backend functions accept ``out`` equal to an input (element i is read before it is
+    # written). Otherwise NotImplemented makes Python fall back to ``a = a + b``.
+    def _inplace(self, other, name: str, dtype_rule=dtypes.arithmetic):
+        dt = self._handle.dtype
+        if not self._is_plain() or dtype_rule(dt) != dt:
+            return NotImplemented
+        if type(other) is NDArray:
+            if dtypes.promote(dt, other.dtype) != dt:
+                return NotImplemented
+            self._check_device(other)
+            try:
+                b = other.astype(dt).broadcast_to(self._shape)
+            except ShapeError:
+                return NotImplemented
+            b = b if b._is_plain() else b.compact()
+            getattr(self._be, "ewise_" + name)(self._handle, b._handle, self._handle)
+            return self
+        if isinstance(other, (numbers.Number, np.generic)):
+            if dtypes.promote_scalar(dt, other) != dt:
+                return NotImplemented
+            value = float(other) if dtypes.is_floating(dt) else int(other)
+            getattr(self._be, "scalar_" + name)(self._handle, value, self._handle)
+            return self
+        return NotImplemented
+
+    def __iadd__(self, other):
+        return self._inplace(other, "add")
+
+    def __isub__(self, other):
+        return self._inplace(other, "sub")
+
+    def __imul__(self, other):
+        return self._inplace(other, "mul")
+
+    def __itruediv__(self, other):
+        return self._inplace(other, "div", dtypes.floating)
+
     def __neg__(self):
         return self._unary("neg", dtypes.arithmetic)
 
@@ -490,8 +593,10 @@ class NDArray:
         return int(self.item())
 
     def _unary(self, name: str, dtype_rule=dtypes.floating) -> NDArray:
-        a = self.astype(dtype_rule(self.dtype)).compact()
-        out = a._empty_like()
+        dt = self._handle.dtype
+        a = self if dtype_rule(dt) == dt and self._is_plain() else self.astype(
+            dtype_rule(dt)).compact()
+        out = a._fresh(a._shape, a._handle.dtype)
         getattr(self._be, "ewise_" + name)(a._handle, out._handle)
         return out
 
@@ -574,7 +679,8 @@ class NDArray:
 
     def argmax(self, axis=None, keepdims: bool = False) -> NDArray:
         if axis is None:
-            return self.reshape(-1)._reduce("argmax", 0, False, "int64")
+            flat = self.reshape(-1)._reduce("argmax", 0, False, "int64")
+            return flat.reshape((1,) * self.ndim) if keepdims else flat
         if not isinstance(axis, numbers.Integral):
             raise AxisError(f"argmax takes a single axis, got {axis!r}")
         return self._reduce("argmax", axis, keepdims, "int64")
@@ -887,14 +993,26 @@ def concatenate(arrays, axis: int = 0) -> NDArray:
     return out
 
 
-def scatter_add(indices, values: NDArray, rows: int) -> NDArray:
-    """A (rows, dim) array of zeros with ``values[i]`` added at row ``indices[i]``."""
+def scatter_add(indices, values: NDArray, rows: int, out: NDArray | None = None) -> NDArray:
+    """A (rows, dim) array of zeros with ``values[i]`` added at row ``indices[i]``.
+
+    With ``out`` (a compact (rows, dim) array of the values' dtype and device) the values
+    are added into it in place instead: a write at positions held in device memory, which
+    is how a captured decode step stores keys and values at the current position.
+    """
     idx = _as_index_array(indices, values.device).reshape(-1)
     dim = values.shape[-1] if values.ndim else 1
     if values.size != idx.size * dim:
         raise ShapeError(f"scatter_add: {idx.size} indices need values of shape "
                          f"({idx.size}, {dim}), got {values.shape}")
-    out = zeros((rows, dim), dtype=values.dtype, device=values.device)
+    if out is None:
+        out = zeros((rows, dim), dtype=values.dtype, device=values.device)
+    else:
+        values._check_device(out)
+        if out.shape != (rows, dim) or not out.is_compact() or out.dtype != values.dtype:
+            raise ShapeError(f"scatter_add: out must be a compact ({rows}, {dim}) array of "
+                             f"{values.dtype}, got {out.shape} of {out.dtype}"
+                             + ("" if out.is_compact() else " (not compact)"))
     if idx.size:
         if values.device.kind.startswith("cpu"):
             lo, hi = idx.min().item(), idx.max().item()
@@ -952,7 +1070,11 @@ def from_dlpack(x, device: Device | None = None) -> NDArray:
         from .device import cuda
 
         return (device or cuda(dev_id)).backend.from_dlpack(x, NDArray)
-    host = np.from_dlpack(x)
+    try:
+        host = np.from_dlpack(x)
+    except RuntimeError as e:  # e.g. bfloat16, which numpy's DLPack import does not know
+        raise DTypeError(f"cannot import this array through DLPack ({e}); convert it to "
+                         "float32, float16, int32, int64 or bool first") from None
     target = device or cpu_numpy()
     dt = dtypes.canonical(host.dtype)
     item = host.itemsize

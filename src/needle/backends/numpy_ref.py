@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from ..backend_ndarray.dtypes import to_numpy_dtype
+from ..errors import OutOfMemoryError
 
 name = "cpu_numpy"
 
@@ -29,7 +30,12 @@ class Array:
     __slots__ = ("array", "dtype")
 
     def __init__(self, size: int, dtype: str = "float32"):
-        self.array = np.empty(size, dtype=to_numpy_dtype(dtype))
+        try:
+            self.array = np.empty(size, dtype=to_numpy_dtype(dtype))
+        except (MemoryError, ValueError):  # ValueError: more bytes than numpy can address
+            raise OutOfMemoryError(f"cannot allocate {size} elements of {dtype} "
+                                   f"({size * to_numpy_dtype(dtype).itemsize} bytes) on "
+                                   "cpu_numpy; use smaller arrays") from None
         self.dtype = dtype
 
     @property
@@ -112,22 +118,26 @@ def scalar_setitem(size: int, value, out: Array, shape, strides, offset) -> None
 # --- elementwise ------------------------------------------------------------------------
 
 def _binary(fn):
+    # IEEE results (inf - inf is nan, 1 / 0 is inf) are the contract, not warnings
     def ewise(a: Array, b: Array, out: Array) -> None:
-        _store(out, fn(_f(a.array), _f(b.array)))
+        with np.errstate(all="ignore"):
+            _store(out, fn(_f(a.array), _f(b.array)))
 
     def scalar(a: Array, value, out: Array) -> None:
         x = _f(a.array)
-        _store(out, fn(x, np.asarray(value, dtype=x.dtype)))
+        with np.errstate(all="ignore"):
+            _store(out, fn(x, np.asarray(value, dtype=x.dtype)))
 
     return ewise, scalar
 
 
 def _div(x, y):
     if x.dtype.kind in "iu":  # integer division truncates toward zero, as in C
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):
             q = np.where(y == 0, 0, x // np.where(y == 0, 1, y))
-        r = x - q * y
-        return q + ((r != 0) & ((r < 0) != (y < 0)))
+            r = x - q * y
+        # floor division rounded a negative inexact quotient down: step back toward zero
+        return q + ((r != 0) & (y != 0) & ((x < 0) != (y < 0)))
     with np.errstate(divide="ignore", invalid="ignore"):
         return x / y
 
@@ -188,7 +198,7 @@ ewise_gelu = _unary(_gelu)
 
 def ewise_cast(a: Array, out: Array) -> None:
     """Convert ``a`` to ``out.dtype`` (floats to ints truncate toward zero)."""
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # overflow to inf is the contract
         out.array[:] = a.array.astype(out.array.dtype)
 
 
@@ -209,7 +219,8 @@ def reduce_sum(a: Array, out: Array, outer: int, reduce_size: int, inner: int = 
     acc = np.float64 if x.dtype == np.float64 else (x.dtype if x.dtype.kind in "iub" else np.float32)
     if x.dtype == np.bool_:
         acc = np.int64
-    _store(out, x.sum(axis=1, dtype=acc))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is nan, by contract
+        _store(out, x.sum(axis=1, dtype=acc))
 
 
 def reduce_max(a: Array, out: Array, outer: int, reduce_size: int, inner: int = 1) -> None:

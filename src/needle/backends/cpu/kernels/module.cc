@@ -1,0 +1,19 @@
+// The extension module needle.backends.cpu._cpu: the array API (design §3) for the host CPU.
+// Each kernel family registers its functions; this file only assembles the module.
+#include "common.h"
+
+NB_MODULE(_cpu, m) {
+  m.doc() = "needle's native CPU backend: C++17 kernels, OpenMP across cores.";
+  m.attr("name") = "cpu";
+#ifdef _OPENMP
+  m.attr("openmp") = true;
+#else
+  m.attr("openmp") = false;
+#endif
+  m.def("num_threads", &needle::max_threads, "Threads the kernels use (OMP_NUM_THREADS).");
+  needle::bind_memory(m);
+  needle::bind_elementwise(m);
+  needle::bind_reduce(m);
+  needle::bind_matmul(m);
+  needle::bind_nn(m);
+}

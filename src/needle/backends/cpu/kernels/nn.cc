@@ -1,0 +1,483 @@
+// Transformer and indexing kernels: take / scatter_add (embedding lookup and its gradient),
+// softmax / log_softmax / rmsnorm / layernorm over rows, rope, silu_mul, and attention with
+// grouped-query heads. Rows are independent, so threads take whole rows; within a row the loops
+// vectorize. fp16/bf16 compute in fp32 and round once on store.
+#include <type_traits>
+
+#include "common.h"
+#include "matmul.h"
+#include "vmath.h"
+
+namespace needle {
+namespace {
+
+template <class C> inline C max_nan(C acc, C x) { return (x > acc || x != x) ? x : acc; }
+
+// Sum of f(i) for i < n with independent lanes (vectorizes; better rounding than one chain).
+template <class C, class F> inline C lane_sum(int64_t n, F&& f) {
+  constexpr int L = 16;
+  C lanes[L] = {};
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int l = 0; l < L; ++l) lanes[l] += f(i + l);
+  C tail = 0;
+  for (; i < n; ++i) tail += f(i);
+  for (int w = L / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0] + tail;
+}
+
+template <class S> inline compute_t<S> row_max(const S* x, int64_t n) {
+  using C = compute_t<S>;
+  constexpr int L = 16;
+  C lanes[L];
+  for (int l = 0; l < L; ++l) lanes[l] = load(x[0]);
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int l = 0; l < L; ++l) lanes[l] = max_nan(lanes[l], load(x[i + l]));
+  for (; i < n; ++i) lanes[0] = max_nan(lanes[0], load(x[i]));
+  C m = lanes[0];
+  for (int l = 1; l < L; ++l) m = max_nan(m, lanes[l]);
+  return m;
+}
+
+// Run f(row, scratch) over `rows` rows of length `dim` across threads; scratch is a per-call
+// compute-type buffer of `dim` elements for storage types that are not their compute type.
+template <class S, class F> void for_rows(int64_t rows, int64_t dim, F&& f) {
+  using C = compute_t<S>;
+  const int64_t group = std::max<int64_t>(1, 4096 / std::max<int64_t>(dim, 1));
+  const int64_t items = (rows + group - 1) / group;
+  parallel_items(items, group * dim * 4, [&](int64_t it) {
+    std::vector<C> scratch(std::is_same_v<C, S> ? 0 : dim);
+    const int64_t r1 = std::min(rows, (it + 1) * group);
+    for (int64_t r = it * group; r < r1; ++r) f(r, scratch.data());
+  });
+}
+
+// --- softmax family -----------------------------------------------------------------------
+
+template <class S> void softmax_kernel(const void* a_, void* out_, int64_t rows, int64_t dim,
+                                       bool log) {
+  using C = compute_t<S>;
+  const S* a = (const S*)a_;
+  S* out = (S*)out_;
+  for_rows<S>(rows, dim, [&](int64_t r, C* scratch) {
+    const S* x = a + r * dim;
+    S* o = out + r * dim;
+    const C mx = row_max(x, dim);
+    if (log) {
+      const C s = lane_sum<C>(dim, [&](int64_t i) { return vexp(load(x[i]) - mx); });
+      const C ls = std::log(s);
+#pragma omp simd
+      for (int64_t i = 0; i < dim; ++i) o[i] = store<S>((load(x[i]) - mx) - ls);
+      return;
+    }
+    C* e = std::is_same_v<C, S> ? (C*)o : scratch;
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) e[i] = vexp(load(x[i]) - mx);
+    const C inv = C(1) / lane_sum<C>(dim, [&](int64_t i) { return e[i]; });
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) o[i] = store<S>(e[i] * inv);
+  });
+}
+
+template <class S> void rmsnorm_kernel(const void* x_, const void* w_, void* out_, int64_t rows,
+                                       int64_t dim, double eps) {
+  using C = compute_t<S>;
+  const S* x = (const S*)x_;
+  const S* w = (const S*)w_;
+  S* out = (S*)out_;
+  for_rows<S>(rows, dim, [&](int64_t r, C*) {
+    const S* v = x + r * dim;
+    S* o = out + r * dim;
+    const C ms = lane_sum<C>(dim, [&](int64_t i) { const C t = load(v[i]); return t * t; });
+    const C inv = C(1) / std::sqrt(ms / (C)dim + (C)eps);
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) o[i] = store<S>(load(v[i]) * inv * load(w[i]));
+  });
+}
+
+template <class S> void layernorm_kernel(const void* x_, const void* w_, const void* b_,
+                                         void* out_, int64_t rows, int64_t dim, double eps) {
+  using C = compute_t<S>;
+  const S* x = (const S*)x_;
+  const S* w = (const S*)w_;
+  const S* b = (const S*)b_;
+  S* out = (S*)out_;
+  for_rows<S>(rows, dim, [&](int64_t r, C*) {
+    const S* v = x + r * dim;
+    S* o = out + r * dim;
+    const C mu = lane_sum<C>(dim, [&](int64_t i) { return load(v[i]); }) / (C)dim;
+    const C var =
+        lane_sum<C>(dim, [&](int64_t i) { const C t = load(v[i]) - mu; return t * t; }) / (C)dim;
+    const C inv = C(1) / std::sqrt(var + (C)eps);
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i)
+      o[i] = store<S>((load(v[i]) - mu) * inv * load(w[i]) + load(b[i]));
+  });
+}
+
+template <class S> void rope_kernel(const void* x_, const void* cos_, const void* sin_,
+                                    void* out_, int64_t batch, int64_t seq, int64_t heads,
+                                    int64_t head_dim) {
+  const S* x = (const S*)x_;
+  const S* cs = (const S*)cos_;
+  const S* sn = (const S*)sin_;
+  S* out = (S*)out_;
+  const int64_t h = head_dim / 2;
+  for_rows<S>(batch * seq * heads, head_dim, [&](int64_t r, compute_t<S>*) {
+    const int64_t s = r / heads % seq;
+    const S* x1 = x + r * head_dim;
+    const S* x2 = x1 + h;
+    const S* c = cs + s * h;
+    const S* si = sn + s * h;
+    S* o = out + r * head_dim;
+#pragma omp simd
+    for (int64_t i = 0; i < h; ++i) {
+      const auto a = load(x1[i]), b = load(x2[i]), cc = load(c[i]), ss = load(si[i]);
+      o[i] = store<S>(a * cc - b * ss);
+      o[h + i] = store<S>(b * cc + a * ss);
+    }
+  });
+}
+
+template <class S> void silu_mul_kernel(const void* a_, const void* b_, void* out_, int64_t n) {
+  const S* a = (const S*)a_;
+  const S* b = (const S*)b_;
+  S* out = (S*)out_;
+  parallel_for(n, int64_t(1) << 13, [=](int64_t lo, int64_t hi) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) {
+      const auto x = load(a[i]);
+      out[i] = store<S>(x * vsigmoid(x) * load(b[i]));
+    }
+  });
+}
+
+// --- indexing -------------------------------------------------------------------------------------
+
+// indices as int64 in [0, rows) (negative ones wrap, as numpy's); returns the first bad one.
+template <class I> bool normalize_indices(const I* idx, int64_t n, int64_t rows,
+                                          std::vector<int64_t>& out, int64_t* bad) {
+  out.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = (int64_t)idx[i];
+    if (j < -rows || j >= rows) {
+      *bad = j;
+      return false;
+    }
+    out[i] = j < 0 ? j + rows : j;
+  }
+  return true;
+}
+
+std::vector<int64_t> checked_indices(const Array& indices, int64_t rows, const char* fn) {
+  if (indices.dtype != DType::i32 && indices.dtype != DType::i64)
+    raise("DTypeError", std::string(fn) + ": indices must be int32 or int64, got " +
+                            dtype_name(indices.dtype));
+  std::vector<int64_t> idx;
+  int64_t bad = 0;
+  bool ok;
+  {
+    nb::gil_scoped_release release;
+    ok = indices.dtype == DType::i32
+             ? normalize_indices(indices.as<int32_t>(), indices.size, rows, idx, &bad)
+             : normalize_indices(indices.as<int64_t>(), indices.size, rows, idx, &bad);
+  }
+  if (!ok)
+    raise("IndexOutOfRangeError", std::string(fn) + ": index " + std::to_string(bad) +
+                                      " is out of range for " + std::to_string(rows) + " rows");
+  return idx;
+}
+
+void take(const Array& table, const Array& indices, Array& out, int64_t rows, int64_t dim) {
+  check_size(table, rows * dim, "take", "table");
+  check_same_dtype(table, out, "take");
+  check_size(out, indices.size * dim, "take", "out");
+  const std::vector<int64_t> idx = checked_indices(indices, rows, "take");
+  const size_t row_bytes = (size_t)dim * dtype_size(table.dtype);
+  const char* src = (const char*)table.data;
+  char* dst = (char*)out.data;
+  without_gil([&] {
+    parallel_items((int64_t)idx.size(), dim, [&](int64_t i) {
+      std::memcpy(dst + i * row_bytes, src + idx[i] * row_bytes, row_bytes);
+    });
+  });
+}
+
+template <class S> void scatter_add_kernel(const std::vector<int64_t>& idx, const void* values_,
+                                           void* out_, int64_t rows, int64_t dim) {
+  using C = compute_t<S>;
+  using A = wrapping_t<C>;
+  const S* values = (const S*)values_;
+  S* out = (S*)out_;
+  // Columns are independent: a thread owns a block of columns for every index, in order, so
+  // repeated indices accumulate deterministically in the reference's order.
+  const int64_t width = std::max<int64_t>(64, (dim + max_threads() - 1) / max_threads());
+  const int64_t blocks = (dim + width - 1) / width;
+  parallel_items(blocks, (int64_t)idx.size() * width, [&](int64_t blk) {
+    const int64_t c0 = blk * width, c1 = std::min(dim, c0 + width);
+    std::vector<A> acc((size_t)rows * (c1 - c0));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = c0; c < c1; ++c) acc[r * (c1 - c0) + c - c0] = (A)load(out[r * dim + c]);
+    for (size_t i = 0; i < idx.size(); ++i) {
+      A* dst = acc.data() + idx[i] * (c1 - c0);
+      const S* src = values + (int64_t)i * dim + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < c1 - c0; ++c) dst[c] += (A)load(src[c]);
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = c0; c < c1; ++c) out[r * dim + c] = store<S>((C)acc[r * (c1 - c0) + c - c0]);
+  });
+}
+
+using ScatterFn = void (*)(const std::vector<int64_t>&, const void*, void*, int64_t, int64_t);
+
+const KernelTable<ScatterFn> kScatterAdd("scatter_add", [](auto tag) -> ScatterFn {
+  using S = typename decltype(tag)::type;
+  if constexpr (std::is_same_v<S, b8>) return nullptr;
+  else return &scatter_add_kernel<S>;
+});
+
+// --- attention -------------------------------------------------------------------------------------
+
+struct AttentionArgs {
+  int64_t batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim;
+  double scale;
+  bool causal;
+};
+
+// Softmax of one row of scores in place over [0, n); the rest of the row is not read.
+template <class C> void softmax_row(C* s, int64_t n) {
+  C mx = s[0];
+  for (int64_t j = 1; j < n; ++j) mx = max_nan(mx, s[j]);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) s[j] = vexp(s[j] - mx);
+  const C inv = C(1) / lane_sum<C>(n, [&](int64_t j) { return s[j]; });
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+}
+
+// One work item: query rows [i0, i0 + qb) of head (b, h). Scores and outputs go through the
+// blocked GEMM (a tile of queries against all visible keys), so prefill runs at matmul speed;
+// causal blocks stop at their last visible key.
+template <class S> void attention_block(const S* q, const S* k, const S* v, S* out,
+                                        const AttentionArgs& g, int64_t bh, int64_t i0,
+                                        int64_t qb) {
+  using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
+  const int64_t D = g.head_dim, b = bh / g.q_heads, h = bh % g.q_heads;
+  const int64_t kvh = h / (g.q_heads / g.kv_heads);
+  const int64_t shift = g.kv_len - g.q_len;  // query i sits at position shift + i
+  const int64_t visible = g.causal ? std::min(g.kv_len, shift + i0 + qb) : g.kv_len;
+  const S* qs = q + (bh * g.q_len + i0) * D;
+  const S* ks = k + (b * g.kv_heads + kvh) * g.kv_capacity * D;
+  const S* vs = v + (b * g.kv_heads + kvh) * g.kv_capacity * D;
+  S* os = out + (bh * g.q_len + i0) * D;
+
+  // fp16/bf16 inputs are widened once per block so the GEMM sees compute-type matrices.
+  std::vector<C> widened;
+  const C *qc, *kc, *vc;
+  if constexpr (std::is_same_v<S, C>) {
+    qc = qs;
+    kc = ks;
+    vc = vs;
+  } else {
+    widened.resize((size_t)(qb + 2 * visible) * D);
+    C* w = widened.data();
+    for (int64_t i = 0; i < qb * D; ++i) w[i] = load(qs[i]);
+    for (int64_t i = 0; i < visible * D; ++i) w[qb * D + i] = load(ks[i]);
+    for (int64_t i = 0; i < visible * D; ++i) w[(qb + visible) * D + i] = load(vs[i]);
+    qc = w;
+    kc = w + qb * D;
+    vc = w + (qb + visible) * D;
+  }
+  std::vector<C> scores((size_t)qb * visible), o((size_t)qb * D);
+  const C scale = (C)g.scale;
+  if (qb == 1) {  // decode: dot products and a weighted sum, no packing
+    for (int64_t j = 0; j < visible; ++j)
+      scores[j] = lane_sum<C>(D, [&](int64_t d) { return qc[d] * kc[j * D + d]; });
+  } else {
+    gemm_serial<C>(qb, D, visible, qc, D, 1, kc, 1, D, scores.data(), visible);
+  }
+  for (int64_t i = 0; i < qb; ++i) {
+    C* s = scores.data() + i * visible;
+    const int64_t n = g.causal ? std::min(visible, shift + i0 + i + 1) : visible;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) s[j] *= scale;
+    softmax_row(s, n);
+    for (int64_t j = n; j < visible; ++j) s[j] = 0;
+  }
+  if (qb == 1) {
+    for (int64_t j = 0; j < visible; ++j) {
+      const C pj = scores[j];
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) o[d] += pj * vc[j * D + d];
+    }
+  } else {
+    gemm_serial<C>(qb, visible, D, scores.data(), visible, 1, vc, D, 1, o.data(), D);
+  }
+  for (int64_t i = 0; i < qb * D; ++i) os[i] = store<S>(o[i]);
+}
+
+template <class S> void attention_kernel(const void* q, const void* k, const void* v, void* out,
+                                         const AttentionArgs& g) {
+  constexpr int64_t QB = 64;
+  const int64_t blocks = (g.q_len + QB - 1) / QB;
+  const int64_t items = g.batch * g.q_heads * blocks;
+  parallel_items(items, g.kv_len * g.head_dim * std::min(QB, g.q_len), [&](int64_t it) {
+    const int64_t bh = it / blocks, i0 = it % blocks * QB;
+    attention_block<S>((const S*)q, (const S*)k, (const S*)v, (S*)out, g, bh, i0,
+                       std::min(QB, g.q_len - i0));
+  });
+}
+
+// --- tables and bindings ------------------------------------------------------------------------
+
+using RowFn = void (*)(const void*, void*, int64_t, int64_t, bool);
+using RmsFn = void (*)(const void*, const void*, void*, int64_t, int64_t, double);
+using LayerFn = void (*)(const void*, const void*, const void*, void*, int64_t, int64_t, double);
+using RopeFn = void (*)(const void*, const void*, const void*, void*, int64_t, int64_t, int64_t,
+                        int64_t);
+using BinFn = void (*)(const void*, const void*, void*, int64_t);
+using AttnFn = void (*)(const void*, const void*, const void*, void*, const AttentionArgs&);
+
+// Float kernels only: make(Tag<S>) returns &kernel<S> for the four float dtypes.
+#define NEEDLE_FLOAT_TABLE(Fn, name, kernel)                      \
+  KernelTable<Fn>(name, [](auto tag) -> Fn {                      \
+    using S = typename decltype(tag)::type;                       \
+    if constexpr (is_float_storage_v<S>) return &kernel<S>;       \
+    else return nullptr;                                          \
+  })
+
+const KernelTable<RowFn> kSoftmax = NEEDLE_FLOAT_TABLE(RowFn, "softmax", softmax_kernel);
+const KernelTable<RmsFn> kRmsnorm = NEEDLE_FLOAT_TABLE(RmsFn, "rmsnorm", rmsnorm_kernel);
+const KernelTable<LayerFn> kLayernorm = NEEDLE_FLOAT_TABLE(LayerFn, "layernorm", layernorm_kernel);
+const KernelTable<RopeFn> kRope = NEEDLE_FLOAT_TABLE(RopeFn, "rope", rope_kernel);
+const KernelTable<BinFn> kSiluMul = NEEDLE_FLOAT_TABLE(BinFn, "silu_mul", silu_mul_kernel);
+const KernelTable<AttnFn> kAttention = NEEDLE_FLOAT_TABLE(AttnFn, "attention", attention_kernel);
+#undef NEEDLE_FLOAT_TABLE
+
+int64_t rows_of(const Array& a, int64_t dim, const char* fn) {
+  if (dim <= 0 || a.size % dim)
+    raise("ShapeError", std::string(fn) + ": dim " + std::to_string(dim) +
+                            " does not divide the buffer's " + std::to_string(a.size) +
+                            " elements");
+  return a.size / dim;
+}
+
+void softmax(const Array& a, Array& out, int64_t dim, bool log, const char* fn) {
+  const int64_t rows = rows_of(a, dim, fn);
+  check_same_dtype(a, out, fn);
+  check_size(out, a.size, fn, "out");
+  const RowFn f = kSoftmax[a.dtype];
+  without_gil([&] { f(a.data, out.data, rows, dim, log); });
+}
+
+void rmsnorm(const Array& x, const Array& w, Array& out, int64_t dim, double eps) {
+  const int64_t rows = rows_of(x, dim, "rmsnorm");
+  check_same_dtype(x, w, "rmsnorm");
+  check_same_dtype(x, out, "rmsnorm");
+  check_size(w, dim, "rmsnorm", "w");
+  check_size(out, x.size, "rmsnorm", "out");
+  const RmsFn f = kRmsnorm[x.dtype];
+  without_gil([&] { f(x.data, w.data, out.data, rows, dim, eps); });
+}
+
+void layernorm(const Array& x, const Array& w, const Array& b, Array& out, int64_t dim,
+               double eps) {
+  const int64_t rows = rows_of(x, dim, "layernorm");
+  check_same_dtype(x, w, "layernorm");
+  check_same_dtype(x, b, "layernorm");
+  check_same_dtype(x, out, "layernorm");
+  check_size(w, dim, "layernorm", "w");
+  check_size(b, dim, "layernorm", "b");
+  check_size(out, x.size, "layernorm", "out");
+  const LayerFn f = kLayernorm[x.dtype];
+  without_gil([&] { f(x.data, w.data, b.data, out.data, rows, dim, eps); });
+}
+
+void rope(const Array& x, const Array& cos, const Array& sin, Array& out, int64_t batch,
+          int64_t seq, int64_t heads, int64_t head_dim) {
+  if (batch < 0 || seq < 0 || heads < 0 || head_dim < 0 || head_dim % 2)
+    raise("ShapeError", "rope: sizes must be >= 0 and head_dim even");
+  check_same_dtype(x, cos, "rope");
+  check_same_dtype(x, sin, "rope");
+  check_same_dtype(x, out, "rope");
+  check_size(x, batch * seq * heads * head_dim, "rope", "x");
+  check_size(cos, seq * (head_dim / 2), "rope", "cos");
+  check_size(sin, seq * (head_dim / 2), "rope", "sin");
+  check_size(out, x.size, "rope", "out");
+  const RopeFn f = kRope[x.dtype];
+  if (x.size == 0) return;
+  without_gil([&] { f(x.data, cos.data, sin.data, out.data, batch, seq, heads, head_dim); });
+}
+
+void silu_mul(const Array& a, const Array& b, Array& out) {
+  check_same_dtype(a, b, "silu_mul");
+  check_same_dtype(a, out, "silu_mul");
+  check_size(b, a.size, "silu_mul", "b");
+  check_size(out, a.size, "silu_mul", "out");
+  const BinFn f = kSiluMul[a.dtype];
+  without_gil([&] { f(a.data, b.data, out.data, a.size); });
+}
+
+void scatter_add(const Array& indices, const Array& values, Array& out, int64_t rows,
+                 int64_t dim) {
+  if (rows < 0 || dim < 0) raise("ShapeError", "scatter_add: rows and dim must be >= 0");
+  check_same_dtype(values, out, "scatter_add");
+  check_size(out, rows * dim, "scatter_add", "out");
+  check_size(values, indices.size * dim, "scatter_add", "values");
+  const ScatterFn f = kScatterAdd[out.dtype];
+  const std::vector<int64_t> idx = checked_indices(indices, rows, "scatter_add");
+  if (dim == 0) return;
+  without_gil([&] { f(idx, values.data, out.data, rows, dim); });
+}
+
+void attention(const Array& q, const Array& k, const Array& v, Array& out, int64_t batch,
+               int64_t q_heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
+               int64_t kv_capacity, int64_t head_dim, double scale, bool causal) {
+  const AttentionArgs g{batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
+                        scale, causal};
+  if (batch < 0 || q_len < 0 || head_dim < 0 || q_heads < 0 || kv_heads <= 0 ||
+      q_heads % kv_heads || kv_len < 1 || kv_len > kv_capacity || (causal && kv_len < q_len))
+    raise("ShapeError", "attention: need kv_heads > 0 dividing q_heads, 1 <= kv_len <= "
+                        "kv_capacity, and kv_len >= q_len when causal");
+  check_same_dtype(q, k, "attention");
+  check_same_dtype(q, v, "attention");
+  check_same_dtype(q, out, "attention");
+  check_size(q, batch * q_heads * q_len * head_dim, "attention", "q");
+  check_size(k, batch * kv_heads * kv_capacity * head_dim, "attention", "k");
+  check_size(v, batch * kv_heads * kv_capacity * head_dim, "attention", "v");
+  check_size(out, q.size, "attention", "out");
+  const AttnFn f = kAttention[q.dtype];
+  if (q.size == 0) return;
+  without_gil([&] { f(q.data, k.data, v.data, out.data, g); });
+}
+
+}  // namespace
+
+void bind_nn(nb::module_& m) {
+  m.def("take", &take, nb::arg("table"), nb::arg("indices"), nb::arg("out"), nb::arg("rows"),
+        nb::arg("dim"), "out[i, :] = table[indices[i], :]");
+  m.def("scatter_add", &scatter_add, nb::arg("indices"), nb::arg("values"), nb::arg("out"),
+        nb::arg("rows"), nb::arg("dim"), "out[indices[i], :] += values[i, :]");
+  m.def("softmax", [](const Array& a, Array& out, int64_t dim) {
+    softmax(a, out, dim, false, "softmax");
+  }, nb::arg("a"), nb::arg("out"), nb::arg("dim"));
+  m.def("log_softmax", [](const Array& a, Array& out, int64_t dim) {
+    softmax(a, out, dim, true, "log_softmax");
+  }, nb::arg("a"), nb::arg("out"), nb::arg("dim"));
+  m.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("w"), nb::arg("out"), nb::arg("dim"),
+        nb::arg("eps"));
+  m.def("layernorm", &layernorm, nb::arg("x"), nb::arg("w"), nb::arg("b"), nb::arg("out"),
+        nb::arg("dim"), nb::arg("eps"));
+  m.def("rope", &rope, nb::arg("x"), nb::arg("cos"), nb::arg("sin"), nb::arg("out"),
+        nb::arg("batch"), nb::arg("seq"), nb::arg("heads"), nb::arg("head_dim"));
+  m.def("silu_mul", &silu_mul, nb::arg("a"), nb::arg("b"), nb::arg("out"));
+  m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("batch"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("q_len"),
+        nb::arg("kv_len"), nb::arg("kv_capacity"), nb::arg("head_dim"), nb::arg("scale"),
+        nb::arg("causal"));
+}
+
+}  // namespace needle

@@ -1,0 +1,156 @@
+"""NVRTC: compile a kernel file to a CUBIN for the device's arch, cached on disk.
+
+``compile_source`` needs no driver (CI compiles every kernel file with it). The device
+side (``CudaExecutableCache``) loads the CUBIN as a CUmodule and looks kernels up by name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ...errors import DeviceError, KernelCompileError
+from ...hal import DiskCache, Executable, ExecutableCache, Kernel
+from .driver import check, cu, nvrtc
+
+KERNEL_DIR = Path(__file__).parent / "kernels"
+# NEEDLE_CUDA_OPTIONS adds NVRTC options (tuning defines such as -DTC_STAGES=3); they are
+# part of the disk-cache key, so changing them recompiles.
+OPTIONS = ("-std=c++17", "-DNDEBUG", *os.environ.get("NEEDLE_CUDA_OPTIONS", "").split())
+_SHARED_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """The NVRTC library's (major, minor); DeviceError when it cannot be loaded."""
+    if nvrtc is None:
+        raise DeviceError("cuda-bindings is not installed; pip install 'needle[cuda]'")
+    try:
+        ret = nvrtc.nvrtcVersion()
+    except Exception as e:  # the library itself is missing
+        raise DeviceError(f"NVRTC could not be loaded ({e}); install the CUDA 13 NVRTC wheel: "
+                          "pip install 'needle[cuda]'") from None
+    return int(ret[1]), int(ret[2])
+
+
+def supported_archs() -> list[int]:
+    """Compute capabilities NVRTC can build SASS for (80, 86, 89, 90, ...)."""
+    ret = nvrtc.nvrtcGetSupportedArchs()
+    return [int(a) for a in ret[1]]
+
+
+def target_for(capability: int) -> tuple[str, bool]:
+    """(arch option value, is_ptx): SASS for the device when NVRTC knows its arch, else
+    PTX of the newest arch NVRTC knows below it, for the driver to finish."""
+    archs = supported_archs()
+    if capability in archs:
+        return f"sm_{capability}", False
+    older = [a for a in archs if a <= capability]
+    if not older:
+        raise DeviceError(f"this NVRTC ({nvrtc_version()}) cannot build for compute capability "
+                          f"{capability}; it supports {archs}")
+    return f"compute_{max(older)}", True
+
+
+def _log(prog) -> str:
+    size = nvrtc.nvrtcGetProgramLogSize(prog)[1]
+    buf = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, buf)
+    return buf.rstrip(b"\x00 ").decode(errors="replace")
+
+
+def headers() -> dict[str, str]:
+    """The shared headers (``kernels/*.cuh``) every kernel file may include."""
+    return {p.name: p.read_text() for p in sorted(KERNEL_DIR.glob("*.cuh"))}
+
+
+def compile_source(source: str, family: str, arch: str, ptx: bool = False,
+                   options: tuple[str, ...] = OPTIONS) -> bytes:
+    """Compile kernel file ``family`` to a CUBIN (or PTX); KernelCompileError with the log."""
+    nvrtc_version()
+    hdrs = headers()
+    ret = nvrtc.nvrtcCreateProgram(source.encode(), f"{family}.cu".encode(), len(hdrs),
+                                   [h.encode() for h in hdrs.values()],
+                                   [n.encode() for n in hdrs])
+    if ret[0] != 0:
+        raise KernelCompileError(f"nvrtcCreateProgram failed for {family}.cu: {ret[0]}")
+    prog = ret[1]
+    try:
+        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in options]
+        result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+        if result != 0:
+            raise KernelCompileError(
+                f"NVRTC could not compile kernel file {family}.cu for {arch} "
+                f"({nvrtc.nvrtcGetErrorString(result)[1].decode()}):\n{_log(prog)}")
+        get_size, get = ((nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ptx
+                         else (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN))
+        out = b" " * get_size(prog)[1]
+        get(prog, out)
+        return out
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+class CudaKernel(Kernel):
+    """A CUfunction and its limits, from the driver's attribute and occupancy queries."""
+
+    __slots__ = ("_sm_count", "_shared_reserved")
+
+    def __init__(self, name: str, function, sm_count: int):
+        attr = cu.CUfunction_attribute
+        max_threads = int(check(cu.cuFuncGetAttribute(
+            attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function), "cuFuncGetAttribute"))
+        _, block = check(cu.cuOccupancyMaxPotentialBlockSize(function, None, 0, 0),
+                         f"cuOccupancyMaxPotentialBlockSize({name})")
+        super().__init__(name, function, max_threads, max(32, int(block) // 32 * 32), 32)
+        self._sm_count = sm_count
+        self._shared_reserved = _SHARED_DEFAULT
+
+    def _occupancy(self, threads: int, shared_bytes: int) -> int:
+        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            self.handle, threads, shared_bytes), f"occupancy of {self.name}")
+        return int(per_sm) * self._sm_count
+
+    def reserve_shared(self, shared_bytes: int) -> None:
+        if shared_bytes > self._shared_reserved:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(cu.cuFuncSetAttribute(self.handle, attr, shared_bytes),
+                  f"reserving {shared_bytes} bytes of shared memory for {self.name}")
+            self._shared_reserved = shared_bytes
+
+
+class CudaExecutable(Executable):
+    """A CUmodule loaded from a CUBIN (or PTX)."""
+
+    def __init__(self, name: str, image: bytes, sm_count: int):
+        super().__init__(name)
+        self.module = check(cu.cuModuleLoadData(image), f"loading kernel module {name}",
+                            KernelCompileError)
+        self._sm_count = sm_count
+
+    def _load_kernel(self, name: str) -> Kernel:
+        ret = cu.cuModuleGetFunction(self.module, name.encode())
+        if ret[0] != 0:
+            raise KernelCompileError(f"kernel {name} is not in {self.name}.cu (the ABI in "
+                                     "docs/kernels.md lists every kernel name)")
+        return CudaKernel(name, ret[1], self._sm_count)
+
+
+class CudaExecutableCache(ExecutableCache):
+    """Kernel files of one CUDA device; CUBINs cached on disk by source, arch and options."""
+
+    def __init__(self, device_name: str, capability: int, sm_count: int):
+        super().__init__(KERNEL_DIR, ".cu", device_name)
+        self.arch, self.ptx = target_for(capability)
+        self.sm_count = sm_count
+        self.disk = DiskCache("cuda")
+        self.version = nvrtc_version()
+
+    def _compile(self, family: str, source: str) -> Executable:
+        key = DiskCache.key(source, *headers().values(), self.arch, " ".join(OPTIONS),
+                            repr(self.version))
+        suffix = ".ptx" if self.ptx else ".cubin"
+        image = self.disk.load(key, suffix)
+        if image is None:
+            image = compile_source(source, family, self.arch, self.ptx)
+            self.disk.store(key, suffix, image)
+        return CudaExecutable(family, image, self.sm_count)

@@ -1,0 +1,121 @@
+// Shared by every needle CUDA kernel file: storage types, conversions, vector access,
+// NaN-aware min/max and warp reductions. No CUDA headers: NVRTC compiles this as is, with
+// no toolkit installed (CI), so half and bfloat16 are plain 16-bit storage types here.
+#pragma once
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned char b8;
+
+struct half_t { unsigned short bits; };
+struct bf16_t { unsigned short bits; };
+
+struct NParams { i64 n; };
+template <class S> struct SParams { i64 n; S value; };
+
+// ---- compute types: what a storage type is loaded as, and the scalar param type --------
+template <class T> struct Acc { typedef T type; };
+template <> struct Acc<half_t> { typedef float type; };
+template <> struct Acc<bf16_t> { typedef float type; };
+template <> struct Acc<b8> { typedef int type; };
+
+template <class T> struct Scalar { typedef typename Acc<T>::type type; };
+
+__device__ __forceinline__ float load(half_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
+  return f;
+}
+__device__ __forceinline__ float load(bf16_t h) { return __uint_as_float(((u32)h.bits) << 16); }
+__device__ __forceinline__ float load(float x) { return x; }
+__device__ __forceinline__ double load(double x) { return x; }
+__device__ __forceinline__ int load(int x) { return x; }
+__device__ __forceinline__ i64 load(i64 x) { return x; }
+__device__ __forceinline__ int load(b8 x) { return x; }
+
+// store<T>(compute value): round once to the storage type
+template <class T> __device__ __forceinline__ T store(typename Acc<T>::type v) { return v; }
+template <> __device__ __forceinline__ half_t store<half_t>(float v) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(v));
+  return h;
+}
+template <> __device__ __forceinline__ bf16_t store<bf16_t>(float v) {
+  u32 u = __float_as_uint(v);
+  bf16_t h;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    h.bits = (unsigned short)((u >> 16) | 0x40u);  // quiet NaN, sign kept
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    h.bits = (unsigned short)(u >> 16);
+  }
+  return h;
+}
+template <> __device__ __forceinline__ b8 store<b8>(int v) { return (b8)(v != 0); }
+
+// ---- math on compute types ---------------------------------------------------------------
+template <class C> __device__ __forceinline__ bool is_nan(C x) { return x != x; }
+
+// NaN-propagating max/min (numpy.maximum / numpy.minimum semantics)
+template <class C> __device__ __forceinline__ C nan_max(C a, C b) {
+  return (a > b || is_nan(a)) ? a : b;
+}
+template <class C> __device__ __forceinline__ C nan_min(C a, C b) {
+  return (a < b || is_nan(a)) ? a : b;
+}
+
+__device__ __forceinline__ float m_exp(float x) { return expf(x); }
+__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+__device__ __forceinline__ float m_log(float x) { return logf(x); }
+__device__ __forceinline__ double m_log(double x) { return log(x); }
+__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float m_sin(float x) { return sinf(x); }
+__device__ __forceinline__ double m_sin(double x) { return sin(x); }
+__device__ __forceinline__ float m_cos(float x) { return cosf(x); }
+__device__ __forceinline__ double m_cos(double x) { return cos(x); }
+__device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float m_erf(float x) { return erff(x); }
+__device__ __forceinline__ double m_erf(double x) { return erf(x); }
+__device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); }
+__device__ __forceinline__ float m_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ double m_abs(double x) { return fabs(x); }
+__device__ __forceinline__ int m_abs(int x) { return x < 0 ? -x : x; }
+__device__ __forceinline__ i64 m_abs(i64 x) { return x < 0 ? -x : x; }
+
+template <class C> __device__ __forceinline__ C neg_inf() { return -__int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double neg_inf<double>() {
+  return -__longlong_as_double(0x7ff0000000000000ll);
+}
+template <> __device__ __forceinline__ int neg_inf<int>() { return (int)0x80000000; }
+template <> __device__ __forceinline__ i64 neg_inf<i64>() { return (i64)0x8000000000000000ull; }
+template <class C> __device__ __forceinline__ C pos_inf() { return __int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double pos_inf<double>() {
+  return __longlong_as_double(0x7ff0000000000000ll);
+}
+template <> __device__ __forceinline__ int pos_inf<int>() { return 0x7fffffff; }
+template <> __device__ __forceinline__ i64 pos_inf<i64>() { return 0x7fffffffffffffffll; }
+
+// ---- vector access: V elements of T in one 4-, 8- or 16-byte load/store -------------------
+template <class T, int V> struct alignas(sizeof(T) * V) Vec { T v[V]; };
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15) == 0; }
+
+// ---- grid-stride geometry ----------------------------------------------------------------
+__device__ __forceinline__ i64 global_thread() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ i64 grid_threads() { return (i64)gridDim.x * blockDim.x; }
+
+// ---- warp reductions ----------------------------------------------------------------------
+template <class C> __device__ __forceinline__ C warp_sum(C v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class C> __device__ __forceinline__ C warp_max(C v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}

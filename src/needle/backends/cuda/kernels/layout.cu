@@ -1,0 +1,121 @@
+// Layout kernels: strided gather (compact) and scatter (setitem), and embedding lookup
+// (take) with its gradient (scatter_add). See docs/kernels.md, "layout".
+#include "common.cuh"
+
+struct Strided {
+  i64 n, offset, ndim;
+  i64 shape[8], strides[8];
+  u32 magic[8], shift[8];
+};
+template <class S> struct StridedScalar { Strided s; S value; };
+struct TakeParams { i64 n_idx, rows, dim; };
+
+// Element offset of logical element i (row-major over shape) in the strided view. Below
+// 2^31 elements the division by each extent is a multiply-high (magic numbers from host).
+__device__ __forceinline__ i64 strided_offset(const Strided& p, i64 i) {
+  i64 off = p.offset;
+  const int nd = (int)p.ndim;
+  if (p.n < (1ll << 31)) {
+    u32 r = (u32)i;
+#pragma unroll
+    for (int d = 7; d >= 0; d--) {
+      if (d < nd) {
+        const u32 q = (__umulhi(r, p.magic[d]) + r) >> p.shift[d];
+        off += (i64)(r - q * (u32)p.shape[d]) * p.strides[d];
+        r = q;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int d = 7; d >= 0; d--) {
+      if (d < nd) {
+        const i64 q = i / p.shape[d];
+        off += (i - q * p.shape[d]) * p.strides[d];
+        i = q;
+      }
+    }
+  }
+  return off;
+}
+
+template <class T> __device__ __forceinline__ T zero_of() { T z; memset(&z, 0, sizeof(T)); return z; }
+
+#define LAYOUT(SFX, T)                                                                         \
+  extern "C" __global__ void compact_##SFX(const T* __restrict__ a, T* __restrict__ out, Strided p) { \
+    const i64 t0 = global_thread(), step = grid_threads();                                     \
+    for (i64 i = t0; i < p.n; i += step) out[i] = a[strided_offset(p, i)];                     \
+  }                                                                                            \
+  extern "C" __global__ void setitem_##SFX(const T* __restrict__ a, T* __restrict__ out, Strided p) { \
+    const i64 t0 = global_thread(), step = grid_threads();                                     \
+    for (i64 i = t0; i < p.n; i += step) out[strided_offset(p, i)] = a[i];                     \
+  }                                                                                            \
+  extern "C" __global__ void scalar_setitem_##SFX(T* __restrict__ out,                         \
+                                                  StridedScalar<Scalar<T>::type> p) {          \
+    const T v = store<T>((Acc<T>::type)p.value);                                               \
+    const i64 t0 = global_thread(), step = grid_threads();                                     \
+    for (i64 i = t0; i < p.s.n; i += step) out[strided_offset(p.s, i)] = v;                    \
+  }
+
+// A group per looked-up row (group-stride over rows), its threads across the row, in
+// 16-byte vectors when the row length and both buffers allow it.
+template <class T, class I>
+__device__ __forceinline__ void take_rows(const T* __restrict__ table, const I* __restrict__ idx,
+                                          T* __restrict__ out, const TakeParams& p) {
+  constexpr int V = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  const bool vec = aligned16(table) && aligned16(out) && p.dim % V == 0;
+  for (i64 i = blockIdx.x; i < p.n_idx; i += gridDim.x) {
+    const i64 r = (i64)idx[i];
+    const bool ok = r >= 0 && r < p.rows;
+    T* dst = out + i * p.dim;
+    const T* src = table + (ok ? r : 0) * p.dim;
+    if (vec) {
+      Vec<T, V> zero;
+      memset(&zero, 0, sizeof(zero));
+      for (i64 j = threadIdx.x; j < p.dim / V; j += blockDim.x)
+        reinterpret_cast<Vec<T, V>*>(dst)[j] = ok ? reinterpret_cast<const Vec<T, V>*>(src)[j] : zero;
+    } else {
+      for (i64 j = threadIdx.x; j < p.dim; j += blockDim.x) dst[j] = ok ? src[j] : zero_of<T>();
+    }
+  }
+}
+
+__device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(double* p, double v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(int* p, int v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(i64* p, i64 v) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(p), (unsigned long long)v);
+}
+
+template <class T, class I>
+__device__ __forceinline__ void scatter_rows(const I* __restrict__ idx, const T* __restrict__ values,
+                                             T* __restrict__ out, const TakeParams& p) {
+  for (i64 i = blockIdx.x; i < p.n_idx; i += gridDim.x) {
+    const i64 r = (i64)idx[i];
+    if (r < 0 || r >= p.rows) continue;
+    for (i64 j = threadIdx.x; j < p.dim; j += blockDim.x) atomic_add(out + r * p.dim + j, values[i * p.dim + j]);
+  }
+}
+
+#define TAKE(SFX, T, ISFX, I)                                                                  \
+  extern "C" __global__ void take_##SFX##_##ISFX(const T* __restrict__ table, const I* __restrict__ idx, \
+                                                 T* __restrict__ out, TakeParams p) {          \
+    take_rows(table, idx, out, p);                                                             \
+  }
+#define SCATTER(SFX, T, ISFX, I)                                                               \
+  extern "C" __global__ void scatter_add_##SFX##_##ISFX(const I* __restrict__ idx,             \
+                                                        const T* __restrict__ values,          \
+                                                        T* __restrict__ out, TakeParams p) {   \
+    scatter_rows(idx, values, out, p);                                                         \
+  }
+
+#define ALL(M) M(f16, half_t) M(bf16, bf16_t) M(f32, float) M(f64, double) M(i32, int) M(i64, i64) M(b8, b8)
+#define BY_INDEX(M, SFX, T) M(SFX, T, i32, int) M(SFX, T, i64, i64)
+#define TAKE_(SFX, T) BY_INDEX(TAKE, SFX, T)
+#define SCATTER_(SFX, T) BY_INDEX(SCATTER, SFX, T)
+
+ALL(LAYOUT)
+ALL(TAKE_)
+SCATTER_(f32, float)
+SCATTER_(f64, double)
+SCATTER_(i32, int)
+SCATTER_(i64, i64)

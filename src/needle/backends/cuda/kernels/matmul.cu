@@ -1,0 +1,458 @@
+// Matrix products (docs/kernels.md, "matmul").
+//  * matmul_{nn,nt,tn,tt}_f32: SIMT fp32, 128x128x16 tiles, 8x8 outputs per thread,
+//    16-byte loads, the next tile prefetched into registers while this one is multiplied.
+//  * matmul_tc_{f16,bf16} / matmul_tc256_*: tensor cores (mma.sync m16n8k16, fp32
+//    accumulate), cp.async multi-stage pipeline, ldmatrix from XOR-swizzled shared memory.
+//  * matmul_{dt}: any dtype and layout, 16x16 tiles (the fallback).
+//  * gemv_t_* / gemv_n_* / gemv_combine_*: m == 1 (decoding), bandwidth-bound.
+#include "common.cuh"
+
+// tuning knobs (NEEDLE_CUDA_OPTIONS="-DSGEMM_MIN_BLOCKS=1 ..." recompiles with others)
+#ifndef SGEMM_MIN_BLOCKS
+#define SGEMM_MIN_BLOCKS 2
+#endif
+#ifndef TC_MIN_BLOCKS
+#define TC_MIN_BLOCKS 1
+#endif
+#ifndef TC_STAGES
+#define TC_STAGES 4
+#endif
+
+struct MatmulParams { i64 m, n, p, batch, stride_a, stride_b, trans_a, trans_b, splits, chunk; };
+
+// ======================================================================= SIMT fp32 =========
+namespace sgemm {
+constexpr int BM = 128, BN = 128, BK = 16, NT = 256, PAD = 4;
+
+// Fetch the 2 float4 of this thread's share of an A tile (rows m0.., k k0..) into registers.
+// !TA: A is (M, K) row-major, contiguous along k; TA: A is (K, M), contiguous along m.
+template <bool TA>
+__device__ __forceinline__ void fetch_a(const float* A, i64 M, i64 K, i64 m0, i64 k0, bool vec,
+                                        float4 (&r)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int c = threadIdx.x + i * NT;
+    float v[4];
+    if (!TA) {
+      const i64 gm = m0 + c / 4, gk = k0 + (c % 4) * 4;
+      if (vec) {
+        float4 x = (gm < M && gk < K) ? *reinterpret_cast<const float4*>(A + gm * K + gk)
+                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = (gm < M && gk + j < K) ? A[gm * K + gk + j] : 0.f;
+      }
+    } else {
+      const i64 gk = k0 + c / 32, gm = m0 + (c % 32) * 4;
+      if (vec) {
+        float4 x = (gk < K && gm < M) ? *reinterpret_cast<const float4*>(A + gk * M + gm)
+                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = (gk < K && gm + j < M) ? A[gk * M + gm + j] : 0.f;
+      }
+    }
+    r[i] = make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+// As[k][m]: for !TA the 4 values are 4 k's of one row; for TA 4 m's of one k.
+template <bool TA>
+__device__ __forceinline__ void stash_a(float (*As)[BM + PAD], const float4 (&r)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int c = threadIdx.x + i * NT;
+    if (!TA) {
+      const int m = c / 4, k = (c % 4) * 4;
+      As[k][m] = r[i].x; As[k + 1][m] = r[i].y; As[k + 2][m] = r[i].z; As[k + 3][m] = r[i].w;
+    } else {
+      const int k = c / 32, m = (c % 32) * 4;
+      *reinterpret_cast<float4*>(&As[k][m]) = r[i];
+    }
+  }
+}
+
+// B as (K, N): !TB row-major (contiguous along n); TB stored (N, K) (contiguous along k).
+// Same shapes as A with the roles of the two layouts swapped.
+template <bool TB>
+__device__ __forceinline__ void fetch_b(const float* B, i64 K, i64 N, i64 k0, i64 n0, bool vec,
+                                        float4 (&r)[2]) {
+  fetch_a<!TB>(B, N, K, n0, k0, vec, r);
+}
+template <bool TB>
+__device__ __forceinline__ void stash_b(float (*Bs)[BN + PAD], const float4 (&r)[2]) {
+  stash_a<!TB>(Bs, r);
+}
+
+template <bool TA, bool TB>
+__device__ __forceinline__ void run(const float* __restrict__ A, const float* __restrict__ B,
+                                    float* __restrict__ C, const MatmulParams& p) {
+  __shared__ __align__(16) float As[2][BK][BM + PAD];
+  __shared__ __align__(16) float Bs[2][BK][BN + PAD];
+  const i64 M = p.m, K = p.n, N = p.p;
+  A += blockIdx.z * p.stride_a;
+  B += blockIdx.z * p.stride_b;
+  C += blockIdx.z * M * N;
+  const i64 m0 = (i64)blockIdx.y * BM, n0 = (i64)blockIdx.x * BN;
+  const bool vec_a = aligned16(A) && (TA ? M : K) % 4 == 0;
+  const bool vec_b = aligned16(B) && (TB ? K : N) % 4 == 0;
+  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+
+  float acc[8][8];
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
+
+  float4 ra[2], rb[2];
+  fetch_a<TA>(A, M, K, m0, 0, vec_a, ra);
+  fetch_b<TB>(B, K, N, 0, n0, vec_b, rb);
+  stash_a<TA>(As[0], ra);
+  stash_b<TB>(Bs[0], rb);
+  __syncthreads();
+
+  for (i64 k0 = 0; k0 < K; k0 += BK) {
+    const int cur = (int)((k0 / BK) & 1);
+    const bool next = k0 + BK < K;
+    if (next) {
+      fetch_a<TA>(A, M, K, m0, k0 + BK, vec_a, ra);
+      fetch_b<TB>(B, K, N, k0 + BK, n0, vec_b, rb);
+    }
+#pragma unroll
+    for (int k = 0; k < BK; k++) {
+      const float4 a0 = *reinterpret_cast<const float4*>(&As[cur][k][ty * 4]);
+      const float4 a1 = *reinterpret_cast<const float4*>(&As[cur][k][64 + ty * 4]);
+      const float4 b0 = *reinterpret_cast<const float4*>(&Bs[cur][k][tx * 4]);
+      const float4 b1 = *reinterpret_cast<const float4*>(&Bs[cur][k][64 + tx * 4]);
+      const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    if (next) {
+      stash_a<TA>(As[cur ^ 1], ra);
+      stash_b<TB>(Bs[cur ^ 1], rb);
+    }
+    __syncthreads();
+  }
+
+  const bool vec_c = N % 4 == 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const i64 row = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+    if (row >= M) continue;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const i64 col = n0 + h * 64 + tx * 4;
+      float* dst = C + row * N + col;
+      const float* v = &acc[i][h * 4];
+      if (vec_c && col < N) {
+        *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          if (col + j < N) dst[j] = v[j];
+      }
+    }
+  }
+}
+}  // namespace sgemm
+
+#define SGEMM(NAME, TA, TB)                                                                    \
+  extern "C" __global__ void __launch_bounds__(256, SGEMM_MIN_BLOCKS)                          \
+      matmul_##NAME##_f32(const float* __restrict__ a, const float* __restrict__ b,            \
+                          float* __restrict__ out, MatmulParams p) {                           \
+    sgemm::run<TA, TB>(a, b, out, p);                                                          \
+  }
+SGEMM(nn, false, false)
+SGEMM(nt, false, true)
+SGEMM(tn, true, false)
+SGEMM(tt, true, true)
+
+// ================================================================ tensor cores ============
+namespace tc {
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+  u32 r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(u32 addr, u32 (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 addr, u32 (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+template <class T> struct Mma;
+template <> struct Mma<bf16_t> {
+  __device__ static void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<half_t> {
+  __device__ static void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// A tile [BM][32] (4 chunks of 8 elements per row), chunk c of row r stored at c ^ ((r>>1)&3);
+// B tile [32][BN], chunk c of row r stored at c ^ (r&7). Both make ldmatrix conflict-free.
+template <class T, int BM, int BN, int WM, int WN, int STAGES>
+__device__ __forceinline__ void run(const T* __restrict__ A, const T* __restrict__ B,
+                                    T* __restrict__ C, const MatmulParams& p, unsigned char* smem) {
+  constexpr int BK = 32, NTHREADS = WM * WN * 32;
+  constexpr int WTM = BM / WM, WTN = BN / WN, MT = WTM / 16, NT = WTN / 8;
+  constexpr int A_STAGE = BM * BK, B_STAGE = BK * BN;
+  T* As = reinterpret_cast<T*>(smem);
+  T* Bs = As + STAGES * A_STAGE;
+  const i64 M = p.m, K = p.n, N = p.p;
+  A += blockIdx.z * p.stride_a;
+  B += blockIdx.z * p.stride_b;
+  C += blockIdx.z * M * N;
+  const i64 m0 = (i64)blockIdx.y * BM, n0 = (i64)blockIdx.x * BN;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / WN, wn = warp % WN;
+  const int KT = (int)((K + BK - 1) / BK);
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int i = 0; i < MT; i++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
+
+  auto load_tile = [&](int stage, int kt) {
+    const i64 k0 = (i64)kt * BK;
+    const u32 as = smem_u32(As + stage * A_STAGE), bs = smem_u32(Bs + stage * B_STAGE);
+#pragma unroll
+    for (int c = tid; c < BM * 4; c += NTHREADS) {
+      const int r = c / 4, ch = c % 4;
+      const i64 gm = m0 + r, gk = k0 + ch * 8;
+      const bool ok = gm < M && gk < K;
+      cp_async16(as + (r * BK + ((ch ^ ((r >> 1) & 3)) * 8)) * 2, ok ? A + gm * K + gk : A, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int c = tid; c < BK * (BN / 8); c += NTHREADS) {
+      const int r = c / (BN / 8), ch = c % (BN / 8);
+      const i64 gk = k0 + r, gn = n0 + ch * 8;
+      const bool ok = gk < K && gn < N;
+      cp_async16(bs + (r * BN + ((ch ^ (r & 7)) * 8)) * 2, ok ? B + gk * N + gn : B, ok ? 16 : 0);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < KT) load_tile(s, s);
+    cp_commit();
+  }
+  for (int kt = 0; kt < KT; kt++) {
+    cp_wait<STAGES - 2>();
+    __syncthreads();
+    const int nk = kt + STAGES - 1;
+    if (nk < KT) load_tile(nk % STAGES, nk);
+    cp_commit();
+    const int stage = kt % STAGES;
+    const u32 as = smem_u32(As + stage * A_STAGE), bs = smem_u32(Bs + stage * B_STAGE);
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      u32 af[MT][4], bf[NT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        const int r = wm * WTM + mt * 16 + lane % 16, ch = (kk + (lane / 16) * 8) / 8;
+        ldsm_x4(as + (r * BK + ((ch ^ ((r >> 1) & 3)) * 8)) * 2, af[mt]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; nt += 2) {
+        const int r = kk + lane % 16, ch = (wn * WTN + nt * 8 + (lane / 16) * 8) / 8;
+        u32 t[4];
+        ldsm_x4_t(bs + (r * BN + ((ch ^ (r & 7)) * 8)) * 2, t);
+        bf[nt][0] = t[0]; bf[nt][1] = t[1]; bf[nt + 1][0] = t[2]; bf[nt + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) Mma<T>::run(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+    }
+  }
+  cp_wait<0>();
+
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+      const i64 col = n0 + wn * WTN + nt * 8 + 2 * t;
+      if (col >= N) continue;
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const i64 row = m0 + wm * WTM + mt * 16 + g + h * 8;
+        if (row >= M) continue;
+        const u32 lo = store<T>(acc[mt][nt][2 * h]).bits, hi = store<T>(acc[mt][nt][2 * h + 1]).bits;
+        *reinterpret_cast<u32*>(C + row * N + col) = lo | (hi << 16);
+      }
+    }
+  }
+}
+}  // namespace tc
+
+#define TC(NAME, SFX, T, BM, BN, WM, WN, STAGES, MINB)                                         \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32, MINB)                             \
+      NAME##_##SFX(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,      \
+                   MatmulParams p) {                                                           \
+    extern __shared__ __align__(128) unsigned char smem[];                                     \
+    tc::run<T, BM, BN, WM, WN, STAGES>(a, b, out, p, smem);                                    \
+  }
+// shared bytes: TC_STAGES * (BM*32 + 32*BN) * 2 (64 KiB and 96 KiB with 4 stages)
+TC(matmul_tc, bf16, bf16_t, 128, 128, 2, 4, TC_STAGES, TC_MIN_BLOCKS)
+TC(matmul_tc, f16, half_t, 128, 128, 2, 4, TC_STAGES, TC_MIN_BLOCKS)
+TC(matmul_tc256, bf16, bf16_t, 128, 256, 2, 4, TC_STAGES, 1)
+TC(matmul_tc256, f16, half_t, 128, 256, 2, 4, TC_STAGES, 1)
+
+// ================================================================ generic ================
+template <class T>
+__device__ __forceinline__ void matmul_generic(const T* __restrict__ A, const T* __restrict__ B,
+                                               T* __restrict__ C, const MatmulParams& p) {
+  typedef typename Acc<T>::type Cmp;
+  __shared__ Cmp As[16][17], Bs[16][17];
+  const i64 M = p.m, K = p.n, N = p.p;
+  A += blockIdx.z * p.stride_a;
+  B += blockIdx.z * p.stride_b;
+  C += blockIdx.z * M * N;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const i64 row = (i64)blockIdx.y * 16 + ty, col = (i64)blockIdx.x * 16 + tx;
+  Cmp acc = Cmp(0);
+  for (i64 k0 = 0; k0 < K; k0 += 16) {
+    const i64 ka = k0 + tx, kb = k0 + ty;
+    As[ty][tx] = (row < M && ka < K) ? load(p.trans_a ? A[ka * M + row] : A[row * K + ka]) : Cmp(0);
+    Bs[ty][tx] = (kb < K && col < N) ? load(p.trans_b ? B[col * K + kb] : B[kb * N + col]) : Cmp(0);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 16; k++) acc += As[ty][k] * Bs[k][tx];
+    __syncthreads();
+  }
+  if (row < M && col < N) C[row * N + col] = store<T>(acc);
+}
+
+// ================================================================ m == 1 ================
+// out[j] = sum_k a[k] * B[j][k]: B stored (p, n); a warp per output, 16-byte loads along k.
+template <class T>
+__device__ __forceinline__ void gemv_t(const T* __restrict__ a, const T* __restrict__ B,
+                                       T* __restrict__ out, const MatmulParams& p) {
+  typedef typename Acc<T>::type Cmp;
+  const i64 j = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+  if (j >= p.p) return;
+  const i64 K = p.n;
+  const T* row = B + j * K;
+  constexpr int V = 16 / sizeof(T);
+  Cmp acc = Cmp(0);
+  i64 k = 0;
+  if (aligned16(row) && aligned16(a)) {
+    const i64 nv = K / V;
+    for (i64 q = threadIdx.x; q < nv; q += 32) {
+      const Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(row)[q];
+      const Vec<T, V> y = reinterpret_cast<const Vec<T, V>*>(a)[q];
+#pragma unroll
+      for (int e = 0; e < V; e++) acc += load(x.v[e]) * load(y.v[e]);
+    }
+    k = nv * V;
+  }
+  for (k += threadIdx.x; k < K; k += 32) acc += load(row[k]) * load(a[k]);
+  acc = warp_sum(acc);
+  if (threadIdx.x == 0) out[j] = store<T>(acc);
+}
+
+// part[s][j] = sum over this split's k of a[k] * B[k][j]: B stored (n, p); lanes over
+// 16-byte column groups, warps over k, shared memory to sum the warps.
+template <class T>
+__device__ __forceinline__ void gemv_n(const T* __restrict__ a, const T* __restrict__ B,
+                                       float* __restrict__ part, const MatmulParams& p,
+                                       float* smem) {
+  constexpr int V = 16 / sizeof(T);
+  const i64 N = p.p, K = p.n;
+  const bool vec = aligned16(B) && N % V == 0;
+  const i64 j0 = ((i64)blockIdx.x * 32 + threadIdx.x) * V;
+  const i64 k_begin = (i64)blockIdx.y * p.chunk;
+  const i64 k_end = k_begin + p.chunk < K ? k_begin + p.chunk : K;
+  float acc[V];
+#pragma unroll
+  for (int e = 0; e < V; e++) acc[e] = 0.f;
+  if (j0 < N) {
+    for (i64 k = k_begin + threadIdx.y; k < k_end; k += blockDim.y) {
+      const float ak = (float)load(a[k]);
+      if (vec) {
+        const Vec<T, V> x = *reinterpret_cast<const Vec<T, V>*>(B + k * N + j0);
+#pragma unroll
+        for (int e = 0; e < V; e++) acc[e] += ak * (float)load(x.v[e]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; e++)
+          if (j0 + e < N) acc[e] += ak * (float)load(B[k * N + j0 + e]);
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < V; e++) smem[(threadIdx.y * 32 + threadIdx.x) * V + e] = acc[e];
+  __syncthreads();
+  if (threadIdx.y == 0 && j0 < N) {
+    for (int y = 1; y < (int)blockDim.y; y++)
+#pragma unroll
+      for (int e = 0; e < V; e++) acc[e] += smem[(y * 32 + threadIdx.x) * V + e];
+#pragma unroll
+    for (int e = 0; e < V; e++)
+      if (j0 + e < N) part[blockIdx.y * N + j0 + e] = acc[e];
+  }
+}
+
+#define GENERIC(SFX, T)                                                                        \
+  extern "C" __global__ void matmul_##SFX(const T* __restrict__ a, const T* __restrict__ b,    \
+                                          T* __restrict__ out, MatmulParams p) {               \
+    matmul_generic<T>(a, b, out, p);                                                           \
+  }
+#define GEMV(SFX, T)                                                                           \
+  extern "C" __global__ void gemv_t_##SFX(const T* __restrict__ a, const T* __restrict__ b,    \
+                                          T* __restrict__ out, MatmulParams p) {               \
+    gemv_t<T>(a, b, out, p);                                                                   \
+  }                                                                                            \
+  extern "C" __global__ void gemv_n_##SFX(const T* __restrict__ a, const T* __restrict__ b,    \
+                                          float* __restrict__ part, MatmulParams p) {          \
+    extern __shared__ __align__(16) float gemv_smem[];                                         \
+    gemv_n<T>(a, b, part, p, gemv_smem);                                                       \
+  }                                                                                            \
+  extern "C" __global__ void gemv_combine_##SFX(const float* __restrict__ part,                \
+                                                T* __restrict__ out, MatmulParams p) {         \
+    const i64 t0 = global_thread(), step = grid_threads();                                     \
+    for (i64 j = t0; j < p.p; j += step) {                                                     \
+      float s = 0.f;                                                                           \
+      for (i64 q = 0; q < p.splits; q++) s += part[q * p.p + j];                               \
+      out[j] = store<T>((typename Acc<T>::type)s);                                             \
+    }                                                                                          \
+  }
+
+GENERIC(f16, half_t)
+GENERIC(bf16, bf16_t)
+GENERIC(f32, float)
+GENERIC(f64, double)
+GENERIC(i32, int)
+GENERIC(i64, i64)
+GEMV(f16, half_t)
+GEMV(bf16, bf16_t)
+GEMV(f32, float)

@@ -1,0 +1,356 @@
+// Transformer kernels (docs/kernels.md, "nn"): row kernels (softmax, log_softmax, rmsnorm,
+// layernorm), rope, and attention (flash-style tiles; split-K partials for decoding).
+#include "common.cuh"
+
+struct RowParams { i64 rows, dim; };
+template <class S> struct NormParams { i64 rows, dim; S eps; };
+struct RopeParams { i64 batch, seq, heads, head_dim; };
+struct AttnParams {
+  i64 batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, splits, chunk;
+  float scale;
+  int causal;
+};
+
+// ---- row kernels: threads (TX, TY); TX threads (whole warps) per row, TY rows per group --
+// Reduce v over the TX threads of this thread's row. Every thread of the group calls it
+// (rows past the end included), since it may synchronize the group.
+template <class C, class F>
+__device__ __forceinline__ C row_reduce(C v, F f, C* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int nw = blockDim.x / 32;
+  if (nw > 1) {
+    C* mine = smem + threadIdx.y * nw;
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) mine[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = mine[0];
+    for (int w = 1; w < nw; w++) v = f(v, mine[w]);
+  }
+  return v;
+}
+
+struct SumF { template <class C> __device__ C operator()(C a, C b) const { return a + b; } };
+
+// softmax statistics (running max m, sum s of exp(x - m)), merged across threads
+template <class C> struct MaxSum { C m, s; };
+template <class C> __device__ __forceinline__ MaxSum<C> merge(MaxSum<C> a, MaxSum<C> b) {
+  const C m = a.m > b.m ? a.m : b.m;
+  const C sa = a.s == C(0) ? C(0) : a.s * m_exp(a.m - m);
+  const C sb = b.s == C(0) ? C(0) : b.s * m_exp(b.m - m);
+  return {m, sa + sb};
+}
+template <class C> __device__ __forceinline__ void push(MaxSum<C>& st, C x) {
+  if (x > st.m) {
+    st.s = st.s * m_exp(st.m - x) + C(1);
+    st.m = x;
+  } else if (!(x == st.m && x == neg_inf<C>())) {
+    st.s += m_exp(x - st.m);  // NaN x makes s NaN, as the reference's NaN max does
+  }
+}
+
+template <class T, bool LOG>
+__device__ __forceinline__ void softmax_rows(const T* __restrict__ a, T* __restrict__ out,
+                                             const RowParams& p, unsigned char* smem_raw) {
+  typedef typename Acc<T>::type C;
+  const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+  const bool live = row < p.rows;
+  const T* x = a + (live ? row : 0) * p.dim;
+  MaxSum<C> st = {neg_inf<C>(), C(0)};
+  if (live)
+    for (i64 j = threadIdx.x; j < p.dim; j += blockDim.x) push(st, (C)load(x[j]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    MaxSum<C> other = {__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o)};
+    st = merge(st, other);
+  }
+  const int nw = blockDim.x / 32;
+  if (nw > 1) {
+    MaxSum<C>* mine = reinterpret_cast<MaxSum<C>*>(smem_raw) + threadIdx.y * nw;
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) mine[threadIdx.x / 32] = st;
+    __syncthreads();
+    st = mine[0];
+    for (int w = 1; w < nw; w++) st = merge(st, mine[w]);
+  }
+  if (!live) return;
+  // a +inf in the row makes every output NaN, as x - max does in the reference
+  const C s = st.m == pos_inf<C>() ? C(0) / C(0) : st.s;
+  T* y = out + row * p.dim;
+  if (LOG) {
+    const C shift = st.m + m_log(s);
+    for (i64 j = threadIdx.x; j < p.dim; j += blockDim.x) y[j] = store<T>((C)load(x[j]) - shift);
+  } else {
+    const C inv = C(1) / s;
+    for (i64 j = threadIdx.x; j < p.dim; j += blockDim.x) y[j] = store<T>(m_exp((C)load(x[j]) - st.m) * inv);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ a, const T* __restrict__ w,
+                                             T* __restrict__ out, i64 rows, i64 dim,
+                                             typename Acc<T>::type eps, unsigned char* smem) {
+  typedef typename Acc<T>::type C;
+  const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+  const bool live = row < rows;
+  const T* x = a + (live ? row : 0) * dim;
+  C ss = C(0);
+  if (live)
+    for (i64 j = threadIdx.x; j < dim; j += blockDim.x) {
+      const C v = load(x[j]);
+      ss += v * v;
+    }
+  ss = row_reduce(ss, SumF(), reinterpret_cast<C*>(smem));
+  if (!live) return;
+  const C r = C(1) / m_sqrt(ss / (C)dim + eps);
+  T* y = out + row * dim;
+  for (i64 j = threadIdx.x; j < dim; j += blockDim.x) y[j] = store<T>((C)load(x[j]) * r * (C)load(w[j]));
+}
+
+template <class T>
+__device__ __forceinline__ void layernorm_rows(const T* __restrict__ a, const T* __restrict__ w,
+                                               const T* __restrict__ b, T* __restrict__ out,
+                                               i64 rows, i64 dim, typename Acc<T>::type eps,
+                                               unsigned char* smem) {
+  typedef typename Acc<T>::type C;
+  const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+  const bool live = row < rows;
+  const T* x = a + (live ? row : 0) * dim;
+  C sum = C(0);
+  if (live)
+    for (i64 j = threadIdx.x; j < dim; j += blockDim.x) sum += (C)load(x[j]);
+  const C mean = row_reduce(sum, SumF(), reinterpret_cast<C*>(smem)) / (C)dim;
+  C sq = C(0);
+  if (live)
+    for (i64 j = threadIdx.x; j < dim; j += blockDim.x) {
+      const C d = (C)load(x[j]) - mean;
+      sq += d * d;
+    }
+  const C var = row_reduce(sq, SumF(), reinterpret_cast<C*>(smem)) / (C)dim;
+  if (!live) return;
+  const C denom = m_sqrt(var + eps);
+  T* y = out + row * dim;
+  for (i64 j = threadIdx.x; j < dim; j += blockDim.x)
+    y[j] = store<T>(((C)load(x[j]) - mean) / denom * (C)load(w[j]) + (C)load(b[j]));
+}
+
+// ---- rope: x (batch, seq, heads, head_dim), cos/sin (seq, head_dim/2), half-split ------
+template <class T>
+__device__ __forceinline__ void rope(const T* __restrict__ x, const T* __restrict__ cs,
+                                     const T* __restrict__ sn, T* __restrict__ out,
+                                     const RopeParams& p) {
+  typedef typename Acc<T>::type C;
+  const i64 half = p.head_dim / 2, n = p.batch * p.seq * p.heads * half;
+  const i64 t0 = global_thread(), step = grid_threads();
+  for (i64 e = t0; e < n; e += step) {
+    const i64 i = e % half, q = e / half;
+    const i64 s = (q / p.heads) % p.seq;
+    const i64 base = q * p.head_dim;
+    const C x1 = load(x[base + i]), x2 = load(x[base + i + half]);
+    const C c = load(cs[s * half + i]), sv = load(sn[s * half + i]);
+    out[base + i] = store<T>(x1 * c - x2 * sv);
+    out[base + i + half] = store<T>(x2 * c + x1 * sv);
+  }
+}
+
+// ---- attention ----------------------------------------------------------------------------
+// Group: 32 query rows of one (batch, kv head) x 32-key tiles. Each of the 8 warps owns 4
+// rows; lane j scores key j of the tile against a row, then the warp folds the tile into its
+// running max / sum / output (lanes over head_dim, 8 values each, head_dim <= 256).
+namespace attn {
+constexpr int ROWS = 32, KEYS = 32, WARPS = 8, RPW = ROWS / WARPS, DPL = 8;
+
+template <class T, class C>
+__device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict__ k,
+                                    const T* __restrict__ v, T* __restrict__ out,
+                                    float* __restrict__ part_o, float* __restrict__ part_ml,
+                                    const AttnParams& p, unsigned char* smem_raw) {
+  const int D = (int)p.head_dim, lane = threadIdx.x, warp = threadIdx.y;
+  const int tid = warp * 32 + lane;
+  C* Qs = reinterpret_cast<C*>(smem_raw);
+  C* Ks = Qs + ROWS * D;
+  C* Vs = Ks + KEYS * (D + 1);
+  const i64 group = p.q_heads / p.kv_heads, rows_total = group * p.q_len;
+  const i64 b = blockIdx.y / p.kv_heads, kvh = blockIdx.y % p.kv_heads;
+  const i64 r0 = (i64)blockIdx.x * ROWS;
+  const i64 split = blockIdx.z;
+
+  for (int idx = tid; idx < ROWS * D; idx += WARPS * 32) {
+    const int r = idx / D, d = idx % D;
+    const i64 row = r0 + r;
+    C val = C(0);
+    if (row < rows_total) {
+      const i64 hq = kvh * group + row / p.q_len, pos = row % p.q_len;
+      val = (C)load(q[((b * p.q_heads + hq) * p.q_len + pos) * D + d]) * (C)p.scale;
+    }
+    Qs[r * D + d] = val;
+  }
+
+  const i64 last = (r0 + ROWS - 1 < rows_total ? r0 + ROWS - 1 : rows_total - 1);
+  const i64 max_pos = (r0 / p.q_len != last / p.q_len) ? p.q_len - 1 : last % p.q_len;
+  const i64 k_begin = split * p.chunk;
+  i64 k_end = k_begin + p.chunk < p.kv_len ? k_begin + p.chunk : p.kv_len;
+  if (p.causal) {
+    const i64 lim = p.kv_len - p.q_len + max_pos + 1;
+    k_end = k_end < lim ? k_end : lim;
+  }
+
+  C m[RPW], l[RPW], o[RPW][DPL];
+  i64 limit[RPW];
+#pragma unroll
+  for (int i = 0; i < RPW; i++) {
+    m[i] = neg_inf<C>();
+    l[i] = C(0);
+#pragma unroll
+    for (int c = 0; c < DPL; c++) o[i][c] = C(0);
+    const i64 row = r0 + warp * RPW + i;
+    limit[i] = p.causal ? p.kv_len - p.q_len + row % p.q_len : p.kv_len - 1;
+  }
+
+  const T* kbase = k + (b * p.kv_heads + kvh) * p.kv_capacity * D;
+  const T* vbase = v + (b * p.kv_heads + kvh) * p.kv_capacity * D;
+  for (i64 kt = k_begin; kt < k_end; kt += KEYS) {
+    __syncthreads();
+    for (int idx = tid; idx < KEYS * D; idx += WARPS * 32) {
+      const int j = idx / D, d = idx % D;
+      const bool ok = kt + j < k_end;
+      Ks[j * (D + 1) + d] = ok ? (C)load(kbase[(kt + j) * D + d]) : C(0);
+      Vs[j * D + d] = ok ? (C)load(vbase[(kt + j) * D + d]) : C(0);
+    }
+    __syncthreads();
+    const i64 key = kt + lane;
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+      const int r = warp * RPW + i;
+      if (r0 + r >= rows_total) continue;  // warp-uniform
+      C s = C(0);
+      const C* qr = Qs + r * D;
+      const C* kr = Ks + lane * (D + 1);
+      for (int d = 0; d < D; d++) s += qr[d] * kr[d];
+      if (key >= k_end || key > limit[i]) s = neg_inf<C>();
+      const C mt = warp_max(s);
+      const C mn = m[i] > mt ? m[i] : mt;
+      if (mn == neg_inf<C>()) continue;  // nothing visible yet
+      const C pj = s == neg_inf<C>() ? C(0) : m_exp(s - mn);
+      const C alpha = m[i] == neg_inf<C>() ? C(0) : m_exp(m[i] - mn);
+      l[i] = l[i] * alpha + warp_sum(pj);
+      m[i] = mn;
+#pragma unroll
+      for (int c = 0; c < DPL; c++) o[i][c] *= alpha;
+      for (int j = 0; j < KEYS; j++) {
+        const C pk = __shfl_sync(0xffffffffu, pj, j);
+        const C* vr = Vs + j * D;
+#pragma unroll
+        for (int c = 0; c < DPL; c++) {
+          const int d = lane + 32 * c;
+          if (d < D) o[i][c] += pk * vr[d];
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < RPW; i++) {
+    const i64 row = r0 + warp * RPW + i;
+    if (row >= rows_total) continue;
+    const i64 hq = kvh * group + row / p.q_len, pos = row % p.q_len;
+    const i64 orow = (b * p.q_heads + hq) * p.q_len + pos;
+    if (p.splits == 1) {
+      const C inv = C(1) / l[i];
+#pragma unroll
+      for (int c = 0; c < DPL; c++) {
+        const int d = lane + 32 * c;
+        if (d < D) out[orow * D + d] = store<T>((typename Acc<T>::type)(o[i][c] * inv));
+      }
+    } else {
+      const i64 slot = orow * p.splits + split;
+#pragma unroll
+      for (int c = 0; c < DPL; c++) {
+        const int d = lane + 32 * c;
+        if (d < D) part_o[slot * D + d] = (float)o[i][c];
+      }
+      if (lane == 0) {
+        part_ml[slot * 2] = (float)m[i];
+        part_ml[slot * 2 + 1] = (float)l[i];
+      }
+    }
+  }
+}
+
+// merge the splits of one output row (a warp per row)
+template <class T>
+__device__ __forceinline__ void combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                        T* __restrict__ out, const AttnParams& p) {
+  const i64 rows = p.batch * p.q_heads * p.q_len;
+  const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+  if (row >= rows) return;
+  const int D = (int)p.head_dim;
+  float mx = neg_inf<float>();
+  for (i64 s = 0; s < p.splits; s++) {
+    const float ms = part_ml[(row * p.splits + s) * 2];
+    mx = ms > mx ? ms : mx;
+  }
+  float acc[DPL], total = 0.f;
+#pragma unroll
+  for (int c = 0; c < DPL; c++) acc[c] = 0.f;
+  for (i64 s = 0; s < p.splits; s++) {
+    const i64 slot = row * p.splits + s;
+    const float ls = part_ml[slot * 2 + 1];
+    if (ls == 0.f) continue;
+    const float wgt = expf(part_ml[slot * 2] - mx);
+    total += ls * wgt;
+#pragma unroll
+    for (int c = 0; c < DPL; c++) {
+      const int d = threadIdx.x + 32 * c;
+      if (d < D) acc[c] += part_o[slot * D + d] * wgt;
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < DPL; c++) {
+    const int d = threadIdx.x + 32 * c;
+    if (d < D) out[row * D + d] = store<T>((typename Acc<T>::type)(acc[c] / total));
+  }
+}
+}  // namespace attn
+
+#define NN(SFX, T, C)                                                                          \
+  extern "C" __global__ void softmax_##SFX(const T* __restrict__ a, T* __restrict__ out, RowParams p) { \
+    extern __shared__ __align__(16) unsigned char smem[];                                      \
+    softmax_rows<T, false>(a, out, p, smem);                                                   \
+  }                                                                                            \
+  extern "C" __global__ void log_softmax_##SFX(const T* __restrict__ a, T* __restrict__ out, RowParams p) { \
+    extern __shared__ __align__(16) unsigned char smem[];                                      \
+    softmax_rows<T, true>(a, out, p, smem);                                                    \
+  }                                                                                            \
+  extern "C" __global__ void rmsnorm_##SFX(const T* __restrict__ x, const T* __restrict__ w,   \
+                                           T* __restrict__ out, NormParams<Scalar<T>::type> p) { \
+    extern __shared__ __align__(16) unsigned char smem[];                                      \
+    rmsnorm_rows<T>(x, w, out, p.rows, p.dim, p.eps, smem);                                    \
+  }                                                                                            \
+  extern "C" __global__ void layernorm_##SFX(const T* __restrict__ x, const T* __restrict__ w, \
+                                             const T* __restrict__ b, T* __restrict__ out,     \
+                                             NormParams<Scalar<T>::type> p) {                  \
+    extern __shared__ __align__(16) unsigned char smem[];                                      \
+    layernorm_rows<T>(x, w, b, out, p.rows, p.dim, p.eps, smem);                               \
+  }                                                                                            \
+  extern "C" __global__ void rope_##SFX(const T* __restrict__ x, const T* __restrict__ c,      \
+                                        const T* __restrict__ s, T* __restrict__ out, RopeParams p) { \
+    rope<T>(x, c, s, out, p);                                                                  \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(256)                                            \
+      attention_##SFX(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, \
+                      T* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, \
+                      AttnParams p) {                                                          \
+    extern __shared__ __align__(16) unsigned char smem[];                                      \
+    attn::run<T, C>(q, k, v, out, part_o, part_ml, p, smem);                                   \
+  }                                                                                            \
+  extern "C" __global__ void attention_combine_##SFX(const float* __restrict__ part_o,         \
+                                                     const float* __restrict__ part_ml,        \
+                                                     T* __restrict__ out, AttnParams p) {      \
+    attn::combine<T>(part_o, part_ml, out, p);                                                 \
+  }
+
+NN(f16, half_t, float)
+NN(bf16, bf16_t, float)
+NN(f32, float, float)
+NN(f64, double, double)

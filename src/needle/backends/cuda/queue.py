@@ -1,0 +1,220 @@
+"""The CUDA queue: one non-blocking CUstream; launches, copies, events and graph capture.
+
+Launch arguments follow docs/kernels.md: buffer addresses, then one params struct. They
+are packed into a scratch block whose i-th 8-byte slot holds argument i, so one fixed
+``void*[]`` array (slot addresses) serves every kernel: with n buffers, argument n (the
+params struct) starts at slot n. The driver copies arguments at launch, so the scratch
+block is reused by the next launch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from contextlib import contextmanager
+
+import numpy as np
+
+from ...errors import DeviceError, KernelLaunchError
+from ...hal import CommandBuffer, Event, Queue, trace
+from .driver import check, cu, error_text
+
+_SLOTS = 64
+_SCRATCH = 8 * _SLOTS
+_PACK = [struct.Struct(f"{n}Q") for n in range(_SLOTS)]
+
+
+class CudaEvent(Event):
+    def __init__(self, queue: CudaQueue):
+        self._queue = queue
+        self.event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+
+    def record(self) -> None:
+        check(cu.cuEventRecord(self.event, self._queue.stream), "cuEventRecord")
+
+    def synchronize(self) -> None:
+        check(cu.cuEventSynchronize(self.event), "cuEventSynchronize", KernelLaunchError)
+
+    def query(self) -> bool:
+        return cu.cuEventQuery(self.event)[0] == 0
+
+    def elapsed_ms(self, end: Event) -> float:
+        return float(check(cu.cuEventElapsedTime(self.event, end.event), "cuEventElapsedTime"))
+
+    def __del__(self):
+        try:
+            cu.cuEventDestroy(self.event)
+        except Exception:  # never raise from a finalizer (e.g. at interpreter exit)
+            pass
+
+
+class CudaGraph(CommandBuffer):
+    """A captured stream, instantiated once; ``replay`` is one cuGraphLaunch.
+
+    Holds every buffer its kernels touch, so their memory cannot be recycled while the
+    graph may still run.
+    """
+
+    def __init__(self, queue: CudaQueue):
+        super().__init__()
+        self._queue = queue
+        self.graph = self.exec = None
+        self.buffers: list = []
+        self.kernels = 0
+
+    def replay(self) -> None:
+        if self.exec is None:
+            raise DeviceError("this graph was not captured successfully or is closed")
+        check(cu.cuGraphLaunch(self.exec, self._queue.stream), "cuGraphLaunch",
+              KernelLaunchError)
+
+    def _release(self) -> None:
+        if self.exec is not None:
+            cu.cuGraphExecDestroy(self.exec)
+        if self.graph is not None:
+            cu.cuGraphDestroy(self.graph)
+        self.graph = self.exec = None
+        self.buffers = []
+
+
+class CudaQueue(Queue):
+    def __init__(self, device):
+        super().__init__()
+        self.device = device
+        self.stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING),
+                            "cuStreamCreate")
+        self.handle = int(self.stream)
+        self._scratch = ctypes.create_string_buffer(_SCRATCH)
+        base = ctypes.addressof(self._scratch)
+        self._argv = (ctypes.c_void_p * _SLOTS)(*[base + 8 * i for i in range(_SLOTS)])
+        self._argv_addr = ctypes.addressof(self._argv)
+        self._base = base
+        self.capturing: CudaGraph | None = None
+
+    # --- launches ------------------------------------------------------------------------
+    def dispatch(self, kernel, groups, threads, buffers, params=b"", shared_bytes=0) -> None:
+        args = _PACK[len(buffers)].pack(*[b.handle + b.offset for b in buffers]) + params
+        if len(args) > _SCRATCH:
+            raise KernelLaunchError(f"{kernel.name}: {len(args)} bytes of arguments exceed "
+                                    f"the {_SCRATCH}-byte launch block")
+        if trace.enabled and self.capturing is None:
+            with trace.Span("dispatch", f"{kernel.name} groups={groups} threads={threads} "
+                                        f"shared={shared_bytes}", self):
+                self._launch(kernel, groups, threads, args, shared_bytes)
+            return
+        if self.profiler is not None and self.capturing is None:
+            start, end = self.event(), self.event()
+            start.record()
+            self._launch(kernel, groups, threads, args, shared_bytes)
+            end.record()
+            self.profiler.add(kernel.name, start, end)
+            return
+        self._launch(kernel, groups, threads, args, shared_bytes)
+        if self.capturing is not None:
+            self.capturing.buffers.extend(buffers)
+            self.capturing.kernels += 1
+
+    def _launch(self, kernel, groups, threads, args: bytes, shared_bytes: int) -> None:
+        ctypes.memmove(self._base, args, len(args))
+        err = cu.cuLaunchKernel(kernel.handle, groups[0], groups[1], groups[2], threads[0],
+                                threads[1], threads[2], shared_bytes, self.stream,
+                                self._argv_addr, 0)[0]
+        if err != 0:
+            raise KernelLaunchError(f"launching {kernel.name} with groups={groups} "
+                                    f"threads={threads} shared={shared_bytes} failed: "
+                                    f"{error_text(err)}")
+
+    # --- copies --------------------------------------------------------------------------
+    def copy_from_host(self, dst, dst_offset: int, src: np.ndarray) -> None:
+        self._no_host_copy_in_capture("copy from the host")
+        if trace.enabled:
+            with trace.Span("copy", f"host to {self.device.name}, "
+                                    f"{trace.nbytes_str(src.nbytes)}", self):
+                self._h2d(dst, dst_offset, src)
+            return
+        self._h2d(dst, dst_offset, src)
+
+    def _h2d(self, dst, dst_offset: int, src: np.ndarray) -> None:
+        if src.nbytes:
+            address = dst.handle + dst.offset + dst_offset
+            check(cu.cuMemcpyHtoDAsync(address, src.ctypes.data, src.nbytes, self.stream),
+                  "cuMemcpyHtoDAsync")
+
+    def copy_to_host(self, src, src_offset: int, dst: np.ndarray) -> None:
+        self._no_host_copy_in_capture("read data back to the host")
+        span = trace.Span("copy", f"{self.device.name} to host, "
+                                  f"{trace.nbytes_str(dst.nbytes)}") if trace.enabled else None
+        if span:
+            span.__enter__()
+        if dst.nbytes:
+            address = src.handle + src.offset + src_offset
+            check(cu.cuMemcpyDtoHAsync(dst.ctypes.data, address, dst.nbytes, self.stream),
+                  "cuMemcpyDtoHAsync", KernelLaunchError)
+        self.synchronize()
+        if span:
+            span.__exit__(None, None, None)
+
+    def copy(self, src, src_offset: int, dst, dst_offset: int, nbytes: int) -> None:
+        if nbytes:
+            check(cu.cuMemcpyDtoDAsync(dst.handle + dst.offset + dst_offset,
+                                       src.handle + src.offset + src_offset, nbytes,
+                                       self.stream), "cuMemcpyDtoDAsync")
+            if self.capturing is not None:
+                self.capturing.buffers.extend((src, dst))
+
+    def _no_host_copy_in_capture(self, what: str) -> None:
+        if self.capturing is not None:
+            raise DeviceError(f"cannot {what} while capturing a graph: a graph replays device "
+                              "work only. Copy inputs into captured arrays before replay() and "
+                              "read outputs after it")
+
+    # --- waiting -------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        if self.capturing is not None:
+            raise DeviceError("cannot synchronize while capturing a graph")
+        check(cu.cuStreamSynchronize(self.stream), f"work on {self.device.name}",
+              KernelLaunchError)
+
+    def event(self) -> CudaEvent:
+        return CudaEvent(self)
+
+    def wait_for_stream(self, other_stream: int) -> None:
+        """Make later work on this queue wait for what is queued now on ``other_stream``."""
+        ev = self.event()
+        check(cu.cuEventRecord(ev.event, cu.CUstream(other_stream)), "cuEventRecord")
+        check(cu.cuStreamWaitEvent(self.stream, ev.event, 0), "cuStreamWaitEvent")
+
+    def make_stream_wait(self, other_stream: int) -> None:
+        """Make later work on ``other_stream`` wait for what is queued now on this queue."""
+        ev = self.event()
+        ev.record()
+        check(cu.cuStreamWaitEvent(cu.CUstream(other_stream), ev.event, 0), "cuStreamWaitEvent")
+
+    # --- graphs --------------------------------------------------------------------------
+    @contextmanager
+    def capture(self):
+        if self.capturing is not None:
+            raise DeviceError("a graph is already being captured on this queue")
+        graph = CudaGraph(self)
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        with self.device.allocator.private_pool(f"graph@{id(graph):x}") as pool:
+            graph.pool = pool
+            check(cu.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
+            self.capturing = graph
+            try:
+                yield graph
+            except BaseException:
+                self.capturing = None
+                ret = cu.cuStreamEndCapture(self.stream)
+                if ret[0] == 0 and ret[1] is not None:
+                    cu.cuGraphDestroy(ret[1])
+                graph.close()
+                raise
+            self.capturing = None
+            graph.graph = check(cu.cuStreamEndCapture(self.stream), "capturing a graph",
+                                KernelLaunchError)
+            graph.exec = check(cu.cuGraphInstantiate(graph.graph, 0), "cuGraphInstantiate",
+                               KernelLaunchError)
+            if trace.enabled:
+                trace.emit("capture", f"graph of {graph.kernels} kernels on "
+                                      f"{self.device.name}", 0.0)

@@ -1,0 +1,709 @@
+"""The array API (design §3) for every GPU, written once against the HAL.
+
+``GpuBackend(device)`` implements each function of ``numpy_ref`` with the same name,
+signature and meaning, by launching the kernels named in docs/kernels.md on the device's
+queue. Everything here is generic: a backend supplies a ``hal.Device`` (queue, allocator,
+executable cache) and kernel files that follow the ABI, and gets the whole array API.
+
+Work is asynchronous: functions enqueue and return; only ``to_numpy`` and
+``synchronize`` wait. Temporary workspaces go back to the pool as soon as their launches
+are queued, which is safe because one queue runs everything in order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from functools import lru_cache
+
+import numpy as np
+
+from ..backend_ndarray.dtypes import ITEMSIZE, to_numpy_dtype
+from ..errors import DeviceError, DTypeError, ShapeError
+from ..hal import Buffer, Device, dlpack
+
+SUFFIX = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+          "int32": "i32", "int64": "i64", "bool": "b8"}
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+_SCALAR = {"float16": "f", "bfloat16": "f", "float32": "f", "float64": "d", "int32": "i",
+           "int64": "q", "bool": "i"}
+
+
+def _padded(fmt: str) -> struct.Struct:
+    """A params struct (native alignment, as C lays it out) padded to a multiple of 8."""
+    size = struct.calcsize(fmt)
+    return struct.Struct(fmt + "x" * (-size % 8))
+
+
+_N = struct.Struct("q")
+_S = {dt: _padded("q" + code) for dt, code in _SCALAR.items()}  # SParams
+_STRIDED = "qqq8q8q8I8I"
+_STRIDED_S = {dt: _padded(_STRIDED + code) for dt, code in _SCALAR.items()}
+_TAKE = struct.Struct("qqq")
+_REDUCE = struct.Struct("5q")
+_MATMUL = struct.Struct("10q")
+_ROW = struct.Struct("qq")
+_NORM = {dt: _padded("qq" + _SCALAR[dt]) for dt in FLOATS}
+_ROPE = struct.Struct("4q")
+_ATTN = _padded("9qfi")
+MAX_DIMS = 8
+_MAX_GRID_YZ = 65535
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _int_wrap(value, bits: int) -> int:
+    v = int(value) & ((1 << bits) - 1)
+    return v - (1 << bits) if v >> (bits - 1) else v
+
+
+def _scalar(dtype: str, value):
+    """``value`` as the kernel's scalar param type for ``dtype`` (docs/kernels.md §1)."""
+    if dtype == "bool":
+        return int(bool(value))
+    if dtype == "int32":
+        return _int_wrap(value, 32)
+    if dtype == "int64":
+        return _int_wrap(value, 64)
+    value = float(value)
+    if dtype != "float64" and math.isfinite(value) and abs(value) > 3.4028234663852886e38:
+        return float(np.float32(value))  # numpy's overflow to +-inf, which struct refuses
+    return value
+
+
+@lru_cache(maxsize=4096)
+def _magic(d: int) -> tuple[int, int]:
+    """(magic, shift) with floor(i / d) == (mulhi(i, magic) + i) >> shift for i < 2^31."""
+    if not 0 < d < 2**31:
+        return 1, 0
+    shift = (d - 1).bit_length()
+    return ((1 << 32) * ((1 << shift) - d)) // d + 1, shift
+
+
+def _simplify(shape, strides) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Drop size-1 dimensions and merge dimensions that are contiguous with each other."""
+    dims = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    if not dims:
+        return (1,), (1,)
+    out = [dims[0]]
+    for d, s in dims[1:]:
+        pd, ps = out[-1]
+        if ps == s * d:
+            out[-1] = (pd * d, s)
+        else:
+            out.append((d, s))
+    return tuple(d for d, _ in out), tuple(s for _, s in out)
+
+
+class GpuArray:
+    """A flat buffer of ``size`` elements of ``dtype`` in device memory."""
+
+    __slots__ = ("buffer", "size", "dtype", "__weakref__")
+
+    def __init__(self, buffer: Buffer, size: int, dtype: str):
+        self.buffer = buffer
+        self.size = size
+        self.dtype = dtype
+
+    def __repr__(self) -> str:
+        return f"GpuArray({self.size} x {self.dtype})"
+
+
+def _unary_op(op: str, dtypes):
+    names = {dt: f"ewise_{op}_{SUFFIX[dt]}" for dt in dtypes}
+
+    def ewise(self, a: GpuArray, out: GpuArray) -> None:
+        self._map(names[self._need(a.dtype, names, op)], out.size, a.dtype, out.dtype,
+                  (a.buffer, out.buffer), _N.pack(out.size))
+
+    ewise.__name__ = ewise.__qualname__ = f"ewise_{op}"
+    return ewise
+
+
+def _binary_op(op: str, dtypes, compare: bool = False):
+    names = {dt: f"ewise_{op}_{SUFFIX[dt]}" for dt in dtypes}
+    snames = {dt: f"scalar_{op}_{SUFFIX[dt]}" for dt in dtypes}
+
+    def ewise(self, a: GpuArray, b: GpuArray, out: GpuArray) -> None:
+        self._map(names[self._need(a.dtype, names, op)], out.size, a.dtype, out.dtype,
+                  (a.buffer, b.buffer, out.buffer), _N.pack(out.size))
+
+    def scalar(self, a: GpuArray, value, out: GpuArray) -> None:
+        dt = self._need(a.dtype, snames, op)
+        self._map(snames[dt], out.size, a.dtype, out.dtype, (a.buffer, out.buffer),
+                  _S[dt].pack(out.size, _scalar(dt, value)))
+
+    ewise.__name__ = ewise.__qualname__ = f"ewise_{op}"
+    scalar.__name__ = scalar.__qualname__ = f"scalar_{op}"
+    return ewise, scalar
+
+
+_NUMBERS = FLOATS + ("int32", "int64")
+_ALL = _NUMBERS + ("bool",)
+
+
+class GpuBackend:
+    """The array API over one HAL device. One instance per device."""
+
+    def __init__(self, device: Device, name: str):
+        self.device = device
+        self.name = name
+        self.queue = device.queue
+        self.allocator = device.allocator
+        self._kernels: dict[str, object] = {}
+        self.Array = self._new_array
+
+    # --- plumbing ------------------------------------------------------------------------
+    def _kernel(self, family: str, name: str):
+        k = self._kernels.get(name)
+        if k is None:
+            k = self._kernels[name] = self.device.executables.kernel(family, name)
+        return k
+
+    @staticmethod
+    def _need(dtype: str, names: dict, op: str) -> str:
+        if dtype not in names:
+            raise DTypeError(f"{op} is not defined for {dtype} arrays on the GPU")
+        return dtype
+
+    def _new_array(self, size: int, dtype: str = "float32") -> GpuArray:
+        if dtype not in self.device.dtypes:
+            raise DTypeError(f"{dtype} is not supported on {self.device.name}: its hardware has "
+                             f"no {dtype}; use float32 instead")
+        return GpuArray(self.allocator.allocate(size * ITEMSIZE[dtype]), size, dtype)
+
+    def _workspace(self, nbytes: int) -> Buffer:
+        return self.allocator.allocate(nbytes)
+
+    def _launch_1d(self, name: str, work: int, buffers, params: bytes, family: str) -> None:
+        """A grid-stride launch covering ``work`` loop iterations (docs/kernels.md §3)."""
+        k = self._kernel(family, name)
+        t = k.preferred_threads
+        groups = max(1, min(_cdiv(work, t), k.resident_groups(t)))
+        self.queue.dispatch(k, (groups, 1, 1), (t, 1, 1), buffers, params)
+
+    def _map(self, name: str, n: int, in_dtype: str, out_dtype: str, buffers, params) -> None:
+        if n:
+            width = 16 // max(ITEMSIZE[in_dtype], ITEMSIZE[out_dtype])
+            self._launch_1d(name, _cdiv(n, width), buffers, params, "elementwise")
+
+    def _row_geometry(self, kernel, dim: int) -> tuple[int, int]:
+        """(TX, TY) for a row kernel: enough threads per row for ~8 elements each."""
+        limit = kernel.max_threads
+        tx = 32
+        while tx * 8 < dim and tx * 2 <= limit:
+            tx *= 2
+        ty = max(1, min(256, limit) // tx)
+        return tx, ty
+
+    # --- memory --------------------------------------------------------------------------
+    def from_numpy(self, a: np.ndarray, out: GpuArray) -> None:
+        src = np.ascontiguousarray(a, dtype=to_numpy_dtype(out.dtype)).reshape(-1)
+        self.queue.copy_from_host(out.buffer, 0, src)
+
+    def to_numpy(self, a: GpuArray, shape, strides, offset) -> np.ndarray:
+        result = np.empty(tuple(shape), dtype=to_numpy_dtype(a.dtype))
+        if result.size == 0:
+            return result
+        if self._is_contiguous(shape, strides):
+            self.queue.copy_to_host(a.buffer, offset * ITEMSIZE[a.dtype], result.reshape(-1))
+            return result
+        tmp = self._new_array(result.size, a.dtype)
+        self.compact(a, tmp, shape, strides, offset)
+        self.queue.copy_to_host(tmp.buffer, 0, result.reshape(-1))
+        return result
+
+    @staticmethod
+    def _is_contiguous(shape, strides) -> bool:
+        s = _simplify(shape, strides)
+        return len(s[0]) == 1 and s[1][0] == 1
+
+    def fill(self, out: GpuArray, value) -> None:
+        self._fill(out.buffer, out.size, out.dtype, value)
+
+    def _fill(self, buffer: Buffer, n: int, dtype: str, value) -> None:
+        if n:
+            self._launch_1d(f"fill_{SUFFIX[dtype]}", _cdiv(n, 16 // ITEMSIZE[dtype]),
+                            (buffer,), _S[dtype].pack(n, _scalar(dtype, value)), "elementwise")
+
+    def synchronize(self) -> None:
+        self.queue.synchronize()
+
+    # --- layout --------------------------------------------------------------------------
+    def _strided(self, name: str, buffers, shape, strides, offset, n: int, extra=None) -> None:
+        nd = len(shape)
+        dims = list(shape) + [1] * (MAX_DIMS - nd)
+        steps = list(strides) + [0] * (MAX_DIMS - nd)
+        magic = [_magic(d) for d in dims]
+        values = [n, offset, nd, *dims, *steps, *[m for m, _ in magic], *[s for _, s in magic]]
+        if extra is None:
+            params = struct.pack(_STRIDED, *values)
+        else:
+            dtype, value = extra
+            params = _STRIDED_S[dtype].pack(*values, _scalar(dtype, value))
+        self._launch_1d(name, n, buffers, params, "layout")
+
+    def _views(self, shape, strides, offset, dense: GpuArray):
+        """Split a view of more than MAX_DIMS dimensions along its leading axes: yields
+        (shape, strides, offset, dense_buffer_view) pieces of at most MAX_DIMS dims."""
+        if len(shape) <= MAX_DIMS:
+            yield shape, strides, offset, dense.buffer
+            return
+        inner = math.prod(shape[1:])
+        item = ITEMSIZE[dense.dtype]
+        for i in range(shape[0]):
+            sub = GpuArray(dense.buffer.view(i * inner * item, inner * item), inner, dense.dtype)
+            yield from self._views(shape[1:], strides[1:], offset + i * strides[0], sub)
+
+    def compact(self, a: GpuArray, out: GpuArray, shape, strides, offset) -> None:
+        n = math.prod(shape)
+        if n == 0:
+            return
+        shape, strides = _simplify(shape, strides)
+        item = ITEMSIZE[a.dtype]
+        if len(shape) == 1 and strides[0] == 1:
+            self.queue.copy(a.buffer, offset * item, out.buffer, 0, n * item)
+            return
+        name = f"compact_{SUFFIX[a.dtype]}"
+        for sh, st, off, dense in self._views(shape, strides, offset, out):
+            self._strided(name, (a.buffer, dense), sh, st, off, math.prod(sh))
+
+    def ewise_setitem(self, a: GpuArray, out: GpuArray, shape, strides, offset) -> None:
+        n = math.prod(shape)
+        if n == 0:
+            return
+        shape, strides = _simplify(shape, strides)
+        item = ITEMSIZE[out.dtype]
+        if len(shape) == 1 and strides[0] == 1:
+            self.queue.copy(a.buffer, 0, out.buffer, offset * item, n * item)
+            return
+        name = f"setitem_{SUFFIX[out.dtype]}"
+        for sh, st, off, dense in self._views(shape, strides, offset, a):
+            self._strided(name, (dense, out.buffer), sh, st, off, math.prod(sh))
+
+    def scalar_setitem(self, size: int, value, out: GpuArray, shape, strides, offset) -> None:
+        n = math.prod(shape)
+        if n == 0:
+            return
+        shape, strides = _simplify(shape, strides)
+        item = ITEMSIZE[out.dtype]
+        if len(shape) == 1 and strides[0] == 1:
+            self._fill(out.buffer.view(offset * item, n * item), n, out.dtype, value)
+            return
+        name = f"scalar_setitem_{SUFFIX[out.dtype]}"
+        if len(shape) > MAX_DIMS:  # split on the leading axis; no dense side to offset
+            for i in range(shape[0]):
+                self.scalar_setitem(0, value, out, shape[1:], strides[1:],
+                                    offset + i * strides[0])
+            return
+        self._strided(name, (out.buffer,), shape, strides, offset, n, (out.dtype, value))
+
+    # --- elementwise ---------------------------------------------------------------------
+    ewise_add, scalar_add = _binary_op("add", _NUMBERS)
+    ewise_sub, scalar_sub = _binary_op("sub", _NUMBERS)
+    ewise_mul, scalar_mul = _binary_op("mul", _NUMBERS)
+    ewise_div, scalar_div = _binary_op("div", _NUMBERS)
+    ewise_power, scalar_power = _binary_op("power", _NUMBERS)
+    ewise_maximum, scalar_maximum = _binary_op("maximum", _NUMBERS)
+    ewise_minimum, scalar_minimum = _binary_op("minimum", _NUMBERS)
+    ewise_eq, scalar_eq = _binary_op("eq", _ALL)
+    ewise_ne, scalar_ne = _binary_op("ne", _ALL)
+    ewise_lt, scalar_lt = _binary_op("lt", _ALL)
+    ewise_le, scalar_le = _binary_op("le", _ALL)
+    ewise_gt, scalar_gt = _binary_op("gt", _ALL)
+    ewise_ge, scalar_ge = _binary_op("ge", _ALL)
+
+    ewise_neg = _unary_op("neg", _NUMBERS)
+    ewise_abs = _unary_op("abs", _NUMBERS)
+    ewise_relu = _unary_op("relu", _NUMBERS)
+    ewise_exp = _unary_op("exp", FLOATS)
+    ewise_log = _unary_op("log", FLOATS)
+    ewise_sqrt = _unary_op("sqrt", FLOATS)
+    ewise_rsqrt = _unary_op("rsqrt", FLOATS)
+    ewise_sin = _unary_op("sin", FLOATS)
+    ewise_cos = _unary_op("cos", FLOATS)
+    ewise_tanh = _unary_op("tanh", FLOATS)
+    ewise_sigmoid = _unary_op("sigmoid", FLOATS)
+    ewise_silu = _unary_op("silu", FLOATS)
+    ewise_gelu = _unary_op("gelu", FLOATS)
+
+    def ewise_cast(self, a: GpuArray, out: GpuArray) -> None:
+        """Convert ``a`` to ``out.dtype`` (floats to ints truncate toward zero)."""
+        if a.dtype == out.dtype:
+            self.queue.copy(a.buffer, 0, out.buffer, 0, a.size * ITEMSIZE[a.dtype])
+            return
+        self._map(f"cast_{SUFFIX[a.dtype]}_{SUFFIX[out.dtype]}", out.size, a.dtype, out.dtype,
+                  (a.buffer, out.buffer), _N.pack(out.size))
+
+    def where(self, cond: GpuArray, a: GpuArray, b: GpuArray, out: GpuArray) -> None:
+        if out.size:
+            self._launch_1d(f"where_{SUFFIX[out.dtype]}", out.size,
+                            (cond.buffer, a.buffer, b.buffer, out.buffer), _N.pack(out.size),
+                            "elementwise")
+
+    def silu_mul(self, a: GpuArray, b: GpuArray, out: GpuArray) -> None:
+        """out = silu(a) * b (SwiGLU's gate)."""
+        self._need(a.dtype, FLOATS, "silu_mul")
+        self._map(f"silu_mul_{SUFFIX[a.dtype]}", out.size, a.dtype, out.dtype,
+                  (a.buffer, b.buffer, out.buffer), _N.pack(out.size))
+
+    # --- reductions ----------------------------------------------------------------------
+    def _reduce(self, op: str, a: GpuArray, out: GpuArray, outer: int, reduce_size: int,
+                inner: int) -> None:
+        if op != "sum" and op != "argmax" and a.dtype == "bool":
+            raise DTypeError(f"reduce_{op} is not defined for bool arrays on the GPU")
+        sfx = SUFFIX[a.dtype]
+        acc = _ACC_BYTES[(op, a.dtype)]
+        cu = self.device.compute_units
+        if inner == 1:
+            k = self._kernel("reduce", f"reduce_rows_{op}_{sfx}")
+            ty = max(1, min(8, k.max_threads // 32))
+            splits = 1
+            if outer < cu * 64 and reduce_size >= 4096:
+                splits = min(_cdiv(cu * 64, outer), _cdiv(reduce_size, 2048), _MAX_GRID_YZ)
+            chunk = _cdiv(_cdiv(reduce_size, splits), 16) * 16  # keeps 16-byte alignment
+            splits = _cdiv(reduce_size, chunk)
+            groups, shared = (_cdiv(outer, ty), splits, 1), 0
+        else:
+            k = self._kernel("reduce", f"reduce_cols_{op}_{sfx}")
+            ty = max(1, min(8, k.max_threads // 32))
+            blocks = _cdiv(inner, 32) * outer
+            splits = 1
+            if blocks < cu * 8 and reduce_size >= 64:
+                splits = min(_cdiv(cu * 8, blocks), _cdiv(reduce_size, 32), _MAX_GRID_YZ)
+            chunk = _cdiv(reduce_size, splits)
+            splits = _cdiv(reduce_size, chunk)
+            groups, shared = (blocks, splits, 1), 32 * ty * (acc + 8)
+        part_val = part_idx = out.buffer
+        if splits > 1:
+            part_val = self._workspace(outer * splits * inner * acc)
+            part_idx = self._workspace(outer * splits * inner * 8) if op == "argmax" else part_val
+        params = _REDUCE.pack(outer, reduce_size, inner, splits, chunk)
+        self.queue.dispatch(k, groups, (32, ty, 1), (a.buffer, out.buffer, part_val, part_idx),
+                            params, shared)
+        if splits > 1:
+            kc = self._kernel("reduce", f"reduce_combine_{op}_{sfx}")
+            tyc = max(1, min(8, kc.max_threads // 32))
+            self.queue.dispatch(kc, (_cdiv(outer * inner, tyc), 1, 1), (32, tyc, 1),
+                                (part_val, part_idx, out.buffer), params)
+
+    def reduce_sum(self, a, out, outer: int, reduce_size: int, inner: int = 1) -> None:
+        self._reduce("sum", a, out, outer, reduce_size, inner)
+
+    def reduce_max(self, a, out, outer: int, reduce_size: int, inner: int = 1) -> None:
+        self._reduce("max", a, out, outer, reduce_size, inner)
+
+    def reduce_min(self, a, out, outer: int, reduce_size: int, inner: int = 1) -> None:
+        self._reduce("min", a, out, outer, reduce_size, inner)
+
+    def reduce_argmax(self, a, out, outer: int, reduce_size: int, inner: int = 1) -> None:
+        """Index of the first maximum (NaN counts as the maximum); ``out`` is int64."""
+        self._reduce("argmax", a, out, outer, reduce_size, inner)
+
+    # --- matmul --------------------------------------------------------------------------
+    def matmul(self, a: GpuArray, b: GpuArray, out: GpuArray, m: int, n: int, p: int, *,
+               batch: int = 1, stride_a: int | None = None, stride_b: int | None = None,
+               transpose_a: bool = False, transpose_b: bool = False) -> None:
+        """out[i] = A[i] @ B[i] (see numpy_ref.matmul for the layout of a, b and out)."""
+        if out.size == 0:
+            return
+        dt = a.dtype
+        if dt == "bool":
+            raise DTypeError("matmul is not defined for bool arrays")
+        stride_a = m * n if stride_a is None else stride_a
+        stride_b = n * p if stride_b is None else stride_b
+        if n == 0:
+            self.fill(out, 0)
+            return
+        if m == 1 and batch == 1 and dt in ("float16", "bfloat16", "float32"):
+            self._gemv(a, b, out, n, p, transpose_b)
+            return
+        tc = (dt in ("float16", "bfloat16") and n % 8 == 0 and p % 8 == 0
+              and (batch == 1 or stride_a % 8 == 0 and stride_b % 8 == 0)
+              # the tensor-core pipeline's stages must fit in shared memory (not in Metal's)
+              and self._tc_stages() * (128 * 32 + 32 * 128) * 2 <= self.device.max_shared_bytes)
+        if tc and (transpose_a or transpose_b):
+            # the tensor-core kernel reads both operands untransposed: transpose on device
+            a, stride_a = self._untranspose(a, m, n, batch, stride_a, transpose_a)
+            b, stride_b = self._untranspose(b, n, p, batch, stride_b, transpose_b)
+            transpose_a = transpose_b = False
+        if tc:
+            wide = os.environ.get("NEEDLE_TC_TILE", "128") == "256"
+            bn = 256 if wide else 128
+            name = f"matmul_tc{'256' if wide else ''}_{SUFFIX[dt]}"
+            shared = self._tc_stages() * (128 * 32 + 32 * bn) * 2
+            self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
+                               (128, bn), 256, shared, transpose_a, transpose_b)
+        elif dt == "float32":
+            layout = ("t" if transpose_a else "n") + ("t" if transpose_b else "n")
+            self._matmul_tiles("matmul", f"matmul_{layout}_f32", a, b, out, m, n, p, batch,
+                               stride_a, stride_b, (128, 128), 256, 0, transpose_a,
+                               transpose_b)
+        else:
+            self._matmul_tiles("matmul", f"matmul_{SUFFIX[dt]}", a, b, out, m, n, p, batch,
+                               stride_a, stride_b, (16, 16), (16, 16), 0, transpose_a,
+                               transpose_b)
+
+    def _tc_stages(self) -> int:
+        for opt in os.environ.get("NEEDLE_CUDA_OPTIONS", "").split():
+            if opt.startswith("-DTC_STAGES="):
+                return int(opt.split("=", 1)[1])
+        return 4
+
+    def _untranspose(self, x: GpuArray, rows: int, cols: int, batch: int, stride: int,
+                     transposed: bool) -> tuple[GpuArray, int]:
+        """The (rows, cols) row-major copies of matrices stored transposed (cols, rows)."""
+        if not transposed:
+            return x, stride
+        count = 1 if stride == 0 else batch
+        out = self._new_array(count * rows * cols, x.dtype)
+        shape, strides = (count, rows, cols), (stride, 1, rows)
+        self.compact(x, out, shape, strides, 0)
+        return out, (0 if stride == 0 else rows * cols)
+
+    def _matmul_tiles(self, family, name, a, b, out, m, n, p, batch, stride_a, stride_b,
+                      tile, threads, shared, ta, tb) -> None:
+        k = self._kernel(family, name)
+        threads = (threads, 1, 1) if isinstance(threads, int) else (*threads, 1)
+        k.check_threads(threads[0] * threads[1])
+        if shared:
+            k.reserve_shared(shared)
+        item = ITEMSIZE[a.dtype]
+        gx, gy = _cdiv(p, tile[1]), _cdiv(m, tile[0])
+        if gy > _MAX_GRID_YZ:
+            raise ShapeError(f"matmul with {m} rows exceeds the GPU grid; split the batch")
+        for z0 in range(0, batch, _MAX_GRID_YZ):
+            nb = min(_MAX_GRID_YZ, batch - z0)
+            av = a.buffer if z0 == 0 else a.buffer.view(z0 * stride_a * item, 0)
+            bv = b.buffer if z0 == 0 else b.buffer.view(z0 * stride_b * item, 0)
+            ov = out.buffer if z0 == 0 else out.buffer.view(z0 * m * p * item, 0)
+            params = _MATMUL.pack(m, n, p, nb, stride_a, stride_b, int(ta), int(tb), 1, 0)
+            self.queue.dispatch(k, (gx, gy, nb), threads, (av, bv, ov), params, shared)
+
+    def _gemv(self, a: GpuArray, b: GpuArray, out: GpuArray, n: int, p: int,
+              transpose_b: bool) -> None:
+        sfx = SUFFIX[a.dtype]
+        if transpose_b:
+            k = self._kernel("matmul", f"gemv_t_{sfx}")
+            ty = max(1, min(8, k.max_threads // 32))
+            params = _MATMUL.pack(1, n, p, 1, 0, 0, 0, 1, 1, n)
+            self.queue.dispatch(k, (_cdiv(p, ty), 1, 1), (32, ty, 1),
+                                (a.buffer, b.buffer, out.buffer), params)
+            return
+        k = self._kernel("matmul", f"gemv_n_{sfx}")
+        ty = max(1, min(8, k.max_threads // 32))
+        width = 16 // ITEMSIZE[a.dtype]
+        gx = _cdiv(p, 32 * width)
+        splits = max(1, min(_cdiv(self.device.compute_units * 4, gx), _cdiv(n, 8 * ty),
+                            _MAX_GRID_YZ))
+        chunk = _cdiv(n, splits)
+        splits = _cdiv(n, chunk)
+        part = self._workspace(splits * p * 4)
+        params = _MATMUL.pack(1, n, p, 1, 0, 0, 0, 0, splits, chunk)
+        self.queue.dispatch(k, (gx, splits, 1), (32, ty, 1), (a.buffer, b.buffer, part),
+                            params, ty * 32 * width * 4)
+        self._launch_1d(f"gemv_combine_{sfx}", p, (part, out.buffer), params, "matmul")
+
+    # --- indexing ------------------------------------------------------------------------
+    def _rows_launch(self, family: str, name: str, n_rows: int, dim: int, width: int,
+                     buffers, params) -> None:
+        """A group per row (group-stride), its threads across the row."""
+        k = self._kernel(family, name)
+        t = max(32, min(k.preferred_threads, _cdiv(_cdiv(dim, width), 32) * 32))
+        groups = max(1, min(n_rows, k.resident_groups(t)))
+        self.queue.dispatch(k, (groups, 1, 1), (t, 1, 1), buffers, params)
+
+    def take(self, table: GpuArray, indices: GpuArray, out: GpuArray, rows: int,
+             dim: int) -> None:
+        """out[i, :] = table[indices[i], :]; rows of out-of-range indices are zeros."""
+        if out.size == 0:
+            return
+        name = f"take_{SUFFIX[table.dtype]}_{SUFFIX[indices.dtype]}"
+        self._rows_launch("layout", name, indices.size, dim, 16 // ITEMSIZE[table.dtype],
+                          (table.buffer, indices.buffer, out.buffer),
+                          _TAKE.pack(indices.size, rows, dim))
+
+    def scatter_add(self, indices: GpuArray, values: GpuArray, out: GpuArray, rows: int,
+                    dim: int) -> None:
+        """out[indices[i], :] += values[i, :]; out-of-range indices are skipped."""
+        if indices.size == 0 or dim == 0:
+            return
+        dt = out.dtype
+        if dt == "bool":
+            raise DTypeError("scatter_add is not defined for bool arrays")
+        if dt in ("float16", "bfloat16"):  # add in float32, round once at the end
+            acc, vals = self._new_array(out.size, "float32"), self._new_array(values.size,
+                                                                                "float32")
+            self.ewise_cast(out, acc)
+            self.ewise_cast(values, vals)
+            self.scatter_add(indices, vals, acc, rows, dim)
+            self.ewise_cast(acc, out)
+            return
+        name = f"scatter_add_{SUFFIX[dt]}_{SUFFIX[indices.dtype]}"
+        self._rows_launch("layout", name, indices.size, dim, 1,
+                          (indices.buffer, values.buffer, out.buffer),
+                          _TAKE.pack(indices.size, rows, dim))
+
+    # --- transformer ---------------------------------------------------------------------
+    def _row_kernel(self, name: str, dtype: str, rows: int, dim: int, buffers, params,
+                    scratch_per_warp: int) -> None:
+        self._need(dtype, FLOATS, name)
+        k = self._kernel("nn", f"{name}_{SUFFIX[dtype]}")
+        tx, ty = self._row_geometry(k, dim)
+        shared = ty * (tx // 32) * scratch_per_warp
+        self.queue.dispatch(k, (_cdiv(rows, ty), 1, 1), (tx, ty, 1), buffers, params, shared)
+
+    def softmax(self, a: GpuArray, out: GpuArray, dim: int) -> None:
+        rows = a.size // dim
+        self._row_kernel("softmax", a.dtype, rows, dim, (a.buffer, out.buffer),
+                         _ROW.pack(rows, dim), 2 * _ACC[a.dtype])
+
+    def log_softmax(self, a: GpuArray, out: GpuArray, dim: int) -> None:
+        rows = a.size // dim
+        self._row_kernel("log_softmax", a.dtype, rows, dim, (a.buffer, out.buffer),
+                         _ROW.pack(rows, dim), 2 * _ACC[a.dtype])
+
+    def rmsnorm(self, x: GpuArray, w: GpuArray, out: GpuArray, dim: int, eps: float) -> None:
+        """out = x / sqrt(mean(x**2) + eps) * w, per row."""
+        rows = x.size // dim
+        self._row_kernel("rmsnorm", x.dtype, rows, dim, (x.buffer, w.buffer, out.buffer),
+                         _NORM[x.dtype].pack(rows, dim, eps), _ACC[x.dtype])
+
+    def layernorm(self, x: GpuArray, w: GpuArray, b: GpuArray, out: GpuArray, dim: int,
+                  eps: float) -> None:
+        """out = (x - mean) / sqrt(var + eps) * w + b, per row (biased variance)."""
+        rows = x.size // dim
+        self._row_kernel("layernorm", x.dtype, rows, dim,
+                         (x.buffer, w.buffer, b.buffer, out.buffer),
+                         _NORM[x.dtype].pack(rows, dim, eps), _ACC[x.dtype])
+
+    def rope(self, x: GpuArray, cos: GpuArray, sin: GpuArray, out: GpuArray, batch: int,
+             seq: int, heads: int, head_dim: int) -> None:
+        """Rotary embedding, half-split layout (see numpy_ref.rope)."""
+        self._need(x.dtype, FLOATS, "rope")
+        work = batch * seq * heads * (head_dim // 2)
+        if work:
+            self._launch_1d(f"rope_{SUFFIX[x.dtype]}", work,
+                            (x.buffer, cos.buffer, sin.buffer, out.buffer),
+                            _ROPE.pack(batch, seq, heads, head_dim), "nn")
+
+    def attention(self, q: GpuArray, k: GpuArray, v: GpuArray, out: GpuArray, batch: int,
+                  q_heads: int, kv_heads: int, q_len: int, kv_len: int, kv_capacity: int,
+                  head_dim: int, scale: float, causal: bool) -> None:
+        """Scaled dot-product attention with grouped-query heads (see numpy_ref.attention)."""
+        dt = self._need(q.dtype, FLOATS, "attention")
+        if head_dim > 256:
+            raise ShapeError(f"attention on the GPU supports head_dim <= 256, got {head_dim}")
+        kern = self._kernel("nn", f"attention_{SUFFIX[dt]}")
+        kern.check_threads(256)
+        group = q_heads // kv_heads
+        gx, gy = _cdiv(group * q_len, 32), batch * kv_heads
+        if gy > _MAX_GRID_YZ:
+            raise ShapeError(f"attention over {gy} (batch x kv heads) exceeds the GPU grid")
+        splits = 1
+        target = 2 * self.device.compute_units
+        if dt != "float64" and gx * gy < target and kv_len > 128:
+            splits = min(_cdiv(target, gx * gy), _cdiv(kv_len, 64), _MAX_GRID_YZ)
+        chunk = _cdiv(_cdiv(kv_len, splits), 32) * 32
+        splits = _cdiv(kv_len, chunk)
+        shared = (32 * head_dim + 32 * (head_dim + 1) + 32 * head_dim) * _ACC[dt]
+        if shared > self.device.max_shared_bytes:
+            raise ShapeError(f"attention with head_dim {head_dim} in {dt} needs {shared} bytes "
+                             f"of shared memory; this GPU has {self.device.max_shared_bytes}")
+        kern.reserve_shared(shared)
+        rows_out = batch * q_heads * q_len
+        part_o = part_ml = out.buffer
+        if splits > 1:
+            part_o = self._workspace(rows_out * splits * head_dim * 4)
+            part_ml = self._workspace(rows_out * splits * 2 * 4)
+        params = _ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
+                            splits, chunk, float(scale), int(bool(causal)))
+        self.queue.dispatch(kern, (gx, gy, splits), (32, 8, 1),
+                            (q.buffer, k.buffer, v.buffer, out.buffer, part_o, part_ml),
+                            params, shared)
+        if splits > 1:
+            kc = self._kernel("nn", f"attention_combine_{SUFFIX[dt]}")
+            self.queue.dispatch(kc, (_cdiv(rows_out, 8), 1, 1), (32, 8, 1),
+                                (part_o, part_ml, out.buffer), params)
+
+    # --- DLPack --------------------------------------------------------------------------
+    def dlpack_device(self) -> tuple[int, int]:
+        if self.device.dlpack_device_type is None:
+            raise DeviceError(f"{self.device.name} arrays cannot be exchanged through DLPack")
+        return self.device.dlpack_device_type, self.device.dlpack_device_id
+
+    def to_dlpack(self, a: GpuArray, shape, strides, offset, stream=None):
+        """A DLPack capsule viewing the array's memory (no copy). The consumer's ``stream``
+        (CUDA stream handle; None: the host) is made to wait for work queued on this array."""
+        dev_type, dev_id = self.dlpack_device()
+        if a.dtype not in dlpack._CODES:
+            raise DTypeError(f"{a.dtype} cannot be exchanged through DLPack")
+        if stream is None:
+            self.queue.synchronize()
+        elif stream != -1:
+            self.queue.make_stream_wait(int(stream))
+        address = a.buffer.handle + a.buffer.offset + offset * ITEMSIZE[a.dtype]
+        return dlpack.export(address, tuple(shape), tuple(strides), a.dtype, dev_type, dev_id,
+                             a)
+
+    def from_dlpack(self, x, ndarray_cls):
+        """Wrap a DLPack-exporting device array (PyTorch, CuPy) as an NDArray, zero-copy."""
+        from ..backend_ndarray.device import device_from_name
+
+        dev_type, dev_id = self.dlpack_device()
+        try:
+            capsule = x.__dlpack__(stream=self.queue.handle)
+        except TypeError:
+            capsule = x.__dlpack__()
+        t = dlpack.consume(capsule)
+        if (t.device_type, t.device_id) != (dev_type, dev_id):
+            raise DeviceError(f"DLPack tensor is on device ({t.device_type}, {t.device_id}), "
+                              f"not on {self.device.name}; move it there first")
+        item = ITEMSIZE[t.dtype]
+        strides = t.strides
+        if strides is None:
+            strides, step = [], 1
+            for d in reversed(t.shape):
+                strides.insert(0, step)
+                step *= d
+            strides = tuple(strides)
+        if math.prod(t.shape) == 0:
+            lo, hi = 0, 0
+        else:
+            lo = sum(s * (d - 1) for d, s in zip(t.shape, strides) if s < 0)
+            hi = sum(s * (d - 1) for d, s in zip(t.shape, strides) if s > 0) + 1
+        span = hi - lo
+        buffer = Buffer(t.address + lo * item, span * item, 0, None, 0, owner=t.owner)
+        array = GpuArray(buffer, span, t.dtype)
+        return ndarray_cls.make(t.shape, strides, device_from_name(self.device.name), array,
+                                -lo, t.dtype)
+
+    # --- device services -----------------------------------------------------------------
+    def capture(self):
+        """``with backend.capture() as graph: ...`` records the enclosed device work;
+        ``graph.replay()`` runs it again with one launch (see hal.CommandBuffer)."""
+        return self.queue.capture()
+
+    def profile(self):
+        """``with backend.profile() as prof: ...``; then ``print(prof.table())``."""
+        return self.queue.profile()
+
+    def memory_stats(self):
+        return self.allocator.stats()
+
+    def empty_cache(self) -> None:
+        self.allocator.empty_cache()
+
+    def __repr__(self) -> str:
+        return f"GpuBackend({self.device.describe()})"
+
+
+_ACC = {"float16": 4, "bfloat16": 4, "float32": 4, "float64": 8}
+_ACC_BYTES = {}
+for _dt in _ALL:
+    _ACC_BYTES[("sum", _dt)] = 8 if _dt in ("float64", "int32", "int64", "bool") else 4
+    for _op in ("max", "min", "argmax"):
+        _ACC_BYTES[(_op, _dt)] = 8 if _dt in ("float64", "int64") else 4

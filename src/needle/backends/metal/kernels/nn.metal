@@ -1,0 +1,304 @@
+// Transformer kernels (docs/kernels.md, "nn"): row kernels (softmax, log_softmax, rmsnorm,
+// layernorm), rope, and attention (flash-style tiles; split-K partials for decoding).
+#include <metal_stdlib>
+using namespace metal;
+
+struct RowParams {
+  long rows, dim;
+};
+template <class S>
+struct NormParams {
+  long rows, dim;
+  S eps;
+};
+struct RopeParams {
+  long batch, seq, heads, head_dim;
+};
+struct AttnParams {
+  long batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, splits, chunk;
+  float scale;
+  int causal;
+};
+
+#define ROW_ARGS                                                                 \
+  uint3 group [[threadgroup_position_in_grid]],                                  \
+      uint3 tid [[thread_position_in_threadgroup]],                              \
+      uint3 tpg [[threads_per_threadgroup]]
+
+// ---- row kernels: threads (TX, TY); TX threads (whole simd-groups) per row, TY rows -------
+struct RowSum {
+  static float simd(float v) { return simd_sum(v); }
+  static float combine(float a, float b) { return a + b; }
+};
+struct RowMax {  // NaN-propagating, as the reference's max
+  static float simd(float v) { return simd_any(is_nan(v)) ? NAN : simd_max(v); }
+  static float combine(float a, float b) { return nan_max(a, b); }
+};
+
+// v reduced over the TX threads of this thread's row. Every thread of the threadgroup calls
+// it (rows past the end included): it synchronises the threadgroup. smem holds one value per
+// simd-group of each row.
+template <class R>
+inline float row_reduce(float v, threadgroup float* smem, uint3 tid, uint3 tpg) {
+  v = R::simd(v);
+  const uint nw = tpg.x / 32;
+  if (nw > 1) {
+    threadgroup float* mine = smem + tid.y * nw;
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous use of smem is over
+    if (tid.x % 32 == 0) mine[tid.x / 32] = v;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    v = mine[0];
+    for (uint w = 1; w < nw; w++) v = R::combine(v, mine[w]);
+  }
+  return v;
+}
+
+// softmax = exp(x - max) / sum, log_softmax = (x - max) - log(sum): the reference's formulas,
+// so NaN and infinities come out as they do there
+template <class T, bool LOG>
+kernel void softmax_rows(device const T* a [[buffer(0)]], device T* out [[buffer(1)]],
+                         constant RowParams& p [[buffer(2)]],
+                         threadgroup float* smem [[threadgroup(0)]], ROW_ARGS) {
+  const long row = long(group.x) * tpg.y + tid.y;
+  const bool live = row < p.rows;
+  device const T* x = a + (live ? row : 0) * p.dim;
+  float m = -INFINITY;
+  if (live)
+    for (long j = tid.x; j < p.dim; j += tpg.x) m = nan_max(m, load(x[j]));
+  m = row_reduce<RowMax>(m, smem, tid, tpg);
+  float s = 0.0f;
+  if (live)
+    for (long j = tid.x; j < p.dim; j += tpg.x) s += exp(load(x[j]) - m);
+  s = row_reduce<RowSum>(s, smem, tid, tpg);
+  if (!live) return;
+  device T* y = out + row * p.dim;
+  if (LOG) {
+    const float ls = log(s);
+    for (long j = tid.x; j < p.dim; j += tpg.x) y[j] = store<T>((load(x[j]) - m) - ls);
+  } else {
+    const float inv = 1.0f / s;
+    for (long j = tid.x; j < p.dim; j += tpg.x) y[j] = store<T>(exp(load(x[j]) - m) * inv);
+  }
+}
+
+template <class T>
+kernel void rmsnorm(device const T* x [[buffer(0)]], device const T* w [[buffer(1)]],
+                    device T* out [[buffer(2)]], constant NormParams<float>& p [[buffer(3)]],
+                    threadgroup float* smem [[threadgroup(0)]], ROW_ARGS) {
+  const long row = long(group.x) * tpg.y + tid.y;
+  const bool live = row < p.rows;
+  device const T* xr = x + (live ? row : 0) * p.dim;
+  float ss = 0.0f;
+  if (live)
+    for (long j = tid.x; j < p.dim; j += tpg.x) {
+      const float v = load(xr[j]);
+      ss += v * v;
+    }
+  ss = row_reduce<RowSum>(ss, smem, tid, tpg);
+  if (!live) return;
+  const float r = 1.0f / sqrt(ss / float(p.dim) + p.eps);
+  device T* y = out + row * p.dim;
+  for (long j = tid.x; j < p.dim; j += tpg.x) y[j] = store<T>(load(xr[j]) * r * load(w[j]));
+}
+
+template <class T>
+kernel void layernorm(device const T* x [[buffer(0)]], device const T* w [[buffer(1)]],
+                      device const T* b [[buffer(2)]], device T* out [[buffer(3)]],
+                      constant NormParams<float>& p [[buffer(4)]],
+                      threadgroup float* smem [[threadgroup(0)]], ROW_ARGS) {
+  const long row = long(group.x) * tpg.y + tid.y;
+  const bool live = row < p.rows;
+  device const T* xr = x + (live ? row : 0) * p.dim;
+  float sum = 0.0f;
+  if (live)
+    for (long j = tid.x; j < p.dim; j += tpg.x) sum += load(xr[j]);
+  const float mean = row_reduce<RowSum>(sum, smem, tid, tpg) / float(p.dim);
+  float sq = 0.0f;
+  if (live)
+    for (long j = tid.x; j < p.dim; j += tpg.x) {
+      const float d = load(xr[j]) - mean;
+      sq += d * d;
+    }
+  const float var = row_reduce<RowSum>(sq, smem, tid, tpg) / float(p.dim);
+  if (!live) return;
+  const float denom = sqrt(var + p.eps);
+  device T* y = out + row * p.dim;
+  for (long j = tid.x; j < p.dim; j += tpg.x)
+    y[j] = store<T>((load(xr[j]) - mean) / denom * load(w[j]) + load(b[j]));
+}
+
+// ---- rope: x (batch, seq, heads, head_dim), cos/sin (seq, head_dim/2), half-split ---------
+template <class T>
+kernel void rope(device const T* x [[buffer(0)]], device const T* cs [[buffer(1)]],
+                 device const T* sn [[buffer(2)]], device T* out [[buffer(3)]],
+                 constant RopeParams& p [[buffer(4)]], GRID_ARGS) {
+  const long half_dim = p.head_dim / 2;
+  GRID_STRIDE(e, p.batch * p.seq * p.heads * half_dim) {
+    const long i = e % half_dim, q = e / half_dim;
+    const long s = (q / p.heads) % p.seq;
+    const long base = q * p.head_dim;
+    const float x1 = load(x[base + i]), x2 = load(x[base + i + half_dim]);
+    const float c = load(cs[s * half_dim + i]), sv = load(sn[s * half_dim + i]);
+    out[base + i] = store<T>(x1 * c - x2 * sv);
+    out[base + i + half_dim] = store<T>(x2 * c + x1 * sv);
+  }
+}
+
+// ---- attention -----------------------------------------------------------------------------
+// A threadgroup: 32 query rows of one (batch, kv head) x 32-key tiles. Each of the 8
+// simd-groups owns 4 rows; lane j scores key j of the tile against a row, the simd-group folds
+// the tile into the row's running max / sum / output (lanes over head_dim, 8 values each,
+// head_dim <= 256). The row's probabilities go through threadgroup memory (one write, one
+// simd-group barrier) rather than 32 shuffles. The K/V cache may be longer than kv_len
+// (capacity): only its first kv_len positions are read.
+enum { ROWS = 32, KEYS = 32, RPW = 4, DPL = 8 };
+
+template <class T>
+kernel void attention(device const T* q [[buffer(0)]], device const T* k [[buffer(1)]],
+                      device const T* v [[buffer(2)]], device T* out [[buffer(3)]],
+                      device float* part_o [[buffer(4)]], device float* part_ml [[buffer(5)]],
+                      constant AttnParams& p [[buffer(6)]],
+                      threadgroup float* smem [[threadgroup(0)]], ROW_ARGS) {
+  threadgroup float probs[ROWS * KEYS];
+  const int D = int(p.head_dim), lane = int(tid.x), sg = int(tid.y);
+  const int t = sg * 32 + lane;
+  threadgroup float* Qs = smem;
+  threadgroup float* Ks = Qs + ROWS * D;
+  threadgroup float* Vs = Ks + KEYS * (D + 1);
+  const long grp = p.q_heads / p.kv_heads, rows_total = grp * p.q_len;
+  const long b = group.y / p.kv_heads, kvh = group.y % p.kv_heads;
+  const long r0 = long(group.x) * ROWS;
+  const long split = group.z;
+
+  for (int idx = t; idx < ROWS * D; idx += 256) {
+    const int r = idx / D, d = idx % D;
+    const long row = r0 + r;
+    float val = 0.0f;
+    if (row < rows_total) {
+      const long hq = kvh * grp + row / p.q_len, pos = row % p.q_len;
+      val = load(q[((b * p.q_heads + hq) * p.q_len + pos) * D + d]) * p.scale;
+    }
+    Qs[r * D + d] = val;
+  }
+
+  const long last = lmin(r0 + ROWS - 1, rows_total - 1);
+  const long max_pos = (r0 / p.q_len != last / p.q_len) ? p.q_len - 1 : last % p.q_len;
+  const long k_begin = split * p.chunk;
+  long k_end = lmin(k_begin + p.chunk, p.kv_len);
+  if (p.causal) k_end = lmin(k_end, p.kv_len - p.q_len + max_pos + 1);
+
+  float m[RPW], l[RPW], o[RPW][DPL];
+  long limit[RPW];
+  for (int i = 0; i < RPW; i++) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+    for (int c = 0; c < DPL; c++) o[i][c] = 0.0f;
+    const long row = r0 + sg * RPW + i;
+    limit[i] = p.causal ? p.kv_len - p.q_len + row % p.q_len : p.kv_len - 1;
+  }
+
+  device const T* kbase = k + (b * p.kv_heads + kvh) * p.kv_capacity * D;
+  device const T* vbase = v + (b * p.kv_heads + kvh) * p.kv_capacity * D;
+  for (long kt = k_begin; kt < k_end; kt += KEYS) {
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (int idx = t; idx < KEYS * D; idx += 256) {
+      const int j = idx / D, d = idx % D;
+      const bool ok = kt + j < k_end;
+      Ks[j * (D + 1) + d] = ok ? load(kbase[(kt + j) * D + d]) : 0.0f;
+      Vs[j * D + d] = ok ? load(vbase[(kt + j) * D + d]) : 0.0f;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    const long key = kt + lane;
+    for (int i = 0; i < RPW; i++) {
+      const int r = sg * RPW + i;
+      if (r0 + r >= rows_total) continue;  // uniform across the simd-group
+      float s = 0.0f;
+      threadgroup const float* qr = Qs + r * D;
+      threadgroup const float* kr = Ks + lane * (D + 1);
+      for (int d = 0; d < D; d++) s += qr[d] * kr[d];
+      if (key >= k_end || key > limit[i]) s = -INFINITY;
+      const float mn = max(m[i], simd_max(s));
+      if (mn == -INFINITY) continue;  // nothing visible yet (uniform)
+      const float pj = s == -INFINITY ? 0.0f : exp(s - mn);
+      const float alpha = m[i] == -INFINITY ? 0.0f : exp(m[i] - mn);
+      l[i] = l[i] * alpha + simd_sum(pj);
+      m[i] = mn;
+      probs[r * KEYS + lane] = pj;
+      simdgroup_barrier(mem_flags::mem_threadgroup);
+      for (int c = 0; c < DPL; c++) o[i][c] *= alpha;
+      for (int j = 0; j < KEYS; j++) {
+        const float pk = probs[r * KEYS + j];
+        threadgroup const float* vr = Vs + j * D;
+        for (int c = 0; c < DPL; c++) {
+          const int d = lane + 32 * c;
+          if (d < D) o[i][c] += pk * vr[d];
+        }
+      }
+    }
+  }
+
+  for (int i = 0; i < RPW; i++) {
+    const long row = r0 + sg * RPW + i;
+    if (row >= rows_total) continue;
+    const long hq = kvh * grp + row / p.q_len, pos = row % p.q_len;
+    const long orow = (b * p.q_heads + hq) * p.q_len + pos;
+    if (p.splits == 1) {
+      const float inv = 1.0f / l[i];
+      for (int c = 0; c < DPL; c++) {
+        const int d = lane + 32 * c;
+        if (d < D) out[orow * D + d] = store<T>(o[i][c] * inv);
+      }
+    } else {
+      const long slot = orow * p.splits + split;
+      for (int c = 0; c < DPL; c++) {
+        const int d = lane + 32 * c;
+        if (d < D) part_o[slot * D + d] = o[i][c];
+      }
+      if (lane == 0) {
+        part_ml[slot * 2] = m[i];
+        part_ml[slot * 2 + 1] = l[i];
+      }
+    }
+  }
+}
+
+// merge the splits of one output row (a simd-group per row)
+template <class T>
+kernel void attention_combine(device const float* part_o [[buffer(0)]],
+                              device const float* part_ml [[buffer(1)]],
+                              device T* out [[buffer(2)]], constant AttnParams& p [[buffer(3)]],
+                              ROW_ARGS) {
+  const long rows = p.batch * p.q_heads * p.q_len;
+  const long row = long(group.x) * tpg.y + tid.y;
+  if (row >= rows) return;
+  const int D = int(p.head_dim);
+  float mx = -INFINITY;
+  for (long s = 0; s < p.splits; s++) mx = max(mx, part_ml[(row * p.splits + s) * 2]);
+  float acc[DPL], total = 0.0f;
+  for (int c = 0; c < DPL; c++) acc[c] = 0.0f;
+  for (long s = 0; s < p.splits; s++) {
+    const long slot = row * p.splits + s;
+    const float ls = part_ml[slot * 2 + 1];
+    if (ls == 0.0f) continue;
+    const float wgt = exp(part_ml[slot * 2] - mx);
+    total += ls * wgt;
+    for (int c = 0; c < DPL; c++) {
+      const int d = int(tid.x) + 32 * c;
+      if (d < D) acc[c] += part_o[slot * D + d] * wgt;
+    }
+  }
+  for (int c = 0; c < DPL; c++) {
+    const int d = int(tid.x) + 32 * c;
+    if (d < D) out[row * D + d] = store<T>(acc[c] / total);
+  }
+}
+
+#define NN(unused, SFX, T)                                                       \
+  INSTANTIATE(NAME(softmax_##SFX), softmax_rows<T, false>)                       \
+  INSTANTIATE(NAME(log_softmax_##SFX), softmax_rows<T, true>)                    \
+  INSTANTIATE(NAME(rmsnorm_##SFX), rmsnorm<T>)                                   \
+  INSTANTIATE(NAME(layernorm_##SFX), layernorm<T>)                               \
+  INSTANTIATE(NAME(rope_##SFX), rope<T>)                                         \
+  INSTANTIATE(NAME(attention_##SFX), attention<T>)                               \
+  INSTANTIATE(NAME(attention_combine_##SFX), attention_combine<T>)
+FLOATS(NN, _)

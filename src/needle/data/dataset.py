@@ -1,0 +1,118 @@
+"""Datasets and the DataLoader that batches them into Tensors.
+
+A dataset gives samples as tuples of numpy arrays (image, label, ...). The DataLoader asks
+for a whole batch at once through ``get_batch(indices)``: array-backed datasets answer with
+one fancy-indexing operation per array and transform the batch as one array, so loading
+costs a few numpy calls per batch instead of a Python call per sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from .. import init
+from ..autograd import Tensor
+from ..backend_ndarray import NDArray, default_device
+from ..errors import IndexOutOfRangeError, ShapeError
+
+
+def stack_samples(dataset, indices: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Batch any indexable dataset one sample at a time (the fallback for plain sequences)."""
+    samples = [dataset[int(i)] for i in indices]
+    samples = [s if isinstance(s, tuple) else (s,) for s in samples]
+    return tuple(np.stack([np.asarray(x) for x in field]) for field in zip(*samples))
+
+
+class Dataset:
+    """A sized collection of samples. Subclasses define ``__getitem__`` and ``__len__``,
+    or ``get_batch`` and ``__len__`` (then ``__getitem__`` comes for free)."""
+
+    def __init__(self, transforms: Sequence | None = None):
+        self.transforms = list(transforms or [])
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, ...]:
+        return tuple(a[0] for a in self.get_batch(np.array([index])))
+
+    def get_batch(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The samples at ``indices`` stacked along a new first axis."""
+        return stack_samples(self, indices)
+
+    def apply_transforms(self, images: np.ndarray) -> np.ndarray:
+        for transform in self.transforms:
+            images = transform(images)
+        return images
+
+
+class ArrayDataset(Dataset):
+    """Samples are rows of equal-length arrays; transforms apply to the first (the images)."""
+
+    def __init__(self, *arrays: np.ndarray, transforms: Sequence | None = None):
+        super().__init__(transforms)
+        if not arrays:
+            raise ShapeError("ArrayDataset needs at least one array")
+        self.arrays = tuple(np.asarray(a) for a in arrays)
+        lengths = {len(a) for a in self.arrays}
+        if len(lengths) != 1:
+            raise ShapeError(f"ArrayDataset arrays differ in length: "
+                             f"{[len(a) for a in self.arrays]}")
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def get_batch(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
+        indices = np.asarray(indices, dtype=np.int64)
+        n = len(self)
+        if indices.size and (indices.min() < -n or indices.max() >= n):
+            raise IndexOutOfRangeError(f"dataset index out of range for {n} samples")
+        first, *rest = (a[indices] for a in self.arrays)
+        return (self.apply_transforms(first), *rest) if self.transforms else (first, *rest)
+
+
+class DataLoader:
+    """Iterate over ``dataset`` in batches of Tensors on ``device``.
+
+    With ``shuffle``, each pass visits the samples in a new order. Given a ``seed``, pass
+    number ``epoch`` uses the order seeded by (seed, epoch), so setting ``loader.epoch``
+    reproduces the order of any pass (for resuming training); without one, orders come from
+    ``needle.init``'s generator. ``drop_last`` leaves out a final short batch.
+    """
+
+    def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
+                 drop_last: bool = False, seed: int | None = None, device=None):
+        if batch_size < 1:
+            raise ShapeError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.seed = seed
+        self.device = device
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def _order(self) -> np.ndarray:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return np.arange(n)
+        rng = (np.random.default_rng((self.seed, self.epoch)) if self.seed is not None
+               else init.default_generator())
+        return rng.permutation(n)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
+        order = self._order()
+        self.epoch += 1
+        device = self.device or default_device()
+        get_batch = getattr(self.dataset, "get_batch", None)
+        for b in range(len(self)):
+            indices = order[b * self.batch_size:(b + 1) * self.batch_size]
+            arrays = get_batch(indices) if get_batch else stack_samples(self.dataset, indices)
+            yield tuple(Tensor(NDArray(a, device=device), requires_grad=False) for a in arrays)

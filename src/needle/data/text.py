@@ -1,0 +1,82 @@
+"""Word-level text corpora for language models: a local text file to token ids, and the
+batching that truncated backpropagation through time needs."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+
+from ..autograd import Tensor
+from ..backend_ndarray import NDArray, default_device
+from ..errors import DataFormatError, ShapeError
+
+EOS = "<eos>"
+
+
+class Dictionary:
+    """A two-way map between words and ids; ids are given in order of first appearance."""
+
+    def __init__(self):
+        self.word2idx: dict[str, int] = {}
+        self.idx2word: list[str] = []
+
+    def add_word(self, word: str) -> int:
+        if word not in self.word2idx:
+            self.word2idx[word] = len(self.idx2word)
+            self.idx2word.append(word)
+        return self.word2idx[word]
+
+    def __len__(self) -> int:
+        return len(self.idx2word)
+
+
+class TextCorpus:
+    """The words of a text file as ids, one ``<eos>`` after each line.
+
+    Pass the ``dictionary`` of a training corpus when reading its validation or test file,
+    so the same word gets the same id; new words are added to it.
+    """
+
+    def __init__(self, path: str | Path, dictionary: Dictionary | None = None,
+                 max_lines: int | None = None):
+        path = Path(path)
+        self.dictionary = dictionary if dictionary is not None else Dictionary()
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = list(itertools.islice(f, max_lines))
+        except FileNotFoundError:
+            raise DataFormatError(f"text file {path} does not exist") from None
+        except UnicodeDecodeError as e:
+            raise DataFormatError(f"{path} is not UTF-8 text ({e})") from None
+        add = self.dictionary.add_word
+        self.ids = np.array([add(w) for line in lines for w in line.split() + [EOS]],
+                            dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def batchify(ids: np.ndarray, batch_size: int) -> np.ndarray:
+    """Cut the id stream into ``batch_size`` equal columns: shape (n // batch_size, batch_size).
+
+    Column j continues the text of column j in the previous row, so a model's hidden state
+    can be carried from one ``get_batch`` to the next. Leftover ids are dropped.
+    """
+    if batch_size < 1:
+        raise ShapeError(f"batch_size must be >= 1, got {batch_size}")
+    rows = len(ids) // batch_size
+    return np.asarray(ids[:rows * batch_size]).reshape(batch_size, rows).T.copy()
+
+
+def get_batch(batches: np.ndarray, i: int, bptt: int, device=None) -> tuple[Tensor, Tensor]:
+    """Inputs rows ``i .. i+bptt`` (shape (seq, batch)) and the next ids as targets
+    (shape (seq * batch,)), as int64 Tensors on ``device``."""
+    if not 0 <= i < len(batches) - 1:
+        raise ShapeError(f"get_batch: row {i} leaves no target in {len(batches)} rows")
+    seq = min(bptt, len(batches) - 1 - i)
+    device = device or default_device()
+    data = NDArray(batches[i:i + seq], device=device, dtype="int64")
+    target = NDArray(batches[i + 1:i + 1 + seq].reshape(-1), device=device, dtype="int64")
+    return Tensor(data, requires_grad=False), Tensor(target, requires_grad=False)

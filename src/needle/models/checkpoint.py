@@ -1,0 +1,168 @@
+"""Read the tensors of a Hugging Face model directory by name, lazily and without copies.
+
+A directory holds either ``model.safetensors`` or shards listed by
+``model.safetensors.index.json``. Headers are parsed up front (so shapes and sizes are
+known before anything is loaded and a truncated or inconsistent file is reported at once,
+naming the file and the tensor); tensor data is memory-mapped and read only when asked for.
+The format is parsed here rather than through the ``safetensors`` package because numpy has
+no bfloat16 of its own (``ml_dtypes`` supplies it) and because errors must name the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import ModelFormatError
+
+_DTYPES = {"F64": np.dtype(np.float64), "F32": np.dtype(np.float32),
+           "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16),
+           "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I16": np.dtype(np.int16),
+           "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_)}
+_MAX_HEADER = 100 * 2**20
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: file, dtype, shape and its byte range in the file."""
+
+    file: Path
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    start: int
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+class Checkpoint:
+    """The tensors of one model directory, by name."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self.tensors: dict[str, TensorInfo] = {}
+        self._maps: dict[Path, np.memmap] = {}
+        index = self.directory / INDEX_FILE
+        if index.is_file():
+            self.source = index
+            for file, names in _read_index(index).items():
+                found = _read_header(file)
+                for name in names:
+                    if name not in found:
+                        raise ModelFormatError(f"{file} has no tensor {name!r}, though "
+                                               f"{index.name} says it does")
+                self.tensors.update(found)
+        elif (self.directory / SINGLE_FILE).is_file():
+            self.source = self.directory / SINGLE_FILE
+            self.tensors = _read_header(self.source)
+        elif not self.directory.is_dir():
+            raise ModelFormatError(f"{self.directory} is not a directory; pass the folder that "
+                                   "holds config.json and model.safetensors")
+        else:
+            raise ModelFormatError(f"{self.directory} holds neither {SINGLE_FILE} nor "
+                                   f"{INDEX_FILE}; only safetensors checkpoints are read "
+                                   "(never pickle .bin files)")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def info(self, name: str, shape: tuple[int, ...] | None = None) -> TensorInfo:
+        """The tensor's TensorInfo; ModelFormatError if it is missing or not of ``shape``."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise ModelFormatError(f"{self.source} has no tensor {name!r}; the checkpoint does "
+                                   "not match its config.json")
+        if shape is not None and info.shape != tuple(shape):
+            raise ModelFormatError(f"{info.file}: tensor {name!r} has shape {info.shape}, but "
+                                   f"config.json implies {tuple(shape)}")
+        if info.dtype.kind != "f":
+            raise ModelFormatError(f"{info.file}: tensor {name!r} has dtype {info.dtype}; "
+                                   "weights must be floating point (quantized checkpoints are "
+                                   "not supported)")
+        return info
+
+    def read(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """The tensor as a read-only numpy array mapped from its file (no copy yet)."""
+        info = self.info(name, shape)
+        data = self._maps.get(info.file)
+        if data is None:
+            data = self._maps[info.file] = np.memmap(info.file, dtype=np.uint8, mode="r")
+        raw = data[info.start:info.start + info.nbytes]
+        return raw.view(info.dtype).reshape(info.shape)
+
+    def close(self) -> None:
+        """Drop the file mappings (arrays returned by ``read`` must not be used after)."""
+        self._maps.clear()
+
+
+def _read_index(index: Path) -> dict[Path, list[str]]:
+    """Shard file -> tensor names, from a sharded checkpoint's index."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError("weight_map is not an object")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ModelFormatError(f"{index} is not a valid safetensors index ({e}); it must be "
+                               'JSON with a "weight_map" object of tensor name -> file') from None
+    shards: dict[Path, list[str]] = {}
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or Path(file).name != file:
+            raise ModelFormatError(f"{index}: tensor {name!r} maps to {file!r}, which is not a "
+                                   "file name in the model directory")
+        shards.setdefault(index.parent / file, []).append(name)
+    for file, names in shards.items():
+        if not file.is_file():
+            raise ModelFormatError(f"{file} is missing; {index.name} places tensor {names[0]!r} "
+                                   "in it")
+    return shards
+
+
+def _read_header(file: Path) -> dict[str, TensorInfo]:
+    """Parse and check one safetensors header against the file's size."""
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ModelFormatError(f"{file} is truncated: {size} bytes, too short for a "
+                                   "safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(size - 8, _MAX_HEADER):
+            raise ModelFormatError(f"{file} is truncated or not safetensors: its header claims "
+                                   f"{n} bytes but the file has {size}")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        if not isinstance(header, dict):
+            raise TypeError("the header is not a JSON object")
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
+        raise ModelFormatError(f"{file}: the safetensors header is corrupt ({e})") from None
+    data_start, data_len = 8 + n, size - 8 - n
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _DTYPES[entry["dtype"]]
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ModelFormatError(f"{file}: tensor {name!r} has a malformed or unsupported "
+                                   f"header entry {entry!r}") from None
+        info = TensorInfo(file, dtype, shape, data_start + begin)
+        if min(shape, default=1) < 0 or begin < 0 or end - begin != info.nbytes:
+            raise ModelFormatError(f"{file}: tensor {name!r} of shape {shape} ({entry['dtype']}) "
+                                   f"needs {info.nbytes} bytes but its offsets span {end - begin}")
+        if end > data_len:
+            raise ModelFormatError(f"{file} is truncated: tensor {name!r} needs bytes up to "
+                                   f"{end} of the data section, which holds only {data_len}")
+        out[name] = info
+    return out

@@ -1,0 +1,46 @@
+"""2-d convolution layer."""
+
+from __future__ import annotations
+
+import math
+
+from .. import init, ops
+from ..errors import ShapeError
+from .nn_basic import Module, Parameter
+
+
+class Conv(Module):
+    """2-d convolution of NCHW input with square kernels, "same" padding by default.
+
+    The layer takes and returns NCHW, as needle's does, and converts to the NHWC layout of
+    ``ops.conv`` inside (the permutations are views, not copies). The weight is stored
+    (kernel, kernel, in_channels, out_channels).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 padding: int | None = None, bias: bool = True, device=None, dtype="float32"):
+        super().__init__()
+        if kernel_size < 1 or stride < 1:
+            raise ShapeError(f"Conv needs kernel_size >= 1 and stride >= 1, got {kernel_size} "
+                             f"and {stride}")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride = kernel_size, stride
+        self.padding = kernel_size // 2 if padding is None else padding
+        k2 = kernel_size * kernel_size
+        self.weight = Parameter(init.kaiming_uniform(
+            in_channels * k2, out_channels * k2,
+            shape=(kernel_size, kernel_size, in_channels, out_channels), device=device,
+            dtype=dtype))
+        bound = 1 / math.sqrt(in_channels * k2)
+        self.bias = Parameter(init.rand(out_channels, low=-bound, high=bound, device=device,
+                                        dtype=dtype)) if bias else None
+
+    def forward(self, x):
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ShapeError(f"Conv({self.in_channels}, {self.out_channels}) needs NCHW input "
+                             f"with {self.in_channels} channels, got shape {x.shape}")
+        nhwc = ops.permute(x, (0, 2, 3, 1))
+        out = ops.conv(nhwc, self.weight, self.stride, self.padding)
+        if self.bias is not None:
+            out = out + self.bias
+        return ops.permute(out, (0, 3, 1, 2))

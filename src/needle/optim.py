@@ -1,0 +1,284 @@
+"""Optimizers, gradient clipping and learning-rate schedules.
+
+Updates work on the parameters' NDArrays, never on Tensors, so a step records no autograd
+graph and holds no reference to the last forward pass. Weights and moment buffers are
+updated in place (``w -= update`` writes into w's buffer) and each update takes as few
+whole-array operations as the formula allows, scalar factors folded together: on a big model
+every extra operation is another pass over all the weights, and every temporary a fresh
+allocation. Gradients are only read, never written, since autograd may hand one array to
+several leaves.
+
+``state_dict``/``load_state_dict`` capture everything a step depends on (step count,
+hyper-parameters, moment buffers), so training resumed from a checkpoint continues with the
+very same updates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+
+from .autograd import Tensor
+from .backend_ndarray import NDArray
+from .errors import ModelFormatError, NeedleError
+
+__all__ = ["SGD", "Adam", "AdamW", "CosineDecay", "LinearWarmup", "LRScheduler", "Optimizer",
+           "clip_grad_norm"]
+
+
+def _grads(params: Iterable[Tensor]) -> list[tuple[Tensor, NDArray]]:
+    return [(p, p.grad.realize_cached_data()) for p in params if p.grad is not None]
+
+
+class Optimizer:
+    """Holds the parameters and their per-parameter state (``self.state[i]`` for params[i]).
+
+    Subclasses name their hyper-parameters in ``hyper`` (saved with the state) and their
+    per-parameter buffers in ``buffers``.
+    """
+
+    hyper: tuple[str, ...] = ("lr",)
+    buffers: tuple[str, ...] = ()
+
+    def __init__(self, params: Iterable[Tensor], lr: float):
+        self.params: list[Tensor] = list(dict.fromkeys(params))  # once each, in order
+        if not self.params:
+            raise NeedleError("the optimizer got an empty parameter list")
+        if lr < 0:
+            raise NeedleError(f"learning rate must be >= 0, got {lr}")
+        self.lr = lr
+        self.step_count = 0
+        self.state: list[dict[str, NDArray]] = [{} for _ in self.params]
+
+    def step(self) -> None:
+        self.step_count += 1
+        arrays = [p.realize_cached_data() for p in self.params]
+        sharing = Counter(id(w.handle) for w in arrays)
+        for i, (p, w) in enumerate(zip(self.params, arrays)):
+            if p.grad is not None and (sharing[id(w.handle)] > 1 or not w.is_compact()):
+                # a compact private copy (taken before any update), so that updating it in
+                # place changes no other parameter
+                arrays[i] = p.data = w.copy()
+        for i, (p, w) in enumerate(zip(self.params, arrays)):
+            if p.grad is not None:
+                new = self._update(i, w, p.grad.realize_cached_data())
+                if new is not w:  # an update that could not be done in place
+                    p.data = new
+
+    def _update(self, i: int, w: NDArray, g: NDArray) -> NDArray:
+        """Update parameter ``i`` (value ``w``, compact and private; gradient ``g``), in
+        place where possible; returns the new value."""
+        raise NotImplementedError
+
+    def zero_grad(self) -> None:
+        """Forget the gradients (backward then starts from nothing instead of adding)."""
+        for p in self.params:
+            p.grad = None
+
+    reset_grad = zero_grad  # CMU needle's name
+
+    def state_dict(self) -> dict:
+        return {
+            "type": type(self).__name__,
+            "step": self.step_count,
+            "hyper": {name: getattr(self, name) for name in self.hyper},
+            "state": {str(i): dict(s) for i, s in enumerate(self.state) if s},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict`` saved from an optimizer of the same type and parameters."""
+        if state.get("type") != type(self).__name__:
+            raise ModelFormatError(f"optimizer state is for {state.get('type')!r}, this is "
+                                   f"{type(self).__name__}")
+        new_state: list[dict[str, NDArray]] = [{} for _ in self.params]
+        for key, buffers in state.get("state", {}).items():
+            i = int(key)
+            if not 0 <= i < len(self.params):
+                raise ModelFormatError(f"optimizer state has an entry for parameter {i}, but "
+                                       f"this optimizer has {len(self.params)} parameters")
+            w = self.params[i].realize_cached_data()
+            for name, value in buffers.items():
+                value = value.realize_cached_data() if isinstance(value, Tensor) else value
+                array = NDArray(value, device=w.device, dtype=w.dtype)
+                if array.shape != w.shape:
+                    raise ModelFormatError(f"optimizer buffer {name!r} of parameter {i} has "
+                                           f"shape {array.shape}, the parameter {w.shape}")
+                new_state[i][name] = array
+        self.state = new_state
+        self.step_count = int(state.get("step", 0))
+        for name, value in state.get("hyper", {}).items():
+            if name in self.hyper:
+                setattr(self, name, value)
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent, as ``torch.optim.SGD``: with weight decay ``wd`` and
+    momentum ``mu``, ``g += wd * w``; ``u = mu * u + (1 - dampening) * g`` (u = g at the
+    first step); ``w -= lr * u`` (``lr * (g + mu * u)`` with ``nesterov``)."""
+
+    hyper = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
+    buffers = ("momentum_buffer",)
+
+    def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False):
+        super().__init__(params, lr)
+        self.momentum, self.dampening = momentum, dampening
+        self.weight_decay, self.nesterov = weight_decay, nesterov
+
+    def _update(self, i, w, g):
+        if self.weight_decay:
+            g = g + w * self.weight_decay
+        if self.momentum:
+            state = self.state[i]
+            u = state.get("momentum_buffer")
+            if u is None:
+                u = g.copy()
+            else:
+                u *= self.momentum
+                u += g * (1 - self.dampening) if self.dampening else g
+            state["momentum_buffer"] = u
+            g = g + u * self.momentum if self.nesterov else u
+        w -= g * self.lr
+        return w
+
+
+class Adam(Optimizer):
+    """Adam (Kingma and Ba, 2015). ``weight_decay`` adds ``wd * w`` to the gradient (L2
+    regularisation, as ``torch.optim.Adam``); for decoupled decay use ``AdamW``."""
+
+    hyper = ("lr", "beta1", "beta2", "eps", "weight_decay")
+    buffers = ("m", "v")
+
+    def __init__(self, params, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 eps: float = 1e-8, weight_decay: float = 0.0):
+        super().__init__(params, lr)
+        self.beta1, self.beta2, self.eps, self.weight_decay = beta1, beta2, eps, weight_decay
+
+    def _decay(self, w: NDArray, g: NDArray) -> tuple[NDArray, NDArray]:
+        """(weights, gradient) after weight decay: L2 adds ``wd * w`` to the gradient."""
+        return w, (g + w * self.weight_decay if self.weight_decay else g)
+
+    def _update(self, i, w, g):
+        w, g = self._decay(w, g)
+        state = self.state[i]
+        m, v = state.get("m"), state.get("v")
+        g2 = g * g
+        g2 *= 1 - self.beta2
+        if m is None:  # the moments start at zero
+            m = g * (1 - self.beta1)
+            v = g2
+        else:
+            m *= self.beta1
+            m += g * (1 - self.beta1)
+            v *= self.beta2
+            v += g2
+        state["m"], state["v"] = m, v
+        # w -= lr * (m / bc1) / (sqrt(v / bc2) + eps), with the corrections folded into
+        # two scalars: lr * sqrt(bc2) / bc1 and eps * sqrt(bc2)
+        bc1 = 1 - self.beta1 ** self.step_count
+        root_bc2 = math.sqrt(1 - self.beta2 ** self.step_count)
+        denom = v.sqrt()
+        denom += self.eps * root_bc2
+        update = m / denom
+        update *= self.lr * root_bc2 / bc1
+        w -= update
+        return w
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov and Hutter, 2019), as
+    ``torch.optim.AdamW``: ``w *= 1 - lr * wd`` before the Adam step."""
+
+    def __init__(self, params, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 eps: float = 1e-8, weight_decay: float = 0.01):
+        super().__init__(params, lr, beta1, beta2, eps, weight_decay)
+
+    def _decay(self, w, g):
+        if self.weight_decay:
+            w *= 1 - self.lr * self.weight_decay
+        return w, g
+
+
+def clip_grad_norm(params: Iterable[Tensor], max_norm: float, eps: float = 1e-6) -> Tensor:
+    """Scale all gradients together so that their global L2 norm is at most ``max_norm``.
+
+    Returns the norm before clipping as a 0-d Tensor. Everything stays on the device: the
+    scale ``min(1, max_norm / (norm + eps))`` is computed there, so clipping never waits
+    for the device.
+    """
+    grads = _grads(params)
+    if not grads:
+        return Tensor(0.0, requires_grad=False)
+    total = None
+    for _, g in grads:
+        g32 = g.astype("float32")  # half-precision squares would overflow
+        sq = (g32 * g32).sum()
+        total = sq if total is None else total + sq
+    norm = total.sqrt()
+    scale = (float(max_norm) / (norm + eps)).minimum(1.0)
+    for p, g in grads:
+        p.grad = Tensor(g * scale.astype(g.dtype), requires_grad=False)
+    return Tensor(norm, requires_grad=False)
+
+
+class LRScheduler:
+    """Sets ``optimizer.lr`` from the number of ``step()`` calls so far.
+
+    Works with any optimizer (everything here reads ``lr`` at each step). The learning rate
+    the optimizer had when the scheduler was made is the base the schedule scales.
+    """
+
+    def __init__(self, optimizer: Optimizer):
+        self.optimizer = optimizer
+        self.base_lr = optimizer.lr
+        self.last_step = 0
+        optimizer.lr = self.lr_at(0)
+
+    def lr_at(self, step: int) -> float:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        self.last_step += 1
+        self.optimizer.lr = self.lr_at(self.last_step)
+
+    def state_dict(self) -> dict:
+        return {"base_lr": self.base_lr, "last_step": self.last_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.base_lr = state["base_lr"]
+        self.last_step = state["last_step"]
+        self.optimizer.lr = self.lr_at(self.last_step)
+
+
+class LinearWarmup(LRScheduler):
+    """lr grows linearly from base_lr / warmup_steps to base_lr over ``warmup_steps`` steps,
+    then stays there."""
+
+    def __init__(self, optimizer: Optimizer, warmup_steps: int):
+        if warmup_steps < 1:
+            raise NeedleError(f"warmup_steps must be >= 1, got {warmup_steps}")
+        self.warmup_steps = warmup_steps
+        super().__init__(optimizer)
+
+    def lr_at(self, step: int) -> float:
+        return self.base_lr * min(1.0, (step + 1) / self.warmup_steps)
+
+
+class CosineDecay(LRScheduler):
+    """Optional linear warmup, then a half cosine from base_lr down to ``min_lr`` at
+    ``total_steps`` (and ``min_lr`` after that)."""
+
+    def __init__(self, optimizer: Optimizer, total_steps: int, warmup_steps: int = 0,
+                 min_lr: float = 0.0):
+        if not 0 <= warmup_steps < total_steps:
+            raise NeedleError(f"need 0 <= warmup_steps < total_steps, got {warmup_steps} and "
+                             f"{total_steps}")
+        self.total_steps, self.warmup_steps, self.min_lr = total_steps, warmup_steps, min_lr
+        super().__init__(optimizer)
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.base_lr * (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.min_lr + (self.base_lr - self.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -1,0 +1,234 @@
+"""Checkpoints: nested state dicts saved to and loaded from safetensors files.
+
+A checkpoint is usually ``{"model": model.state_dict(), "optimizer": opt.state_dict(),
+"epoch": 3}``. Arrays are stored as safetensors tensors under dotted keys
+(``model.fc.weight``); everything else (ints, floats, strings, lists of them) goes into the
+header's ``__metadata__``, one JSON string per dotted key. The exact nesting is recorded in
+the metadata entry ``needle.tree`` so ``load`` rebuilds the very dict that was saved, even
+though module keys themselves contain dots. Files without that entry (written by other
+tools) load as a flat ``{name: NDArray}`` dict.
+
+The format is written and parsed here rather than through the ``safetensors`` package so
+that bfloat16 works, writes are atomic (temp file, fsync, ``os.replace``: a crash never
+leaves a half-written checkpoint behind), and every inconsistency in a file is reported as a
+``ModelFormatError`` naming the file. Pickle is never involved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from .backend_ndarray import NDArray, default_device
+from .backend_ndarray.dtypes import canonical, to_numpy_dtype
+from .errors import DTypeError, ModelFormatError
+
+__all__ = ["load", "save"]
+
+_ST_DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64",
+              "int32": "I32", "int64": "I64", "bool": "BOOL"}
+_NEEDLE_DTYPES = {v: k for k, v in _ST_DTYPES.items()}
+_TREE_KEY = "needle.tree"
+_MAX_HEADER = 100 * 2**20  # the safetensors reference implementation's limit
+_TENSOR, _VALUE = "tensor", "value"
+
+
+def _as_numpy(x) -> np.ndarray | None:
+    """The array held by a checkpoint leaf, or None when the leaf is a plain value."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, NDArray) or (hasattr(x, "numpy") and hasattr(x, "shape")):
+        return np.asarray(x.numpy())
+    return None
+
+
+def _flatten(obj, path: tuple[str, ...], tensors: dict, values: dict, where: str):
+    """Walk ``obj``; fill ``tensors``/``values`` by dotted key; return the structure tree."""
+    if isinstance(obj, Mapping):
+        tree = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise ModelFormatError(f"cannot save {where}: key {k!r} at "
+                                       f"{'.'.join(path) or 'top level'} is not a string")
+            tree[k] = _flatten(v, path + (k,), tensors, values, where)
+        return tree
+    key = ".".join(path)
+    if not path:
+        raise ModelFormatError(f"cannot save {where}: a checkpoint must be a dict, "
+                               f"got {type(obj).__name__}")
+    if key in tensors or key in values or key == _TREE_KEY:
+        raise ModelFormatError(f"cannot save {where}: two entries flatten to the key {key!r}; "
+                               "rename one of them")
+    array = _as_numpy(obj)
+    if array is not None:
+        tensors[key] = array
+        return _TENSOR
+    try:
+        values[key] = json.dumps(obj.item() if isinstance(obj, np.generic) else obj)
+    except TypeError:
+        raise ModelFormatError(f"cannot save {where}: {key!r} holds a {type(obj).__name__}; "
+                               "checkpoints hold arrays, numbers, strings, None and lists of "
+                               "them") from None
+    return _VALUE
+
+
+def save(state: Mapping, path: str | os.PathLike) -> None:
+    """Write the (nested) dict ``state`` to ``path`` as a safetensors file, atomically."""
+    path = Path(path)
+    tensors: dict[str, np.ndarray] = {}
+    values: dict[str, str] = {}
+    tree = _flatten(state, (), tensors, values, str(path))
+    header: dict = {"__metadata__": {**values, _TREE_KEY: json.dumps(tree)}}
+    offset = 0
+    for key, array in tensors.items():
+        try:
+            dtype = canonical(array.dtype)
+        except DTypeError as e:
+            raise ModelFormatError(f"cannot save {path}: {key!r}: {e}") from None
+        nbytes = array.size * array.itemsize
+        header[key] = {"dtype": _ST_DTYPES[dtype], "shape": list(array.shape),
+                       "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            for array in tensors.values():
+                f.write(np.ascontiguousarray(array).view(np.uint8).data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable; not every platform lets a directory be opened for this."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _read_header(path: Path) -> tuple[dict, int, int]:
+    """Parse and check the header; returns (header, data start, data length)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ModelFormatError(f"{path} is not a safetensors file: it is {size} bytes, "
+                                       "shorter than the 8-byte header length (truncated?)")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, _MAX_HEADER):
+                raise ModelFormatError(f"{path}: header length {n} does not fit in a file of "
+                                       f"{size} bytes; the file is truncated or not safetensors")
+            raw = f.read(n)
+    except FileNotFoundError:
+        raise ModelFormatError(f"checkpoint {path} does not exist") from None
+    except IsADirectoryError:
+        raise ModelFormatError(f"checkpoint {path} is a directory, not a file") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFormatError(f"{path}: the safetensors header is not valid JSON ({e}); "
+                               "the file is corrupt") from None
+    if not isinstance(header, dict):
+        raise ModelFormatError(f"{path}: the safetensors header is not a JSON object")
+    return header, 8 + n, size - 8 - n
+
+
+def _check_entries(path: Path, header: dict, data_len: int) -> dict[str, tuple]:
+    """Validate every tensor entry; returns name -> (dtype, shape, begin, end)."""
+    entries = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _NEEDLE_DTYPES.get(info["dtype"])
+            shape = tuple(int(d) for d in info["shape"])
+            begin, end = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ModelFormatError(f"{path}: tensor {name!r} has a malformed header entry "
+                                   f"{info!r}") from None
+        if dtype is None:
+            raise ModelFormatError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which "
+                                   f"needle does not support ({', '.join(_NEEDLE_DTYPES)})")
+        expected = math.prod(shape) * to_numpy_dtype(dtype).itemsize
+        if min(shape, default=0) < 0 or begin < 0 or end - begin != expected:
+            raise ModelFormatError(f"{path}: tensor {name!r} of shape {shape} and dtype {dtype} "
+                                   f"needs {expected} bytes but its offsets give {end - begin}")
+        entries[name] = (dtype, shape, begin, end)
+    position = 0
+    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda e: e[1][2:]):
+        if begin != position:
+            raise ModelFormatError(f"{path}: tensor {name!r} starts at byte {begin}, expected "
+                                   f"{position}; the data section is corrupt")
+        position = end
+    if position != data_len:
+        raise ModelFormatError(f"{path}: the tensors need {position} bytes of data but the file "
+                               f"holds {data_len}; the file is truncated or corrupt")
+    return entries
+
+
+def _unflatten(tree, path: tuple[str, ...], arrays: dict, values: dict, where: Path):
+    if isinstance(tree, dict):
+        return {k: _unflatten(v, path + (k,), arrays, values, where) for k, v in tree.items()}
+    key = ".".join(path)
+    source = arrays if tree == _TENSOR else values if tree == _VALUE else None
+    if source is None or key not in source:
+        raise ModelFormatError(f"{where}: the needle.tree metadata names {key!r} but the file "
+                               "has no such entry; the file is corrupt")
+    return source[key]
+
+
+def load(path: str | os.PathLike, device=None) -> dict:
+    """Read a checkpoint written by ``save`` (or any safetensors file) onto ``device``.
+
+    Arrays come back as NDArrays on ``device`` (default: ``default_device()``), plain values
+    as the Python objects that were saved, in the nesting that was saved.
+    """
+    path = Path(path)
+    header, start, data_len = _read_header(path)
+    entries = _check_entries(path, header, data_len)
+    metadata = header.get("__metadata__") or {}
+    if not isinstance(metadata, dict):
+        raise ModelFormatError(f"{path}: __metadata__ must be a JSON object of strings")
+    device = device or default_device()
+    arrays = {}
+    if entries:
+        data = np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(data_len,))
+        for name, (dtype, shape, begin, end) in entries.items():
+            host = data[begin:end].view(to_numpy_dtype(dtype)).reshape(shape)
+            arrays[name] = NDArray(host, device=device, dtype=dtype)
+        del data
+    if _TREE_KEY not in metadata:
+        return arrays
+    try:
+        tree = json.loads(metadata[_TREE_KEY])
+        values = {k: json.loads(v) for k, v in metadata.items() if k != _TREE_KEY}
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ModelFormatError(f"{path}: needle metadata is not valid JSON ({e})") from None
+    if not isinstance(tree, dict):
+        raise ModelFormatError(f"{path}: the needle.tree metadata is not a JSON object")
+    return _unflatten(tree, (), arrays, values, path)

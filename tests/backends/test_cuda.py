@@ -1,0 +1,268 @@
+"""The CUDA backend's own paths (the conformance suite in tests/backend_ndarray covers the
+array API on cuda like on every device): split reductions, every matmul kernel, attention's
+split-K decoding, misaligned buffers, graphs, profiling, tracing, memory, DLPack.
+
+Without a GPU only the first test runs: cuda() must say why it is disabled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import needle.backend_ndarray as nd
+from needle.backends import cuda as cuda_backend
+from needle.backends import numpy_ref
+from needle.errors import DeviceError, OutOfMemoryError
+
+DEV = nd.cuda(0)
+gpu = pytest.mark.skipif(not DEV.enabled(), reason=f"cuda disabled: {DEV.reason}")
+RNG = np.random.default_rng(7)
+
+
+def test_disabled_cuda_says_why():
+    if DEV.enabled():
+        assert cuda_backend.device_count() >= 1
+        assert not nd.cuda(cuda_backend.device_count()).enabled()
+        assert "does not exist" in nd.cuda(cuda_backend.device_count()).reason
+    else:
+        assert cuda_backend.device_count() == 0
+        reason = DEV.reason.lower()
+        assert any(w in reason for w in ("driver", "cuda-bindings", "nvrtc", "device")), reason
+        with pytest.raises(DeviceError, match="not available"):
+            nd.array([1.0], device=DEV)
+
+
+def on(x, dtype=None):
+    return nd.array(x, device=DEV, dtype=dtype)
+
+
+def relerr(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+# --- reductions: long rows and columns split across groups -----------------------------------
+@gpu
+@pytest.mark.parametrize("shape,axis", [((1, 3_000_017), 1), ((3, 1 << 20), 1),
+                                        ((5000, 7), 0), ((4099, 300), 0), ((2, 777, 33), 1)])
+def test_split_reductions(shape, axis):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    a = on(x)
+    assert relerr(a.sum(axis=axis).numpy(), x.astype(np.float64).sum(axis=axis)) < 1e-6
+    np.testing.assert_array_equal(a.max(axis=axis).numpy(), x.max(axis=axis))
+    np.testing.assert_array_equal(a.min(axis=axis).numpy(), x.min(axis=axis))
+    np.testing.assert_array_equal(a.argmax(axis=axis).numpy(), x.argmax(axis=axis))
+
+
+@gpu
+def test_argmax_ties_and_nan_across_splits():
+    x = np.zeros(2_000_003, np.float32)
+    x[[5, 1_500_000]] = 3.0  # two equal maxima in different splits: the first wins
+    assert on(x).argmax().item() == 5
+    x[1_999_999] = np.nan  # NaN counts as the maximum
+    assert on(x).argmax().item() == 1_999_999
+    b = RNG.random(1_000_001) < 0.5
+    assert on(b).sum().item() == int(b.sum())
+
+
+# --- matmul ---------------------------------------------------------------------------------
+def _mm_case(m, n, p, dtype, ta, tb, batch=1):
+    npdt = nd.dtypes.to_numpy_dtype(dtype)
+    a = RNG.standard_normal((batch, n, m) if ta else (batch, m, n)).astype(npdt)
+    b = RNG.standard_normal((batch, p, n) if tb else (batch, n, p)).astype(npdt)
+    A, B = on(a), on(b)
+    A = A.permute((0, 2, 1)) if ta else A
+    B = B.permute((0, 2, 1)) if tb else B
+    a64 = a.astype(np.float64).transpose(0, 2, 1) if ta else a.astype(np.float64)
+    b64 = b.astype(np.float64).transpose(0, 2, 1) if tb else b.astype(np.float64)
+    return (A @ B).numpy(), a64 @ b64
+
+
+@gpu
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("m,n,p", [(130, 67, 129), (256, 256, 256), (1, 300, 5), (257, 64, 8)])
+def test_matmul_f32_all_layouts(m, n, p, ta, tb):
+    got, want = _mm_case(m, n, p, "float32", ta, tb)
+    assert relerr(got, want) < 1e-5
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, True)])
+@pytest.mark.parametrize("m,n,p", [(200, 136, 264), (128, 512, 128), (33, 7, 9)])
+def test_matmul_half_tensor_cores_and_fallback(dtype, m, n, p, ta, tb):
+    got, want = _mm_case(m, n, p, dtype, ta, tb, batch=2)
+    assert relerr(got, want) < (1e-2 if dtype == "bfloat16" else 2e-3)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float64", "int32", "int64"])
+def test_matmul_generic_dtypes(dtype):
+    got, want = _mm_case(37, 45, 29, dtype, False, True)
+    if dtype == "float64":
+        assert relerr(got, want) < 1e-12
+    else:
+        a = RNG.integers(-50, 50, (3, 37, 45)).astype(dtype)
+        b = RNG.integers(-50, 50, (45, 29)).astype(dtype)
+        np.testing.assert_array_equal((on(a) @ on(b)).numpy(), a @ b)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("n,p", [(4096, 1000), (4099, 77), (64, 4096)])
+@pytest.mark.parametrize("tb", [False, True])
+def test_gemv_decode_path(dtype, n, p, tb):
+    got, want = _mm_case(1, n, p, dtype, False, tb)
+    tol = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 2e-3}[dtype]
+    assert relerr(got, want) < tol
+
+
+@gpu
+def test_batched_matmul_with_broadcast_operand():
+    a = RNG.standard_normal((4, 3, 50, 24)).astype(np.float32)
+    w = RNG.standard_normal((24, 40)).astype(np.float32)
+    got = (on(a) @ on(w).broadcast_to((4, 3, 24, 40))).numpy()
+    assert relerr(got, a.astype(np.float64) @ w) < 1e-5
+
+
+# --- attention ------------------------------------------------------------------------------
+def _attention_ref(q, k, v, kv_len, scale, causal):
+    out = numpy_ref.Array(q.size, "float64")
+    arrs = []
+    for x in (q, k, v):
+        arr = numpy_ref.Array(x.size, "float64")
+        numpy_ref.from_numpy(x.astype(np.float64), arr)
+        arrs.append(arr)
+    b, hq, sq, d = q.shape
+    _, hkv, cap, _ = k.shape
+    numpy_ref.attention(*arrs, out, b, hq, hkv, sq, kv_len, cap, d, scale, causal)
+    return out.array.reshape(q.shape)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("b,hq,hkv,sq,kv,cap,d,causal", [
+    (2, 8, 2, 77, 77, 77, 64, True),      # prefill, grouped-query heads
+    (1, 4, 4, 33, 50, 64, 128, False),    # a cache larger than kv_len
+    (1, 32, 8, 1, 3000, 4096, 128, True),  # decode: split-K across groups
+    (3, 2, 1, 1, 129, 130, 80, False),    # decode, odd head_dim
+])
+def test_attention_prefill_and_decode(dtype, b, hq, hkv, sq, kv, cap, d, causal):
+    npdt = nd.dtypes.to_numpy_dtype(dtype)
+    q = RNG.standard_normal((b, hq, sq, d)).astype(npdt)
+    k = RNG.standard_normal((b, hkv, cap, d)).astype(npdt)
+    v = RNG.standard_normal((b, hkv, cap, d)).astype(npdt)
+    got = nd.attention(on(q), on(k), on(v), causal=causal, kv_len=kv).numpy()
+    want = _attention_ref(q, k, v, kv, 1 / np.sqrt(d), causal)
+    tol = {"float32": 1e-5, "bfloat16": 1e-2, "float64": 1e-12}[dtype]
+    assert relerr(got, want) < tol
+
+
+# --- misaligned and foreign buffers ---------------------------------------------------------
+@gpu
+def test_misaligned_dlpack_buffers_take_the_scalar_path():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(1027, dtype=torch.float32, device="cuda")
+    x = nd.from_dlpack(t[1:], device=DEV)  # 4 bytes past an aligned address
+    y = nd.from_dlpack(t[3:1026], device=DEV)
+    want = np.arange(1, 1027, dtype=np.float32)
+    np.testing.assert_array_equal((x * 2.0).numpy(), want * 2)
+    np.testing.assert_array_equal((x[:1023] + y).numpy(), want[:1023] + np.arange(3, 1026))
+    assert relerr(x.sum().numpy(), want.sum()) < 1e-6
+
+
+@gpu
+def test_dlpack_zero_copy_with_torch_both_ways():
+    torch = pytest.importorskip("torch")
+    t = torch.randn(64, 33, device="cuda")
+    a = nd.from_dlpack(t, device=DEV)
+    np.testing.assert_array_equal(a.numpy(), t.cpu().numpy())
+    t[0, 0] = 42.0
+    assert a[0, 0].item() == 42.0  # torch writes, needle sees
+    b = on(np.arange(12, dtype=np.float32).reshape(3, 4)) * 1.0
+    u = torch.from_dlpack(b)
+    assert u.device.type == "cuda" and u.shape == (3, 4)
+    assert torch.equal(u.cpu(), torch.arange(12.0).reshape(3, 4))
+    b[1, 1] = -1.0
+    torch.cuda.synchronize()
+    assert u[1, 1].item() == -1.0  # needle writes, torch sees
+    tt = torch.from_dlpack(on(np.arange(6, dtype=np.float32).reshape(2, 3)).T)
+    assert torch.equal(tt.cpu(), torch.arange(6.0).reshape(2, 3).T)  # strides survive
+
+
+@gpu
+def test_dlpack_with_cupy():
+    cp = pytest.importorskip("cupy")
+    c = cp.arange(10, dtype=cp.int64)
+    a = nd.from_dlpack(c, device=DEV)
+    np.testing.assert_array_equal((a + 1).numpy(), np.arange(1, 11))
+    back = cp.from_dlpack(on(np.linspace(0, 1, 5).astype(np.float32)))
+    np.testing.assert_allclose(cp.asnumpy(back), np.linspace(0, 1, 5), rtol=1e-6)
+
+
+# --- graphs, profiling, tracing, memory -----------------------------------------------------
+@gpu
+def test_graph_capture_replays_with_new_inputs():
+    be = DEV.backend
+    x = on(np.ones((256, 256), np.float32))
+    w = on(RNG.standard_normal((256, 256)).astype(np.float32))
+    with be.capture() as graph:
+        y = ((x @ w).relu() + 1.0).sum(axis=1)
+    assert graph.kernels >= 3
+    graph.replay()
+    want = np.maximum(np.ones((256, 256)) @ w.numpy(), 0) + 1
+    assert relerr(y.numpy(), want.sum(axis=1)) < 1e-5
+    x[...] = 2.0  # new input, same buffer
+    graph.replay()
+    want = np.maximum(2 * np.ones((256, 256)) @ w.numpy(), 0) + 1
+    assert relerr(y.numpy(), want.sum(axis=1)) < 1e-5
+    graph.close()
+
+
+@gpu
+def test_host_reads_are_refused_inside_a_capture():
+    be = DEV.backend
+    x = on(np.ones(8, np.float32))
+    with pytest.raises(DeviceError, match="capturing"), be.capture():
+        (x + 1).numpy()
+    assert ((x + 1).numpy() == 2).all()  # the queue still works afterwards
+
+
+@gpu
+def test_profiler_sums_kernel_time():
+    be = DEV.backend
+    a = on(RNG.standard_normal((512, 512)).astype(np.float32))
+    with be.profile() as prof:
+        for _ in range(3):
+            (a @ a).exp()
+    assert prof.totals["matmul_nn_f32"].calls == 3
+    assert prof.totals["ewise_exp_f32"].calls == 3
+    assert prof.total_ms > 0 and "matmul_nn_f32" in prof.table()
+
+
+@gpu
+def test_trace_prints_dispatches_copies_and_allocations(capsys):
+    from needle.hal import trace
+
+    trace.set_enabled(True)
+    try:
+        (on(np.ones(10, np.float32)) + 1.0).numpy()
+    finally:
+        trace.set_enabled(False)
+    err = capsys.readouterr().err
+    for word in ("alloc", "copy", "dispatch", "scalar_add_f32"):
+        assert word in err, err
+
+
+@gpu
+def test_memory_stats_and_out_of_memory():
+    be = DEV.backend
+    before = be.memory_stats()
+    a = on(np.ones(1 << 20, np.float32))
+    s = be.memory_stats()
+    assert s.in_use >= before.in_use + 4 * (1 << 20) and s.peak >= s.in_use
+    del a
+    with pytest.raises(OutOfMemoryError, match="requested"):
+        nd.empty((1 << 46,), dtype="float32", device=DEV)
+    assert (on(np.ones(4, np.float32)) + 1).numpy().tolist() == [2.0] * 4

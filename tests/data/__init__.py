@@ -1,0 +1,1 @@
+"""Tests of needle.data: datasets, transforms and the DataLoader."""

@@ -1,0 +1,111 @@
+"""The caching allocator: size classes, pool reuse, statistics, the OOM path, private pools."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from needle.errors import OutOfMemoryError
+from needle.hal import size_class, trace
+
+from .host_memory import HostAllocator
+
+MIB = 1 << 20
+
+
+def test_size_classes_round_up_with_bounded_waste():
+    assert size_class(0) == size_class(1) == 512
+    for n in (513, 1000, 4097, 10**6, 3 * MIB + 1, 1 << 30, (1 << 30) + 1):
+        c = size_class(n)
+        assert n <= c <= n * 1.125 + 512
+    assert size_class(1 << 30) == 1 << 30  # powers of two are classes exactly
+
+
+def test_freed_blocks_are_reused_and_counted():
+    alloc = HostAllocator(64 * MIB)
+    a = alloc.allocate(1000)
+    assert alloc.stats().misses == 1 and alloc.stats().hits == 0
+    handle = a.handle
+    del a
+    gc.collect()
+    b = alloc.allocate(900)  # same size class: served from the pool
+    assert b.handle == handle
+    s = alloc.stats()
+    assert (s.hits, s.misses, alloc.raw_allocs) == (1, 1, 1)
+    assert s.in_use == size_class(900) and s.reserved == size_class(1000)
+
+
+def test_stats_track_in_use_reserved_and_peak():
+    alloc = HostAllocator(64 * MIB)
+    bufs = [alloc.allocate(MIB) for _ in range(3)]
+    s = alloc.stats()
+    assert s.in_use == s.reserved == s.peak == 3 * MIB
+    bufs.pop().release()
+    s = alloc.stats()
+    assert (s.in_use, s.reserved, s.peak) == (2 * MIB, 3 * MIB, 3 * MIB)
+    alloc.empty_cache()
+    assert alloc.stats().reserved == 2 * MIB and alloc.used == 2 * MIB
+    alloc.reset_peak()
+    assert alloc.stats().peak == 2 * MIB
+
+
+def test_out_of_memory_empties_the_pool_and_retries():
+    alloc = HostAllocator(4 * MIB)
+    a = alloc.allocate(3 * MIB)
+    a.release()  # cached, not returned: the device budget is still spent
+    assert alloc.available() == MIB
+    b = alloc.allocate(2 * MIB)  # fails once, empties the pool, succeeds on the retry
+    assert alloc.raw_frees == 1 and b.nbytes == 2 * MIB
+
+
+def test_out_of_memory_error_says_requested_and_available():
+    alloc = HostAllocator(4 * MIB)
+    keep = alloc.allocate(3 * MIB)
+    with pytest.raises(OutOfMemoryError, match=r"requested 2097152 bytes.*1048576 bytes"):
+        alloc.allocate(2 * MIB)
+    assert keep.nbytes == 3 * MIB  # the live buffer is untouched
+
+
+def test_private_pool_keeps_its_blocks_until_closed():
+    alloc = HostAllocator(64 * MIB)
+    with alloc.private_pool("graph") as pool:
+        inside = alloc.allocate(MIB)
+        inside_handle = inside.handle
+        inside.release()  # back to the private pool only
+        again = alloc.allocate(MIB)
+        assert again.handle == inside_handle
+    outside = alloc.allocate(MIB)  # the default pool cannot see the private pool's blocks
+    assert outside.handle != inside_handle
+    again.release()
+    assert pool.free and alloc.stats().reserved == 2 * MIB
+    pool.close()
+    assert alloc.stats().reserved == MIB and alloc.raw_frees == 1
+    late = alloc.allocate(2 * MIB)
+    with alloc.private_pool("short") as p2:
+        held = alloc.allocate(MIB)
+    p2.close()
+    held.release()  # a closed pool's block goes straight back to the device
+    assert alloc.stats().reserved == MIB + 2 * MIB
+    assert late.nbytes == 2 * MIB
+
+
+def test_views_share_memory_and_never_free():
+    alloc = HostAllocator(64 * MIB)
+    base = alloc.allocate(4096)
+    view = base.view(1024, 512)
+    assert view.handle == base.handle and view.offset == 1024 and view.owner is base
+    view.release()
+    assert alloc.stats().in_use == 4096
+
+
+def test_trace_prints_allocations(capsys):
+    alloc = HostAllocator(64 * MIB)
+    trace.set_enabled(True)
+    try:
+        alloc.allocate(2048).release()
+        alloc.allocate(2048)
+    finally:
+        trace.set_enabled(False)
+    err = capsys.readouterr().err
+    assert "alloc" in err and "2.0 KiB on host (new block" in err and "pool hit" in err

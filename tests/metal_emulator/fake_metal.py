@@ -1,0 +1,433 @@
+# ruff: noqa: N802 -- method names are the Objective-C selectors PyObjC exposes
+"""A CPU stand-in for PyObjC's ``Metal`` module: the subset of the API needle's backend calls.
+
+Installed as ``sys.modules["Metal"]`` (see ``install()``), it lets ``needle.backends.metal`` run
+unmodified on Linux. Kernels are compiled and run by the harness (harness.py). The fake
+keeps Metal's observable contract where the backend could get it wrong:
+
+* Command buffers run only when the host waits for them (``waitUntilCompleted``), in commit
+  order. A backend that reads shared memory before waiting reads stale data here, every time,
+  instead of only sometimes on a real GPU.
+* Misuse Metal's validation layer would stop (encoding after commit, two open encoders, a
+  threadgroup larger than the pipeline allows, threadgroup memory not a multiple of 16 bytes)
+  raises ``MetalValidationError``.
+* A dispatch that fails in the emulator (a divergent barrier, an unbound buffer) marks the
+  command buffer ``MTLCommandBufferStatusError`` with an ``NSError``, as a GPU fault does.
+* Fast math is on unless the options turn it off, as in Metal.
+* New buffers are filled with 0xff bytes (NaN, -1), so reading memory nobody wrote shows.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from . import harness
+
+MTLResourceStorageModeShared = 0
+MTLResourceStorageModeManaged = 1 << 4
+MTLResourceStorageModePrivate = 2 << 4
+
+MTLCommandBufferStatusNotEnqueued = 0
+MTLCommandBufferStatusEnqueued = 1
+MTLCommandBufferStatusCommitted = 2
+MTLCommandBufferStatusScheduled = 3
+MTLCommandBufferStatusCompleted = 4
+MTLCommandBufferStatusError = 5
+
+MTLGPUFamilyApple7 = 1007
+MTLGPUFamilyApple8 = 1008
+MTLGPUFamilyApple9 = 1009
+
+MTLLibraryErrorCompileFailure = 3
+MTLCommandBufferErrorInternal = 1
+
+MAX_THREADS_PER_GROUP = 1024
+MAX_THREADGROUP_MEMORY = 32 * 1024
+SIMD_WIDTH = 32
+MAX_SET_BYTES = 4096
+
+
+class MetalValidationError(AssertionError):
+    """What Metal's API validation would abort the process for."""
+
+
+class MTLSize:
+    """PyObjC's MTLSize struct: ``MTLSize(width, height, depth)``."""
+
+    __slots__ = ("width", "height", "depth")
+
+    def __init__(self, width: int = 0, height: int = 0, depth: int = 0):
+        self.width, self.height, self.depth = int(width), int(height), int(depth)
+
+    def __iter__(self):
+        return iter((self.width, self.height, self.depth))
+
+    def __repr__(self) -> str:
+        return f"MTLSize({self.width}, {self.height}, {self.depth})"
+
+
+def MTLSizeMake(width: int, height: int, depth: int) -> MTLSize:
+    return MTLSize(width, height, depth)
+
+
+class NSError:
+    def __init__(self, domain: str, code: int, description: str):
+        self._domain, self._code, self._description = domain, code, description
+
+    def domain(self) -> str:
+        return self._domain
+
+    def code(self) -> int:
+        return self._code
+
+    def localizedDescription(self) -> str:
+        return self._description
+
+    def __str__(self) -> str:
+        return f"Error Domain={self._domain} Code={self._code} \"{self._description}\""
+
+
+class _ObjC:
+    """``Cls.alloc().init()`` and ``Cls.new()``, as PyObjC spells construction."""
+
+    @classmethod
+    def alloc(cls):
+        return cls.__new__(cls)
+
+    @classmethod
+    def new(cls):
+        return cls.alloc().init()
+
+    def init(self):
+        return self
+
+
+class MTLCompileOptions(_ObjC):
+    def init(self):
+        self._fast_math = True  # Metal's default
+        self._language_version = None
+        return self
+
+    def fastMathEnabled(self) -> bool:
+        return self._fast_math
+
+    def setFastMathEnabled_(self, on: bool) -> None:
+        self._fast_math = bool(on)
+
+    def setLanguageVersion_(self, version) -> None:
+        self._language_version = version
+
+
+# ---- memory ----------------------------------------------------------------------------------
+
+class _Contents:
+    """What ``MTLBuffer.contents()`` returns in PyObjC (an objc.varlist): ``as_buffer(n)``."""
+
+    def __init__(self, array: np.ndarray):
+        self._array = array
+
+    def as_buffer(self, count: int) -> memoryview:
+        return memoryview(self._array[:count])
+
+
+class _Buffer:
+    def __init__(self, device: _Device, length: int):
+        self._device = device
+        # page-aligned like a real MTLBuffer; 0xff so that reading unwritten memory shows
+        raw = np.full(length + 4096, 0xFF, dtype=np.uint8)
+        start = (-raw.ctypes.data) % 4096
+        self._memory = raw[start:start + length]
+        self._length = length
+        device._allocated += length
+        weakref.finalize(self, device._release, length)
+
+    def length(self) -> int:
+        return self._length
+
+    def contents(self) -> _Contents:
+        return _Contents(self._memory)
+
+    def address(self, offset: int = 0) -> int:
+        return self._memory.ctypes.data + offset
+
+
+# ---- libraries and pipelines -----------------------------------------------------------------
+
+class _Function:
+    def __init__(self, library: _Library, name: str):
+        self._library, self._name = library, name
+
+    def name(self) -> str:
+        return self._name
+
+
+class _Library:
+    def __init__(self, compiled: harness.Library):
+        self._compiled = compiled
+
+    def functionNames(self) -> list[str]:
+        return sorted(self._compiled.kernels)
+
+    def newFunctionWithName_(self, name: str):
+        return _Function(self, name) if name in self._compiled.kernels else None
+
+
+class _PipelineState:
+    def __init__(self, function: _Function):
+        self._function = function
+        self._max_threads = int(os.environ.get("NEEDLE_METAL_EMULATOR_MAX_THREADS",
+                                               MAX_THREADS_PER_GROUP))
+
+    def maxTotalThreadsPerThreadgroup(self) -> int:
+        return self._max_threads
+
+    def threadExecutionWidth(self) -> int:
+        return SIMD_WIDTH
+
+    def staticThreadgroupMemoryLength(self) -> int:
+        return 0
+
+    def run(self, buffers, tg_lengths, groups, threads) -> str | None:
+        f = self._function
+        return f._library._compiled.run(f._name, buffers, tg_lengths, groups, threads,
+                                        SIMD_WIDTH)
+
+
+# ---- command submission ----------------------------------------------------------------------
+
+class _Encoder:
+    def __init__(self, command_buffer: _CommandBuffer):
+        self._cb = command_buffer
+        self._ended = False
+
+    def _check_open(self) -> None:
+        if self._ended:
+            raise MetalValidationError("encoding into an encoder after endEncoding")
+
+    def endEncoding(self) -> None:
+        self._check_open()
+        self._ended = True
+        self._cb._open_encoder = None
+
+
+class _ComputeEncoder(_Encoder):
+    def __init__(self, command_buffer: _CommandBuffer):
+        super().__init__(command_buffer)
+        self._pipeline: _PipelineState | None = None
+        self._buffers: dict[int, int] = {}
+        self._keep: dict[int, object] = {}  # what a bound index keeps alive, as Metal retains
+        self._tg: dict[int, int] = {}
+
+    def setComputePipelineState_(self, pipeline: _PipelineState) -> None:
+        self._check_open()
+        self._pipeline = pipeline
+
+    def setBuffer_offset_atIndex_(self, buffer: _Buffer, offset: int, index: int) -> None:
+        self._check_open()
+        if not 0 <= offset <= buffer.length():
+            raise MetalValidationError(f"offset {offset} outside a buffer of {buffer.length()}")
+        self._buffers[index] = buffer.address(offset)
+        self._keep[index] = buffer
+
+    def setBytes_length_atIndex_(self, data: bytes, length: int, index: int) -> None:
+        self._check_open()
+        if length > MAX_SET_BYTES:
+            raise MetalValidationError(f"setBytes of {length} bytes (the limit is 4 KiB)")
+        copy = np.frombuffer(bytes(data[:length]) + bytes(16), dtype=np.uint8).copy()
+        self._buffers[index] = copy.ctypes.data
+        self._keep[index] = copy
+
+    def setThreadgroupMemoryLength_atIndex_(self, length: int, index: int) -> None:
+        self._check_open()
+        if length % 16:
+            raise MetalValidationError(f"threadgroup memory length {length} is not a multiple "
+                                       "of 16 bytes")
+        self._tg[index] = length
+
+    def dispatchThreadgroups_threadsPerThreadgroup_(self, groups, threads) -> None:
+        self._check_open()
+        if self._pipeline is None:
+            raise MetalValidationError("dispatch without a compute pipeline state")
+        g, t = tuple(groups), tuple(threads)
+        if t[0] * t[1] * t[2] > self._pipeline.maxTotalThreadsPerThreadgroup():
+            raise MetalValidationError(
+                f"threadsPerThreadgroup {t} exceeds the pipeline's "
+                f"maxTotalThreadsPerThreadgroup {self._pipeline.maxTotalThreadsPerThreadgroup()}")
+        if sum(self._tg.values()) > MAX_THREADGROUP_MEMORY:
+            raise MetalValidationError(f"{sum(self._tg.values())} bytes of threadgroup memory "
+                                       f"exceed {MAX_THREADGROUP_MEMORY}")
+        self._cb._commands.append(("dispatch", self._pipeline, dict(self._buffers),
+                                   dict(self._keep), dict(self._tg), g, t))
+
+
+class _BlitEncoder(_Encoder):
+    def copyFromBuffer_sourceOffset_toBuffer_destinationOffset_size_(
+            self, src: _Buffer, src_offset: int, dst: _Buffer, dst_offset: int,
+            size: int) -> None:
+        self._check_open()
+        if src_offset + size > src.length() or dst_offset + size > dst.length():
+            raise MetalValidationError("blit copy outside a buffer")
+        self._cb._commands.append(("copy", src, src_offset, dst, dst_offset, size))
+
+
+class _CommandBuffer:
+    def __init__(self, queue: _CommandQueue):
+        self._queue = queue
+        self._commands: list[tuple] = []
+        self._open_encoder: _Encoder | None = None
+        self._status = MTLCommandBufferStatusNotEnqueued
+        self._error: NSError | None = None
+        self._times = (0.0, 0.0)
+
+    def _new_encoder(self, cls):
+        if self._status != MTLCommandBufferStatusNotEnqueued:
+            raise MetalValidationError("creating an encoder on a committed command buffer")
+        if self._open_encoder is not None:
+            raise MetalValidationError("creating an encoder while another one is still open")
+        self._open_encoder = cls(self)
+        return self._open_encoder
+
+    def computeCommandEncoder(self) -> _ComputeEncoder:
+        return self._new_encoder(_ComputeEncoder)
+
+    def blitCommandEncoder(self) -> _BlitEncoder:
+        return self._new_encoder(_BlitEncoder)
+
+    def commit(self) -> None:
+        if self._status != MTLCommandBufferStatusNotEnqueued:
+            raise MetalValidationError("commit of a command buffer that was already committed")
+        if self._open_encoder is not None:
+            raise MetalValidationError("commit while an encoder is still open (endEncoding)")
+        self._status = MTLCommandBufferStatusCommitted
+        self._queue._pending.append(self)
+
+    def waitUntilCompleted(self) -> None:
+        if self._status == MTLCommandBufferStatusNotEnqueued:
+            raise MetalValidationError("waitUntilCompleted on a command buffer never committed")
+        self._queue._run_through(self)
+
+    def status(self) -> int:
+        return self._status
+
+    def error(self) -> NSError | None:
+        return self._error
+
+    def GPUStartTime(self) -> float:
+        return self._times[0]
+
+    def GPUEndTime(self) -> float:
+        return self._times[1]
+
+    def _execute(self) -> None:
+        start = time.perf_counter()
+        for cmd in self._commands:
+            if cmd[0] == "copy":
+                _, src, so, dst, do, size = cmd
+                dst._memory[do:do + size] = src._memory[so:so + size]
+                continue
+            _, pipeline, buffers, _keep, tg, groups, threads = cmd
+            message = pipeline.run(buffers, tg, groups, threads)
+            if message:
+                self._error = NSError("MTLCommandBufferErrorDomain", MTLCommandBufferErrorInternal,
+                                      f"Execution of the command buffer was aborted due to an "
+                                      f"error during execution. ({message})")
+                self._status = MTLCommandBufferStatusError
+                break
+        else:
+            self._status = MTLCommandBufferStatusCompleted
+        self._commands = []  # release what the commands kept alive, as Metal does
+        self._times = (start, time.perf_counter())
+
+
+class _CommandQueue:
+    def __init__(self, device: _Device):
+        self._device = device
+        self._pending: list[_CommandBuffer] = []
+        self._lock = threading.Lock()
+
+    def commandBuffer(self) -> _CommandBuffer:
+        return _CommandBuffer(self)
+
+    def _run_through(self, cb: _CommandBuffer) -> None:
+        """Execute committed command buffers in order, up to and including ``cb``."""
+        with self._lock:
+            while cb in self._pending:
+                self._pending.pop(0)._execute()
+
+
+# ---- the device ------------------------------------------------------------------------------
+
+class _Device:
+    def __init__(self):
+        self._allocated = 0
+        budget = os.environ.get("NEEDLE_METAL_EMULATOR_MEMORY")
+        self._budget = int(budget) if budget else 8 << 30
+
+    def _release(self, length: int) -> None:
+        self._allocated -= length
+
+    def name(self) -> str:
+        return "Apple GPU (needle MSL emulator)"
+
+    def supportsFamily_(self, family: int) -> bool:
+        return family <= MTLGPUFamilyApple8  # an M2-class GPU
+
+    def hasUnifiedMemory(self) -> bool:
+        return True
+
+    def maxThreadsPerThreadgroup(self) -> MTLSize:
+        return MTLSize(MAX_THREADS_PER_GROUP, MAX_THREADS_PER_GROUP, 64)
+
+    def maxThreadgroupMemoryLength(self) -> int:
+        return MAX_THREADGROUP_MEMORY
+
+    def maxBufferLength(self) -> int:
+        return self._budget
+
+    def recommendedMaxWorkingSetSize(self) -> int:
+        return self._budget
+
+    def currentAllocatedSize(self) -> int:
+        return self._allocated
+
+    def newCommandQueue(self) -> _CommandQueue:
+        return _CommandQueue(self)
+
+    def newBufferWithLength_options_(self, length: int, options: int):
+        if length <= 0 or length > self.maxBufferLength() or \
+                self._allocated + length > self._budget:
+            return None  # Metal returns nil when it cannot allocate
+        return _Buffer(self, int(length))
+
+    def newBufferWithBytes_length_options_(self, data, length: int, options: int):
+        buf = self.newBufferWithLength_options_(length, options)
+        if buf is not None:
+            buf._memory[:] = np.frombuffer(data, dtype=np.uint8, count=length)
+        return buf
+
+    def newLibraryWithSource_options_error_(self, source: str, options, error):
+        fast_math = True if options is None else options.fastMathEnabled()
+        try:
+            compiled = harness.build(str(source), fast_math=fast_math)
+        except harness.MSLCompileError as e:
+            return None, NSError("MTLLibraryErrorDomain", MTLLibraryErrorCompileFailure,
+                                 f"Compilation failed: \n\n{e.log}")
+        return _Library(compiled), None
+
+    def newComputePipelineStateWithFunction_error_(self, function: _Function, error):
+        return _PipelineState(function), None
+
+
+_DEVICE: _Device | None = None
+
+
+def MTLCreateSystemDefaultDevice() -> _Device:
+    global _DEVICE
+    if _DEVICE is None:
+        _DEVICE = _Device()
+    return _DEVICE

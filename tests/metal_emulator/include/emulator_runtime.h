@@ -1,0 +1,492 @@
+// The execution side of the MSL emulator: runs the threads of a Metal dispatch on the CPU.
+//
+// A dispatch is a grid of threadgroups. Threadgroups are independent, so they are shared out
+// to a few OS threads ("workers"). Inside a threadgroup, threads that never synchronise run
+// one after another in a plain loop (fast). Kernels that call threadgroup_barrier or a simd-group
+// function run each thread as a fiber on its own stack: a fiber runs until it reaches a
+// synchronisation point and then yields to the worker's scheduler, which resumes the others;
+// a barrier releases when every live thread of its scope (threadgroup or simd-group) arrived.
+// Threads that wait at different barriers forever are a divergent barrier: the dispatch fails
+// with a message instead of hanging.
+//
+// Context switching uses a few lines of assembly on x86-64 (callee-saved registers and the
+// stack pointer; kernels never change the floating-point environment, so it is not saved) and
+// ucontext elsewhere; ucontext is correct everywhere but makes a system call per switch.
+// A fiber that blocks hands over directly to the next runnable fiber of its threadgroup; only
+// when none is runnable does control go back to the scheduler, which then finds the threadgroup
+// either finished or deadlocked.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <sys/mman.h>
+
+#if !defined(__x86_64__) || defined(NEEDLE_EMU_UCONTEXT)
+#define NEEDLE_EMU_USE_UCONTEXT 1
+#include <ucontext.h>
+#endif
+
+namespace emu {
+
+constexpr int kMaxBindings = 31;     // Metal's buffer / threadgroup-memory index limit
+constexpr int kMaxThreads = 1024;    // threads per threadgroup the emulated GPU allows
+constexpr int kSlotBytes = 32;       // largest value a simd-group function exchanges
+constexpr size_t kStackBytes = 32 * 1024;
+
+// Filled in by the Python harness (ctypes mirror in harness.py): one dispatch.
+struct Dispatch {
+  void* buffers[kMaxBindings];
+  uint64_t tg_lengths[kMaxBindings];
+  uint32_t groups[3];
+  uint32_t threads[3];
+  uint32_t simd_width;
+  uint32_t workers;
+  char error[1024];
+};
+
+// Everything a thread can ask for through a position attribute.
+struct ThreadIds {
+  uint32_t grid[3], local[3], group[3], tpg[3], groups[3], grid_size[3];
+  uint32_t index, lane, simdgroup, simd_width, simdgroups;
+};
+
+using Body = void (*)(const Dispatch*, void* const*, const ThreadIds&);
+
+// ---- context switching -------------------------------------------------------------------
+
+#ifndef NEEDLE_EMU_USE_UCONTEXT
+extern "C" void needle_emu_switch(void** save_sp, void* load_sp);
+extern "C" void needle_emu_start();
+asm(R"(
+  .text
+  .globl needle_emu_switch
+  .hidden needle_emu_switch
+  .type needle_emu_switch,@function
+needle_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size needle_emu_switch,.-needle_emu_switch
+
+  .globl needle_emu_start
+  .hidden needle_emu_start
+  .type needle_emu_start,@function
+needle_emu_start:
+  movq %r12, %rdi
+  andq $-16, %rsp
+  callq *%r13
+  ud2
+  .size needle_emu_start,.-needle_emu_start
+)");
+#endif
+
+struct Context {
+#ifdef NEEDLE_EMU_USE_UCONTEXT
+  ucontext_t uc;
+#else
+  void* sp = nullptr;
+#endif
+};
+
+inline void context_switch(Context& from, Context& to) {
+#ifdef NEEDLE_EMU_USE_UCONTEXT
+  swapcontext(&from.uc, &to.uc);
+#else
+  needle_emu_switch(&from.sp, to.sp);
+#endif
+}
+
+inline void fiber_entry(void* fiber);
+
+#ifdef NEEDLE_EMU_USE_UCONTEXT
+// makecontext passes int arguments only: the fiber pointer travels as two halves.
+inline void ucontext_entry(unsigned hi, unsigned lo) {
+  fiber_entry(reinterpret_cast<void*>((uintptr_t(hi) << 32) | lo));
+}
+#endif
+
+// Prepare `ctx` to run fiber_entry(fiber) on the stack [base, base + size) when switched to.
+inline void context_init(Context& ctx, char* base, size_t size, void* fiber) {
+#ifdef NEEDLE_EMU_USE_UCONTEXT
+  getcontext(&ctx.uc);
+  ctx.uc.uc_stack.ss_sp = base;
+  ctx.uc.uc_stack.ss_size = size;
+  ctx.uc.uc_link = nullptr;
+  const auto p = reinterpret_cast<uintptr_t>(fiber);
+  makecontext(&ctx.uc, reinterpret_cast<void (*)()>(&ucontext_entry), 2,
+              static_cast<unsigned>(p >> 32), static_cast<unsigned>(p & 0xffffffffu));
+#else
+  auto* p = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(base) + size) & ~uintptr_t(15));
+  *--p = 0;                                              // alignment slot
+  *--p = reinterpret_cast<uint64_t>(&needle_emu_start);  // return address of the first switch
+  *--p = 0;                                              // rbp
+  *--p = 0;                                              // rbx
+  *--p = reinterpret_cast<uint64_t>(fiber);              // r12: argument
+  *--p = reinterpret_cast<uint64_t>(&fiber_entry);       // r13: entry point
+  *--p = 0;                                              // r14
+  *--p = 0;                                              // r15
+  ctx.sp = p;
+#endif
+}
+
+// ---- per-worker scheduler ----------------------------------------------------------------
+
+enum Wait : uint8_t { kRunnable, kAtThreadgroupBarrier, kAtSimdBarrier, kFinished };
+
+struct Fiber {
+  Context ctx;
+  char* stack = nullptr;
+  ThreadIds ids;
+  Wait wait = kRunnable;
+  uint32_t gen = 0;  // generation of the barrier being waited on
+};
+
+struct SimdGroup {
+  uint32_t arrived = 0, gen = 0, live = 0;
+  uint32_t mask[2] = {0, 0};  // lanes that deposited a value, per generation parity
+  alignas(16) unsigned char slots[2][32][kSlotBytes];
+};
+
+struct Run;  // one dispatch, shared by its workers
+
+struct Worker {
+  Run* run = nullptr;
+  int index = 0;
+  bool fiber_mode = false;
+  std::vector<Fiber> fibers;
+  Context scheduler;
+  int current = -1;
+  uint32_t count = 0;  // threads in the current threadgroup
+  const ThreadIds* ids = nullptr;  // the running thread's, in both modes
+  uint32_t tg_arrived = 0, tg_gen = 0, tg_size = 0;
+  SimdGroup simd[kMaxThreads / 32];
+  std::vector<unsigned char> tg_memory;
+  void* tg_ptrs[kMaxBindings] = {};
+};
+
+struct Run {
+  const Dispatch* d;
+  Dispatch* out;
+  Body body;
+  const char* kernel;
+  std::atomic<uint64_t> next_group{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_lock;
+
+  void fail(const char* message) {
+    std::lock_guard<std::mutex> guard(error_lock);
+    if (!failed.exchange(true)) snprintf(out->error, sizeof(out->error), "%s", message);
+  }
+};
+
+static thread_local Worker* tls_worker = nullptr;
+
+inline Worker& current_worker() { return *tls_worker; }
+
+inline void report_outside_fiber(const char* what) {
+  Worker* w = tls_worker;
+  if (w == nullptr) return;  // called outside any dispatch: nothing to synchronise
+  char msg[256];
+  snprintf(msg, sizeof(msg),
+           "kernel %s called %s but the emulator classified it as free of synchronisation; "
+           "the harness's call-graph scan missed a path", w->run->kernel, what);
+  w->run->fail(msg);
+}
+
+inline bool ready(const Worker& w, const Fiber& f) {
+  switch (f.wait) {
+    case kRunnable: return true;
+    case kAtThreadgroupBarrier: return w.tg_gen != f.gen;
+    case kAtSimdBarrier: return w.simd[f.ids.simdgroup].gen != f.gen;
+    default: return false;
+  }
+}
+
+// Leave the current fiber (blocked or finished) for the next runnable one after it in
+// round-robin order, or for the scheduler when there is none.
+inline void switch_away(Worker& w) {
+  const int n = static_cast<int>(w.count);
+  Fiber& from = w.fibers[w.current];
+  for (int step = 1; step <= n; ++step) {
+    int next = w.current + step;
+    if (next >= n) next -= n;
+    Fiber& f = w.fibers[next];
+    if (ready(w, f)) {
+      f.wait = kRunnable;
+      w.current = next;
+      w.ids = &f.ids;
+      if (&f != &from) context_switch(from.ctx, f.ctx);
+      return;
+    }
+  }
+  context_switch(from.ctx, w.scheduler);
+}
+
+inline void release_threadgroup(Worker& w) {
+  w.tg_arrived = 0;
+  ++w.tg_gen;
+}
+
+inline void release_simd(SimdGroup& s) {
+  s.arrived = 0;
+  ++s.gen;
+  s.mask[s.gen & 1] = 0;
+}
+
+// threadgroup_barrier(): wait until every live thread of the threadgroup arrives.
+inline void threadgroup_wait() {
+  Worker* w = tls_worker;
+  if (w == nullptr || !w->fiber_mode) {
+    report_outside_fiber("threadgroup_barrier");
+    return;
+  }
+  if (++w->tg_arrived == w->tg_size) {
+    release_threadgroup(*w);
+    return;
+  }
+  Fiber& f = w->fibers[w->current];
+  f.wait = kAtThreadgroupBarrier;
+  f.gen = w->tg_gen;
+  switch_away(*w);
+}
+
+// One simd-group exchange: deposit `value`, wait for every live lane of the simd-group, and
+// return the 32 deposited slots (lanes in `mask`). Slots of a generation stay intact until the
+// next-but-one exchange, which cannot start before every lane has left this one.
+template <class T>
+inline const unsigned char (*simd_exchange(const T& value, uint32_t& mask))[kSlotBytes] {
+  static_assert(sizeof(T) <= kSlotBytes, "simd-group value too large for the emulator");
+  Worker* w = tls_worker;
+  if (w == nullptr || !w->fiber_mode) {
+    report_outside_fiber("a simd-group function");
+    static unsigned char dummy[32][kSlotBytes];
+    std::memcpy(dummy[0], &value, sizeof(T));
+    mask = 1;
+    return dummy;
+  }
+  Fiber& f = w->fibers[w->current];
+  SimdGroup& s = w->simd[f.ids.simdgroup];
+  const uint32_t parity = s.gen & 1;
+  std::memcpy(s.slots[parity][f.ids.lane], &value, sizeof(T));
+  s.mask[parity] |= 1u << f.ids.lane;
+  if (++s.arrived == s.live) {
+    release_simd(s);
+  } else {
+    f.wait = kAtSimdBarrier;
+    f.gen = s.gen;
+    switch_away(*w);
+  }
+  mask = s.mask[parity];
+  return s.slots[parity];
+}
+
+inline uint32_t current_lane() { return tls_worker ? tls_worker->ids->lane : 0; }
+
+// ---- running a threadgroup ---------------------------------------------------------------
+
+inline void fiber_entry(void* arg) {
+  Worker& w = current_worker();
+  auto* f = static_cast<Fiber*>(arg);
+  w.run->body(w.run->d, w.tg_ptrs, f->ids);
+  f->wait = kFinished;
+  // A finished thread is no longer an active lane of its simd-group, which may complete a
+  // simd-group function the others wait in. A threadgroup barrier, by contrast, must be
+  // reached by every thread of the threadgroup (MSL), so finishing never releases one.
+  SimdGroup& s = w.simd[f->ids.simdgroup];
+  --s.live;
+  if (s.arrived > 0 && s.arrived == s.live) release_simd(s);
+  switch_away(w);  // never resumed
+  std::abort();
+}
+
+inline void fill_ids(ThreadIds& t, const Dispatch* d, const uint32_t group[3], uint32_t x,
+                     uint32_t y, uint32_t z) {
+  const uint32_t* n = d->threads;
+  t.local[0] = x; t.local[1] = y; t.local[2] = z;
+  for (int i = 0; i < 3; ++i) {
+    t.group[i] = group[i];
+    t.tpg[i] = n[i];
+    t.groups[i] = d->groups[i];
+    t.grid_size[i] = d->groups[i] * n[i];
+    t.grid[i] = group[i] * n[i] + t.local[i];
+  }
+  t.index = x + n[0] * (y + n[1] * z);
+  t.simd_width = d->simd_width;
+  t.lane = t.index % d->simd_width;
+  t.simdgroup = t.index / d->simd_width;
+  t.simdgroups = (n[0] * n[1] * n[2] + d->simd_width - 1) / d->simd_width;
+}
+
+inline void allocate_stacks(Worker& w, uint32_t count) {
+  const size_t page = 4096;
+  while (w.fibers.size() < count) {
+    w.fibers.emplace_back();
+    void* mem = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) {
+      w.fibers.pop_back();
+      return;
+    }
+    mprotect(mem, page, PROT_NONE);  // guard page: an overflow faults instead of corrupting
+    w.fibers.back().stack = static_cast<char*>(mem) + page;
+  }
+}
+
+inline void free_stacks(Worker& w) {
+  for (Fiber& f : w.fibers) munmap(f.stack - 4096, kStackBytes + 4096);
+  w.fibers.clear();
+}
+
+inline void run_fibers(Worker& w, const uint32_t group[3]) {
+  const Dispatch* d = w.run->d;
+  const uint32_t* n = d->threads;
+  const uint32_t count = n[0] * n[1] * n[2];
+  allocate_stacks(w, count);
+  if (w.fibers.size() < count) {
+    w.run->fail("the emulator could not allocate fiber stacks");
+    return;
+  }
+  uint32_t i = 0;
+  for (uint32_t z = 0; z < n[2]; ++z)
+    for (uint32_t y = 0; y < n[1]; ++y)
+      for (uint32_t x = 0; x < n[0]; ++x, ++i) {
+        Fiber& f = w.fibers[i];
+        fill_ids(f.ids, d, group, x, y, z);
+        f.wait = kRunnable;
+        context_init(f.ctx, f.stack, kStackBytes, &f);
+      }
+  w.tg_arrived = 0;
+  w.tg_size = count;
+  const uint32_t simdgroups = (count + d->simd_width - 1) / d->simd_width;
+  for (uint32_t s = 0; s < simdgroups; ++s) {
+    w.simd[s].arrived = 0;
+    w.simd[s].mask[0] = w.simd[s].mask[1] = 0;
+    w.simd[s].live = s + 1 < simdgroups ? d->simd_width : count - s * d->simd_width;
+  }
+  w.count = count;
+  w.current = 0;
+  w.ids = &w.fibers[0].ids;
+  context_switch(w.scheduler, w.fibers[0].ctx);  // returns when no fiber can run
+  uint32_t finished = 0, at_tg = 0, at_simd = 0;
+  for (uint32_t t = 0; t < count; ++t) {
+    finished += w.fibers[t].wait == kFinished;
+    at_tg += w.fibers[t].wait == kAtThreadgroupBarrier;
+    at_simd += w.fibers[t].wait == kAtSimdBarrier;
+  }
+  if (finished < count) {
+    char msg[512];
+    snprintf(msg, sizeof(msg),
+             "kernel %s deadlocked in threadgroup (%u,%u,%u): %u threads wait at "
+             "threadgroup_barrier, %u at simd-group functions, %u finished; a barrier or "
+             "simd-group function is not reached by every thread (divergent control flow)",
+             w.run->kernel, group[0], group[1], group[2], at_tg, at_simd, finished);
+    w.run->fail(msg);
+    // the blocked fibers are abandoned; their stacks are re-initialised for the next group
+  }
+}
+
+inline void run_loop(Worker& w, const uint32_t group[3]) {
+  const Body body = w.run->body;
+  const Dispatch* d = w.run->d;
+  const uint32_t* n = d->threads;
+  ThreadIds t;
+  fill_ids(t, d, group, 0, 0, 0);
+  for (uint32_t z = 0; z < n[2]; ++z)
+    for (uint32_t y = 0; y < n[1]; ++y) {
+      fill_ids(t, d, group, 0, y, z);
+      for (uint32_t x = 0; x < n[0]; ++x) {
+        t.local[0] = x;
+        t.grid[0] = group[0] * n[0] + x;
+        w.ids = &t;
+        body(d, w.tg_ptrs, t);
+        ++t.index;
+        if (++t.lane == t.simd_width) {
+          t.lane = 0;
+          ++t.simdgroup;
+        }
+      }
+    }
+}
+
+inline void work(Worker& w) {
+  tls_worker = &w;
+  Run& r = *w.run;
+  const Dispatch* d = r.d;
+  // threadgroup memory: one block per bound index, 16-byte aligned, filled with 0xff so that
+  // reading it before writing gives NaN / -1 rather than plausible zeros
+  size_t total = 0;
+  size_t offsets[kMaxBindings];
+  for (int i = 0; i < kMaxBindings; ++i) {
+    offsets[i] = total;
+    total += (d->tg_lengths[i] + 15) & ~uint64_t(15);
+  }
+  w.tg_memory.assign(total + 16, 0xff);
+  for (int i = 0; i < kMaxBindings; ++i)
+    w.tg_ptrs[i] = d->tg_lengths[i] ? w.tg_memory.data() + offsets[i] : nullptr;
+  const uint64_t gx = d->groups[0], gy = d->groups[1], total_groups = gx * gy * d->groups[2];
+  for (;;) {
+    const uint64_t g = r.next_group.fetch_add(1);
+    if (g >= total_groups || r.failed.load(std::memory_order_relaxed)) break;
+    const uint32_t group[3] = {uint32_t(g % gx), uint32_t((g / gx) % gy), uint32_t(g / (gx * gy))};
+    if (w.fiber_mode) {
+      run_fibers(w, group);
+    } else {
+      run_loop(w, group);
+    }
+  }
+  tls_worker = nullptr;
+}
+
+static Worker g_workers[4];  // per library; the harness serialises dispatches
+
+// Run one dispatch; returns 0 on success, 1 with d->error set otherwise.
+inline int dispatch(Dispatch* d, Body body, bool synchronises, const char* kernel) {
+  d->error[0] = '\0';
+  if (d->simd_width != 32) {
+    snprintf(d->error, sizeof(d->error), "the emulator runs simd-groups of 32 threads only");
+    return 1;
+  }
+  Run run;
+  run.d = d;
+  run.out = d;
+  run.body = body;
+  run.kernel = kernel;
+  const uint64_t groups = uint64_t(d->groups[0]) * d->groups[1] * d->groups[2];
+  const uint64_t threads = groups * d->threads[0] * d->threads[1] * d->threads[2];
+  uint32_t count = d->workers < 1 ? 1 : (d->workers > 4 ? 4 : d->workers);
+  if (groups < count) count = static_cast<uint32_t>(groups);
+  if (!synchronises && threads < 65536) count = 1;  // thread start-up would cost more
+  if (count == 0) return 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    g_workers[i].run = &run;
+    g_workers[i].index = static_cast<int>(i);
+    g_workers[i].fiber_mode = synchronises;
+  }
+  std::vector<std::thread> helpers;
+  for (uint32_t i = 1; i < count; ++i) helpers.emplace_back(work, std::ref(g_workers[i]));
+  work(g_workers[0]);
+  for (auto& h : helpers) h.join();
+  return run.failed.load() ? 1 : 0;
+}
+
+}  // namespace emu

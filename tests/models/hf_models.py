@@ -1,0 +1,61 @@
+"""Tiny random Hugging Face checkpoints, built in code and saved as safetensors.
+
+Each builder returns the transformers model (the reference) after saving it to a
+directory; nothing is downloaded. Weights use a larger initialisation than transformers'
+default so that logits are well separated and greedy decoding is decided by the model, not
+by rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
+            initializer_range=0.2, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+
+# name -> (config class, model class, extra config entries)
+VARIANTS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "llama3_rope_tied": ("LlamaConfig", "LlamaForCausalLM", {
+        "tie_word_embeddings": True, "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"rope_theta": 1e6}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 1}),
+}
+
+
+def build(variant: str, directory: Path, seed: int = 0, **overrides):
+    """Create, save (safetensors) and return the float32 transformers model ``variant``."""
+    config_cls, model_cls, extra = VARIANTS[variant]
+    config = getattr(transformers, config_cls)(**{**TINY, **extra, **overrides})
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():  # norms start at 1 in transformers; random ones test more
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".bias"):
+                p.copy_(torch.rand_like(p) + 0.5 if name.endswith("norm.weight")
+                        else torch.randn_like(p) * 0.1)
+    model.save_pretrained(directory, safe_serialization=True)
+    return model
+
+
+def reference_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.as_tensor(ids)).logits
+
+
+def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens by re-running the full sequence each step (no generate() defaults)."""
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]

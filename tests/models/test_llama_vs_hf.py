@@ -1,0 +1,83 @@
+"""needle's Llama-family models against Hugging Face transformers on tiny random checkpoints:
+logits within 1e-4 (float32) and 32 greedy tokens identical, on every enabled device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from needle.models import load_pretrained
+
+from .hf_models import build, reference_greedy, reference_logits
+
+PROMPT = [1, 17, 99, 3, 250, 42, 7, 128]
+
+
+def rel_error(actual, expected) -> float:
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    return float(np.abs(actual - expected).max() / np.abs(expected).max())
+
+
+def test_logits_match(checkpoints, variant, device):
+    directory, hf = checkpoints(variant)
+    model = load_pretrained(directory, device=device, dtype="float32")
+    ids = np.random.default_rng(1).integers(0, 256, (2, 11))
+    logits = model(ids).numpy()
+    assert logits.shape == (2, 11, 256)
+    assert rel_error(logits, reference_logits(hf, ids).numpy()) < 1e-4
+
+
+def test_greedy_tokens_match(checkpoints, variant, device):
+    directory, hf = checkpoints(variant)
+    model = load_pretrained(directory, device=device, dtype="float32")
+    tokens = model.generate(PROMPT, max_new_tokens=32, stop=())
+    assert tokens == reference_greedy(hf, PROMPT, 32)
+
+
+def test_cached_decode_matches_full_forward(checkpoints, device):
+    """Prefill + per-token decode steps (the captured path on GPUs) give the logits of a
+    full forward pass at every position."""
+    directory, _ = checkpoints("qwen2")
+    model = load_pretrained(directory, device=device, dtype="float32", max_seq_len=40)
+    seq = PROMPT + [5, 6, 7, 200, 201, 33]
+    full = model(np.array([seq])).numpy()[0]
+    decoder = model.decoder()
+    steps = [decoder.prefill(PROMPT).numpy()[0]]
+    for token in seq[len(PROMPT):]:
+        steps.append(decoder.step(token).numpy()[0])
+    assert rel_error(np.stack(steps), full[len(PROMPT) - 1:]) < 1e-4
+    # rewinding forgets the newest positions; a new prefill starts from a clean cache
+    decoder.rewind(len(PROMPT) + 2)
+    redo = [decoder.step(t).numpy()[0] for t in seq[len(PROMPT) + 2:]]
+    assert rel_error(np.stack(redo), full[len(PROMPT) + 2:]) < 1e-4
+    again = [decoder.prefill(PROMPT[:3]).numpy()[0], decoder.step(PROMPT[3]).numpy()[0]]
+    assert rel_error(np.stack(again), full[2:4]) < 1e-4
+
+
+@pytest.mark.parametrize("dtype,tol", [("bfloat16", 0.05), ("float16", 0.01)])
+def test_half_precision(checkpoints, device, dtype, tol):
+    directory, hf = checkpoints("llama")
+    model = load_pretrained(directory, device=device, dtype=dtype)
+    assert model.model.layers[0].self_attn.q_proj.weight.dtype == dtype
+    ids = np.array([PROMPT])
+    assert rel_error(model(ids).numpy(), reference_logits(hf, ids).numpy()) < tol
+    assert len(model.generate(PROMPT, max_new_tokens=4, stop=())) == 4
+
+
+def test_sharded_checkpoint(tmp_path, checkpoints):
+    _, hf = checkpoints("llama")
+    hf.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    model = load_pretrained(tmp_path, device="cpu_numpy")
+    ids = np.array([PROMPT])
+    assert rel_error(model(ids).numpy(), reference_logits(hf, ids).numpy()) < 1e-4
+
+
+def test_llama_with_biases(tmp_path):
+    """Llama's attention_bias (q, k, v and o) and mlp_bias switches."""
+    hf = build("llama", tmp_path, attention_bias=True, mlp_bias=True)
+    model = load_pretrained(tmp_path, device="cpu_numpy")
+    ids = np.array([PROMPT])
+    assert model.model.layers[0].self_attn.o_proj.bias is not None
+    assert rel_error(model(ids).numpy(), reference_logits(hf, ids).numpy()) < 1e-4

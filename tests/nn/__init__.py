@@ -1,0 +1,1 @@
+"""Tests of needle.nn: modules against numpy formulas and against PyTorch."""

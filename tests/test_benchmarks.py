@@ -1,0 +1,156 @@
+"""The benchmark runner (``benchmarks/``): a tiny real run on cpu_numpy, and its parts.
+
+Speed is never asserted here (design §8): these tests keep the runner from rotting — every
+case still builds and runs, needle's results still agree with the peers, the JSON holds what
+the README promises, and a wrong or failing implementation is reported, not hidden.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from benchmarks import __main__ as bench_main
+from benchmarks import runner
+from benchmarks.frameworks import frameworks_for
+from benchmarks.runner import Bench, Case, Context, Impl, Settings, Skip, run_case
+
+import needle.backend_ndarray as nd
+from needle.errors import DTypeError
+
+FAST = Settings(repeat=3, min_sample_s=1e-4, budget_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def ctx() -> Context:
+    frameworks, _ = frameworks_for(nd.cpu_numpy())
+    return Context(nd.cpu_numpy(), frameworks, quick=True)
+
+
+def test_quick_run_on_cpu_numpy_writes_every_case(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = bench_main.main(["--device", "cpu_numpy", "--quick", "--repeat", "2",
+                          "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["device"] == "cpu_numpy"
+    assert data["machine"]["frameworks"]["needle"]["device"] == "cpu_numpy"
+    assert data["broken_case_modules"] == {}
+    names = {c["name"] for c in data["cases"]}
+    for expected in ("matmul_f32_64", "add_64k", "exp_64k", "sum_rows_256x256",
+                     "sum_cols_256x256", "softmax_256x256", "rmsnorm_256x256", "small_add_1",
+                     "mlp_step_784-64-64-10_b32"):
+        assert expected in names
+    for case in data["cases"]:
+        if case["skipped"]:  # only the training case may skip (needle.nn not importable)
+            assert case["group"] == "train", case
+            continue
+        assert case["check"]["ok"], case
+        for fw in ("needle", "numpy"):
+            if case["group"] == "train" and fw == "numpy":
+                continue
+            impl = case["impls"][fw]
+            assert impl["error"] is None, (case["name"], fw, impl["error"])
+            assert len(impl["samples_s"]) == 2 and all(t > 0 for t in impl["samples_s"])
+            assert impl["median_s"] > 0
+    assert data["ceilings"]["copy"]["rate"] > 0
+    assert data["ceilings"]["matmul_float32"]["rate"] > 0
+    table = capsys.readouterr().out
+    assert "ceiling: copy bandwidth" in table and "matmul_f32_128" in table
+
+
+def test_bad_device_and_unmatched_cases_exit_2(capsys):
+    assert bench_main.main(["--device", "tpu"]) == 2
+    assert bench_main.main(["--device", "cpu_numpy", "--cases", "no_such_case"]) == 2
+    assert "--list" in capsys.readouterr().err
+
+
+def test_disabled_device_says_why(capsys):
+    disabled = [d for d in nd.all_devices() if not d.enabled()]
+    if not disabled:
+        pytest.skip("every device is enabled here")
+    assert bench_main.main(["--device", disabled[0].name]) == 2
+    assert disabled[0].reason in capsys.readouterr().err
+
+
+def test_discover_finds_the_case_modules(ctx):
+    cases, broken = runner.discover(ctx)
+    assert broken == {}
+    groups = {c.group for c in cases}
+    assert {"matmul", "add", "exp", "sum", "softmax", "rmsnorm", "small_op", "train"} <= groups
+    assert len({c.name for c in cases}) == len(cases), "case names must be unique"
+
+
+def test_select_by_group_name_and_glob(ctx):
+    cases, _ = runner.discover(ctx)
+    assert {c.group for c in runner.select(cases, ["sum"])} == {"sum"}
+    assert [c.name for c in runner.select(cases, ["sum_rows_*"])] == ["sum_rows_256x256"]
+    assert runner.select(cases, ["add"]) == [c for c in cases if c.group == "add"]
+    assert runner.select(cases, [""]) == cases
+
+
+def _case(needle_op, numpy_op=lambda a: a * 2.0) -> Case:
+    def build(c: Context) -> Bench:
+        sets = c.input_sets(lambda rng: (rng.standard_normal(64, dtype=np.float32),))
+        return Bench(c.bind({"needle": needle_op, "numpy": numpy_op}, sets), bytes=512)
+
+    return Case("synthetic", "test", build)
+
+
+def test_a_wrong_needle_result_is_flagged(ctx):
+    good = run_case(_case(lambda a: a * 2.0), ctx, FAST)
+    assert not good.wrong and good.check_peer == "numpy" and good.check_error == 0.0
+    bad = run_case(_case(lambda a: a * 2.01), ctx, FAST)
+    assert bad.wrong and bad.check_error > 1e-3
+    assert bad.median("needle") > 0  # still timed: the table shows both
+
+
+def test_a_failing_implementation_is_reported_and_the_others_timed(ctx):
+    def boom(a):
+        raise DTypeError("no such kernel")
+
+    res = run_case(_case(boom), ctx, FAST)
+    assert "DTypeError: no such kernel" in res.impls["needle"].error
+    assert res.impls["needle"].timing is None
+    assert res.median("numpy") > 0 and res.ratio("numpy") is None
+
+
+def test_skip_and_build_errors_become_reasons(ctx):
+    def skip(c):
+        raise Skip("needs a GPU")
+
+    def broken(c):
+        raise ValueError("bad size")
+
+    assert run_case(Case("s", "t", skip), ctx, FAST).skipped == "needs a GPU"
+    assert "ValueError: bad size" in run_case(Case("b", "t", broken), ctx, FAST).skipped
+
+
+def test_short_calls_are_batched_and_input_sets_rotate():
+    seen = []
+    impl = Impl(lambda i: seen.append(i), [(0,), (1,), (2,)])
+    timings, errors = runner.time_impls({"x": impl}, {"x": lambda: None},
+                                 Settings(repeat=4, min_sample_s=1e-3))
+    assert errors == {}
+    assert len(timings["x"].samples) == 4 and timings["x"].inner > 1
+    assert set(seen) == {0, 1, 2}
+
+
+def test_input_sets_rotate_only_when_small(ctx):
+    small = ctx.input_sets(lambda rng: (rng.standard_normal(16, dtype=np.float32),))
+    assert len(small) == runner.MAX_INPUT_SETS
+    assert not np.array_equal(small[0][0], small[1][0]), "each set must hold new random data"
+    big = ctx.input_sets(lambda rng: (np.empty(runner.ROTATE_BELOW_BYTES // 4, np.float32),))
+    assert len(big) == 1
+
+
+def test_normwise_error():
+    e = np.array([1.0, -4.0, np.inf])
+    assert runner.normwise_error(e, e) == 0.0
+    assert runner.normwise_error(np.array([1.0, -4.2, np.inf]), e) == pytest.approx(0.05)
+    assert runner.normwise_error(np.array([1.0, -4.0, np.nan]), e) == math.inf
+    assert runner.normwise_error(np.array([np.nan, -4.0, np.inf]), e) == math.inf
+    assert runner.normwise_error(np.array([np.nan, 2.0]), np.array([np.nan, 2.0])) == 0.0
+    assert runner.normwise_error(e[:2], e) == math.inf
