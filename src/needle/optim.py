@@ -27,6 +27,12 @@ __all__ = ["SGD", "Adam", "AdamW", "CosineDecay", "LinearWarmup", "LRScheduler",
            "clip_grad_norm"]
 
 
+def compute_dtype(dtype: str) -> str:
+    """The dtype of optimizer state and arithmetic for parameters of ``dtype``: float32 for
+    float16/bfloat16 parameters, whose squared small gradients and eps would underflow."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
 def _grads(params: Iterable[Tensor]) -> list[tuple[Tensor, NDArray]]:
     return [(p, p.grad.realize_cached_data()) for p in params if p.grad is not None]
 
@@ -62,13 +68,14 @@ class Optimizer:
                 arrays[i] = p.data = w.copy()
         for i, (p, w) in enumerate(zip(self.params, arrays)):
             if p.grad is not None:
-                new = self._update(i, w, p.grad.realize_cached_data())
+                g = p.grad.realize_cached_data()
+                new = self._update(i, w, g.astype(compute_dtype(w.dtype)))
                 if new is not w:  # an update that could not be done in place
                     p.data = new
 
     def _update(self, i: int, w: NDArray, g: NDArray) -> NDArray:
-        """Update parameter ``i`` (value ``w``, compact and private; gradient ``g``), in
-        place where possible; returns the new value."""
+        """Update parameter ``i`` (value ``w``, compact and private; gradient ``g`` in
+        ``compute_dtype(w.dtype)``), in place where possible; returns the new value."""
         raise NotImplementedError
 
     def zero_grad(self) -> None:
@@ -100,7 +107,7 @@ class Optimizer:
             w = self.params[i].realize_cached_data()
             for name, value in buffers.items():
                 value = value.realize_cached_data() if isinstance(value, Tensor) else value
-                array = NDArray(value, device=w.device, dtype=w.dtype)
+                array = NDArray(value, device=w.device, dtype=compute_dtype(w.dtype))
                 if array.shape != w.shape:
                     raise ModelFormatError(f"optimizer buffer {name!r} of parameter {i} has "
                                            f"shape {array.shape}, the parameter {w.shape}")
@@ -139,7 +146,7 @@ class SGD(Optimizer):
                 u += g * (1 - self.dampening) if self.dampening else g
             state["momentum_buffer"] = u
             g = g + u * self.momentum if self.nesterov else u
-        w -= g * self.lr
+        w -= (g * self.lr).astype(w.dtype)
         return w
 
 
@@ -182,7 +189,7 @@ class Adam(Optimizer):
         denom += self.eps * root_bc2
         update = m / denom
         update *= self.lr * root_bc2 / bc1
-        w -= update
+        w -= update.astype(w.dtype)
         return w
 
 

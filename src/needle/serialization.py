@@ -40,13 +40,14 @@ _MAX_HEADER = 100 * 2**20  # the safetensors reference implementation's limit
 _TENSOR, _VALUE = "tensor", "value"
 
 
-def _as_numpy(x) -> np.ndarray | None:
-    """The array held by a checkpoint leaf, or None when the leaf is a plain value."""
-    if isinstance(x, np.ndarray):
-        return x
-    if isinstance(x, NDArray) or (hasattr(x, "numpy") and hasattr(x, "shape")):
-        return np.asarray(x.numpy())
-    return None
+def _is_array(x) -> bool:
+    """NDArrays, Tensors and numpy arrays are stored as tensors; anything else is a value."""
+    return isinstance(x, (np.ndarray, NDArray)) or (hasattr(x, "numpy") and hasattr(x, "shape"))
+
+
+def _host(x) -> np.ndarray:
+    """A leaf's data on the host, fetched one tensor at a time while writing."""
+    return np.ascontiguousarray(x if isinstance(x, np.ndarray) else x.numpy())
 
 
 def _flatten(obj, path: tuple[str, ...], tensors: dict, values: dict, where: str):
@@ -66,9 +67,8 @@ def _flatten(obj, path: tuple[str, ...], tensors: dict, values: dict, where: str
     if key in tensors or key in values or key == _TREE_KEY:
         raise ModelFormatError(f"cannot save {where}: two entries flatten to the key {key!r}; "
                                "rename one of them")
-    array = _as_numpy(obj)
-    if array is not None:
-        tensors[key] = array
+    if _is_array(obj):
+        tensors[key] = obj
         return _TENSOR
     try:
         values[key] = json.dumps(obj.item() if isinstance(obj, np.generic) else obj)
@@ -82,7 +82,7 @@ def _flatten(obj, path: tuple[str, ...], tensors: dict, values: dict, where: str
 def save(state: Mapping, path: str | os.PathLike) -> None:
     """Write the (nested) dict ``state`` to ``path`` as a safetensors file, atomically."""
     path = Path(path)
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict = {}
     values: dict[str, str] = {}
     tree = _flatten(state, (), tensors, values, str(path))
     header: dict = {"__metadata__": {**values, _TREE_KEY: json.dumps(tree)}}
@@ -92,8 +92,9 @@ def save(state: Mapping, path: str | os.PathLike) -> None:
             dtype = canonical(array.dtype)
         except DTypeError as e:
             raise ModelFormatError(f"cannot save {path}: {key!r}: {e}") from None
-        nbytes = array.size * array.itemsize
-        header[key] = {"dtype": _ST_DTYPES[dtype], "shape": list(array.shape),
+        shape = [int(d) for d in array.shape]
+        nbytes = math.prod(shape) * to_numpy_dtype(dtype).itemsize
+        header[key] = {"dtype": _ST_DTYPES[dtype], "shape": shape,
                        "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
@@ -105,8 +106,13 @@ def save(state: Mapping, path: str | os.PathLike) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(struct.pack("<Q", len(blob)))
             f.write(blob)
-            for array in tensors.values():
-                f.write(np.ascontiguousarray(array).view(np.uint8).data)
+            for key, array in tensors.items():
+                data = _host(array)
+                begin, end = header[key]["data_offsets"]
+                if data.nbytes != end - begin:  # a leaf whose numpy() disagrees with it
+                    raise ModelFormatError(f"cannot save {path}: {key!r} gave {data.nbytes} "
+                                           f"bytes of data for {end - begin}")
+                f.write(data.view(np.uint8).data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -158,9 +158,13 @@ class Module:
         """Move parameters and buffers to ``device``; cast floating ones to ``dtype``."""
         for t in self._named_state().values():
             array = t.realize_cached_data()
-            if dtype is not None and is_floating(array.dtype):
-                array = array.astype(dtype)
-            t.data = array.to(device) if device is not None else array
+            target = dtype if dtype is not None and is_floating(array.dtype) else array.dtype
+            if device is not None and device != array.device:
+                # converted on the host: either device may lack the other's dtype (no float64
+                # on Metal)
+                t.data = NDArray(array.numpy(), device=device, dtype=target)
+            else:
+                t.data = array.astype(target)
         return self
 
 
