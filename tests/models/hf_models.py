@@ -19,7 +19,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
             initializer_range=0.2, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
 
-# name -> (config class, model class, extra config entries)
+# name -> (config class, model class, extra config entries); conftest.VARIANT_NAMES lists them
 VARIANTS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "llama3_rope_tied": ("LlamaConfig", "LlamaForCausalLM", {

@@ -8,7 +8,7 @@ import pytest
 
 from needle.models import load_pretrained
 
-from .hf_models import build, reference_greedy, reference_logits
+from .hf_models import build, reference_logits
 
 PROMPT = [1, 17, 99, 3, 250, 42, 7, 128]
 
@@ -27,13 +27,14 @@ def test_logits_match(checkpoints, variant, device):
     assert rel_error(logits, reference_logits(hf, ids).numpy()) < 1e-4
 
 
-def test_greedy_tokens_match(checkpoints, variant, device):
-    directory, hf = checkpoints(variant)
+def test_greedy_tokens_match(checkpoints, greedy_reference, variant, device):
+    directory, _ = checkpoints(variant)
     model = load_pretrained(directory, device=device, dtype="float32")
     tokens = model.generate(PROMPT, max_new_tokens=32, stop=())
-    assert tokens == reference_greedy(hf, PROMPT, 32)
+    assert tokens == greedy_reference(variant, PROMPT, 32)
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_cached_decode_matches_full_forward(checkpoints, device):
     """Prefill + per-token decode steps (the captured path on GPUs) give the logits of a
     full forward pass at every position."""
@@ -46,6 +47,8 @@ def test_cached_decode_matches_full_forward(checkpoints, device):
     for token in seq[len(PROMPT):]:
         steps.append(decoder.step(token).numpy()[0])
     assert rel_error(np.stack(steps), full[len(PROMPT) - 1:]) < 1e-4
+    # where the backend records work (CUDA graphs, Metal), steps after the first replay one
+    assert decoder.captured == hasattr(device.backend, "capture")
     # rewinding forgets the newest positions; a new prefill starts from a clean cache
     decoder.rewind(len(PROMPT) + 2)
     redo = [decoder.step(t).numpy()[0] for t in seq[len(PROMPT) + 2:]]

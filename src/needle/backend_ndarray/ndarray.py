@@ -839,13 +839,8 @@ class NDArray:
         """Rows of this (rows, dim) table at ``indices`` (any shape): shape indices.shape + (dim,)."""
         if self.ndim != 2:
             raise ShapeError(f"take needs a 2-d table, got shape {self.shape}")
-        idx = _as_index_array(indices, self.device)
         rows, dim = self.shape
-        if idx.size and self.device.kind.startswith("cpu"):
-            lo, hi = idx.min().item(), idx.max().item()
-            if lo < 0 or hi >= rows:
-                raise IndexOutOfRangeError(f"take: index {lo if lo < 0 else hi} is out of range "
-                                           f"for a table of {rows} rows")
+        idx = _as_index_array(indices, self.device, rows, "take")
         table = self.compact()
         out = NDArray.make(idx.shape + (dim,), device=self.device, dtype=self.dtype)
         if out.size:
@@ -853,14 +848,32 @@ class NDArray:
         return out
 
 
-def _as_index_array(indices, device) -> NDArray:
+def _as_index_array(indices, device, rows: int, what: str) -> NDArray:
+    """``indices`` as an int32/int64 NDArray on ``device``, range-checked against ``rows``.
+
+    Indices from the host are checked before upload, and device arrays on CPU devices where
+    that is free. Device arrays on a GPU are not (reading them back would stall the queue and
+    break a captured decode step): there an out-of-range index gives a row of zeros (take)
+    or is skipped (scatter_add), as docs/kernels.md says.
+    """
     if not isinstance(indices, NDArray):
-        indices = NDArray(np.asarray(indices), device=device)
+        host = np.asarray(indices)
+        if host.dtype.kind in "iu" and host.size:
+            _check_range(int(host.min()), int(host.max()), rows, what)
+        indices = NDArray(host, device=device)
+    elif indices.size and device.kind.startswith("cpu"):
+        _check_range(indices.min().item(), indices.max().item(), rows, what)
     if indices.dtype not in ("int32", "int64"):
         raise DTypeError(f"indices must be int32 or int64, got {indices.dtype}")
     if indices.device != device:
         raise DeviceError(f"indices are on {indices.device.name}, the table on {device.name}")
     return indices
+
+
+def _check_range(lo: int, hi: int, rows: int, what: str) -> None:
+    if lo < 0 or hi >= rows:
+        raise IndexOutOfRangeError(f"{what}: index {lo if lo < 0 else hi} is out of range for "
+                                   f"a table of {rows} rows")
 
 
 # --- module-level helpers (as in needle) ---------------------------------------------------
@@ -1000,7 +1013,7 @@ def scatter_add(indices, values: NDArray, rows: int, out: NDArray | None = None)
     are added into it in place instead: a write at positions held in device memory, which
     is how a captured decode step stores keys and values at the current position.
     """
-    idx = _as_index_array(indices, values.device).reshape(-1)
+    idx = _as_index_array(indices, values.device, rows, "scatter_add").reshape(-1)
     dim = values.shape[-1] if values.ndim else 1
     if values.size != idx.size * dim:
         raise ShapeError(f"scatter_add: {idx.size} indices need values of shape "
@@ -1014,11 +1027,6 @@ def scatter_add(indices, values: NDArray, rows: int, out: NDArray | None = None)
                              f"{values.dtype}, got {out.shape} of {out.dtype}"
                              + ("" if out.is_compact() else " (not compact)"))
     if idx.size:
-        if values.device.kind.startswith("cpu"):
-            lo, hi = idx.min().item(), idx.max().item()
-            if lo < 0 or hi >= rows:
-                raise IndexOutOfRangeError(f"scatter_add: index {lo if lo < 0 else hi} is out "
-                                           f"of range for {rows} rows")
         values.device.backend.scatter_add(idx.compact()._handle, values.compact()._handle,
                                           out._handle, rows, dim)
     return out

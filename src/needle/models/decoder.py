@@ -22,8 +22,8 @@ class Decoder:
 
     def __init__(self, model):
         self.model = model
-        self.cache = KVCache(model.config, model.max_seq_len, model.device, model.dtype)
-        self.state = DecodeState(model.config, model.max_seq_len, model.device, model.dtype)
+        self.cache = KVCache(model.config, model.max_seq_len, model.device)
+        self.state = DecodeState(model.config, model.max_seq_len, model.device)
         backend = model.device.backend
         self._capture = getattr(backend, "capture", None)
         if os.environ.get("NEEDLE_DECODE_GRAPH", "1") == "0":

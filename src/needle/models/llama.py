@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,18 +79,25 @@ def _linear(weights: WeightSource, shapes: dict, name: str) -> Linear:
 class KVCache:
     """Keys and values of every layer for up to ``capacity`` positions, preallocated.
 
-    Keys are stored transposed, (batch, kv_heads, head_dim, capacity), and values as
-    (batch, kv_heads, capacity, head_dim): the two operands of the decode step's batched
+    Keys are stored transposed, (1, kv_heads, head_dim, capacity), and values as
+    (1, kv_heads, capacity, head_dim) (one sequence): the two operands of the decode step's batched
     products q·Kᵀ and p·V, so neither is copied per token. ``clear`` zeroes both, which the
     decode step relies on: it *adds* each new key and value into its (zero) slot.
+
+    The cache is float32 whatever the model's dtype: keys and values computed in half
+    precision are stored exactly, the decode step's attention accumulates in float32, and
+    the device-indexed add that writes a slot is native for float32 on every backend (GPU
+    backends add half-precision values by converting the whole destination to float32).
     """
 
-    def __init__(self, cfg: LlamaConfig, capacity: int, device, dtype: str, batch: int = 1):
-        self.capacity, self.batch = capacity, batch
+    dtype = "float32"
+
+    def __init__(self, cfg: LlamaConfig, capacity: int, device):
+        self.capacity = capacity
         kv, d = cfg.num_kv_heads, cfg.head_dim
-        self.keys = [nd.empty((batch, kv, d, capacity), dtype, device)
+        self.keys = [nd.empty((1, kv, d, capacity), self.dtype, device)
                      for _ in range(cfg.num_layers)]
-        self.values = [nd.empty((batch, kv, capacity, d), dtype, device)
+        self.values = [nd.empty((1, kv, capacity, d), self.dtype, device)
                        for _ in range(cfg.num_layers)]
         self.clear()
 
@@ -125,7 +133,7 @@ class DecodeState:
     """The inputs of one decode step, in device buffers the host rewrites before each step,
     and the arrays derived from them on the device at the start of the step."""
 
-    def __init__(self, cfg: LlamaConfig, capacity: int, device, dtype: str):
+    def __init__(self, cfg: LlamaConfig, capacity: int, device):
         kv, group, d = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
         self.token = nd.zeros((1, 1), "int32", device)
         self.position = nd.zeros((1,), "int32", device)
@@ -134,8 +142,8 @@ class DecodeState:
         self._value_rows = nd.array(np.arange(kv, dtype=np.int32) * capacity, device=device)
         slots = np.broadcast_to(np.arange(capacity, dtype=np.int32), (1, kv, group, capacity))
         self._slots = nd.array(slots, device=device)
-        self._zero = nd.zeros((), dtype, device)
-        self._neg_inf = nd.full((), -np.inf, dtype, device)
+        self._zero = nd.zeros(slots.shape, KVCache.dtype, device)
+        self._neg_inf = nd.full(slots.shape, -np.inf, KVCache.dtype, device)
 
     def set(self, token: int, position: int) -> None:
         self.token[...] = token
@@ -151,12 +159,18 @@ class DecodeState:
             mask=nd.where(visible, self._zero, self._neg_inf))
 
 
+@dataclass
 class StepArrays:
-    """Position-dependent arrays of one decode step, shared by all layers."""
+    """Position-dependent arrays of one decode step, shared by all layers: RoPE rows (the
+    query's pre-scaled), the cache rows to write, and the attention mask."""
 
-    def __init__(self, cos, sin, q_cos, q_sin, key_rows, value_rows, mask):
-        self.cos, self.sin, self.q_cos, self.q_sin = cos, sin, q_cos, q_sin
-        self.key_rows, self.value_rows, self.mask = key_rows, value_rows, mask
+    cos: Tensor
+    sin: Tensor
+    q_cos: Tensor
+    q_sin: Tensor
+    key_rows: NDArray
+    value_rows: NDArray
+    mask: NDArray
 
 
 class LlamaAttention(nn.Module):
@@ -195,15 +209,16 @@ class LlamaAttention(nn.Module):
 
     def decode(self, x: Tensor, step: StepArrays, keys: NDArray, values: NDArray) -> Tensor:
         """One position (x is (1, 1, hidden)) against the whole cache, masked."""
-        q, k, v = self._project(x, step.cos, step.sin, step.q_cos, step.q_sin)
+        q, k, v = (t.realize_cached_data() for t in self._project(
+            x, step.cos, step.sin, step.q_cos, step.q_sin))
         kv, d = self.num_kv_heads, self.head_dim
-        nd.scatter_add(step.key_rows, k.realize_cached_data().reshape((kv * d, 1)),
-                       keys.size, out=keys.reshape((keys.size, 1)))
-        nd.scatter_add(step.value_rows, v.realize_cached_data().reshape((kv, d)),
+        nd.scatter_add(step.key_rows, k.astype(keys.dtype).reshape((kv * d, 1)), keys.size,
+                       out=keys.reshape((keys.size, 1)))
+        nd.scatter_add(step.value_rows, v.astype(values.dtype).reshape((kv, d)),
                        values.size // d, out=values.reshape((values.size // d, d)))
-        q4 = q.realize_cached_data().reshape((1, kv, self.num_heads // kv, d))
+        q4 = q.reshape((1, kv, self.num_heads // kv, d))
         probs = ((q4 @ keys) + step.mask).softmax()
-        out = (probs @ values).reshape((1, 1, self.num_heads * d))
+        out = (probs @ values).astype(q.dtype).reshape((1, 1, self.num_heads * d))
         return self.o_proj(_const(out))
 
 

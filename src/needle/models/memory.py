@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..backend_ndarray import dtypes
 from ..errors import OutOfMemoryError
 from .config import LlamaConfig
+from .llama import KVCache
 
 GIB = 2**30
 
@@ -42,10 +43,11 @@ def parameter_count(cfg: LlamaConfig) -> int:
     return sum(math.prod(shape) for shape in cfg.tensor_shapes().values())
 
 
-def kv_cache_bytes(cfg: LlamaConfig, dtype: str, max_seq_len: int, batch: int = 1) -> int:
-    """Keys and values of every layer for ``max_seq_len`` positions."""
+def kv_cache_bytes(cfg: LlamaConfig, max_seq_len: int, batch: int = 1) -> int:
+    """Keys and values of every layer for ``max_seq_len`` positions (the cache is float32
+    whatever the weights' dtype, see KVCache)."""
     per_position = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
-    return batch * max_seq_len * per_position * dtypes.ITEMSIZE[dtype]
+    return batch * max_seq_len * per_position * dtypes.ITEMSIZE[KVCache.dtype]
 
 
 def workspace_bytes(cfg: LlamaConfig, dtype: str, seq_len: int, batch: int = 1) -> int:
@@ -60,7 +62,7 @@ def workspace_bytes(cfg: LlamaConfig, dtype: str, seq_len: int, batch: int = 1) 
 
 def estimate(cfg: LlamaConfig, dtype: str, max_seq_len: int, batch: int = 1) -> MemoryEstimate:
     return MemoryEstimate(weights=parameter_count(cfg) * dtypes.ITEMSIZE[dtype],
-                          kv_cache=kv_cache_bytes(cfg, dtype, max_seq_len, batch),
+                          kv_cache=kv_cache_bytes(cfg, max_seq_len, batch),
                           workspace=workspace_bytes(cfg, dtype, max_seq_len, batch))
 
 
@@ -68,9 +70,12 @@ def available_bytes(device) -> int | None:
     """Free memory on ``device``, or None when it cannot be told.
 
     GPU backends report it through ``memory_info()`` (free bytes, or a (free, total) pair, or
-    a dict with "free"); CPU devices use the memory the operating system says is available.
+    a dict with "free") or through their HAL allocator: what the device can still hand out
+    plus what the caching pool holds unused. CPU devices use the memory the operating system
+    says is available.
     """
-    info = getattr(device.backend, "memory_info", None)
+    backend = device.backend
+    info = getattr(backend, "memory_info", None)
     if info is not None:
         value = info()
         if isinstance(value, dict):
@@ -78,6 +83,10 @@ def available_bytes(device) -> int | None:
         elif isinstance(value, (tuple, list)):
             value = value[0]
         return None if value is None else int(value)
+    allocator = getattr(backend, "allocator", None)
+    if allocator is not None and hasattr(allocator, "available"):
+        stats = allocator.stats()
+        return int(allocator.available()) + stats.reserved - stats.in_use
     if device.kind.startswith("cpu"):
         return _host_available()
     return None
