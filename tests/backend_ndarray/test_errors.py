@@ -13,10 +13,17 @@ import numpy as np
 import pytest
 
 import needle.backend_ndarray as nd
-from needle.errors import (AxisError, DeviceError, DTypeError, IndexOutOfRangeError, NeedleError,
-                           OutOfMemoryError, ShapeError)
+from needle.errors import (
+    AxisError,
+    DeviceError,
+    DTypeError,
+    IndexOutOfRangeError,
+    NeedleError,
+    OutOfMemoryError,
+    ShapeError,
+)
 
-from ..conftest import enabled_devices
+from ..conftest import enabled_devices, supports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,7 +100,8 @@ CASES: list[tuple[str, type[NeedleError], str, Callable]] = [
      lambda d: arr(d, (1, 2, 1, 4)).rope(arr(d, (3, 2)), arr(d, (3, 2)))),
     ("silu_mul_shapes", ShapeError, "equal shapes",
      lambda d: arr(d, (2, 3)).silu_mul(arr(d, (3, 2)))),
-    ("attention_heads", ShapeError, "multiple", lambda d: _attention(d, (1, 3, 2, 4), (1, 2, 2, 4))),
+    ("attention_heads", ShapeError, "multiple",
+     lambda d: _attention(d, (1, 3, 2, 4), (1, 2, 2, 4))),
     ("attention_kv_len", ShapeError, "kv_len",
      lambda d: _attention(d, (1, 2, 2, 4), (1, 2, 4, 4), kv_len=5)),
     ("attention_kv_len_zero", ShapeError, "kv_len",
@@ -217,8 +225,6 @@ def test_cases_are_unique():
 
 def test_float64_where_the_hardware_has_none(device):
     """Devices without float64 (Metal) refuse it with DTypeError; the others hold it."""
-    from ..conftest import supports
-
     if supports(device, "float64"):
         assert nd.array([1.0], device=device, dtype="float64").dtype == "float64"
         return
@@ -228,6 +234,27 @@ def test_float64_where_the_hardware_has_none(device):
         nd.zeros((2,), "float64", device)
     with pytest.raises(DTypeError, match="float64"):
         arr(device, (2,)).astype("float64")
+
+
+def test_out_of_range_indices_held_on_the_device(device):
+    """Indices already in device memory: CPU devices check them (reading is free there); GPU
+    kernels cannot raise, so take gives a row of zeros and scatter_add skips the index
+    (docs/kernels.md) instead of reading or writing outside the table."""
+    table = nd.array(np.arange(15.0).reshape(5, 3), device=device)
+    idx = nd.array(np.array([1, 5, -1, 4]), device=device, dtype="int64")
+    values = nd.array(np.ones((4, 3)), device=device)
+    if device.kind.startswith("cpu"):
+        with pytest.raises(IndexOutOfRangeError, match="take: index -1"):
+            table.take(idx)
+        with pytest.raises(IndexOutOfRangeError, match="scatter_add: index -1"):
+            nd.scatter_add(idx, values, 5)
+        return
+    want = np.arange(15.0).reshape(5, 3)[[1, 0, 0, 4]]
+    want[1:3] = 0
+    np.testing.assert_array_equal(table.take(idx).numpy(), want)
+    added = np.zeros((5, 3))
+    added[[1, 4]] = 1
+    np.testing.assert_array_equal(nd.scatter_add(idx, values, 5).numpy(), added)
 
 
 def _device_pairs():

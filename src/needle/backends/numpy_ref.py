@@ -9,6 +9,9 @@ against it. Conventions shared by all backends:
   otherwise (``compact``, ``ewise_setitem``, ``scalar_setitem`` take shape/strides/offset).
 * Binary ``ewise_*``/``scalar_*`` functions get inputs of one dtype (NDArray promotes first);
   comparisons write bool. ``ewise_cast`` converts to ``out.dtype``.
+* Arithmetic ``ewise_*``/``scalar_*`` functions may get ``out`` as the same buffer as an
+  input (NDArray's in-place ``+=``, ``-=``, ``*=``, ``/=``): element i is read before it is
+  written, so kernels must not assume ``out`` and the inputs are distinct.
 * float16 and bfloat16 compute in float32 and round once when written.
 """
 
