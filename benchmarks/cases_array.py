@@ -125,15 +125,13 @@ def _rmsnorm(rows: int, cols: int) -> Case:
 
 def cases(ctx: Context) -> list[Case]:
     if ctx.quick:
-        mm, dtypes, n, sums, rows = ([64, 128], ("float32",), 1 << 16, [(256, 256)], (256, 256))
-        if ctx.gpu:
-            mm, dtypes = [256], ("float32", "bfloat16")
+        mm, n, sums, rows = ([256] if ctx.gpu else [64, 128]), 1 << 16, [(256, 256)], (256, 256)
     elif ctx.gpu:
-        mm, dtypes, n = [1024, 4096, 8192], ("float32", "bfloat16"), 1 << 28
-        sums, rows = [(4096, 4096), (16384, 16384)], (4096, 4096)
-    else:
-        mm, dtypes, n, sums, rows = [256, 1024, 2048], ("float32",), 1 << 24, [(4096, 4096)], \
+        mm, n, sums, rows = [1024, 4096, 8192], 1 << 28, [(4096, 4096), (16384, 16384)], \
             (4096, 4096)
+    else:
+        mm, n, sums, rows = [256, 1024, 2048], 1 << 24, [(4096, 4096)], (4096, 4096)
+    dtypes = ("float32", "bfloat16") if ctx.gpu else ("float32",)
     found = [_matmul(s, dt) for dt in dtypes for s in mm]
     found += [_add(n), _exp(n)]
     found += [_sum(r, c, axis) for r, c in sums for axis in (1, 0)]
