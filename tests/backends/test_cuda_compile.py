@@ -36,16 +36,26 @@ def test_kernel_file_compiles(family, arch):
 
 
 @needs_nvrtc
+def test_matmul_compiles_for_hopper_wgmma():
+    """sm_90a (what an H100/H200 gets) builds the warpgroup-MMA kernels of matmul.cu."""
+    source = (compiler.KERNEL_DIR / "matmul.cu").read_text()
+    ptx = compiler.compile_source(source, "matmul", "compute_90a", ptx=True).decode()
+    assert "wgmma.mma_async" in ptx and "cp.async" in ptx
+    assert compiler.compile_source(source, "matmul", "sm_90a")[:4] == b"\x7fELF"
+
+
+@needs_nvrtc
 def test_compile_error_carries_log_and_name():
-    bad = '#include "common.cuh"\nextern "C" __global__ void k(float* x) { x[0] = undefined_name; }\n'
+    bad = ('#include "common.cuh"\n'
+           'extern "C" __global__ void k(float* x) { x[0] = undefined_name; }\n')
     with pytest.raises(KernelCompileError, match=r"(?s)broken\.cu.*sm_90.*undefined_name"):
         compiler.compile_source(bad, "broken", "sm_90")
 
 
 @needs_nvrtc
 def test_ptx_fallback_for_archs_nvrtc_does_not_know():
-    arch, ptx = compiler.target_for(90)
-    assert (arch, ptx) == ("sm_90", False)
+    assert compiler.target_for(90) == ("sm_90a", False)  # Hopper: wgmma needs the "a" target
+    assert compiler.target_for(80) == ("sm_80", False)
     newest = max(compiler.supported_archs())
     arch, ptx = compiler.target_for(newest + 1)
     assert ptx and arch == f"compute_{newest}"

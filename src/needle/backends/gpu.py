@@ -41,12 +41,13 @@ _S = {dt: _padded("q" + code) for dt, code in _SCALAR.items()}  # SParams
 _STRIDED = "qqq8q8q8I8I"
 _STRIDED_S = {dt: _padded(_STRIDED + code) for dt, code in _SCALAR.items()}
 _TAKE = struct.Struct("qqq")
+_TRANSPOSE = struct.Struct("5q")
 _REDUCE = struct.Struct("5q")
 _MATMUL = struct.Struct("10q")
 _ROW = struct.Struct("qq")
 _NORM = {dt: _padded("qq" + _SCALAR[dt]) for dt in FLOATS}
 _ROPE = struct.Struct("4q")
-_ATTN = _padded("9qfi")
+_ATTN = _padded("9qfif")
 MAX_DIMS = 8
 _MAX_GRID_YZ = 65535
 
@@ -81,6 +82,13 @@ def _magic(d: int) -> tuple[int, int]:
         return 1, 0
     shift = (d - 1).bit_length()
     return ((1 << 32) * ((1 << shift) - d)) // d + 1, shift
+
+
+def _aligned16(buffer: Buffer) -> bool:
+    """Whether a buffer starts 16-byte aligned (CUDA handles are addresses; Metal buffers
+    are page-aligned, so only their offset counts)."""
+    base = buffer.handle if isinstance(buffer.handle, int) else 0
+    return (base + buffer.offset) % 16 == 0
 
 
 def _simplify(shape, strides) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -154,6 +162,7 @@ class GpuBackend:
         self.queue = device.queue
         self.allocator = device.allocator
         self._kernels: dict[str, object] = {}
+        self._geometry: dict[str, tuple] = {}
         self.Array = self._new_array
 
     # --- plumbing ------------------------------------------------------------------------
@@ -178,17 +187,26 @@ class GpuBackend:
     def _workspace(self, nbytes: int) -> Buffer:
         return self.allocator.allocate(nbytes)
 
-    def _launch_1d(self, name: str, work: int, buffers, params: bytes, family: str) -> None:
-        """A grid-stride launch covering ``work`` loop iterations (docs/kernels.md §3)."""
+    def _geometry_1d(self, name: str, family: str) -> tuple:
+        """(kernel, threads per group, resident groups) of a 1-d kernel, cached: the hot path
+        of every small op."""
         k = self._kernel(family, name)
         t = k.preferred_threads
-        groups = max(1, min(_cdiv(work, t), k.resident_groups(t)))
+        g = self._geometry[name] = (k, t, k.resident_groups(t))
+        return g
+
+    def _launch_1d(self, name: str, work: int, buffers, params: bytes, family: str) -> None:
+        """A grid-stride launch covering ``work`` loop iterations (docs/kernels.md §3)."""
+        k, t, resident = self._geometry.get(name) or self._geometry_1d(name, family)
+        groups = min(-(-work // t), resident) or 1
         self.queue.dispatch(k, (groups, 1, 1), (t, 1, 1), buffers, params)
 
     def _map(self, name: str, n: int, in_dtype: str, out_dtype: str, buffers, params) -> None:
         if n:
             width = 16 // max(ITEMSIZE[in_dtype], ITEMSIZE[out_dtype])
-            self._launch_1d(name, _cdiv(n, width), buffers, params, "elementwise")
+            k, t, resident = self._geometry.get(name) or self._geometry_1d(name, "elementwise")
+            groups = min(-(-n // (width * t)), resident) or 1
+            self.queue.dispatch(k, (groups, 1, 1), (t, 1, 1), buffers, params)
 
     def _row_geometry(self, kernel, dim: int) -> tuple[int, int]:
         """(TX, TY) for a row kernel: enough threads per row for ~8 elements each."""
@@ -267,9 +285,25 @@ class GpuBackend:
         if len(shape) == 1 and strides[0] == 1:
             self.queue.copy(a.buffer, offset * item, out.buffer, 0, n * item)
             return
+        if ("transpose" in self.device.features and len(shape) in (2, 3)
+                and strides[-2] == 1 and strides[-1] == shape[-2]
+                and (len(shape) == 2 or shape[0] <= _MAX_GRID_YZ)
+                and _cdiv(shape[-2], 32) <= _MAX_GRID_YZ):
+            self._transpose(a, out, shape, strides, offset)
+            return
         name = f"compact_{SUFFIX[a.dtype]}"
         for sh, st, off, dense in self._views(shape, strides, offset, out):
             self._strided(name, (a.buffer, dense), sh, st, off, math.prod(sh))
+
+    def _transpose(self, a: GpuArray, out: GpuArray, shape, strides, offset) -> None:
+        """compact() of transposed matrices: (count, rows, cols) from (cols, rows) storage."""
+        count, batch_stride = (shape[0], strides[0]) if len(shape) == 3 else (1, 0)
+        rows, cols = shape[-2:]
+        k = self._kernel("layout", f"transpose_{SUFFIX[a.dtype]}")
+        ty = max(1, min(8, k.max_threads // 32))
+        self.queue.dispatch(k, (_cdiv(cols, 32), _cdiv(rows, 32), count), (32, ty, 1),
+                            (a.buffer, out.buffer),
+                            _TRANSPOSE.pack(count, rows, cols, batch_stride, offset))
 
     def ewise_setitem(self, a: GpuArray, out: GpuArray, shape, strides, offset) -> None:
         n = math.prod(shape)
@@ -361,19 +395,20 @@ class GpuBackend:
         if inner == 1:
             k = self._kernel("reduce", f"reduce_rows_{op}_{sfx}")
             ty = max(1, min(8, k.max_threads // 32))
-            splits = 1
-            if outer < cu * 64 and reduce_size >= 4096:
-                splits = min(_cdiv(cu * 64, outer), _cdiv(reduce_size, 2048), _MAX_GRID_YZ)
+            splits = 1  # split only long rows that too few warps share (one launch otherwise)
+            if outer < cu * 16 and reduce_size >= 8192:
+                splits = min(_cdiv(cu * 32, outer), _cdiv(reduce_size, 4096), _MAX_GRID_YZ)
             chunk = _cdiv(_cdiv(reduce_size, splits), 16) * 16  # keeps 16-byte alignment
             splits = _cdiv(reduce_size, chunk)
             groups, shared = (_cdiv(outer, ty), splits, 1), 0
         else:
             k = self._kernel("reduce", f"reduce_cols_{op}_{sfx}")
-            ty = max(1, min(8, k.max_threads // 32))
+            ty = max(1, min(32, k.max_threads // 32, reduce_size))  # no idle rows of threads
             blocks = _cdiv(inner, 32) * outer
-            splits = 1
-            if blocks < cu * 8 and reduce_size >= 64:
-                splits = min(_cdiv(cu * 8, blocks), _cdiv(reduce_size, 32), _MAX_GRID_YZ)
+            splits = 1  # split only when few groups each walk a long column
+            if blocks * ty < cu * 16 and reduce_size >= 256 * ty:
+                splits = min(_cdiv(cu * 16, blocks * ty), _cdiv(reduce_size, 64 * ty),
+                             _MAX_GRID_YZ)
             chunk = _cdiv(reduce_size, splits)
             splits = _cdiv(reduce_size, chunk)
             groups, shared = (blocks, splits, 1), 32 * ty * (acc + 8)
@@ -424,7 +459,11 @@ class GpuBackend:
         tc = (dt in ("float16", "bfloat16") and n % 8 == 0 and p % 8 == 0
               and (batch == 1 or stride_a % 8 == 0 and stride_b % 8 == 0)
               # the tensor-core pipeline's stages must fit in shared memory (not in Metal's)
-              and self._tc_stages() * (128 * 32 + 32 * 128) * 2 <= self.device.max_shared_bytes)
+              and self._tc_stages() * (128 * 32 + 32 * 128) * 2 <= self.device.max_shared_bytes
+              and _aligned16(a.buffer) and _aligned16(b.buffer))
+        if tc and "wgmma" in self.device.features:
+            self._wgmma(a, b, out, m, n, p, batch, stride_a, stride_b, transpose_a, transpose_b)
+            return
         if tc and (transpose_a or transpose_b):
             # the tensor-core kernel reads both operands untransposed: transpose on device
             a, stride_a = self._untranspose(a, m, n, batch, stride_a, transpose_a)
@@ -439,13 +478,56 @@ class GpuBackend:
                                (128, bn), 256, shared, transpose_a, transpose_b)
         elif dt == "float32":
             layout = ("t" if transpose_a else "n") + ("t" if transpose_b else "n")
-            self._matmul_tiles("matmul", f"matmul_{layout}_f32", a, b, out, m, n, p, batch,
-                               stride_a, stride_b, (128, 128), 256, 0, transpose_a,
-                               transpose_b)
+            name = f"matmul_{layout}_f32"
+            splits, chunk = self._split_k(m, n, p, batch, 128, 128, 16)
+            if splits == 1 or batch > _MAX_GRID_YZ // splits:
+                self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a,
+                                   stride_b, (128, 128), 256, 0, transpose_a, transpose_b)
+                return
+            # too few tiles to fill the GPU: split K over more groups, then sum the slabs
+            part = GpuArray(self._workspace(splits * batch * m * p * 4), splits * batch * m * p,
+                            "float32")
+            k = self._kernel("matmul", name)
+            params = _MATMUL.pack(m, n, p, batch, stride_a, stride_b, int(transpose_a),
+                                  int(transpose_b), splits, chunk)
+            self.queue.dispatch(k, (_cdiv(p, 128), _cdiv(m, 128), splits * batch), (256, 1, 1),
+                                (a.buffer, b.buffer, part.buffer), params)
+            self._reduce("sum", part, out, 1, splits, batch * m * p)
         else:
             self._matmul_tiles("matmul", f"matmul_{SUFFIX[dt]}", a, b, out, m, n, p, batch,
                                stride_a, stride_b, (16, 16), (16, 16), 0, transpose_a,
                                transpose_b)
+
+    def _wgmma(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> None:
+        """Hopper warpgroup MMA: A as (m, n) and B as (p, n) row-major (both K-major)."""
+        a, stride_a = self._untranspose(a, m, n, batch, stride_a, ta)
+        b, stride_b = self._untranspose(b, p, n, batch, stride_b, not tb)
+        tile = os.environ.get("NEEDLE_WGMMA_TILE")
+        wide = _cdiv(m, 128) * _cdiv(p, 256) * batch >= self.device.compute_units
+        nsub = 2 if tile == "256" or (tile is None and wide) else 1  # small: more groups
+        name = f"matmul_wgmma{'128' if nsub == 1 else ''}_{SUFFIX[a.dtype]}"
+        shared = self._wg_stages() * (128 + 128 * nsub) * 64 * 2 + 1024
+        self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
+                           (128, 128 * nsub), 256, shared, False, True)
+
+    def _wg_stages(self) -> int:
+        for opt in os.environ.get("NEEDLE_CUDA_OPTIONS", "").split():
+            if opt.startswith("-DWG_STAGES="):
+                return int(opt.split("=", 1)[1])
+        return 4
+
+    def _split_k(self, m: int, n: int, p: int, batch: int, bm: int, bn: int,
+                 bk: int) -> tuple[int, int]:
+        """(splits, chunk) of the reduced dimension when the output tiles alone would leave
+        most of the GPU idle (a 512x1024 product has 32 tiles for 132 SMs)."""
+        tiles = _cdiv(m, bm) * _cdiv(p, bn) * batch
+        target = 2 * self.device.compute_units
+        if "split_k" not in self.device.features or tiles >= self.device.compute_units \
+                or n < 512:
+            return 1, n
+        splits = min(_cdiv(target, tiles), n // 256)
+        chunk = _cdiv(_cdiv(n, max(splits, 1)), bk) * bk
+        return _cdiv(n, chunk), chunk
 
     def _tc_stages(self) -> int:
         for opt in os.environ.get("NEEDLE_CUDA_OPTIONS", "").split():
@@ -619,8 +701,9 @@ class GpuBackend:
         if splits > 1:
             part_o = self._workspace(rows_out * splits * head_dim * 4)
             part_ml = self._workspace(rows_out * splits * 2 * 4)
+        hi = float(np.float32(scale))
         params = _ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
-                            splits, chunk, float(scale), int(bool(causal)))
+                            splits, chunk, hi, int(bool(causal)), float(scale) - hi)
         self.queue.dispatch(kern, (gx, gy, splits), (32, 8, 1),
                             (q.buffer, k.buffer, v.buffer, out.buffer, part_o, part_ml),
                             params, shared)

@@ -42,6 +42,8 @@ def target_for(capability: int) -> tuple[str, bool]:
     """(arch option value, is_ptx): SASS for the device when NVRTC knows its arch, else
     PTX of the newest arch NVRTC knows below it, for the driver to finish."""
     archs = supported_archs()
+    if capability == 90:  # Hopper: the arch-specific target enables wgmma (matmul.cu)
+        return "sm_90a", False
     if capability in archs:
         return f"sm_{capability}", False
     older = [a for a in archs if a <= capability]
@@ -143,14 +145,27 @@ class CudaExecutableCache(ExecutableCache):
         self.arch, self.ptx = target_for(capability)
         self.sm_count = sm_count
         self.disk = DiskCache("cuda")
-        self.version = nvrtc_version()
 
     def _compile(self, family: str, source: str) -> Executable:
-        key = DiskCache.key(source, *headers().values(), self.arch, " ".join(OPTIONS),
-                            repr(self.version))
-        suffix = ".ptx" if self.ptx else ".cubin"
-        image = self.disk.load(key, suffix)
-        if image is None:
-            image = compile_source(source, family, self.arch, self.ptx)
-            self.disk.store(key, suffix, image)
+        image = cached_image(family, source, self.arch, self.ptx, self.disk)
         return CudaExecutable(family, image, self.sm_count)
+
+
+def cached_image(family: str, source: str, arch: str, ptx: bool, disk: DiskCache) -> bytes:
+    """The CUBIN (or PTX) of a kernel file from the disk cache, compiling it on a miss."""
+    key = DiskCache.key(source, *headers().values(), arch, " ".join(OPTIONS),
+                        repr(nvrtc_version()))
+    suffix = ".ptx" if ptx else ".cubin"
+    image = disk.load(key, suffix)
+    if image is None:
+        image = compile_source(source, family, arch, ptx)
+        disk.store(key, suffix, image)
+    return image
+
+
+def precompile(family: str, capability: int) -> str:
+    """Fill the disk cache with one kernel file for a compute capability, without a driver
+    (so several processes can compile in parallel before the first CUDA call)."""
+    arch, ptx = target_for(capability)
+    cached_image(family, (KERNEL_DIR / f"{family}.cu").read_text(), arch, ptx, DiskCache("cuda"))
+    return f"{family}.cu for {arch}"

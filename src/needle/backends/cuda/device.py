@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ...errors import DeviceError
 from ...hal import Device
 from . import driver
@@ -49,6 +51,10 @@ class CudaDevice(Device):
         self.allocator = CudaAllocator(self.name)
         self.queue = CudaQueue(self)
         self.executables = CudaExecutableCache(self.name, self.capability, self.compute_units)
+        features = {"transpose", "split_k"}
+        if self.executables.arch == "sm_90a" and os.environ.get("NEEDLE_WGMMA", "1") != "0":
+            features.add("wgmma")
+        self.features = frozenset(features)
 
     def describe(self) -> str:
         return f"{self.name} {self.model} ({self.arch}, {self.compute_units} SMs, " \

@@ -88,7 +88,7 @@ class CudaQueue(Queue):
         base = ctypes.addressof(self._scratch)
         self._argv = (ctypes.c_void_p * _SLOTS)(*[base + 8 * i for i in range(_SLOTS)])
         self._argv_addr = ctypes.addressof(self._argv)
-        self._base = base
+        self._view = memoryview(self._scratch).cast("B")
         self.capturing: CudaGraph | None = None
 
     # --- launches ------------------------------------------------------------------------
@@ -115,7 +115,7 @@ class CudaQueue(Queue):
             self.capturing.kernels += 1
 
     def _launch(self, kernel, groups, threads, args: bytes, shared_bytes: int) -> None:
-        ctypes.memmove(self._base, args, len(args))
+        self._view[:len(args)] = args
         err = cu.cuLaunchKernel(kernel.handle, groups[0], groups[1], groups[2], threads[0],
                                 threads[1], threads[2], shared_bytes, self.stream,
                                 self._argv_addr, 0)[0]

@@ -54,7 +54,34 @@ template <class T> __device__ __forceinline__ T zero_of() { T z; memset(&z, 0, s
     const T v = store<T>((Acc<T>::type)p.value);                                               \
     const i64 t0 = global_thread(), step = grid_threads();                                     \
     for (i64 i = t0; i < p.s.n; i += step) out[strided_offset(p.s, i)] = v;                    \
+  }                                                                                            \
+  extern "C" __global__ void transpose_##SFX(const T* __restrict__ a, T* __restrict__ out,     \
+                                             TransposeParams p) {                              \
+    transpose_tiles<T>(a, out, p);                                                             \
   }
+
+// Transpose: out (count, rows, cols) compact from a source whose matrices are stored
+// (cols, rows) row-major at offset + z * batch_stride. 32x32 tiles through shared memory,
+// so both the reads and the writes are coalesced (the strided gather of compact is not).
+struct TransposeParams { i64 count, rows, cols, batch_stride, offset; };
+
+template <class T>
+__device__ __forceinline__ void transpose_tiles(const T* __restrict__ a, T* __restrict__ out,
+                                                const TransposeParams& p) {
+  __shared__ T tile[32][33];
+  const i64 z = blockIdx.z, i0 = (i64)blockIdx.y * 32, j0 = (i64)blockIdx.x * 32;
+  const T* src = a + p.offset + z * p.batch_stride;
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const i64 j = j0 + k, i = i0 + threadIdx.x;
+    if (j < p.cols && i < p.rows) tile[k][threadIdx.x] = src[j * p.rows + i];
+  }
+  __syncthreads();
+  T* dst = out + z * p.rows * p.cols;
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const i64 i = i0 + k, j = j0 + threadIdx.x;
+    if (i < p.rows && j < p.cols) dst[i * p.cols + j] = tile[threadIdx.x][k];
+  }
+}
 
 // A group per looked-up row (group-stride over rows), its threads across the row, in
 // 16-byte vectors when the row length and both buffers allow it.

@@ -9,13 +9,19 @@
 
 // tuning knobs (NEEDLE_CUDA_OPTIONS="-DSGEMM_MIN_BLOCKS=1 ..." recompiles with others)
 #ifndef SGEMM_MIN_BLOCKS
-#define SGEMM_MIN_BLOCKS 2
+#define SGEMM_MIN_BLOCKS 1  // 2 caps registers at 128 and spills: 39.5 vs 42.2 TFLOP/s (notes)
 #endif
 #ifndef TC_MIN_BLOCKS
 #define TC_MIN_BLOCKS 1
 #endif
 #ifndef TC_STAGES
 #define TC_STAGES 4
+#endif
+#ifndef WG_STAGES
+#define WG_STAGES 4
+#endif
+#ifndef WG_OVERLAP  // 1: keep one wgmma group in flight across k-tiles (prefetch distance
+#define WG_OVERLAP 1  //    WG_STAGES - 2); 0: wait for each tile's wgmma (distance - 1)
 #endif
 
 struct MatmulParams { i64 m, n, p, batch, stride_a, stride_b, trans_a, trans_b, splits, chunk; };
@@ -26,9 +32,10 @@ constexpr int BM = 128, BN = 128, BK = 16, NT = 256, PAD = 4;
 
 // Fetch the 2 float4 of this thread's share of an A tile (rows m0.., k k0..) into registers.
 // !TA: A is (M, K) row-major, contiguous along k; TA: A is (K, M), contiguous along m.
+// K is the row length (stride); kend bounds the k range of this group (split-K).
 template <bool TA>
-__device__ __forceinline__ void fetch_a(const float* A, i64 M, i64 K, i64 m0, i64 k0, bool vec,
-                                        float4 (&r)[2]) {
+__device__ __forceinline__ void fetch_a(const float* A, i64 M, i64 K, i64 kend, i64 m0, i64 k0,
+                                        bool vec, float4 (&r)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     const int c = threadIdx.x + i * NT;
@@ -36,22 +43,22 @@ __device__ __forceinline__ void fetch_a(const float* A, i64 M, i64 K, i64 m0, i6
     if (!TA) {
       const i64 gm = m0 + c / 4, gk = k0 + (c % 4) * 4;
       if (vec) {
-        float4 x = (gm < M && gk < K) ? *reinterpret_cast<const float4*>(A + gm * K + gk)
+        float4 x = (gm < M && gk < kend) ? *reinterpret_cast<const float4*>(A + gm * K + gk)
                                       : make_float4(0.f, 0.f, 0.f, 0.f);
         v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
       } else {
 #pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = (gm < M && gk + j < K) ? A[gm * K + gk + j] : 0.f;
+        for (int j = 0; j < 4; j++) v[j] = (gm < M && gk + j < kend) ? A[gm * K + gk + j] : 0.f;
       }
     } else {
       const i64 gk = k0 + c / 32, gm = m0 + (c % 32) * 4;
       if (vec) {
-        float4 x = (gk < K && gm < M) ? *reinterpret_cast<const float4*>(A + gk * M + gm)
+        float4 x = (gk < kend && gm < M) ? *reinterpret_cast<const float4*>(A + gk * M + gm)
                                       : make_float4(0.f, 0.f, 0.f, 0.f);
         v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
       } else {
 #pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = (gk < K && gm + j < M) ? A[gk * M + gm + j] : 0.f;
+        for (int j = 0; j < 4; j++) v[j] = (gk < kend && gm + j < M) ? A[gk * M + gm + j] : 0.f;
       }
     }
     r[i] = make_float4(v[0], v[1], v[2], v[3]);
@@ -77,9 +84,9 @@ __device__ __forceinline__ void stash_a(float (*As)[BM + PAD], const float4 (&r)
 // B as (K, N): !TB row-major (contiguous along n); TB stored (N, K) (contiguous along k).
 // Same shapes as A with the roles of the two layouts swapped.
 template <bool TB>
-__device__ __forceinline__ void fetch_b(const float* B, i64 K, i64 N, i64 k0, i64 n0, bool vec,
-                                        float4 (&r)[2]) {
-  fetch_a<!TB>(B, N, K, n0, k0, vec, r);
+__device__ __forceinline__ void fetch_b(const float* B, i64 K, i64 N, i64 kend, i64 k0, i64 n0,
+                                        bool vec, float4 (&r)[2]) {
+  fetch_a<!TB>(B, N, K, kend, n0, k0, vec, r);
 }
 template <bool TB>
 __device__ __forceinline__ void stash_b(float (*Bs)[BN + PAD], const float4 (&r)[2]) {
@@ -92,9 +99,13 @@ __device__ __forceinline__ void run(const float* __restrict__ A, const float* __
   __shared__ __align__(16) float As[2][BK][BM + PAD];
   __shared__ __align__(16) float Bs[2][BK][BN + PAD];
   const i64 M = p.m, K = p.n, N = p.p;
-  A += blockIdx.z * p.stride_a;
-  B += blockIdx.z * p.stride_b;
+  // blockIdx.z = split * batch + matrix: split-K groups write partial products to C's
+  // split-th slab (a workspace; the host sums the slabs), others write C itself
+  const i64 zb = blockIdx.z % p.batch, zs = blockIdx.z / p.batch;
+  A += zb * p.stride_a;
+  B += zb * p.stride_b;
   C += blockIdx.z * M * N;
+  const i64 kbeg = zs * p.chunk, kend = p.splits > 1 && kbeg + p.chunk < K ? kbeg + p.chunk : K;
   const i64 m0 = (i64)blockIdx.y * BM, n0 = (i64)blockIdx.x * BN;
   const bool vec_a = aligned16(A) && (TA ? M : K) % 4 == 0;
   const bool vec_b = aligned16(B) && (TB ? K : N) % 4 == 0;
@@ -107,18 +118,18 @@ __device__ __forceinline__ void run(const float* __restrict__ A, const float* __
     for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
 
   float4 ra[2], rb[2];
-  fetch_a<TA>(A, M, K, m0, 0, vec_a, ra);
-  fetch_b<TB>(B, K, N, 0, n0, vec_b, rb);
+  fetch_a<TA>(A, M, K, kend, m0, kbeg, vec_a, ra);
+  fetch_b<TB>(B, K, N, kend, kbeg, n0, vec_b, rb);
   stash_a<TA>(As[0], ra);
   stash_b<TB>(Bs[0], rb);
   __syncthreads();
 
-  for (i64 k0 = 0; k0 < K; k0 += BK) {
-    const int cur = (int)((k0 / BK) & 1);
-    const bool next = k0 + BK < K;
+  for (i64 k0 = kbeg; k0 < kend; k0 += BK) {
+    const int cur = (int)(((k0 - kbeg) / BK) & 1);
+    const bool next = k0 + BK < kend;
     if (next) {
-      fetch_a<TA>(A, M, K, m0, k0 + BK, vec_a, ra);
-      fetch_b<TB>(B, K, N, k0 + BK, n0, vec_b, rb);
+      fetch_a<TA>(A, M, K, kend, m0, k0 + BK, vec_a, ra);
+      fetch_b<TB>(B, K, N, kend, k0 + BK, n0, vec_b, rb);
     }
 #pragma unroll
     for (int k = 0; k < BK; k++) {
@@ -326,6 +337,186 @@ TC(matmul_tc, bf16, bf16_t, 128, 128, 2, 4, TC_STAGES, TC_MIN_BLOCKS)
 TC(matmul_tc, f16, half_t, 128, 128, 2, 4, TC_STAGES, TC_MIN_BLOCKS)
 TC(matmul_tc256, bf16, bf16_t, 128, 256, 2, 4, TC_STAGES, 1)
 TC(matmul_tc256, f16, half_t, 128, 256, 2, 4, TC_STAGES, 1)
+
+// ================================================================ Hopper wgmma ============
+// sm_90a only (NVRTC target sm_90a on compute capability 9.0): warpgroup MMA reading both
+// operands from shared memory. Both are K-major: A (M, K) row-major and B given as (N, K)
+// row-major (the host transposes a (K, N) B first). Tiles 128 x (128*NSUB) x 64: two
+// warpgroups of 128 threads, each m64 x n(128*NSUB). Tiles arrive by cp.async, 16-byte
+// chunks stored with the 128-byte swizzle (chunk c of row r at c ^ (r & 7), 1024-byte
+// aligned), the layout the wgmma descriptors below describe.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace wg {
+__device__ __forceinline__ u64 desc(u32 smem_addr) {
+  u64 d = (u64)((smem_addr & 0x3FFFF) >> 4);  // start address
+  d |= (u64)(16 >> 4) << 16;                   // leading byte offset (unused: swizzled K-major)
+  d |= (u64)(1024 >> 4) << 32;                 // stride byte offset: 8 rows x 128 bytes
+  d |= (u64)1 << 62;                           // 128-byte swizzle
+  return d;
+}
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Pin the accumulators in place around an MMA batch (as CUTLASS does), so the compiler moves
+// none of them while a wgmma may still write them; otherwise ptxas serializes (C7514).
+template <int NSUB>
+__device__ __forceinline__ void fence_operands(float (&acc)[NSUB][64]) {
+#pragma unroll
+  for (int j = 0; j < NSUB; j++)
+#pragma unroll
+    for (int q = 0; q < 64; q++) asm volatile("" : "+f"(acc[j][q])::"memory");
+}
+
+#define WG_MMA(TYPE)                                                                           \
+  asm volatile(                                                                                \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                             \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                        \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, "                                                      \
+      "%8, %9, %10, %11, %12, %13, %14, %15, "                                                 \
+      "%16, %17, %18, %19, %20, %21, %22, %23, "                                               \
+      "%24, %25, %26, %27, %28, %29, %30, %31, "                                               \
+      "%32, %33, %34, %35, %36, %37, %38, %39, "                                               \
+      "%40, %41, %42, %43, %44, %45, %46, %47, "                                               \
+      "%48, %49, %50, %51, %52, %53, %54, %55, "                                               \
+      "%56, %57, %58, %59, %60, %61, %62, %63}, "                                              \
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                          \
+      :                                                                                        \
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+      : "l"(da), "l"(db), "r"(1))
+template <class T> struct Mma128;
+template <> struct Mma128<bf16_t> {
+  __device__ static void run(float (&d)[64], u64 da, u64 db) { WG_MMA("bf16"); }
+};
+template <> struct Mma128<half_t> {
+  __device__ static void run(float (&d)[64], u64 da, u64 db) { WG_MMA("f16"); }
+};
+
+template <class T, int NSUB, int STAGES>
+__device__ __forceinline__ void run(const T* __restrict__ A, const T* __restrict__ B,
+                                    T* __restrict__ C, const MatmulParams& p, unsigned char* smem) {
+  constexpr int BM = 128, BN = 128 * NSUB, BK = 64;
+  constexpr u32 A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
+  const u32 base = (tc::smem_u32(smem) + 1023u) & ~1023u;
+  const i64 M = p.m, K = p.n, N = p.p;
+  A += blockIdx.z * p.stride_a;
+  B += blockIdx.z * p.stride_b;
+  C += blockIdx.z * M * N;
+  const i64 m0 = (i64)blockIdx.y * BM, n0 = (i64)blockIdx.x * BN;
+  const int tid = threadIdx.x, group = tid / 128;
+  const int KT = (int)((K + BK - 1) / BK);
+
+  float acc[NSUB][64];
+#pragma unroll
+  for (int j = 0; j < NSUB; j++)
+#pragma unroll
+    for (int q = 0; q < 64; q++) acc[j][q] = 0.f;
+
+  auto load_tile = [&](int stage, int kt) {
+    const i64 k0 = (i64)kt * BK;
+    const u32 sa = base + stage * STAGE, sb = sa + A_BYTES;
+#pragma unroll
+    for (int c = tid; c < BM * 8; c += 256) {
+      const int r = c / 8, ch = c % 8;
+      const i64 gm = m0 + r, gk = k0 + ch * 8;
+      const bool ok = gm < M && gk < K;
+      tc::cp_async16(sa + r * 128 + ((ch ^ (r & 7)) * 16), ok ? A + gm * K + gk : A, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int c = tid; c < BN * 8; c += 256) {
+      const int r = c / 8, ch = c % 8;
+      const i64 gn = n0 + r, gk = k0 + ch * 8;
+      const bool ok = gn < N && gk < K;
+      tc::cp_async16(sb + r * 128 + ((ch ^ (r & 7)) * 16), ok ? B + gn * K + gk : B, ok ? 16 : 0);
+    }
+  };
+
+  // A stage is refilled DIST tiles after it was last read; with WG_OVERLAP the wgmma of the
+  // previous tile may still be reading, so refills keep one more stage away.
+  constexpr int DIST = STAGES - 1 - WG_OVERLAP;
+#pragma unroll
+  for (int s = 0; s < DIST; s++) {
+    if (s < KT) load_tile(s, s);
+    tc::cp_commit();
+  }
+  for (int kt = 0; kt < KT; kt++) {
+    tc::cp_wait<DIST - 1>();
+    fence_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();
+    const int nk = kt + DIST;
+    if (nk < KT) load_tile(nk % STAGES, nk);
+    tc::cp_commit();
+    const u32 sa = base + (kt % STAGES) * STAGE + group * 64 * 128, sb = base + (kt % STAGES) * STAGE + A_BYTES;
+    fence_operands(acc);
+    fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+      const u64 da = desc(sa + kk * 32);
+#pragma unroll
+      for (int j = 0; j < NSUB; j++) Mma128<T>::run(acc[j], da, desc(sb + j * 128 * 128 + kk * 32));
+    }
+    commit();
+    if (WG_OVERLAP) {
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    } else {
+      wait_all();
+    }
+    fence_operands(acc);
+  }
+  wait_all();
+  fence_operands(acc);
+  tc::cp_wait<0>();
+
+  // accumulator layout: warp w of the group holds rows 16w..16w+15; per n8 chunk i, lane l
+  // holds (row l/4, cols 2(l%4), +1) in d[4i], d[4i+1] and row + 8 in d[4i+2], d[4i+3]
+  const int w = (tid % 128) / 32, lane = tid % 32;
+  const i64 row0 = m0 + group * 64 + w * 16 + lane / 4;
+#pragma unroll
+  for (int j = 0; j < NSUB; j++) {
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      const i64 col = n0 + j * 128 + i * 8 + (lane % 4) * 2;
+      if (col >= N) continue;
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const i64 row = row0 + h * 8;
+        if (row >= M) continue;
+        const u32 lo = store<T>(acc[j][4 * i + 2 * h]).bits, hi = store<T>(acc[j][4 * i + 2 * h + 1]).bits;
+        *reinterpret_cast<u32*>(C + row * N + col) = lo | (hi << 16);
+      }
+    }
+  }
+}
+}  // namespace wg
+#endif
+
+// Defined on every target so the names exist; their bodies only on sm_90a (the host uses
+// them only when the kernels were built for sm_90a).
+#define WGMMA(NAME, SFX, T, NSUB)                                                              \
+  extern "C" __global__ void __launch_bounds__(256, 1)                                         \
+      NAME##_##SFX(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,      \
+                   MatmulParams p) {                                                           \
+    WGMMA_BODY(T, NSUB)                                                                        \
+  }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WGMMA_BODY(T, NSUB)                                                                    \
+  extern __shared__ __align__(1024) unsigned char smem[];                                      \
+  wg::run<T, NSUB, WG_STAGES>(a, b, out, p, smem);
+#else
+#define WGMMA_BODY(T, NSUB) __trap();
+#endif
+// shared bytes: WG_STAGES * (128 + 128*NSUB) * 64 * 2 + 1024 (alignment slack)
+WGMMA(matmul_wgmma, bf16, bf16_t, 2)
+WGMMA(matmul_wgmma, f16, half_t, 2)
+WGMMA(matmul_wgmma128, bf16, bf16_t, 1)
+WGMMA(matmul_wgmma128, f16, half_t, 1)
 
 // ================================================================ generic ================
 template <class T>

@@ -9,6 +9,7 @@ struct AttnParams {
   i64 batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, splits, chunk;
   float scale;
   int causal;
+  float scale_lo;  // scale - (float)scale: float64 kernels use scale + scale_lo
 };
 
 // ---- row kernels: threads (TX, TY); TX threads (whole warps) per row, TY rows per group --
@@ -31,6 +32,73 @@ __device__ __forceinline__ C row_reduce(C v, F f, C* smem) {
 }
 
 struct SumF { template <class C> __device__ C operator()(C a, C b) const { return a + b; } };
+struct MaxF { template <class C> __device__ C operator()(C a, C b) const { return nan_max(a, b); } };
+
+// A row held in registers: thread t keeps elements t, t + TX, ... (or 16-byte vectors
+// t, t + TX, ... when the row allows), so a row kernel reads its input once. Used when
+// dim <= CACHE * TX; longer rows take the streaming path (two reads, the second from L2).
+constexpr int CACHE = 16;
+template <class T> struct RowCache {
+  typedef typename Acc<T>::type C;
+  static constexpr int V = 16 / sizeof(T) < CACHE ? 16 / sizeof(T) : CACHE;
+  C v[CACHE];
+  bool vec;
+
+  __device__ static bool fits(i64 dim) { return dim <= (i64)CACHE * blockDim.x; }
+
+  // slot s of this thread holds element index(s), or nothing when index(s) >= dim
+  __device__ __forceinline__ i64 index(int s) const {
+    return vec ? (threadIdx.x + (i64)(s / V) * blockDim.x) * V + s % V
+               : threadIdx.x + (i64)s * blockDim.x;
+  }
+
+  __device__ __forceinline__ void read(const T* __restrict__ x, i64 dim, C fill) {
+    vec = aligned16(x) && dim % V == 0;
+    if (vec) {
+#pragma unroll
+      for (int k = 0; k < CACHE / V; k++) {
+        const i64 jv = threadIdx.x + (i64)k * blockDim.x;
+        if (jv * V < dim) {
+          const Vec<T, V> w = reinterpret_cast<const Vec<T, V>*>(x)[jv];
+#pragma unroll
+          for (int e = 0; e < V; e++) v[k * V + e] = (C)load(w.v[e]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; e++) v[k * V + e] = fill;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < CACHE; s++) {
+        const i64 j = index(s);
+        v[s] = j < dim ? (C)load(x[j]) : fill;
+      }
+    }
+  }
+
+  // y[j] = f(cached value, j) for every element of the row
+  template <class F>
+  __device__ __forceinline__ void write(T* __restrict__ y, i64 dim, F f) const {
+    if (vec) {
+#pragma unroll
+      for (int k = 0; k < CACHE / V; k++) {
+        const i64 jv = threadIdx.x + (i64)k * blockDim.x;
+        if (jv * V < dim) {
+          Vec<T, V> w;
+#pragma unroll
+          for (int e = 0; e < V; e++) w.v[e] = store<T>(f(v[k * V + e], jv * V + e));
+          reinterpret_cast<Vec<T, V>*>(y)[jv] = w;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < CACHE; s++) {
+        const i64 j = index(s);
+        if (j < dim) y[j] = store<T>(f(v[s], j));
+      }
+    }
+  }
+};
 
 // softmax statistics (running max m, sum s of exp(x - m)), merged across threads
 template <class C> struct MaxSum { C m, s; };
@@ -49,6 +117,34 @@ template <class C> __device__ __forceinline__ void push(MaxSum<C>& st, C x) {
   }
 }
 
+// softmax of a row held in registers: max, then sum of exp(x - max), then write
+template <class T, bool LOG>
+__device__ __forceinline__ void softmax_cached(const T* __restrict__ x, T* __restrict__ y,
+                                               bool live, i64 dim, unsigned char* smem) {
+  typedef typename Acc<T>::type C;
+  RowCache<T> r;
+  if (live) r.read(x, dim, neg_inf<C>());
+  else { r.vec = false; for (int s = 0; s < CACHE; s++) r.v[s] = neg_inf<C>(); }
+  C m = neg_inf<C>();
+#pragma unroll
+  for (int s = 0; s < CACHE; s++) m = nan_max(m, r.v[s]);
+  m = row_reduce(m, MaxF(), reinterpret_cast<C*>(smem));
+  C sum = C(0);
+#pragma unroll
+  for (int s = 0; s < CACHE; s++) sum += r.v[s] == neg_inf<C>() ? C(0) : m_exp(r.v[s] - m);
+  sum = row_reduce(sum, SumF(), reinterpret_cast<C*>(smem));
+  if (!live) return;
+  // a +inf in the row makes every output NaN, as x - max does in the reference
+  if (m == pos_inf<C>()) sum = C(0) / C(0);
+  if (LOG) {
+    const C logs = m_log(sum);
+    r.write(y, dim, [&](C v, i64) { return (v - m) - logs; });
+  } else {
+    const C inv = C(1) / sum;
+    r.write(y, dim, [&](C v, i64) { return m_exp(v - m) * inv; });
+  }
+}
+
 template <class T, bool LOG>
 __device__ __forceinline__ void softmax_rows(const T* __restrict__ a, T* __restrict__ out,
                                              const RowParams& p, unsigned char* smem_raw) {
@@ -56,6 +152,10 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ a, T* __restr
   const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
   const bool live = row < p.rows;
   const T* x = a + (live ? row : 0) * p.dim;
+  if (RowCache<T>::fits(p.dim)) {
+    softmax_cached<T, LOG>(x, out + (live ? row : 0) * p.dim, live, p.dim, smem_raw);
+    return;
+  }
   MaxSum<C> st = {neg_inf<C>(), C(0)};
   if (live)
     for (i64 j = threadIdx.x; j < p.dim; j += blockDim.x) push(st, (C)load(x[j]));
@@ -78,8 +178,8 @@ __device__ __forceinline__ void softmax_rows(const T* __restrict__ a, T* __restr
   const C s = st.m == pos_inf<C>() ? C(0) / C(0) : st.s;
   T* y = out + row * p.dim;
   if (LOG) {
-    const C shift = st.m + m_log(s);
-    for (i64 j = threadIdx.x; j < p.dim; j += blockDim.x) y[j] = store<T>((C)load(x[j]) - shift);
+    const C logs = m_log(s);  // (x - m) - log(s): m + log(s) would round log(s) away
+    for (i64 j = threadIdx.x; j < p.dim; j += blockDim.x) y[j] = store<T>(((C)load(x[j]) - st.m) - logs);
   } else {
     const C inv = C(1) / s;
     for (i64 j = threadIdx.x; j < p.dim; j += blockDim.x) y[j] = store<T>(m_exp((C)load(x[j]) - st.m) * inv);
@@ -94,6 +194,19 @@ __device__ __forceinline__ void rmsnorm_rows(const T* __restrict__ a, const T* _
   const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
   const bool live = row < rows;
   const T* x = a + (live ? row : 0) * dim;
+  if (RowCache<T>::fits(dim)) {
+    RowCache<T> r;
+    if (live) r.read(x, dim, C(0));
+    else { r.vec = false; for (int s = 0; s < CACHE; s++) r.v[s] = C(0); }
+    C ss = C(0);
+#pragma unroll
+    for (int s = 0; s < CACHE; s++) ss += r.v[s] * r.v[s];
+    ss = row_reduce(ss, SumF(), reinterpret_cast<C*>(smem));
+    if (!live) return;
+    const C rs = C(1) / m_sqrt(ss / (C)dim + eps);
+    r.write(out + row * dim, dim, [&](C v, i64 j) { return v * rs * (C)load(w[j]); });
+    return;
+  }
   C ss = C(0);
   if (live)
     for (i64 j = threadIdx.x; j < dim; j += blockDim.x) {
@@ -116,6 +229,28 @@ __device__ __forceinline__ void layernorm_rows(const T* __restrict__ a, const T*
   const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
   const bool live = row < rows;
   const T* x = a + (live ? row : 0) * dim;
+  if (RowCache<T>::fits(dim)) {
+    RowCache<T> r;
+    if (live) r.read(x, dim, C(0));
+    else { r.vec = false; for (int s = 0; s < CACHE; s++) r.v[s] = C(0); }
+    C sum = C(0);
+#pragma unroll
+    for (int s = 0; s < CACHE; s++) sum += r.v[s];
+    const C mean = row_reduce(sum, SumF(), reinterpret_cast<C*>(smem)) / (C)dim;
+    C sq = C(0);
+#pragma unroll
+    for (int s = 0; s < CACHE; s++) {
+      const C d = r.index(s) < dim ? r.v[s] - mean : C(0);
+      sq += d * d;
+    }
+    const C var = row_reduce(sq, SumF(), reinterpret_cast<C*>(smem)) / (C)dim;
+    if (!live) return;
+    const C denom = m_sqrt(var + eps);
+    r.write(out + row * dim, dim, [&](C v, i64 j) {
+      return (v - mean) / denom * (C)load(w[j]) + (C)load(b[j]);
+    });
+    return;
+  }
   C sum = C(0);
   if (live)
     for (i64 j = threadIdx.x; j < dim; j += blockDim.x) sum += (C)load(x[j]);
@@ -181,7 +316,7 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
     C val = C(0);
     if (row < rows_total) {
       const i64 hq = kvh * group + row / p.q_len, pos = row % p.q_len;
-      val = (C)load(q[((b * p.q_heads + hq) * p.q_len + pos) * D + d]) * (C)p.scale;
+      val = (C)load(q[((b * p.q_heads + hq) * p.q_len + pos) * D + d]) * ((C)p.scale + (C)p.scale_lo);
     }
     Qs[r * D + d] = val;
   }

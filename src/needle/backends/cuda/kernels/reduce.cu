@@ -82,7 +82,7 @@ __device__ __forceinline__ void reduce_rows(const In* __restrict__ in, Out* __re
   if (aligned16(row + start)) {
     const i64 nv = (end - start) / V;
     const Vec<In, V>* vrow = reinterpret_cast<const Vec<In, V>*>(row + start);
-#pragma unroll 2
+#pragma unroll 4
     for (i64 k = lane; k < nv; k += 32) {
       const Vec<In, V> x = vrow[k];
 #pragma unroll
