@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INCLUDE = Path(__file__).parent / "include"
-_VERSION = "1"  # bump when the generated code changes shape, to invalidate cached libraries
 SOURCE_NAME = "program_source"
 MAX_BINDINGS = 31
 
@@ -320,7 +319,14 @@ def rewrite(expanded: str) -> str:
     text = re.sub(r"\[\[\s*threadgroup\s*\(", "[[threadgroup_index(", text)
     # a threadgroup variable declared in a function body is shared by the threads of a
     # threadgroup: one threadgroup at a time runs per OS thread, so thread_local storage is it
-    return re.sub(r"([;{}](?:\s|\n#[^\n]*)*)threadgroup\b", r"\1static thread_local", text)
+    # (pointers and references into threadgroup memory are ordinary locals)
+    def variable(m: re.Match) -> str:
+        declarator = re.match(r"[^;=\[(]*", text[m.end():]).group(0)
+        if "*" in declarator or "&" in declarator:
+            return m.group(0)
+        return m.group(1) + "static thread_local"
+
+    return re.sub(r"([;{}](?:\s|\n#[^\n]*)*)threadgroup\b", variable, text)
 
 
 def translation_unit(expanded: str, kernels: list[Kernel]) -> str:
@@ -439,7 +445,7 @@ def build(source: str, fast_math: bool = False) -> Library:
     if os.environ.get("NEEDLE_METAL_EMULATOR_UCONTEXT") == "1":
         flags.append("-DNEEDLE_EMU_UCONTEXT")
     digest = hashlib.sha256()
-    for part in (_VERSION, compiler(), " ".join(flags), source,
+    for part in (compiler(), " ".join(flags), source, Path(__file__).read_text(),
                  *(p.read_text() for p in sorted(INCLUDE.iterdir()))):
         digest.update(part.encode())
         digest.update(b"\0")

@@ -171,7 +171,6 @@ struct Run;  // one dispatch, shared by its workers
 
 struct Worker {
   Run* run = nullptr;
-  int index = 0;
   bool fiber_mode = false;
   std::vector<Fiber> fibers;
   Context scheduler;
@@ -253,7 +252,7 @@ inline void release_simd(SimdGroup& s) {
   s.mask[s.gen & 1] = 0;
 }
 
-// threadgroup_barrier(): wait until every live thread of the threadgroup arrives.
+// threadgroup_barrier(): wait until every thread of the threadgroup arrives.
 inline void threadgroup_wait() {
   Worker* w = tls_worker;
   if (w == nullptr || !w->fiber_mode) {
@@ -352,11 +351,6 @@ inline void allocate_stacks(Worker& w, uint32_t count) {
   }
 }
 
-inline void free_stacks(Worker& w) {
-  for (Fiber& f : w.fibers) munmap(f.stack - 4096, kStackBytes + 4096);
-  w.fibers.clear();
-}
-
 inline void run_fibers(Worker& w, const uint32_t group[3]) {
   const Dispatch* d = w.run->d;
   const uint32_t* n = d->threads;
@@ -410,7 +404,6 @@ inline void run_loop(Worker& w, const uint32_t group[3]) {
   const Dispatch* d = w.run->d;
   const uint32_t* n = d->threads;
   ThreadIds t;
-  fill_ids(t, d, group, 0, 0, 0);
   for (uint32_t z = 0; z < n[2]; ++z)
     for (uint32_t y = 0; y < n[1]; ++y) {
       fill_ids(t, d, group, 0, y, z);
@@ -466,6 +459,11 @@ inline int dispatch(Dispatch* d, Body body, bool synchronises, const char* kerne
     snprintf(d->error, sizeof(d->error), "the emulator runs simd-groups of 32 threads only");
     return 1;
   }
+  if (uint64_t(d->threads[0]) * d->threads[1] * d->threads[2] > kMaxThreads) {
+    snprintf(d->error, sizeof(d->error), "the emulator runs at most %d threads per threadgroup",
+             kMaxThreads);
+    return 1;
+  }
   Run run;
   run.d = d;
   run.out = d;
@@ -479,7 +477,6 @@ inline int dispatch(Dispatch* d, Body body, bool synchronises, const char* kerne
   if (count == 0) return 0;
   for (uint32_t i = 0; i < count; ++i) {
     g_workers[i].run = &run;
-    g_workers[i].index = static_cast<int>(i);
     g_workers[i].fiber_mode = synchronises;
   }
   std::vector<std::thread> helpers;

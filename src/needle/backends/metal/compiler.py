@@ -21,10 +21,10 @@ COMMON = "common.h"
 _GRID_THREADS = 1 << 17
 
 
-def library_source(family: str) -> str:
-    """The source Metal compiles for kernel file ``family``."""
-    common = (KERNEL_DIR / COMMON).read_text()
-    body = (KERNEL_DIR / f"{family}.metal").read_text()
+def library_source(family: str, directory: Path = KERNEL_DIR) -> str:
+    """The source Metal compiles for kernel file ``family`` of ``directory``."""
+    common = (directory / COMMON).read_text()
+    body = (directory / f"{family}.metal").read_text()
     return f'#line 1 "{COMMON}"\n{common}\n#line 1 "{family}.metal"\n{body}'
 
 
@@ -94,9 +94,9 @@ class MetalExecutableCache(ExecutableCache):
         self._api = api
 
     def source(self, family: str) -> str:
-        if not (KERNEL_DIR / f"{family}.metal").is_file():
-            raise KernelCompileError(f"no kernel file {family}.metal in {KERNEL_DIR}")
-        return library_source(family)
+        if not (self.source_dir / f"{family}.metal").is_file():
+            raise KernelCompileError(f"no kernel file {family}.metal in {self.source_dir}")
+        return library_source(family, self.source_dir)
 
     def kernel(self, family: str, name: str) -> Kernel:
         try:

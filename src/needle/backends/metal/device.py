@@ -27,6 +27,10 @@ class MetalDevice(Device):
         self.name = "metal"
         self.model = str(mtl.name())
         self.arch = _family(api, mtl)
+        if not mtl.supportsFamily_(api.MTLGPUFamilyApple7):
+            raise DeviceError(f"Metal GPU {self.model} ({self.arch}) is older than Apple7 (M1): "
+                              "needle's kernels need its simd-group matrices. Virtual machines "
+                              "(GitHub's macOS runners) expose such a paravirtual GPU")
         self.compute_units = ESTIMATED_CORES
         self.simd_width = 32
         self.max_threads_per_group = int(mtl.maxThreadsPerThreadgroup().width)

@@ -223,8 +223,10 @@ class MetalQueue(Queue):
         self._no_host_copy_in_capture("copy from the host")
         if not src.nbytes:
             return
-        span = trace.Span("copy", f"host to {self.device.name}, "
-                                  f"{trace.nbytes_str(src.nbytes)}", self) if trace.enabled else None
+        span = None
+        if trace.enabled:
+            span = trace.Span("copy", f"host to {self.device.name}, "
+                                      f"{trace.nbytes_str(src.nbytes)}", self)
         if span:
             span.__enter__()
         data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
@@ -243,8 +245,10 @@ class MetalQueue(Queue):
 
     def copy_to_host(self, src, src_offset: int, dst: np.ndarray) -> None:
         self._no_host_copy_in_capture("read data back to the host")
-        span = trace.Span("copy", f"{self.device.name} to host, "
-                                  f"{trace.nbytes_str(dst.nbytes)}") if trace.enabled else None
+        span = None
+        if trace.enabled:
+            span = trace.Span("copy", f"{self.device.name} to host, "
+                                      f"{trace.nbytes_str(dst.nbytes)}")
         if span:
             span.__enter__()
         self.synchronize()
