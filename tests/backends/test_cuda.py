@@ -160,6 +160,72 @@ def test_attention_prefill_and_decode(dtype, b, hq, hkv, sq, kv, cap, d, causal)
     assert relerr(got, want) < tol
 
 
+@gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("b,hq,hkv,sq,kv,cap,d,causal", [
+    (1, 8, 2, 200, 200, 200, 64, True),    # prefill, grouped-query heads, 800 rows per group
+    (2, 4, 4, 100, 300, 320, 128, True),   # a chunk after 200 cached positions
+    (1, 6, 2, 70, 129, 130, 64, False),    # kv_len not a multiple of the 64-key tile
+    (1, 2, 1, 64, 64, 64, 128, True),
+])
+def test_tensor_core_attention(dtype, b, hq, hkv, sq, kv, cap, d, causal):
+    """Half-precision prefill attention runs on the mma.sync kernel; cache slots past kv_len
+    hold NaN, which it must never read."""
+    npdt = nd.dtypes.to_numpy_dtype(dtype)
+    q = RNG.standard_normal((b, hq, sq, d)).astype(npdt)
+    k = RNG.standard_normal((b, hkv, cap, d)).astype(npdt)
+    v = RNG.standard_normal((b, hkv, cap, d)).astype(npdt)
+    k[:, :, kv:] = np.nan
+    v[:, :, kv:] = np.nan
+    with DEV.backend.profile() as prof:
+        got = nd.attention(on(q, dtype), on(k, dtype), on(v, dtype), causal=causal,
+                           kv_len=kv).numpy()
+    assert any(name.startswith(f"attention_tc{d}_") for name in prof.totals), prof.table()
+    want = _attention_ref(q, np.nan_to_num(k), np.nan_to_num(v), kv, 1 / np.sqrt(d), causal)
+    assert relerr(got, want) < (1e-2 if dtype == "bfloat16" else 2e-3)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,p,batch", [(8, 2048, 64, 4), (3, 100, 136, 2), (5, 5000, 24, 1),
+                                         (1, 777, 16, 3)])
+def test_skinny_matmul(dtype, m, n, p, batch):
+    """A few rows times tall matrices (the decode step's probs @ V): one kernel, or split
+    over k with the partial sums combined."""
+    with DEV.backend.profile() as prof:
+        got, want = _mm_case(m, n, p, dtype, False, False, batch=batch)
+    assert f"matmul_skinny_{_SFX[dtype]}" in prof.totals, prof.table()
+    tol = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 2e-3}[dtype]
+    assert relerr(got, want) < tol
+
+
+_SFX = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("itype", ["int32", "int64"])
+def test_half_scatter_add_rounds_once(dtype, itype):
+    """A few indices into a half-precision array add in place, bit for bit like the
+    reference: each row's values summed in float32 in index order with the old row, rounded
+    once; repeated and out-of-range indices included."""
+    npdt = nd.dtypes.to_numpy_dtype(dtype)
+    rows, dim = 50, 70
+    base = RNG.standard_normal((rows, dim)).astype(npdt)
+    idx = np.array([3, 7, 3, 49, 0, 3, 7, 60], itype)
+    vals = RNG.standard_normal((len(idx), dim)).astype(npdt)
+    out = on(base, dtype)
+    with DEV.backend.profile() as prof:
+        nd.scatter_add(nd.array(idx, device=DEV), on(vals, dtype), rows, out=out)
+    got = out.numpy()
+    assert f"scatter_add_{_SFX[dtype]}_{itype[0]}{itype[3:]}" in prof.totals, prof.table()
+    acc = base.astype(np.float32)
+    for i, r in enumerate(idx):
+        if 0 <= r < rows:
+            acc[r] += vals[i].astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint16), acc.astype(npdt).view(np.uint16))
+
+
 # --- misaligned and foreign buffers ---------------------------------------------------------
 @gpu
 def test_misaligned_dlpack_buffers_take_the_scalar_path():

@@ -84,3 +84,19 @@ def test_llama_with_biases(tmp_path):
     ids = np.array([PROMPT])
     assert model.model.layers[0].self_attn.o_proj.bias is not None
     assert rel_error(model(ids).numpy(), reference_logits(hf, ids).numpy()) < 1e-4
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("dtype,tol", [("bfloat16", 0.05), ("float16", 0.01)])
+def test_half_precision_decode_matches_forward(checkpoints, device, dtype, tol):
+    """The half-precision decode step (on CUDA: a half-precision KV cache written in place,
+    q·Kᵀ over the transposed cache, the skinny p·V product) agrees with the forward pass."""
+    directory, _ = checkpoints("llama")
+    model = load_pretrained(directory, device=device, dtype=dtype, max_seq_len=40)
+    seq = PROMPT + [5, 6, 7, 200, 201, 33]
+    full = model(np.array([seq])).numpy()[0].astype(np.float64)
+    decoder = model.decoder()
+    steps = [decoder.prefill(PROMPT).numpy()[0]]
+    for token in seq[len(PROMPT):]:
+        steps.append(decoder.step(token).numpy()[0])
+    assert rel_error(np.stack(steps).astype(np.float64), full[len(PROMPT) - 1:]) < tol

@@ -48,6 +48,9 @@ _ROW = struct.Struct("qq")
 _NORM = {dt: _padded("qq" + _SCALAR[dt]) for dt in FLOATS}
 _ROPE = struct.Struct("4q")
 _ATTN = _padded("9qfif")
+_ADAM = {dt: _padded("qq" + _SCALAR[dt] * 7) for dt in FLOATS}  # optim.cu's AdamParams
+_SGD = {dt: _padded("qq" + _SCALAR[dt] * 4) for dt in FLOATS}  # SgdParams
+_SGD_MOMENTUM, _SGD_FIRST, _SGD_NESTEROV, _SGD_DAMPENED = 1, 2, 4, 8
 MAX_DIMS = 8
 _MAX_GRID_YZ = 65535
 
@@ -456,6 +459,12 @@ class GpuBackend:
         if m == 1 and batch == 1 and dt in ("float16", "bfloat16", "float32"):
             self._gemv(a, b, out, n, p, transpose_b)
             return
+        width = 16 // ITEMSIZE[dt]
+        if (m <= 8 and not transpose_a and not transpose_b and "skinny" in self.device.features
+                and dt in ("float16", "bfloat16", "float32") and p % width == 0
+                and stride_b % width == 0 and _aligned16(b.buffer)):
+            self._skinny(a, b, out, m, n, p, batch, stride_a, stride_b)
+            return
         tc = (dt in ("float16", "bfloat16") and n % 8 == 0 and p % 8 == 0
               and (batch == 1 or stride_a % 8 == 0 and stride_b % 8 == 0)
               # the tensor-core pipeline's stages must fit in shared memory (not in Metal's)
@@ -565,12 +574,37 @@ class GpuBackend:
             params = _MATMUL.pack(m, n, p, nb, stride_a, stride_b, int(ta), int(tb), 1, 0)
             self.queue.dispatch(k, (gx, gy, nb), threads, (av, bv, ov), params, shared)
 
+    def _skinny(self, a, b, out, m: int, n: int, p: int, batch: int, stride_a: int,
+                stride_b: int) -> None:
+        """A few rows times (n, p) matrices (feature "skinny"): bandwidth-bound, so B is read
+        once, by groups of 256 threads over 8 column groups of 16 bytes and a slice of k;
+        the slices' float32 partial sums are added by ``gemv_combine``."""
+        sfx = SUFFIX[a.dtype]
+        k = self._kernel("matmul", f"matmul_skinny_{sfx}")
+        k.check_threads(256)
+        gx = _cdiv(p // (16 // ITEMSIZE[a.dtype]), 8)
+        if batch > _MAX_GRID_YZ:
+            raise ShapeError(f"matmul with a batch of {batch} exceeds the GPU grid")
+        # about two groups per SM, each thread at least one round of 8 loads (256 rows of k)
+        splits = max(1, min(_cdiv(2 * self.device.compute_units, gx * batch), _cdiv(n, 256),
+                            _MAX_GRID_YZ))
+        chunk = _cdiv(n, splits)
+        splits = _cdiv(n, chunk)
+        part = self._workspace(splits * batch * m * p * 4) if splits > 1 else out.buffer
+        params = _MATMUL.pack(m, n, p, batch, stride_a, stride_b, 0, 0, splits, chunk)
+        self.queue.dispatch(k, (gx, splits, batch), (256, 1, 1),
+                            (a.buffer, b.buffer, out.buffer, part), params)
+        if splits > 1:
+            combine = _MATMUL.pack(1, n, batch * m * p, 1, 0, 0, 0, 0, splits, chunk)
+            self._launch_1d(f"gemv_combine_{sfx}", batch * m * p, (part, out.buffer), combine,
+                            "matmul")
+
     def _gemv(self, a: GpuArray, b: GpuArray, out: GpuArray, n: int, p: int,
               transpose_b: bool) -> None:
         sfx = SUFFIX[a.dtype]
         if transpose_b:
             k = self._kernel("matmul", f"gemv_t_{sfx}")
-            ty = max(1, min(8, k.max_threads // 32))
+            ty = max(1, min(4, k.max_threads // 32))  # small groups: 256 rows still span 64 SMs
             params = _MATMUL.pack(1, n, p, 1, 0, 0, 0, 1, 1, n)
             self.queue.dispatch(k, (_cdiv(p, ty), 1, 1), (32, ty, 1),
                                 (a.buffer, b.buffer, out.buffer), params)
@@ -616,6 +650,14 @@ class GpuBackend:
         dt = out.dtype
         if dt == "bool":
             raise DTypeError("scatter_add is not defined for bool arrays")
+        if (dt in ("float16", "bfloat16") and indices.size <= 64
+                and "half_scatter" in self.device.features):
+            # few rows (a decode step's keys and values): each distinct row summed and
+            # rounded once in place, as below, without converting all of out
+            self._rows_launch("layout", f"scatter_add_{SUFFIX[dt]}_{SUFFIX[indices.dtype]}",
+                              indices.size, dim, 1, (indices.buffer, values.buffer, out.buffer),
+                              _TAKE.pack(indices.size, rows, dim))
+            return
         if dt in ("float16", "bfloat16"):  # add in float32, round once at the end
             acc, vals = self._new_array(out.size, "float32"), self._new_array(values.size,
                                                                                 "float32")
@@ -679,9 +721,15 @@ class GpuBackend:
         dt = self._need(q.dtype, FLOATS, "attention")
         if head_dim > 256:
             raise ShapeError(f"attention on the GPU supports head_dim <= 256, got {head_dim}")
+        group = q_heads // kv_heads
+        if (dt in ("float16", "bfloat16") and head_dim in (64, 128) and group * q_len >= 64
+                and "mma" in self.device.features
+                and all(_aligned16(x.buffer) for x in (q, k, v, out))):
+            self._attention_tc(q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                               kv_capacity, head_dim, scale, causal)
+            return
         kern = self._kernel("nn", f"attention_{SUFFIX[dt]}")
         kern.check_threads(256)
-        group = q_heads // kv_heads
         gx, gy = _cdiv(group * q_len, 32), batch * kv_heads
         if gy > _MAX_GRID_YZ:
             raise ShapeError(f"attention over {gy} (batch x kv heads) exceeds the GPU grid")
@@ -711,6 +759,58 @@ class GpuBackend:
             kc = self._kernel("nn", f"attention_combine_{SUFFIX[dt]}")
             self.queue.dispatch(kc, (_cdiv(rows_out, 8), 1, 1), (32, 8, 1),
                                 (part_o, part_ml, out.buffer), params)
+
+    def _attention_tc(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                      kv_capacity, head_dim, scale, causal) -> None:
+        """Prefill-sized attention on tensor cores (feature "mma"): groups of 64 query rows,
+        K/V in 64-key tiles through two shared-memory stages, P kept in registers."""
+        kern = self._kernel("nn", f"attention_tc{head_dim}_{SUFFIX[q.dtype]}")
+        kern.check_threads(128)
+        gx, gy = _cdiv(q_heads // kv_heads * q_len, 64), batch * kv_heads
+        if gy > _MAX_GRID_YZ:
+            raise ShapeError(f"attention over {gy} (batch x kv heads) exceeds the GPU grid")
+        shared = (64 + 4 * 64) * head_dim * 2  # Q tile + two stages of K and V tiles
+        kern.reserve_shared(shared)
+        hi = float(np.float32(scale))
+        params = _ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
+                            1, kv_len, hi, int(bool(causal)), float(scale) - hi)
+        self.queue.dispatch(kern, (gx, gy, 1), (128, 1, 1),
+                            (q.buffer, k.buffer, v.buffer, out.buffer, out.buffer, out.buffer),
+                            params, shared)
+
+    # --- optimizer updates -----------------------------------------------------------------
+    def adam_update(self, param: GpuArray, grad: GpuArray, m: GpuArray, v: GpuArray, lr: float,
+                    beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
+                    decoupled: bool) -> None:
+        """One Adam step of ``param`` in place (see numpy_ref.adam_update): one launch, the
+        per-step scalars folded here in double as numpy_ref folds them."""
+        dt = self._need(param.dtype, FLOATS, "adam_update")
+        root_bc2 = math.sqrt(1 - beta2 ** step)
+        mode = 2 if decoupled else (1 if weight_decay else 0)
+        decay = 1 - lr * weight_decay if decoupled else weight_decay
+        scalars = (beta1, 1 - beta1, beta2, 1 - beta2, eps * root_bc2,
+                   lr * root_bc2 / (1 - beta1 ** step), decay)
+        if param.size:
+            self._launch_1d(f"adam_update_{SUFFIX[dt]}", param.size,
+                            (param.buffer, grad.buffer, m.buffer, v.buffer),
+                            _ADAM[dt].pack(param.size, mode, *(_scalar(dt, x) for x in scalars)),
+                            "optim")
+
+    def sgd_update(self, param: GpuArray, grad: GpuArray, momentum_buf: GpuArray | None,
+                   lr: float, momentum: float, dampening: float, weight_decay: float,
+                   nesterov: bool, first: bool) -> None:
+        """One SGD step of ``param`` in place (see numpy_ref.sgd_update)."""
+        dt = self._need(param.dtype, FLOATS, "sgd_update")
+        flags = ((_SGD_MOMENTUM if momentum_buf is not None else 0)
+                 | (_SGD_FIRST if first else 0) | (_SGD_NESTEROV if nesterov else 0)
+                 | (_SGD_DAMPENED if dampening else 0))
+        buf = param.buffer if momentum_buf is None else momentum_buf.buffer  # unused slot
+        scalars = (lr, momentum, 1 - dampening, weight_decay)
+        if param.size:
+            self._launch_1d(f"sgd_update_{SUFFIX[dt]}", param.size,
+                            (param.buffer, grad.buffer, buf),
+                            _SGD[dt].pack(param.size, flags, *(_scalar(dt, x) for x in scalars)),
+                            "optim")
 
     # --- DLPack --------------------------------------------------------------------------
     def dlpack_device(self) -> tuple[int, int]:

@@ -22,8 +22,9 @@ class Decoder:
 
     def __init__(self, model):
         self.model = model
-        self.cache = KVCache(model.config, model.max_seq_len, model.device)
-        self.state = DecodeState(model.config, model.max_seq_len, model.device)
+        self.cache = KVCache(model.config, model.max_seq_len, model.device, model.dtype)
+        self.state = DecodeState(model.config, model.max_seq_len, model.device,
+                                 self.cache.dtype)
         backend = model.device.backend
         self._capture = getattr(backend, "capture", None)
         if os.environ.get("NEEDLE_DECODE_GRAPH", "1") == "0":
@@ -50,9 +51,8 @@ class Decoder:
         (its slots are zeroed, as the decode step adds into them)."""
         if not 0 < length <= self.length:
             raise GenerationError(f"can rewind to 1..{self.length} positions, not {length}")
-        for keys, values in zip(self.cache.keys, self.cache.values):
-            keys[:, :, :, length:] = 0
-            values[:, :, length:, :] = 0
+        for array in self.cache.keys + self.cache.values:
+            array[:, :, length:, :] = 0
         self.length = length
 
     def step(self, token: int):

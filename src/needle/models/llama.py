@@ -79,23 +79,28 @@ def _linear(weights: WeightSource, shapes: dict, name: str) -> Linear:
 class KVCache:
     """Keys and values of every layer for up to ``capacity`` positions, preallocated.
 
-    Keys are stored transposed, (1, kv_heads, head_dim, capacity), and values as
-    (1, kv_heads, capacity, head_dim) (one sequence): the two operands of the decode step's batched
-    products q·Kᵀ and p·V, so neither is copied per token. ``clear`` zeroes both, which the
-    decode step relies on: it *adds* each new key and value into its (zero) slot.
+    Both are stored (1, kv_heads, capacity, head_dim) (one sequence): the decode step's
+    q·Kᵀ reads the keys as a transposed operand and p·V the values as they are, so neither
+    is copied per token, and a new key or value is one row of ``head_dim`` per head.
+    ``clear`` zeroes both, which the decode step relies on: it *adds* each new key and value
+    into its (zero) slot.
 
-    The cache is float32 whatever the model's dtype: keys and values computed in half
-    precision are stored exactly, the decode step's attention accumulates in float32, and
-    the device-indexed add that writes a slot is native for float32 on every backend (GPU
-    backends add half-precision values by converting the whole destination to float32).
+    The cache has the model's dtype where the backend writes half-precision rows natively
+    (feature ``half_scatter``: CUDA); elsewhere it is float32 whatever the model's dtype,
+    because the device-indexed add that writes a slot is native for float32 on every backend
+    (a half-precision one would convert the whole cache on each write). Half-precision keys
+    and values are stored exactly either way.
     """
 
-    dtype = "float32"
+    dtype = "float32"  # the widest choice, which memory estimates assume
 
-    def __init__(self, cfg: LlamaConfig, capacity: int, device):
+    def __init__(self, cfg: LlamaConfig, capacity: int, device, dtype: str = "float32"):
         self.capacity = capacity
+        features = getattr(getattr(device.backend, "device", None), "features", ())
+        if dtype in ("float16", "bfloat16") and "half_scatter" in features:
+            self.dtype = dtype
         kv, d = cfg.num_kv_heads, cfg.head_dim
-        self.keys = [nd.empty((1, kv, d, capacity), self.dtype, device)
+        self.keys = [nd.empty((1, kv, capacity, d), self.dtype, device)
                      for _ in range(cfg.num_layers)]
         self.values = [nd.empty((1, kv, capacity, d), self.dtype, device)
                        for _ in range(cfg.num_layers)]
@@ -133,17 +138,16 @@ class DecodeState:
     """The inputs of one decode step, in device buffers the host rewrites before each step,
     and the arrays derived from them on the device at the start of the step."""
 
-    def __init__(self, cfg: LlamaConfig, capacity: int, device):
-        kv, group, d = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+    def __init__(self, cfg: LlamaConfig, capacity: int, device, dtype: str = "float32"):
+        kv, group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
         self.token = nd.zeros((1, 1), "int32", device)
         self.position = nd.zeros((1,), "int32", device)
-        # rows of the caches (viewed as rows × 1 for keys, rows × head_dim for values)
-        self._key_rows = nd.array(np.arange(kv * d, dtype=np.int32) * capacity, device=device)
-        self._value_rows = nd.array(np.arange(kv, dtype=np.int32) * capacity, device=device)
+        # rows of the caches viewed as (kv_heads * capacity) x head_dim
+        self._rows = nd.array(np.arange(kv, dtype=np.int32) * capacity, device=device)
         slots = np.broadcast_to(np.arange(capacity, dtype=np.int32), (1, kv, group, capacity))
         self._slots = nd.array(slots, device=device)
-        self._zero = nd.zeros(slots.shape, KVCache.dtype, device)
-        self._neg_inf = nd.full(slots.shape, -np.inf, KVCache.dtype, device)
+        self._zero = nd.zeros(slots.shape, dtype, device)
+        self._neg_inf = nd.full(slots.shape, -np.inf, dtype, device)
 
     def set(self, token: int, position: int) -> None:
         self.token[...] = token
@@ -155,8 +159,7 @@ class DecodeState:
         return StepArrays(
             cos=_const(rope.cos.take(pos)), sin=_const(rope.sin.take(pos)),
             q_cos=_const(rope.q_cos.take(pos)), q_sin=_const(rope.q_sin.take(pos)),
-            key_rows=self._key_rows + pos, value_rows=self._value_rows + pos,
-            mask=nd.where(visible, self._zero, self._neg_inf))
+            rows=self._rows + pos, mask=nd.where(visible, self._zero, self._neg_inf))
 
 
 @dataclass
@@ -168,8 +171,7 @@ class StepArrays:
     sin: Tensor
     q_cos: Tensor
     q_sin: Tensor
-    key_rows: NDArray
-    value_rows: NDArray
+    rows: NDArray
     mask: NDArray
 
 
@@ -198,7 +200,7 @@ class LlamaAttention(nn.Module):
         b, s, _ = x.shape
         q, k, v = self._project(x, cos, sin, cos, sin)
         if keys is not None:
-            keys[:, :, :, :s] = k.realize_cached_data().permute((0, 2, 3, 1))
+            keys[:, :, :s, :] = k.realize_cached_data().permute((0, 2, 1, 3))
             values[:, :, :s, :] = v.realize_cached_data().permute((0, 2, 1, 3))
         heads_first = (0, 2, 1, 3)
         out = ops.scaled_dot_product_attention(ops.permute(q, heads_first),
@@ -212,12 +214,12 @@ class LlamaAttention(nn.Module):
         q, k, v = (t.realize_cached_data() for t in self._project(
             x, step.cos, step.sin, step.q_cos, step.q_sin))
         kv, d = self.num_kv_heads, self.head_dim
-        nd.scatter_add(step.key_rows, k.astype(keys.dtype).reshape((kv * d, 1)), keys.size,
-                       out=keys.reshape((keys.size, 1)))
-        nd.scatter_add(step.value_rows, v.astype(values.dtype).reshape((kv, d)),
-                       values.size // d, out=values.reshape((values.size // d, d)))
+        rows = keys.size // d
+        for new, cache in ((k, keys), (v, values)):
+            nd.scatter_add(step.rows, new.astype(cache.dtype).reshape((kv, d)), rows,
+                           out=cache.reshape((rows, d)))
         q4 = q.reshape((1, kv, self.num_heads // kv, d))
-        probs = ((q4 @ keys) + step.mask).softmax()
+        probs = ((q4 @ keys.permute((0, 1, 3, 2))) + step.mask).softmax()
         out = (probs @ values).astype(q.dtype).reshape((1, 1, self.num_heads * d))
         return self.o_proj(_const(out))
 

@@ -44,8 +44,8 @@ def parameter_count(cfg: LlamaConfig) -> int:
 
 
 def kv_cache_bytes(cfg: LlamaConfig, max_seq_len: int, batch: int = 1) -> int:
-    """Keys and values of every layer for ``max_seq_len`` positions (the cache is float32
-    whatever the weights' dtype, see KVCache)."""
+    """Keys and values of every layer for ``max_seq_len`` positions, at float32: the widest
+    cache (CUDA keeps a half-precision model's cache in its dtype, half this; see KVCache)."""
     per_position = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
     return batch * max_seq_len * per_position * dtypes.ITEMSIZE[KVCache.dtype]
 

@@ -51,7 +51,9 @@ class CudaDevice(Device):
         self.allocator = CudaAllocator(self.name)
         self.queue = CudaQueue(self)
         self.executables = CudaExecutableCache(self.name, self.capability, self.compute_units)
-        features = {"transpose", "split_k"}
+        features = {"transpose", "split_k", "skinny", "half_scatter"}
+        if self.capability >= 80:  # mma.sync with bf16 operands: tensor-core attention
+            features.add("mma")
         if self.executables.arch == "sm_90a" and os.environ.get("NEEDLE_WGMMA", "1") != "0":
             features.add("wgmma")
         self.features = frozenset(features)

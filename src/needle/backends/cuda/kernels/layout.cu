@@ -123,6 +123,30 @@ __device__ __forceinline__ void scatter_rows(const I* __restrict__ idx, const T*
   }
 }
 
+// Half precisions, for few indices (the host sends at most 64; more go through a float32
+// copy of out): the block of a row's first index sums, in float32 and in index order, out's
+// row and the values of every index naming that row, then rounds once, as the reference
+// does. One block writes each row, so no atomics; later duplicates skip. This is the decode
+// step's write of keys and values into a half-precision cache, without converting it.
+template <class T, class I>
+__device__ __forceinline__ void scatter_rows_half(const I* __restrict__ idx,
+                                                  const T* __restrict__ values,
+                                                  T* __restrict__ out, const TakeParams& p) {
+  for (i64 i = blockIdx.x; i < p.n_idx; i += gridDim.x) {
+    const i64 r = (i64)idx[i];
+    if (r < 0 || r >= p.rows) continue;
+    bool first = true;
+    for (i64 e = 0; e < i && first; e++) first = (i64)idx[e] != r;
+    if (!first) continue;  // block-uniform
+    for (i64 j = threadIdx.x; j < p.dim; j += blockDim.x) {
+      float acc = load(out[r * p.dim + j]);
+      for (i64 e = i; e < p.n_idx; e++)
+        if ((i64)idx[e] == r) acc += load(values[e * p.dim + j]);
+      out[r * p.dim + j] = store<T>(acc);
+    }
+  }
+}
+
 #define TAKE(SFX, T, ISFX, I)                                                                  \
   extern "C" __global__ void take_##SFX##_##ISFX(const T* __restrict__ table, const I* __restrict__ idx, \
                                                  T* __restrict__ out, TakeParams p) {          \
@@ -135,6 +159,13 @@ __device__ __forceinline__ void scatter_rows(const I* __restrict__ idx, const T*
     scatter_rows(idx, values, out, p);                                                         \
   }
 
+#define SCATTER_HALF(SFX, T, ISFX, I)                                                          \
+  extern "C" __global__ void scatter_add_##SFX##_##ISFX(const I* __restrict__ idx,             \
+                                                        const T* __restrict__ values,          \
+                                                        T* __restrict__ out, TakeParams p) {   \
+    scatter_rows_half(idx, values, out, p);                                                    \
+  }
+
 #define ALL(M) M(f16, half_t) M(bf16, bf16_t) M(f32, float) M(f64, double) M(i32, int) M(i64, i64) M(b8, b8)
 #define BY_INDEX(M, SFX, T) M(SFX, T, i32, int) M(SFX, T, i64, i64)
 #define TAKE_(SFX, T) BY_INDEX(TAKE, SFX, T)
@@ -142,6 +173,8 @@ __device__ __forceinline__ void scatter_rows(const I* __restrict__ idx, const T*
 
 ALL(LAYOUT)
 ALL(TAKE_)
+BY_INDEX(SCATTER_HALF, f16, half_t)
+BY_INDEX(SCATTER_HALF, bf16, bf16_t)
 SCATTER_(f32, float)
 SCATTER_(f64, double)
 SCATTER_(i32, int)

@@ -5,7 +5,9 @@
 //    accumulate), cp.async multi-stage pipeline, ldmatrix from XOR-swizzled shared memory.
 //  * matmul_{dt}: any dtype and layout, 16x16 tiles (the fallback).
 //  * gemv_t_* / gemv_n_* / gemv_combine_*: m == 1 (decoding), bandwidth-bound.
+//  * matmul_skinny_*: m <= 8 rows (the decode step's probs @ V), split over k.
 #include "common.cuh"
+#include "tensor_core.cuh"
 
 // tuning knobs (NEEDLE_CUDA_OPTIONS="-DSGEMM_MIN_BLOCKS=1 ..." recompiles with others)
 #ifndef SGEMM_MIN_BLOCKS
@@ -186,44 +188,6 @@ SGEMM(tt, true, true)
 
 // ================================================================ tensor cores ============
 namespace tc {
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-  u32 r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm_x4(u32 addr, u32 (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(u32 addr, u32 (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-template <class T> struct Mma;
-template <> struct Mma<bf16_t> {
-  __device__ static void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <> struct Mma<half_t> {
-  __device__ static void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
 // A tile [BM][32] (4 chunks of 8 elements per row), chunk c of row r stored at c ^ ((r>>1)&3);
 // B tile [32][BN], chunk c of row r stored at c ^ (r&7). Both make ldmatrix conflict-free.
 template <class T, int BM, int BN, int WM, int WN, int STAGES>
@@ -545,6 +509,21 @@ __device__ __forceinline__ void matmul_generic(const T* __restrict__ A, const T*
 
 // ================================================================ m == 1 ================
 // out[j] = sum_k a[k] * B[j][k]: B stored (p, n); a warp per output, 16-byte loads along k.
+// Bandwidth-bound (decoding streams every weight once per token), so each lane issues
+// GEMV_UNROLL independent 16-byte loads of its row before using any (a 2048-long bf16 row is
+// then one round trip), and the weights bypass L1 so the activation vector stays there.
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 8
+#endif
+template <class T, int V>
+__device__ __forceinline__ Vec<T, V> ld_stream(const Vec<T, V>* p) {
+  static_assert(sizeof(Vec<T, V>) == 16, "16-byte vectors");
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return *reinterpret_cast<Vec<T, V>*>(&r);
+}
+
 template <class T>
 __device__ __forceinline__ void gemv_t(const T* __restrict__ a, const T* __restrict__ B,
                                        T* __restrict__ out, const MatmulParams& p) {
@@ -553,16 +532,30 @@ __device__ __forceinline__ void gemv_t(const T* __restrict__ a, const T* __restr
   if (j >= p.p) return;
   const i64 K = p.n;
   const T* row = B + j * K;
-  constexpr int V = 16 / sizeof(T);
+  constexpr int V = 16 / sizeof(T), U = GEMV_UNROLL;
   Cmp acc = Cmp(0);
   i64 k = 0;
   if (aligned16(row) && aligned16(a)) {
     const i64 nv = K / V;
-    for (i64 q = threadIdx.x; q < nv; q += 32) {
-      const Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(row)[q];
-      const Vec<T, V> y = reinterpret_cast<const Vec<T, V>*>(a)[q];
+    const Vec<T, V>* rv = reinterpret_cast<const Vec<T, V>*>(row);
+    const Vec<T, V>* av = reinterpret_cast<const Vec<T, V>*>(a);
+    for (i64 base = threadIdx.x; base < nv; base += 32 * U) {
+      Vec<T, V> x[U], y[U];
 #pragma unroll
-      for (int e = 0; e < V; e++) acc += load(x.v[e]) * load(y.v[e]);
+      for (int u = 0; u < U; u++) {
+        const i64 q = base + u * 32;
+        if (q < nv) {
+          x[u] = ld_stream<T, V>(rv + q);
+          y[u] = av[q];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (base + u * 32 < nv) {
+#pragma unroll
+          for (int e = 0; e < V; e++) acc += load(x[u].v[e]) * load(y[u].v[e]);
+        }
+      }
     }
     k = nv * V;
   }
@@ -613,6 +606,104 @@ __device__ __forceinline__ void gemv_n(const T* __restrict__ a, const T* __restr
   }
 }
 
+// out[z] = A[z] @ B[z] for m <= 8 rows, A (m, n) and B (n, p) row-major (the decode step's
+// probs @ V, n the cache length): bandwidth-bound, B read once. A group of 256 threads owns
+// 8 column groups of 16 bytes (lane % 8) and k slice [split*chunk, +chunk) of matrix z
+// (blockIdx.y = split, blockIdx.z = z); its 32 rows of threads (tid / 8) take every 32nd k,
+// 8 loads in flight each. The 32 partial sums of each output are added by shuffles within a
+// warp (lanes l, l^8, l^16, l^24), then across the 8 warps in shared memory. With splits > 1
+// the group writes float32 partials to part[(split*batch + z)*m*p + row*p + col] and
+// gemv_combine adds the slices (its p = batch*m*p); with one split it writes out.
+constexpr int SKINNY_M = 8, SKINNY_CG = 8, SKINNY_THREADS = 256, SKINNY_U = 8;
+template <class T>
+__device__ __forceinline__ void skinny(const T* __restrict__ A, const T* __restrict__ B,
+                                       T* __restrict__ out, float* __restrict__ part,
+                                       const MatmulParams& p, float* red) {
+  constexpr int V = 16 / sizeof(T), KL = SKINNY_THREADS / SKINNY_CG, MV = SKINNY_M * V;
+  const i64 M = p.m, K = p.n, N = p.p, groups = N / V;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const i64 cg = (i64)blockIdx.x * SKINNY_CG + (tid % SKINNY_CG);
+  const i64 split = blockIdx.y, z = blockIdx.z;
+  const bool live = cg < groups;
+  const T* a = A + z * p.stride_a;
+  const T* b = B + z * p.stride_b + (live ? cg : 0) * V;
+  const i64 k0 = split * p.chunk, k1 = k0 + p.chunk < K ? k0 + p.chunk : K;
+  float acc[SKINNY_M][V];
+#pragma unroll
+  for (int r = 0; r < SKINNY_M; r++)
+#pragma unroll
+    for (int e = 0; e < V; e++) acc[r][e] = 0.f;
+  if (live) {
+    for (i64 kb = k0 + tid / SKINNY_CG; kb < k1; kb += KL * SKINNY_U) {
+      Vec<T, V> x[SKINNY_U];
+#pragma unroll
+      for (int u = 0; u < SKINNY_U; u++)
+        if (kb + u * KL < k1) x[u] = *reinterpret_cast<const Vec<T, V>*>(b + (kb + u * KL) * N);
+#pragma unroll
+      for (int u = 0; u < SKINNY_U; u++) {
+        const i64 k = kb + u * KL;
+        if (k >= k1) continue;
+#pragma unroll
+        for (int r = 0; r < SKINNY_M; r++) {
+          if (r >= M) continue;
+          const float ar = (float)load(a[r * K + k]);
+#pragma unroll
+          for (int e = 0; e < V; e++) acc[r][e] += ar * (float)load(x[u].v[e]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < SKINNY_M; r++)
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      float v = acc[r][e];
+      v += __shfl_xor_sync(0xffffffffu, v, 8);
+      v += __shfl_xor_sync(0xffffffffu, v, 16);
+      acc[r][e] = v;
+    }
+  // red[warp][column group][row * V + e]
+  if (lane < SKINNY_CG) {
+#pragma unroll
+    for (int r = 0; r < SKINNY_M; r++)
+#pragma unroll
+      for (int e = 0; e < V; e++) red[(warp * SKINNY_CG + lane) * MV + r * V + e] = acc[r][e];
+  }
+  __syncthreads();
+  for (int i = tid; i < SKINNY_CG * MV; i += SKINNY_THREADS) {
+    const int c = i / MV, r = (i % MV) / V, e = i % V;
+    const i64 col_group = (i64)blockIdx.x * SKINNY_CG + c;
+    if (r >= M || col_group >= groups) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < SKINNY_THREADS / 32; w++) v += red[(w * SKINNY_CG + c) * MV + r * V + e];
+    const i64 col = col_group * V + e;
+    if (p.splits == 1) {
+      out[(z * M + r) * N + col] = store<T>((typename Acc<T>::type)v);
+    } else {
+      part[((split * p.batch + z) * M + r) * N + col] = v;
+    }
+  }
+}
+
+// out[j] = sum over the splits of part[q * p + j]: 8 independent loads in flight per thread
+template <class T>
+__device__ __forceinline__ void gemv_combine(const float* __restrict__ part, T* __restrict__ out,
+                                             const MatmulParams& p) {
+  const i64 t0 = global_thread(), step = grid_threads();
+  for (i64 j = t0; j < p.p; j += step) {
+    float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    i64 q = 0;
+    for (; q + 8 <= p.splits; q += 8) {
+#pragma unroll
+      for (int u = 0; u < 8; u++) s[u] += part[(q + u) * p.p + j];
+    }
+    for (; q < p.splits; q++) s[0] += part[q * p.p + j];
+    out[j] = store<T>((typename Acc<T>::type)(((s[0] + s[1]) + (s[2] + s[3])) +
+                                              ((s[4] + s[5]) + (s[6] + s[7]))));
+  }
+}
+
 #define GENERIC(SFX, T)                                                                        \
   extern "C" __global__ void matmul_##SFX(const T* __restrict__ a, const T* __restrict__ b,    \
                                           T* __restrict__ out, MatmulParams p) {               \
@@ -630,12 +721,7 @@ __device__ __forceinline__ void gemv_n(const T* __restrict__ a, const T* __restr
   }                                                                                            \
   extern "C" __global__ void gemv_combine_##SFX(const float* __restrict__ part,                \
                                                 T* __restrict__ out, MatmulParams p) {         \
-    const i64 t0 = global_thread(), step = grid_threads();                                     \
-    for (i64 j = t0; j < p.p; j += step) {                                                     \
-      float s = 0.f;                                                                           \
-      for (i64 q = 0; q < p.splits; q++) s += part[q * p.p + j];                               \
-      out[j] = store<T>((typename Acc<T>::type)s);                                             \
-    }                                                                                          \
+    gemv_combine<T>(part, out, p);                                                             \
   }
 
 GENERIC(f16, half_t)
@@ -644,6 +730,16 @@ GENERIC(f32, float)
 GENERIC(f64, double)
 GENERIC(i32, int)
 GENERIC(i64, i64)
+#define SKINNY(SFX, T)                                                                         \
+  extern "C" __global__ void __launch_bounds__(SKINNY_THREADS)                                 \
+      matmul_skinny_##SFX(const T* __restrict__ a, const T* __restrict__ b,                    \
+                          T* __restrict__ out, float* __restrict__ part, MatmulParams p) {     \
+    __shared__ float red[SKINNY_THREADS / 32 * SKINNY_CG * SKINNY_M * (16 / sizeof(T))];       \
+    skinny<T>(a, b, out, part, p, red);                                                        \
+  }
+SKINNY(f16, half_t)
+SKINNY(bf16, bf16_t)
+SKINNY(f32, float)
 GEMV(f16, half_t)
 GEMV(bf16, bf16_t)
 GEMV(f32, float)
