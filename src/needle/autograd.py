@@ -121,8 +121,8 @@ class Value:
         value._init(op, inputs)
         if not LAZY_MODE:
             value.realize_cached_data()
-            if not value.requires_grad:
-                return value.detach()
+            if not value.requires_grad:  # a constant: forget the inputs (a leaf, as detach())
+                value.op, value.inputs = None, []
         return value
 
 
@@ -202,9 +202,11 @@ class Tensor(Value):
         self.grad = None
 
     def realize_cached_data(self) -> nd.NDArray:
-        data = super().realize_cached_data()
-        if self.requires_grad and self.op is not None and not dtypes.is_floating(data.dtype):
-            self.requires_grad = False  # integer and bool results carry no gradient
+        data = self.cached_data
+        if data is None:  # computed once: the check below runs then, not on every read
+            data = super().realize_cached_data()
+            if self.requires_grad and self.op is not None and not dtypes.is_floating(data.dtype):
+                self.requires_grad = False  # integer and bool results carry no gradient
         return data
 
     # --- data and metadata -------------------------------------------------------------
@@ -307,7 +309,7 @@ class Tensor(Value):
     def __sub__(self, other):
         if isinstance(other, numbers.Number):
             return ops.add_scalar(self, -other)
-        return ops.add(self, ops.negate(self._other(other)))
+        return ops.subtract(self, self._other(other))
 
     def __mul__(self, other):
         if isinstance(other, numbers.Number):

@@ -1,12 +1,11 @@
 """Optimizers, gradient clipping and learning-rate schedules.
 
 Updates work on the parameters' NDArrays, never on Tensors, so a step records no autograd
-graph and holds no reference to the last forward pass. Weights and moment buffers are
-updated in place (``w -= update`` writes into w's buffer) and each update takes as few
-whole-array operations as the formula allows, scalar factors folded together: on a big model
-every extra operation is another pass over all the weights, and every temporary a fresh
-allocation. Gradients are only read, never written, since autograd may hand one array to
-several leaves.
+graph and holds no reference to the last forward pass. Each parameter's update is one fused
+array-API call (``adam_update``, ``sgd_update``) that writes the weights and moment buffers
+in place in a single pass: written as NDArray arithmetic it would be a dozen passes over all
+the weights, four temporaries and, on a GPU, a dozen kernel launches per parameter. Gradients
+are only read, never written, since autograd may hand one array to several leaves.
 
 ``state_dict``/``load_state_dict`` capture everything a step depends on (step count,
 hyper-parameters, moment buffers), so training resumed from a checkpoint continues with the
@@ -20,17 +19,11 @@ from collections import Counter
 from collections.abc import Iterable
 
 from .autograd import Tensor
-from .backend_ndarray import NDArray
+from .backend_ndarray import NDArray, adam_update, empty, sgd_update, state_dtype, zeros
 from .errors import ModelFormatError, NeedleError
 
 __all__ = ["SGD", "Adam", "AdamW", "CosineDecay", "LinearWarmup", "LRScheduler", "Optimizer",
            "clip_grad_norm"]
-
-
-def compute_dtype(dtype: str) -> str:
-    """The dtype of optimizer state and arithmetic for parameters of ``dtype``: float32 for
-    float16/bfloat16 parameters, whose squared small gradients and eps would underflow."""
-    return "float32" if dtype in ("float16", "bfloat16") else dtype
 
 
 def _grads(params: Iterable[Tensor]) -> list[tuple[Tensor, NDArray]]:
@@ -68,14 +61,11 @@ class Optimizer:
                 arrays[i] = p.data = w.copy()
         for i, (p, w) in enumerate(zip(self.params, arrays)):
             if p.grad is not None:
-                g = p.grad.realize_cached_data()
-                new = self._update(i, w, g.astype(compute_dtype(w.dtype)))
-                if new is not w:  # an update that could not be done in place
-                    p.data = new
+                self._update(i, w, p.grad.realize_cached_data())
 
-    def _update(self, i: int, w: NDArray, g: NDArray) -> NDArray:
-        """Update parameter ``i`` (value ``w``, compact and private; gradient ``g`` in
-        ``compute_dtype(w.dtype)``), in place where possible; returns the new value."""
+    def _update(self, i: int, w: NDArray, g: NDArray) -> None:
+        """Update parameter ``i`` (value ``w``, compact and private) in place from its
+        gradient ``g`` (any dtype: the update casts it to w's)."""
         raise NotImplementedError
 
     def zero_grad(self) -> None:
@@ -107,7 +97,7 @@ class Optimizer:
             w = self.params[i].realize_cached_data()
             for name, value in buffers.items():
                 value = value.realize_cached_data() if isinstance(value, Tensor) else value
-                array = NDArray(value, device=w.device, dtype=compute_dtype(w.dtype))
+                array = NDArray(value, device=w.device, dtype=state_dtype(w.dtype))
                 if array.shape != w.shape:
                     raise ModelFormatError(f"optimizer buffer {name!r} of parameter {i} has "
                                            f"shape {array.shape}, the parameter {w.shape}")
@@ -134,20 +124,15 @@ class SGD(Optimizer):
         self.weight_decay, self.nesterov = weight_decay, nesterov
 
     def _update(self, i, w, g):
-        if self.weight_decay:
-            g = g + w * self.weight_decay
+        u = None
         if self.momentum:
-            state = self.state[i]
-            u = state.get("momentum_buffer")
-            if u is None:
-                u = g.copy()
-            else:
-                u *= self.momentum
-                u += g * (1 - self.dampening) if self.dampening else g
-            state["momentum_buffer"] = u
-            g = g + u * self.momentum if self.nesterov else u
-        w -= (g * self.lr).astype(w.dtype)
-        return w
+            u = self.state[i].get("momentum_buffer")
+        first = self.momentum and u is None
+        if first:  # the step writes the buffer (u = g) before reading it
+            u = self.state[i]["momentum_buffer"] = empty(w.shape, state_dtype(w.dtype),
+                                                         w.device)
+        sgd_update(w, g, u, lr=self.lr, momentum=self.momentum, dampening=self.dampening,
+                   weight_decay=self.weight_decay, nesterov=self.nesterov, first=bool(first))
 
 
 class Adam(Optimizer):
@@ -156,55 +141,32 @@ class Adam(Optimizer):
 
     hyper = ("lr", "beta1", "beta2", "eps", "weight_decay")
     buffers = ("m", "v")
+    decoupled = False  # L2 decay, added to the gradient
 
     def __init__(self, params, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 0.0):
         super().__init__(params, lr)
         self.beta1, self.beta2, self.eps, self.weight_decay = beta1, beta2, eps, weight_decay
 
-    def _decay(self, w: NDArray, g: NDArray) -> tuple[NDArray, NDArray]:
-        """(weights, gradient) after weight decay: L2 adds ``wd * w`` to the gradient."""
-        return w, (g + w * self.weight_decay if self.weight_decay else g)
-
     def _update(self, i, w, g):
-        w, g = self._decay(w, g)
         state = self.state[i]
-        m, v = state.get("m"), state.get("v")
-        g2 = g * g
-        g2 *= 1 - self.beta2
-        if m is None:  # the moments start at zero
-            m = g * (1 - self.beta1)
-            v = g2
-        else:
-            m *= self.beta1
-            m += g * (1 - self.beta1)
-            v *= self.beta2
-            v += g2
-        state["m"], state["v"] = m, v
-        # w -= lr * (m / bc1) / (sqrt(v / bc2) + eps), with the corrections folded into
-        # two scalars: lr * sqrt(bc2) / bc1 and eps * sqrt(bc2)
-        bc1 = 1 - self.beta1 ** self.step_count
-        root_bc2 = math.sqrt(1 - self.beta2 ** self.step_count)
-        denom = v.sqrt()
-        denom += self.eps * root_bc2
-        update = m / denom
-        update *= self.lr * root_bc2 / bc1
-        w -= update.astype(w.dtype)
-        return w
+        if "m" not in state:  # the moments start at zero
+            state["m"] = zeros(w.shape, state_dtype(w.dtype), w.device)
+            state["v"] = zeros(w.shape, state_dtype(w.dtype), w.device)
+        adam_update(w, g, state["m"], state["v"], lr=self.lr, beta1=self.beta1,
+                    beta2=self.beta2, eps=self.eps, weight_decay=self.weight_decay,
+                    step=self.step_count, decoupled=self.decoupled)
 
 
 class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov and Hutter, 2019), as
     ``torch.optim.AdamW``: ``w *= 1 - lr * wd`` before the Adam step."""
 
+    decoupled = True
+
     def __init__(self, params, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 0.01):
         super().__init__(params, lr, beta1, beta2, eps, weight_decay)
-
-    def _decay(self, w, g):
-        if self.weight_decay:
-            w *= 1 - self.lr * self.weight_decay
-        return w, g
 
 
 def clip_grad_norm(params: Iterable[Tensor], max_norm: float, eps: float = 1e-6) -> Tensor:

@@ -31,7 +31,7 @@ STRICT = ["-Wall", "-Werror", "-Wno-unknown-attributes"]
 # ---- layer 1: compile ------------------------------------------------------------------------
 
 def test_every_kernel_family_is_checked():
-    assert {"elementwise", "layout", "reduce", "matmul", "nn"} <= set(FAMILIES)
+    assert {"elementwise", "layout", "reduce", "matmul", "nn", "optim"} <= set(FAMILIES)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -34,6 +34,12 @@ def distinct(*shape):
     return R.permutation(np.arange(int(np.prod(shape)), dtype=np.float64)).reshape(shape) / 3
 
 
+def distributions(rows, classes):
+    """Rows of positive weights summing to 1 (soft cross-entropy targets)."""
+    p = R.uniform(0.1, 1.0, (rows, classes))
+    return p / p.sum(axis=1, keepdims=True)
+
+
 def rope_tables(seq, half):
     angles = R.uniform(0, 2 * np.pi, (seq, half))
     return np.cos(angles), np.sin(angles)
@@ -102,6 +108,7 @@ CASES = {
     "logsumexp_keepdims": (lambda a: ops.logsumexp(a, (0, 2), keepdims=True), [randn(2, 3, 2)]),
     "log_softmax": (ops.log_softmax, [randn(3, 5) * 2]),
     "softmax": (ops.softmax, [randn(2, 3, 5) * 2]),
+    "softmax_cross_entropy": (ops.softmax_cross_entropy, [randn(4, 5) * 2, distributions(4, 5)]),
     # matmul
     "matmul_2d": (ops.matmul, [randn(3, 4), randn(4, 5)]),
     "matmul_batched": (ops.matmul, [randn(2, 3, 4), randn(2, 4, 5)]),
@@ -155,6 +162,8 @@ SECOND_ORDER = {
     "power_divide": (lambda x: x ** 3 / (x * x + 1), randn(5)),
     "softmax": (ops.softmax, randn(2, 4)),
     "log_softmax": (ops.log_softmax, randn(2, 4)),
+    "softmax_cross_entropy": (lambda x: ops.softmax_cross_entropy(x, ndl.Tensor(
+        np.eye(4)[[2, 0]], device=x.device, dtype=x.dtype, requires_grad=False)), randn(2, 4)),
     "logsumexp": (lambda x: ops.logsumexp(x, (1,)), randn(2, 4)),
     "matmul_self": (lambda x: x @ ops.transpose(x), randn(3, 2)),
     "rmsnorm": (lambda x: ops.rmsnorm(x, ndl.Tensor(np.linspace(0.5, 1.5, 4), device=x.device,

@@ -1,16 +1,50 @@
-"""The array layer: NDArray over the device backends (``from needle import backend_ndarray as nd``)."""
+"""The array layer: NDArray over the device backends
+(``from needle import backend_ndarray as nd``)."""
 
-from .device import (Device, all_devices, cpu, cpu_numpy, cuda, default_device,
-                     device_from_name, metal)
+from .device import (
+                     Device,
+                     all_devices,
+                     cpu,
+                     cpu_numpy,
+                     cuda,
+                     default_device,
+                     device_from_name,
+                     metal,
+)
 from .dtypes import ALL_DTYPES, promote
-from .ndarray import (NDArray, array, attention, broadcast_shapes, broadcast_to, concatenate,
-                      empty, exp, flip, from_dlpack, full, log, max, maximum, minimum, ones,
-                      reshape, scatter_add, sqrt, stack, sum, tanh, transpose, where, zeros)
+from .ndarray import (
+                     NDArray,
+                     array,
+                     attention,
+                     broadcast_shapes,
+                     broadcast_to,
+                     concatenate,
+                     empty,
+                     exp,
+                     flip,
+                     from_dlpack,
+                     full,
+                     log,
+                     max,
+                     maximum,
+                     minimum,
+                     ones,
+                     reshape,
+                     scatter_add,
+                     sqrt,
+                     stack,
+                     sum,
+                     tanh,
+                     transpose,
+                     where,
+                     zeros,
+)
+from .updates import adam_update, sgd_update, state_dtype
 
 __all__ = [
-    "ALL_DTYPES", "Device", "NDArray", "all_devices", "array", "attention", "broadcast_shapes",
-    "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda", "default_device",
-    "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log", "max", "maximum",
-    "metal", "minimum", "ones", "promote", "reshape", "scatter_add", "sqrt", "stack", "sum",
-    "tanh", "transpose", "where", "zeros",
+    "ALL_DTYPES", "Device", "NDArray", "adam_update", "all_devices", "array", "attention",
+    "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
+    "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",
+    "max", "maximum", "metal", "minimum", "ones", "promote", "reshape", "scatter_add",
+    "sgd_update", "sqrt", "stack", "state_dtype", "sum", "tanh", "transpose", "where", "zeros",
 ]

@@ -40,10 +40,10 @@ def _compact_strides(shape) -> tuple[int, ...]:
 
 def _check_shape(shape) -> tuple[int, ...]:
     try:
-        shape = tuple(operator.index(s) for s in shape)
+        shape = tuple(map(operator.index, shape))
     except TypeError:
         raise ShapeError(f"shape must be a tuple of ints, got {shape!r}") from None
-    if any(s < 0 for s in shape):
+    if shape and builtins.min(shape) < 0:
         raise ShapeError(f"negative dimension in shape {shape}; sizes must be >= 0")
     return shape
 
@@ -204,6 +204,8 @@ class NDArray:
         return out
 
     def astype(self, dtype) -> NDArray:
+        if dtype == self._handle.dtype:  # the common case, before canonicalising
+            return self
         dtype = dtypes.canonical(dtype)
         if dtype == self.dtype:
             return self
@@ -260,7 +262,18 @@ class NDArray:
                 raise IndexOutOfRangeError(
                     f"as_strided: shape {shape} with strides {strides} reads elements {lo}..{hi}"
                     f" of a buffer of {self._handle.size}")
-        return NDArray.make(shape, strides, self.device, self._handle, self._offset, self.dtype)
+        return self._view(shape, strides)
+
+    def _view(self, shape: tuple[int, ...], strides: tuple[int, ...],
+              offset: int | None = None) -> NDArray:
+        """A view of this buffer, unchecked: for shapes and strides derived from this array's
+        own (permute, broadcast, reshape, indexing), which are valid by construction. Views
+        are made on every op of a training step, so their cost is per-op host time."""
+        arr = NDArray.__new__(NDArray)
+        arr._shape, arr._strides = shape, strides
+        arr._offset = self._offset if offset is None else offset
+        arr._device, arr._handle = self._device, self._handle
+        return arr
 
     def reshape(self, new_shape) -> NDArray:
         """A view with ``new_shape`` when the strides allow one, else a compact copy."""
@@ -278,10 +291,12 @@ class NDArray:
         if _prod(new_shape) != self.size:
             raise ShapeError(f"cannot reshape array of shape {self.shape} (size {self.size}) "
                              f"into shape {new_shape} (size {_prod(new_shape)})")
+        if self._strides == _compact_strides(self._shape):  # contiguous: no numpy probe
+            return self._view(new_shape, _compact_strides(new_shape))
         strides = self._view_strides(new_shape)
         if strides is None:
             return self.compact().reshape(new_shape)
-        return NDArray.make(new_shape, strides, self.device, self._handle, self._offset, self.dtype)
+        return self._view(new_shape, strides)
 
     def _view_strides(self, new_shape) -> tuple[int, ...] | None:
         """Strides that read this array's elements in order under ``new_shape``, or None.
@@ -299,8 +314,8 @@ class NDArray:
         axes = _normalize_axes(new_axes, self.ndim)
         if len(axes) != self.ndim:
             raise AxisError(f"permute needs all {self.ndim} axes, got {new_axes!r}")
-        return self.as_strided(tuple(self._shape[a] for a in axes),
-                               tuple(self._strides[a] for a in axes))
+        return self._view(tuple(self._shape[a] for a in axes),
+                          tuple(self._strides[a] for a in axes))
 
     def transpose(self, axes=None) -> NDArray:
         if axes is None:
@@ -330,7 +345,7 @@ class NDArray:
                 strides.append(0)
             else:
                 raise ShapeError(f"cannot broadcast shape {self.shape} to {new_shape}")
-        return self.as_strided(new_shape, strides)
+        return self._view(new_shape, tuple(strides))
 
     def flip(self, axes=None) -> NDArray:
         axes = _normalize_axes(axes, self.ndim)
@@ -339,7 +354,7 @@ class NDArray:
             if self._shape[ax] > 0:
                 offset += (self._shape[ax] - 1) * strides[ax]
             strides[ax] = -strides[ax]
-        return NDArray.make(self._shape, strides, self.device, self._handle, offset, self.dtype)
+        return self._view(self._shape, tuple(strides), offset)
 
     def pad(self, axes) -> NDArray:
         """Zero-pad: ``axes`` gives (before, after) for each dimension."""
@@ -399,8 +414,7 @@ class NDArray:
                     f"unsupported index {i!r}: use ints, slices, None or '...' "
                     "(for lookups by an index array use take())")
             dim += 1
-        return NDArray.make(tuple(shape), tuple(strides), self.device, self._handle, offset,
-                            self.dtype)
+        return self._view(tuple(shape), tuple(strides), offset)
 
     def __getitem__(self, idxs) -> NDArray:
         return self._parse_index(idxs)
@@ -719,13 +733,12 @@ class NDArray:
             out = a2._matmul2d(b).reshape(batch_shape + (m, p))
         else:
             batch = _prod(batch_shape)
-            out = NDArray.make((batch, m, p), device=self.device, dtype=dt)
+            out = NDArray.make(batch_shape + (m, p), device=self.device, dtype=dt)
             ha, sa, ta = a._matmul_operand(batch_shape)
             hb, sb, tb = b._matmul_operand(batch_shape)
             if out.size:
                 self._be.matmul(ha._handle, hb._handle, out._handle, m, n, p, batch=batch,
                                 stride_a=sa, stride_b=sb, transpose_a=ta, transpose_b=tb)
-            out = out.reshape(batch_shape + (m, p))
         if squeeze_a:
             out = out.reshape(out.shape[:-2] + (p,))
         if squeeze_b:
@@ -756,6 +769,16 @@ class NDArray:
                 return mat, 0, False
             if mat.strides == (1, r) or c == 1 and mat.strides[0] == 1:
                 return mat, 0, True
+        if (self.shape[:-2] == tuple(batch_shape) and self.strides[-2:] == (1, r)
+                and self._offset == 0 and self._handle.size == self.size):
+            # a batch of transposed matrices one after another (a permuted KV cache): as is
+            step = r * c
+            for d, s in zip(reversed(self.shape[:-2]), reversed(self.strides[:-2])):
+                if d != 1 and s != step:
+                    break
+                step *= d
+            else:
+                return self, r * c, True
         full_ = self.broadcast_to(batch_shape + (r, c)).compact()
         return full_, r * c, False
 

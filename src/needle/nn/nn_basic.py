@@ -247,11 +247,10 @@ class SoftmaxLoss(Module):
         if tuple(y.shape) != tuple(logits.shape[:-1]):
             raise ShapeError(f"SoftmaxLoss: labels of shape {tuple(y.shape)} do not match "
                              f"logits of shape {logits.shape}")
-        rows = ops.reshape(logits, (-1, classes))
-        hot = init.one_hot(classes, ops.reshape(y, (-1,)), device=logits.device,
-                           dtype=logits.dtype)
-        picked = ops.summation(ops.log_softmax(rows) * hot)
-        return -picked / rows.shape[0]
+        rows = logits if logits.ndim == 2 else ops.reshape(logits, (-1, classes))
+        labels = y if len(y.shape) == 1 else ops.reshape(y, (-1,))
+        hot = init.one_hot(classes, labels, device=logits.device, dtype=logits.dtype)
+        return ops.softmax_cross_entropy(rows, hot)
 
 
 class _BatchNorm(Module):

@@ -1,7 +1,16 @@
 """TensorOps: each a class with ``compute`` (on NDArrays) and ``gradient`` (in ops) side by
 side, and a lowercase function that applies it to Tensors."""
 
-from .ops_logarithmic import LogSoftmax, LogSumExp, Softmax, log_softmax, logsumexp, softmax
+from .ops_logarithmic import (
+                             LogSoftmax,
+                             LogSumExp,
+                             Softmax,
+                             SoftmaxCrossEntropy,
+                             log_softmax,
+                             logsumexp,
+                             softmax,
+                             softmax_cross_entropy,
+)
 from .ops_mathematic import (
                              GELU,
                              AddScalar,
@@ -10,6 +19,7 @@ from .ops_mathematic import (
                              EWiseDiv,
                              EWiseMul,
                              EWisePow,
+                             EWiseSub,
                              Exp,
                              Log,
                              MatMul,
@@ -42,6 +52,7 @@ from .ops_mathematic import (
                              sigmoid,
                              silu,
                              sqrt,
+                             subtract,
                              tanh,
                              where,
 )
@@ -109,17 +120,18 @@ from .ops_tuple import (
 
 __all__ = [
     "GELU", "AddScalar", "BroadcastTo", "Cast", "Concatenate", "Conv", "Dilate", "DivScalar",
-    "EWiseAdd", "EWiseDiv", "EWiseMul", "EWisePow", "Embedding", "EmbeddingBackward", "Exp",
-    "Flip", "GetItem", "LayerNorm", "Log", "LogSoftmax", "LogSumExp", "MakeTensorTuple",
+    "EWiseAdd", "EWiseDiv", "EWiseMul", "EWisePow", "EWiseSub", "Embedding", "EmbeddingBackward",
+    "Exp", "Flip", "GetItem", "LayerNorm", "Log", "LogSoftmax", "LogSumExp", "MakeTensorTuple",
     "MatMul", "Max", "Maximum", "MaximumScalar", "MulScalar", "Negate", "Pad", "Permute",
     "PowerScalar", "RMSNorm", "ReLU", "Reshape", "Rope", "ScaledDotProductAttention",
-    "SetItemIntoZeros", "SiLU", "Sigmoid", "SiluMul", "Softmax", "Split", "Sqrt", "Stack",
+    "SetItemIntoZeros", "SiLU", "Sigmoid", "SiluMul", "Softmax", "SoftmaxCrossEntropy", "Split",
+    "Sqrt", "Stack",
     "Summation", "Tanh", "ToDevice", "Transpose", "TupleGetItem", "UnDilate", "Where", "add",
     "add_scalar", "broadcast_to", "cast", "concatenate", "conv", "dilate", "divide",
     "divide_scalar", "embedding", "exp", "flip", "gelu", "getitem", "layernorm", "log",
     "log_softmax", "logsumexp", "make_tuple", "match_input", "matmul", "max", "maximum", "mean",
     "mul_scalar", "multiply", "negate", "pad", "permute", "power", "power_scalar", "relu",
     "reshape", "rmsnorm", "rope", "scaled_dot_product_attention", "sigmoid", "silu", "silu_mul",
-    "softmax", "split", "sqrt", "stack", "sum_to_shape", "summation", "tanh", "to_device",
-    "transpose", "tuple_get_item", "undilate", "where",
+    "softmax", "softmax_cross_entropy", "split", "sqrt", "stack", "subtract", "sum_to_shape",
+    "summation", "tanh", "to_device", "transpose", "tuple_get_item", "undilate", "where",
 ]

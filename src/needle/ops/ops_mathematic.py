@@ -46,12 +46,27 @@ class EWiseMul(TensorOp):
         return a * b
 
     def gradient(self, out_grad, node):
-        a, b = node.inputs
-        return out_grad * b, out_grad * a
+        a, b = node.inputs  # a mask or other constant factor takes no gradient
+        return (out_grad * b if a.requires_grad else None,
+                out_grad * a if b.requires_grad else None)
 
 
 def multiply(a, b):
     return EWiseMul()(a, b)
+
+
+class EWiseSub(TensorOp):
+    """a - b in one kernel (not a + (-b), which takes two)."""
+
+    def compute(self, a, b):
+        return a - b
+
+    def gradient(self, out_grad, node):
+        return out_grad, (-out_grad if node.inputs[1].requires_grad else None)
+
+
+def subtract(a, b):
+    return EWiseSub()(a, b)
 
 
 class MulScalar(TensorOp):
@@ -74,8 +89,9 @@ class EWiseDiv(TensorOp):
         return a / b
 
     def gradient(self, out_grad, node):
-        _, b = node.inputs
-        return out_grad / b, -(out_grad * node) / b
+        a, b = node.inputs
+        return (out_grad / b if a.requires_grad else None,
+                -(out_grad * node) / b if b.requires_grad else None)
 
 
 def divide(a, b):
@@ -331,18 +347,26 @@ class MatMul(TensorOp):
         return a @ b
 
     def gradient(self, out_grad, node):
+        # Each partial is a matmul as large as the forward one: skip those of inputs that
+        # take no gradient (the input batch of a first layer).
         a, b = node.inputs
+        if a.ndim == 2 and b.ndim == 2:  # x @ W: transposed operands are views, no copies
+            return (out_grad @ transpose(b) if a.requires_grad else None,
+                    transpose(a) @ out_grad if b.requires_grad else None)
         a2 = a if a.ndim > 1 else reshape(a, (1, a.shape[0]))
         b2 = b if b.ndim > 1 else reshape(b, (b.shape[0], 1))
         (m, n), p = a2.shape[-2:], b2.shape[-1]
         batch = nd.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
         g = reshape(out_grad, batch + (m, p))
-        grad_a = sum_to_shape(g @ transpose(b2), a2.shape)
-        if b2.ndim == 2 and g.ndim > 2:  # x @ W: one (n, batch*m) @ (batch*m, p) product
-            grad_b = transpose(reshape(a2, (-1, n))) @ reshape(g, (-1, p))
-        else:
-            grad_b = sum_to_shape(transpose(a2) @ g, b2.shape)
-        return reshape(grad_a, a.shape), reshape(grad_b, b.shape)
+        grad_a = grad_b = None
+        if a.requires_grad:
+            grad_a = reshape(sum_to_shape(g @ transpose(b2), a2.shape), a.shape)
+        if b.requires_grad and b2.ndim == 2 and g.ndim > 2:
+            # x @ W: one (n, batch*m) @ (batch*m, p) product
+            grad_b = reshape(transpose(reshape(a2, (-1, n))) @ reshape(g, (-1, p)), b.shape)
+        elif b.requires_grad:
+            grad_b = reshape(sum_to_shape(transpose(a2) @ g, b2.shape), b.shape)
+        return grad_a, grad_b
 
 
 def matmul(a, b):
