@@ -91,9 +91,9 @@ void binary_kernel(const void* a_, const void* b_, void* out_, int64_t n) {
   const S* a = (const S*)a_;
   const S* b = (const S*)b_;
   O* out = (O*)out_;
-  parallel_for(n, binary_grain<Op, S>(), [=](int64_t lo, int64_t hi) {
+  produce(out, n, binary_grain<Op, S>(), [=](int64_t lo, int64_t hi, O* __restrict dst) {
 #pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) out[i] = store<O>(Op::apply(load(a[i]), load(b[i])));
+    for (int64_t i = lo; i < hi; ++i) dst[i - lo] = store<O>(Op::apply(load(a[i]), load(b[i])));
   });
 }
 
@@ -110,9 +110,9 @@ void scalar_kernel(const void* a_, Scalar value, void* out_, int64_t n) {
   const S* a = (const S*)a_;
   O* out = (O*)out_;
   const C v = std::is_floating_point_v<C> ? (C)value.f : (C)value.i;
-  parallel_for(n, binary_grain<Op, S>(), [=](int64_t lo, int64_t hi) {
+  produce(out, n, binary_grain<Op, S>(), [=](int64_t lo, int64_t hi, O* __restrict dst) {
 #pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) out[i] = store<O>(Op::apply(load(a[i]), v));
+    for (int64_t i = lo; i < hi; ++i) dst[i - lo] = store<O>(Op::apply(load(a[i]), v));
   });
 }
 
@@ -154,7 +154,7 @@ struct Relu {
   template <class C> static C apply(C x) { return Maximum::apply(x, C(0)); }
 };
 struct Exp { template <class C> static C apply(C x) { return vexp(x); } };
-struct Log { template <class C> static C apply(C x) { return std::log(x); } };
+struct Log { template <class C> static C apply(C x) { return vlog(x); } };
 struct Sqrt { template <class C> static C apply(C x) { return std::sqrt(x); } };
 struct Rsqrt { template <class C> static C apply(C x) { return C(1) / std::sqrt(x); } };
 struct Sin { template <class C> static C apply(C x) { return std::sin(x); } };
@@ -178,9 +178,9 @@ template <class Op> constexpr int64_t unary_grain() {
 template <class Op, class S> void unary_kernel(const void* a_, void* out_, int64_t n) {
   const S* a = (const S*)a_;
   S* out = (S*)out_;
-  parallel_for(n, unary_grain<Op>(), [=](int64_t lo, int64_t hi) {
+  produce(out, n, unary_grain<Op>(), [=](int64_t lo, int64_t hi, S* __restrict dst) {
 #pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) out[i] = store<S>(Op::apply(load(a[i])));
+    for (int64_t i = lo; i < hi; ++i) dst[i - lo] = store<S>(Op::apply(load(a[i])));
   });
 }
 
@@ -218,28 +218,28 @@ template <class S, class D> inline D convert(S x) {
 template <class S, class D> void cast_kernel(const void* a_, void* out_, int64_t n) {
   const S* a = (const S*)a_;
   D* out = (D*)out_;
-  parallel_for(n, kGrainCheap, [=](int64_t lo, int64_t hi) {
+  produce(out, n, kGrainCheap, [=](int64_t lo, int64_t hi, D* __restrict dst) {
     if constexpr (std::is_same_v<S, D>) {
-      std::memcpy(out + lo, a + lo, (hi - lo) * sizeof(S));
+      std::memcpy(dst, a + lo, (hi - lo) * sizeof(S));
     } else {
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) out[i] = convert<S, D>(a[i]);
+      for (int64_t i = lo; i < hi; ++i) dst[i - lo] = convert<S, D>(a[i]);
     }
   });
 }
 
-// cast_tables[to] holds the kernels from every dtype to `to`, named cast_{from}_{to}.
+// from[S] holds the kernels from dtype S to every dtype, named cast_{from}_{to}.
 struct CastTables {
-  std::vector<KernelTable<UnaryFn>> to;
+  std::vector<KernelTable<UnaryFn>> from;
   std::vector<std::string> names;
   CastTables() {
     names.reserve(kNumDTypes);
     for (int d = 0; d < kNumDTypes; ++d) {
-      names.push_back(std::string("cast_to_") + dtype_short((DType)d));
-      dispatch_all((DType)d, [&](auto dtag) {
-        using D = typename decltype(dtag)::type;
-        to.emplace_back(names.back().c_str(), [](auto stag) -> UnaryFn {
-          return &cast_kernel<typename decltype(stag)::type, D>;
+      names.push_back(std::string("cast_") + dtype_short((DType)d));
+      dispatch_all((DType)d, [&](auto stag) {
+        using S = typename decltype(stag)::type;
+        from.emplace_back(names.back().c_str(), [](auto dtag) -> UnaryFn {
+          return &cast_kernel<S, typename decltype(dtag)::type>;
         });
       });
     }
@@ -249,9 +249,9 @@ struct CastTables {
 // --- where --------------------------------------------------------------------------------------
 
 template <class T> void where_kernel(const b8* c, const T* a, const T* b, T* out, int64_t n) {
-  parallel_for(n, kGrainCheap, [=](int64_t lo, int64_t hi) {
+  produce(out, n, kGrainCheap, [=](int64_t lo, int64_t hi, T* __restrict dst) {
 #pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) out[i] = c[i].v ? a[i] : b[i];
+    for (int64_t i = lo; i < hi; ++i) dst[i - lo] = c[i].v ? a[i] : b[i];
   });
 }
 
@@ -342,7 +342,7 @@ void bind_elementwise(nb::module_& m) {
   static const CastTables casts;
   m.def("ewise_cast", [](const Array& a, Array& out) {
     check_size(out, a.size, "ewise_cast", "out");
-    const UnaryFn fn = casts.to[(int)out.dtype][a.dtype];
+    const UnaryFn fn = casts.from[(int)a.dtype][out.dtype];
     without_gil([&] { fn(a.data, out.data, a.size); });
   }, nb::arg("a"), nb::arg("out"), "Convert `a` to out's dtype (floats to ints truncate).");
 

@@ -2,11 +2,14 @@
 // written with GCC/Clang vector extensions (AVX-512, AVX2, SSE or NEON, whichever the build
 // targets), plus a matrix-vector path for m == 1 (decoding one token).
 //
-// Blocking: B is packed into KC x NR panels (a KC x NC block, sized for L2) and A into
-// MR x KC panels (one panel stays in L1 while the micro-kernel sweeps the B panels). The
-// micro-kernel keeps an MR x NR tile of C in registers. fp16/bf16 are widened to fp32 while
-// packing and rounded once when C is stored; integers multiply in unsigned arithmetic (wrapping
-// as numpy's). Threads take independent tiles of C (and matrices of a batch).
+// Blocking: for each KC-deep slab of the inner dimension, A is packed once into MR-row panels
+// (up to MB rows at a time; this slab lives in L3), then B is packed block by block (KC x NC,
+// sized to stay in L2) into NR-column panels. The macro-kernel holds one A panel in L1 while
+// it sweeps the B panels of the block; the micro-kernel keeps an MR x NR tile of C in
+// registers. Every element of A and B is packed exactly once per slab. fp16/bf16 are widened
+// to fp32 while packing and rounded once when C is stored; integers multiply in unsigned
+// arithmetic (wrapping as numpy's). One large matrix is shared by all threads (packing and
+// tiles handed out dynamically); a batch of small ones gives each thread whole matrices.
 #include <nanobind/stl/optional.h>
 
 #include <optional>
@@ -36,24 +39,18 @@ template <class T> struct Vec { typedef T type __attribute__((vector_size(kVecBy
 template <class T> using vec_t = typename Vec<T>::type;
 
 // Tile and block sizes per element type. MR x NV vectors of accumulators, NV vectors of B and
-// one broadcast of A must fit the register file.
+// one broadcast of A must fit the register file (6 x 4 zmm on AVX-512 and NEON's 32 registers,
+// 6 x 2 ymm on AVX2's 16). A KC x NC block of B takes 512 KiB (half of a Zen 4 L2, a quarter
+// of a Sapphire Rapids one); MB rows of packed A take 4 MiB of L3 (docs/cpu_notes.md).
 template <class T> struct Config {
   static constexpr int L = kVecBytes / (int)sizeof(T);
-#ifdef TUNE_MR
-  static constexpr int MR = TUNE_MR;
-  static constexpr int NV = TUNE_NV;
-  static constexpr int NR = NV * L;
-  static constexpr int64_t KC = TUNE_KC;
-  static constexpr int64_t MC = TUNE_MC;
-  static constexpr int64_t NC = TUNE_NC * 4 / (int64_t)sizeof(T) / NR * NR;
-#else
-  static constexpr int MR = kRegs == 32 ? 6 : 6;
+  static constexpr int MR = 6;
   static constexpr int NV = kRegs == 32 ? 4 : 2;
   static constexpr int NR = NV * L;
-  static constexpr int64_t KC = 256;
-  static constexpr int64_t MC = 96;
-  static constexpr int64_t NC = 1024 * 4 / (int64_t)sizeof(T) / NR * NR;
-#endif
+  static constexpr int64_t KC = 512;
+  static constexpr int64_t NC = 1024 / (int64_t)sizeof(T) / NR * NR;
+  static constexpr int64_t MB = 2046;   // a multiple of MR
+  static constexpr int64_t MC = 16 * MR;  // rows per work item of the thread team
 };
 
 // The compute type of a storage type inside GEMM.
@@ -109,28 +106,32 @@ void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb, T*
     }
 }
 
-// Pack rows [0, mc) x cols [0, kc) of A (A(i,k) = a[i*ars + k*acs]) into MR-row panels, each
-// stored k-major (kc x MR), zero-padded to a multiple of MR rows.
+// Pack rows [0, rows) (rows <= MR) x cols [0, kc) of A (A(i,k) = a[i*ars + k*acs]) into one
+// panel stored k-major (kc x MR), zero-padded to MR rows.
 template <class T, class S>
-void pack_a(T* __restrict dst, const S* a, int64_t ars, int64_t acs, int64_t mc, int64_t kc) {
+void pack_a_panel(T* __restrict d, const S* a, int64_t ars, int64_t acs, int rows, int64_t kc) {
   constexpr int MR = Config<T>::MR;
-  for (int64_t ip = 0; ip < mc; ip += MR) {
-    const int rows = (int)std::min<int64_t>(MR, mc - ip);
-    T* d = dst + ip * kc;
-    if (acs == 1) {
-      for (int r = 0; r < rows; ++r) {
-        const S* src = a + (ip + r) * ars;
-        for (int64_t k = 0; k < kc; ++k) d[k * MR + r] = widen<T>(src[k]);
-      }
-    } else {
-      for (int64_t k = 0; k < kc; ++k) {
-        const S* src = a + k * acs + ip * ars;
-        for (int r = 0; r < rows; ++r) d[k * MR + r] = widen<T>(src[r * ars]);
-      }
+  if (acs == 1) {
+    for (int r = 0; r < rows; ++r) {
+      const S* src = a + r * ars;
+      for (int64_t k = 0; k < kc; ++k) d[k * MR + r] = widen<T>(src[k]);
     }
-    for (int r = rows; r < MR; ++r)
-      for (int64_t k = 0; k < kc; ++k) d[k * MR + r] = T(0);
+  } else {
+    for (int64_t k = 0; k < kc; ++k) {
+      const S* src = a + k * acs;
+      for (int r = 0; r < rows; ++r) d[k * MR + r] = widen<T>(src[r * ars]);
+    }
   }
+  for (int r = rows; r < MR; ++r)
+    for (int64_t k = 0; k < kc; ++k) d[k * MR + r] = T(0);
+}
+
+// Panel q of a packed A block (rows [q*MR, q*MR + MR) of the mb rows at a).
+template <class T, class S>
+void pack_a(T* dst, const S* a, int64_t ars, int64_t acs, int64_t mb, int64_t kc, int64_t q) {
+  constexpr int MR = Config<T>::MR;
+  pack_a_panel(dst + q * MR * kc, a + q * MR * ars, ars, acs,
+               (int)std::min<int64_t>(MR, mb - q * MR), kc);
 }
 
 // Pack rows [0, kc) x cols [0, nc) of B (B(k,j) = b[k*brs + j*bcs]) into NR-column panels,
@@ -147,25 +148,29 @@ void pack_b(T* __restrict dst, const S* b, int64_t brs, int64_t bcs, int64_t kc,
         for (int j = 0; j < cols; ++j) d[k * NR + j] = widen<T>(src[j]);
         for (int j = cols; j < NR; ++j) d[k * NR + j] = T(0);
       }
-    } else {
-      for (int j = 0; j < cols; ++j) {
-        const S* src = b + (jp + j) * bcs;
-        for (int64_t k = 0; k < kc; ++k) d[k * NR + j] = widen<T>(src[k * brs]);
+    } else {  // transposed B: a transpose. Groups of 16 columns: 16 sequential read streams
+      // (prefetcher friendly), and each 64-byte run of a packed row is written whole.
+      for (int j0 = 0; j0 < NR; j0 += 16) {
+        const int j1 = std::min(j0 + 16, NR);
+        for (int64_t k = 0; k < kc; ++k)
+          for (int j = j0; j < j1; ++j)
+            d[k * NR + j] = j < cols ? widen<T>(b[(jp + j) * bcs + k * brs]) : T(0);
       }
-      for (int j = cols; j < NR; ++j)
-        for (int64_t k = 0; k < kc; ++k) d[k * NR + j] = T(0);
     }
   }
 }
 
-// Per-thread packing buffers, grown on demand and reused across calls.
+// Per-thread packing buffers, grown on demand and kept across calls: a fresh multi-megabyte
+// allocation per call costs page faults (and, with transparent huge pages, possibly memory
+// compaction) that measured as much as a whole 512^3 product. Slots 0-1 serve gemm_blocked,
+// 2-3 the calling thread of gemm_team.
 template <class T> T* pack_buffer(int which, size_t count) {
   struct Buf {
     T* p = nullptr;
     size_t n = 0;
     ~Buf() { aligned_free(p); }
   };
-  thread_local Buf bufs[2];
+  thread_local Buf bufs[4];
   Buf& b = bufs[which];
   if (b.n < count) {
     aligned_free(b.p);
@@ -210,102 +215,124 @@ template <class T, class SA, class SB>
 void gemm_blocked(int64_t m, int64_t n, int64_t p, const SA* a, int64_t ars, int64_t acs,
                   const SB* b, int64_t brs, int64_t bcs, T* c, int64_t ldc) {
   using Cfg = Config<T>;
+  constexpr int MR = Cfg::MR;
   if (n == 0) return zero_rows(c, m, p, ldc);
-  T* pa = pack_buffer<T>(0, (size_t)Cfg::MC * Cfg::KC);
+  T* pa = pack_buffer<T>(0, (size_t)std::min(m + MR, Cfg::MB) * Cfg::KC);
   T* pb = pack_buffer<T>(1, (size_t)Cfg::KC * (Cfg::NC + Cfg::NR));
-  for (int64_t jc = 0; jc < p; jc += Cfg::NC) {
-    const int64_t nc = std::min(Cfg::NC, p - jc);
-    for (int64_t pc = 0; pc < n; pc += Cfg::KC) {
-      const int64_t kc = std::min(Cfg::KC, n - pc);
-      pack_b(pb, b + pc * brs + jc * bcs, brs, bcs, kc, nc);
-      for (int64_t ic = 0; ic < m; ic += Cfg::MC) {
-        const int64_t mc = std::min(Cfg::MC, m - ic);
-        pack_a(pa, a + ic * ars + pc * acs, ars, acs, mc, kc);
-        macro_kernel(mc, kc, 0, nc, pa, pb, c + ic * ldc + jc, ldc, pc == 0);
+  for (int64_t pc = 0; pc < n; pc += Cfg::KC) {
+    const int64_t kc = std::min(Cfg::KC, n - pc);
+    for (int64_t ib = 0; ib < m; ib += Cfg::MB) {
+      const int64_t mb = std::min(Cfg::MB, m - ib);
+      for (int64_t q = 0; q * MR < mb; ++q) pack_a(pa, a + ib * ars + pc * acs, ars, acs, mb, kc, q);
+      for (int64_t jc = 0; jc < p; jc += Cfg::NC) {
+        const int64_t nc = std::min(Cfg::NC, p - jc);
+        pack_b(pb, b + pc * brs + jc * bcs, brs, bcs, kc, nc);
+        macro_kernel(mb, kc, 0, nc, pa, pb, c + ib * ldc + jc, ldc, pc == 0);
       }
     }
   }
 }
 
-// One matrix on all threads: each KC x NC block of B is packed once, cooperatively, and the
-// (row block, column range) items that use it are handed out dynamically, so a preempted
-// thread costs one item rather than half the product. Re-packing a row block of A for each
-// of its column ranges is cheap: every packed A element is used nc / groups times.
+// One matrix on all threads, the same loops with each stage shared: the A panels of a slab,
+// then the B panels of a block, then (row group, column range) tiles of C, each handed out
+// dynamically so that a thread the OS preempts delays one item rather than half the product.
 template <class T, class SA, class SB>
 void gemm_team(int64_t m, int64_t n, int64_t p, const SA* a, int64_t ars, int64_t acs,
                const SB* b, int64_t brs, int64_t bcs, T* c, int64_t ldc) {
   using Cfg = Config<T>;
-  constexpr int NR = Config<T>::NR;
+  constexpr int MR = Cfg::MR, NR = Cfg::NR;
   if (n == 0) return zero_rows(c, m, p, ldc);
   const int nt = max_threads();
-  Scratch<T> pb((size_t)Cfg::KC * (Cfg::NC + NR));
-  Scratch<T> pas((size_t)nt * Cfg::MC * Cfg::KC);
-  const int64_t ic_blocks = (m + Cfg::MC - 1) / Cfg::MC;
+  T* const pa = pack_buffer<T>(2, (size_t)std::min(m + MR, Cfg::MB) * Cfg::KC);
+  T* const pb = pack_buffer<T>(3, (size_t)Cfg::KC * (Cfg::NC + NR));
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
-  {
+  for (int64_t pc = 0; pc < n; pc += Cfg::KC) {
+    const int64_t kc = std::min(Cfg::KC, n - pc);
+    for (int64_t ib = 0; ib < m; ib += Cfg::MB) {
+      const int64_t mb = std::min(Cfg::MB, m - ib);
+      const int64_t a_panels = (mb + MR - 1) / MR;
 #ifdef _OPENMP
-    T* pa = pas.p + (size_t)omp_get_thread_num() * Cfg::MC * Cfg::KC;
-#else
-    T* pa = pas.p;
+#pragma omp for schedule(dynamic, 4)
 #endif
-    for (int64_t jc = 0; jc < p; jc += Cfg::NC) {
-      const int64_t nc = std::min(Cfg::NC, p - jc);
-      const int64_t panels = (nc + NR - 1) / NR;
-      const int64_t groups = std::min(panels, std::max<int64_t>(1, (8 * nt + ic_blocks - 1) / ic_blocks));
-      const int64_t per_group = (panels + groups - 1) / groups * NR;
-      for (int64_t pc = 0; pc < n; pc += Cfg::KC) {
-        const int64_t kc = std::min(Cfg::KC, n - pc);
+      for (int64_t q = 0; q < a_panels; ++q) pack_a(pa, a + ib * ars + pc * acs, ars, acs, mb, kc, q);
+      const int64_t row_groups = (mb + Cfg::MC - 1) / Cfg::MC;
+      for (int64_t jc = 0; jc < p; jc += Cfg::NC) {
+        const int64_t nc = std::min(Cfg::NC, p - jc);
+        const int64_t b_panels = (nc + NR - 1) / NR;
+        const int64_t col_groups =
+            std::min(b_panels, std::max<int64_t>(1, (8 * nt + row_groups - 1) / row_groups));
+        const int64_t per_group = (b_panels + col_groups - 1) / col_groups * NR;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (int64_t q = 0; q < panels; ++q)
-          pack_b(pb.p + q * NR * kc, b + pc * brs + (jc + q * NR) * bcs, brs, bcs, kc,
+        for (int64_t q = 0; q < b_panels; ++q)
+          pack_b(pb + q * NR * kc, b + pc * brs + (jc + q * NR) * bcs, brs, bcs, kc,
                  std::min<int64_t>(NR, nc - q * NR));
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (int64_t it = 0; it < ic_blocks * groups; ++it) {
-          const int64_t ic = it / groups * Cfg::MC, mc = std::min(Cfg::MC, m - ic);
-          const int64_t j0 = it % groups * per_group;
+        for (int64_t it = 0; it < row_groups * col_groups; ++it) {
+          const int64_t i0 = it / col_groups * Cfg::MC, j0 = it % col_groups * per_group;
           if (j0 >= nc) continue;
-          pack_a(pa, a + ic * ars + pc * acs, ars, acs, mc, kc);
-          macro_kernel(mc, kc, j0, std::min(nc, j0 + per_group), pa, pb.p, c + ic * ldc + jc,
-                       ldc, pc == 0);
+          macro_kernel(std::min(Cfg::MC, mb - i0), kc, j0, std::min(nc, j0 + per_group),
+                       pa + i0 * kc, pb, c + (ib + i0) * ldc + jc, ldc, pc == 0);
         }
       }
     }
   }
 }
 
-// out (1 x p) = a (1 x n) . B for one matrix, columns [j0, j1): the decode path. Streams B
-// once; no packing.
-template <class S>
-void gemv_columns(const S* a, const S* b, int64_t brs, int64_t bcs, int64_t n, int64_t j0,
-                  int64_t j1, gemm_t<S>* out) {
-  using T = gemm_t<S>;
-  if (bcs == 1) {  // rows of B are contiguous: out += a[k] * B[k, :]
-    for (int64_t j = j0; j < j1; ++j) out[j] = T(0);
+// acc[0..p) += a[k0..k1) . B[k0..k1, 0..p) for B with contiguous rows: four rows per pass so
+// the accumulator row (in L1) is read and written a quarter as often.
+template <class S, class T>
+void gemv_rows(const S* a, const S* b, int64_t brs, int64_t k0, int64_t k1, int64_t p, T* acc) {
+  int64_t k = k0;
+  for (; k + 4 <= k1; k += 4) {
+    const T a0 = widen<T>(a[k]), a1 = widen<T>(a[k + 1]), a2 = widen<T>(a[k + 2]),
+            a3 = widen<T>(a[k + 3]);
+    const S *r0 = b + k * brs, *r1 = r0 + brs, *r2 = r1 + brs, *r3 = r2 + brs;
+#pragma omp simd
+    for (int64_t j = 0; j < p; ++j)
+      acc[j] += a0 * widen<T>(r0[j]) + a1 * widen<T>(r1[j]) + a2 * widen<T>(r2[j]) +
+                a3 * widen<T>(r3[j]);
+  }
+  for (; k < k1; ++k) {
+    const T ak = widen<T>(a[k]);
+    const S* r = b + k * brs;
+#pragma omp simd
+    for (int64_t j = 0; j < p; ++j) acc[j] += ak * widen<T>(r[j]);
+  }
+}
+
+// out[j] = a . B[:, j] for B with contiguous columns (transposed): dot products, four
+// columns at a time so that each load of `a` serves four of them.
+template <class S, class T>
+void gemv_dots(const S* a, const S* b, int64_t bcs, int64_t n, int64_t j0, int64_t j1, T* out) {
+  int64_t j = j0;
+  for (; j + 4 <= j1; j += 4) {
+    const S *c0 = b + j * bcs, *c1 = c0 + bcs, *c2 = c1 + bcs, *c3 = c2 + bcs;
+    T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
     for (int64_t k = 0; k < n; ++k) {
       const T ak = widen<T>(a[k]);
-      const S* row = b + k * brs;
-#pragma omp simd
-      for (int64_t j = j0; j < j1; ++j) out[j] += ak * widen<T>(row[j]);
+      s0 += ak * widen<T>(c0[k]);
+      s1 += ak * widen<T>(c1[k]);
+      s2 += ak * widen<T>(c2[k]);
+      s3 += ak * widen<T>(c3[k]);
     }
-  } else {  // columns of B are contiguous (transposed): dot products
-    for (int64_t j = j0; j < j1; ++j) {
-      const S* col = b + j * bcs;
-      constexpr int U = 16;
-      T lanes[U] = {};
-      int64_t k = 0;
-      for (; k + U <= n; k += U)
-        for (int u = 0; u < U; ++u) lanes[u] += widen<T>(a[k + u]) * widen<T>(col[(k + u) * brs]);
-      T s = 0;
-      for (; k < n; ++k) s += widen<T>(a[k]) * widen<T>(col[k * brs]);
-      for (int u = 0; u < U; ++u) s += lanes[u];
-      out[j] = s;
-    }
+    out[j] = s0;
+    out[j + 1] = s1;
+    out[j + 2] = s2;
+    out[j + 3] = s3;
+  }
+  for (; j < j1; ++j) {
+    const S* col = b + j * bcs;
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t k = 0; k < n; ++k) s += widen<T>(a[k]) * widen<T>(col[k]);
+    out[j] = s;
   }
 }
 
@@ -326,22 +353,34 @@ template <class S> void matmul_kernel(const void* a_, const void* b_, void* out_
   const int64_t brs = g.tb ? 1 : p, bcs = g.tb ? n : 1;
   const int nt = max_threads();
 
-  if (m == 1) {  // matrix-vector: split the columns of every matrix across threads
-    const int64_t width = std::max<int64_t>(256, (p + nt - 1) / nt);
-    const int64_t blocks = (p + width - 1) / width;
-    parallel_items(g.batch * blocks, width * n, [&](int64_t it) {
-      const int64_t bi = it / blocks, j0 = it % blocks * width, j1 = std::min(p, j0 + width);
-      const S* ab = a + bi * g.stride_a;
-      const S* bb = b + bi * g.stride_b;
-      S* ob = out + bi * p;
-      if constexpr (direct) {
-        gemv_columns(ab, bb, brs, bcs, n, j0, j1, (T*)ob);
-      } else {
-        std::vector<T> tmp(j1);
-        gemv_columns(ab, bb, brs, bcs, n, j0, j1, tmp.data());
-        for (int64_t j = j0; j < j1; ++j) ob[j] = store<S>(tmp[j]);
-      }
+  if (m == 1) {  // matrix-vector (decoding): B is streamed once, nothing is packed
+    if (g.tb) {  // dot products, columns split across threads
+      const int64_t width = std::max<int64_t>(64, (p + 4 * nt - 1) / (4 * nt));
+      const int64_t blocks = (p + width - 1) / width;
+      std::vector<T> res((size_t)g.batch * p);
+      parallel_items(g.batch * blocks, width * n, [&](int64_t it) {
+        const int64_t bi = it / blocks, j0 = it % blocks * width;
+        gemv_dots(a + bi * g.stride_a, b + bi * g.stride_b, bcs, n, j0, std::min(p, j0 + width),
+                  res.data() + bi * p);
+      });
+      for (int64_t i = 0; i < g.batch * p; ++i) out[i] = store<S>(res[i]);
+      return;
+    }
+    // rows of B split across threads (each streams a contiguous band), partial sums added
+    const int64_t band = std::max<int64_t>(16, (n + 2 * nt - 1) / (2 * nt));
+    const int64_t bands = std::max<int64_t>(1, (n + band - 1) / band);
+    std::vector<T> part((size_t)g.batch * bands * p, T(0));
+    parallel_items(g.batch * bands, band * p, [&](int64_t it) {
+      const int64_t bi = it / bands, k0 = it % bands * band;
+      gemv_rows(a + bi * g.stride_a, b + bi * g.stride_b, brs, k0, std::min(n, k0 + band), p,
+                part.data() + it * p);
     });
+    for (int64_t bi = 0; bi < g.batch; ++bi)
+      for (int64_t j = 0; j < p; ++j) {
+        T s = 0;
+        for (int64_t q = 0; q < bands; ++q) s += part[(bi * bands + q) * p + j];
+        out[bi * p + j] = store<S>(s);
+      }
     return;
   }
 
@@ -361,7 +400,12 @@ template <class S> void matmul_kernel(const void* a_, const void* b_, void* out_
     } else {  // fp16/bf16: accumulate in fp32, round once
       Scratch<T> tmp((size_t)m * p);
       run(tmp.p);
-      for (int64_t i = 0; i < m * p; ++i) ob[i] = store<S>(tmp.p[i]);
+      auto round = [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+        for (int64_t i = lo; i < hi; ++i) ob[i] = store<S>(tmp.p[i]);
+      };
+      if (team) parallel_for(m * p, int64_t(1) << 16, round);
+      else round(0, m * p);
     }
   };
   if (per_matrix) {

@@ -20,7 +20,7 @@ namespace needle {
 
 static const char* const kNames[kNumDTypes] = {"float32", "float16", "bfloat16", "float64",
                                                "int32",   "int64",   "bool"};
-static const char* const kShort[kNumDTypes] = {"f32", "f16", "bf16", "f64", "i32", "i64", "bool"};
+static const char* const kShort[kNumDTypes] = {"f32", "f16", "bf16", "f64", "i32", "i64", "b8"};
 static const size_t kSizes[kNumDTypes] = {4, 2, 2, 8, 4, 8, 1};
 
 const char* dtype_name(DType dt) { return kNames[(int)dt]; }

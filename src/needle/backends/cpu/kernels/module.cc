@@ -2,6 +2,10 @@
 // Each kernel family registers its functions; this file only assembles the module.
 #include "common.h"
 
+namespace needle {
+void bind_optim(nb::module_& m);  // optim.cc
+}
+
 NB_MODULE(_cpu, m) {
   m.doc() = "needle's native CPU backend: C++17 kernels, OpenMP across cores.";
   m.attr("name") = "cpu";
@@ -16,4 +20,5 @@ NB_MODULE(_cpu, m) {
   needle::bind_reduce(m);
   needle::bind_matmul(m);
   needle::bind_nn(m);
+  needle::bind_optim(m);
 }

@@ -11,34 +11,26 @@
 namespace needle {
 namespace {
 
-template <class C> inline C max_nan(C acc, C x) { return (x > acc || x != x) ? x : acc; }
-
-// Sum of f(i) for i < n with independent lanes (vectorizes; better rounding than one chain).
+// Sum of f(i) for i < n, vectorized (the simd reduction keeps one partial sum per lane).
 template <class C, class F> inline C lane_sum(int64_t n, F&& f) {
-  constexpr int L = 16;
-  C lanes[L] = {};
-  int64_t i = 0;
-  for (; i + L <= n; i += L)
-    for (int l = 0; l < L; ++l) lanes[l] += f(i + l);
-  C tail = 0;
-  for (; i < n; ++i) tail += f(i);
-  for (int w = L / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-  return lanes[0] + tail;
+  C s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += f(i);
+  return s;
 }
 
+// Maximum of x[0..n), NaN if any element is NaN (as numpy's max).
 template <class S> inline compute_t<S> row_max(const S* x, int64_t n) {
   using C = compute_t<S>;
-  constexpr int L = 16;
-  C lanes[L];
-  for (int l = 0; l < L; ++l) lanes[l] = load(x[0]);
-  int64_t i = 0;
-  for (; i + L <= n; i += L)
-    for (int l = 0; l < L; ++l) lanes[l] = max_nan(lanes[l], load(x[i + l]));
-  for (; i < n; ++i) lanes[0] = max_nan(lanes[0], load(x[i]));
-  C m = lanes[0];
-  for (int l = 1; l < L; ++l) m = max_nan(m, lanes[l]);
-  return m;
+  C m = -std::numeric_limits<C>::infinity();
+  int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+  for (int64_t i = 0; i < n; ++i) {
+    const C v = load(x[i]);
+    m = v > m ? v : m;
+    nan |= v != v;
+  }
+  return nan ? std::numeric_limits<C>::quiet_NaN() : m;
 }
 
 // Run f(row, scratch) over `rows` rows of length `dim` across threads; scratch is a per-call
@@ -67,7 +59,7 @@ template <class S> void softmax_kernel(const void* a_, void* out_, int64_t rows,
     const C mx = row_max(x, dim);
     if (log) {
       const C s = lane_sum<C>(dim, [&](int64_t i) { return vexp(load(x[i]) - mx); });
-      const C ls = std::log(s);
+      const C ls = vlog(s);
 #pragma omp simd
       for (int64_t i = 0; i < dim; ++i) o[i] = store<S>((load(x[i]) - mx) - ls);
       return;
@@ -145,11 +137,11 @@ template <class S> void silu_mul_kernel(const void* a_, const void* b_, void* ou
   const S* a = (const S*)a_;
   const S* b = (const S*)b_;
   S* out = (S*)out_;
-  parallel_for(n, int64_t(1) << 13, [=](int64_t lo, int64_t hi) {
+  produce(out, n, int64_t(1) << 13, [=](int64_t lo, int64_t hi, S* __restrict dst) {
 #pragma omp simd
     for (int64_t i = lo; i < hi; ++i) {
       const auto x = load(a[i]);
-      out[i] = store<S>(x * vsigmoid(x) * load(b[i]));
+      dst[i - lo] = store<S>(x * vsigmoid(x) * load(b[i]));
     }
   });
 }
@@ -249,8 +241,7 @@ struct AttentionArgs {
 
 // Softmax of one row of scores in place over [0, n); the rest of the row is not read.
 template <class C> void softmax_row(C* s, int64_t n) {
-  C mx = s[0];
-  for (int64_t j = 1; j < n; ++j) mx = max_nan(mx, s[j]);
+  const C mx = row_max(s, n);
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) s[j] = vexp(s[j] - mx);
   const C inv = C(1) / lane_sum<C>(n, [&](int64_t j) { return s[j]; });

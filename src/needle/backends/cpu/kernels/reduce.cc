@@ -6,6 +6,7 @@
 // float32/float16/bfloat16 (more accurate than numpy's pairwise float32 sum, never less), and
 // wrapping integers of the input's width for int32/int64 (int64 for bool), as the reference.
 #include <type_traits>
+#include <utility>
 
 #include "common.h"
 
@@ -23,24 +24,18 @@ template <class S> using acc_t =
 // Reductions whose out dtype differs from the input: bool sums to int64.
 template <class S> using sum_out_t = std::conditional_t<std::is_same_v<S, b8>, int64_t, S>;
 
-// Sum of x[0..n) (contiguous).
+// Sum of x[0..n) (contiguous). Floats: vectorized float partial sums over blocks of 4096,
+// blocks added in double.
 template <class S> acc_t<S> chunk_sum(const S* __restrict x, int64_t n) {
   using C = compute_t<S>;
   if constexpr (is_float_storage_v<S>) {
-    constexpr int L = 32;
     double total = 0;
     for (int64_t blk = 0; blk < n; blk += 4096) {
-      const int64_t m = std::min<int64_t>(4096, n - blk);
-      const S* p = x + blk;
-      C lanes[L] = {};
-      int64_t j = 0;
-      for (; j + L <= m; j += L)
-        for (int l = 0; l < L; ++l) lanes[l] += load(p[j + l]);
-      for (int w = L / 2; w > 0; w /= 2)
-        for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-      C tail = 0;
-      for (; j < m; ++j) tail += load(p[j]);
-      total += (double)lanes[0] + (double)tail;
+      const int64_t e = std::min<int64_t>(n, blk + 4096);
+      C s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = blk; j < e; ++j) s += load(x[j]);
+      total += (double)s;
     }
     return total;
   } else {
@@ -58,38 +53,60 @@ struct MinOp {
   template <class C> static C apply(C acc, C x) { return (x < acc || x != x) ? x : acc; }
 };
 
-// max/min of x[0..n), n >= 1.
+// max (or min) of x[0..n), n >= 1; NaN if any element is NaN, as numpy.
 template <class Op, class S> compute_t<S> chunk_extreme(const S* __restrict x, int64_t n) {
   using C = compute_t<S>;
-  constexpr int L = 32;
-  C lanes[L];
-  for (int l = 0; l < L; ++l) lanes[l] = load(x[0]);
-  int64_t j = 0;
-  for (; j + L <= n; j += L)
-    for (int l = 0; l < L; ++l) lanes[l] = Op::apply(lanes[l], load(x[j + l]));
-  for (; j < n; ++j) lanes[0] = Op::apply(lanes[0], load(x[j]));
-  C r = lanes[0];
-  for (int l = 1; l < L; ++l) r = Op::apply(r, lanes[l]);
-  return r;
+  constexpr bool is_max = std::is_same_v<Op, MaxOp>;
+  C m = load(x[0]);
+  int nan = 0;
+  if constexpr (is_max) {
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t j = 0; j < n; ++j) {
+      const C v = load(x[j]);
+      m = v > m ? v : m;
+      nan |= v != v;
+    }
+  } else {
+#pragma omp simd reduction(min : m) reduction(| : nan)
+    for (int64_t j = 0; j < n; ++j) {
+      const C v = load(x[j]);
+      m = v < m ? v : m;
+      nan |= v != v;
+    }
+  }
+  if constexpr (std::is_floating_point_v<C>)
+    if (nan) return std::numeric_limits<C>::quiet_NaN();
+  return m;
 }
 
-// First index in x[0..n) equal to v (or the first NaN when v is NaN), or n.
-template <class S> int64_t find_first(const S* x, int64_t n, compute_t<S> v) {
-  constexpr int64_t B = 256;
+// First index in x[0..n) holding v (the first NaN when v is NaN), or n. Blocks are tested
+// with a vectorized count before they are scanned.
+template <class S> int64_t find_first(const S* __restrict x, int64_t n, compute_t<S> v) {
+  constexpr int64_t B = 64;
+  const bool nan = v != v;
   for (int64_t b = 0; b < n; b += B) {
     const int64_t e = std::min(n, b + B);
-    bool hit = false;
-    for (int64_t j = b; j < e; ++j) {
-      const auto c = load(x[j]);
-      hit |= (c == v) | ((c != c) & (v != v));
+    int hits = 0;
+    if (nan) {
+#pragma omp simd reduction(+ : hits)
+      for (int64_t j = b; j < e; ++j) { const auto c = load(x[j]); hits += c != c; }
+    } else {
+#pragma omp simd reduction(+ : hits)
+      for (int64_t j = b; j < e; ++j) hits += load(x[j]) == v;
     }
-    if (!hit) continue;
+    if (!hits) continue;
     for (int64_t j = b; j < e; ++j) {
       const auto c = load(x[j]);
-      if (c == v || (c != c && v != v)) return j;
+      if (nan ? c != c : c == v) return j;
     }
   }
   return n;
+}
+
+// The first maximum of x[0..n) (the first NaN counts as the maximum): (value, index).
+template <class S> std::pair<compute_t<S>, int64_t> chunk_argmax(const S* x, int64_t n) {
+  const compute_t<S> m = chunk_extreme<MaxOp>(x, n);
+  return {m, find_first(x, n, m)};
 }
 
 enum class Kind { sum, max, min, argmax };
@@ -109,7 +126,7 @@ void reduce_rows(const S* a, O* out, int64_t outer, int64_t R) {
         if constexpr (K == Kind::sum) out[r] = store<O>((compute_t<O>)chunk_sum(x, R));
         else if constexpr (K == Kind::max) out[r] = store<O>(chunk_extreme<MaxOp>(x, R));
         else if constexpr (K == Kind::min) out[r] = store<O>(chunk_extreme<MinOp>(x, R));
-        else out[r] = find_first(x, R, chunk_extreme<MaxOp>(x, R));
+        else out[r] = chunk_argmax(x, R).second;
       }
     });
     return;
@@ -132,6 +149,25 @@ void reduce_rows(const S* a, O* out, int64_t outer, int64_t R) {
       for (int64_t c = 0; c < chunks; ++c) t += part[r * chunks + c];
       out[r] = store<O>((compute_t<O>)t);
     }
+  } else if constexpr (K == Kind::argmax) {
+    std::vector<std::pair<C, int64_t>> part(outer * chunks);
+    parallel_items(outer * chunks, len, [&](int64_t it) {
+      int64_t b;
+      const int64_t n = chunk_of(it, &b);
+      part[it] = chunk_argmax(a + it / chunks * R + b, n);
+      part[it].second += b;
+    });
+    for (int64_t r = 0; r < outer; ++r) {  // chunks in order: a later one must be strictly better
+      auto [bv, bi] = part[r * chunks];
+      for (int64_t c = 1; c < chunks; ++c) {
+        const auto [v, i] = part[r * chunks + c];
+        if (v > bv || (v != v && bv == bv)) {
+          bv = v;
+          bi = i;
+        }
+      }
+      out[r] = bi;
+    }
   } else {
     std::vector<C> part(outer * chunks);
     parallel_items(outer * chunks, len, [&](int64_t it) {
@@ -140,52 +176,53 @@ void reduce_rows(const S* a, O* out, int64_t outer, int64_t R) {
       const S* x = a + it / chunks * R + b;
       part[it] = K == Kind::min ? chunk_extreme<MinOp>(x, n) : chunk_extreme<MaxOp>(x, n);
     });
-    std::vector<C> best(outer);
     for (int64_t r = 0; r < outer; ++r) {
       C v = part[r * chunks];
       for (int64_t c = 1; c < chunks; ++c)
         v = K == Kind::min ? MinOp::apply(v, part[r * chunks + c])
                            : MaxOp::apply(v, part[r * chunks + c]);
-      best[r] = v;
-      if constexpr (K != Kind::argmax) out[r] = store<O>(v);
-    }
-    if constexpr (K == Kind::argmax) {
-      std::vector<int64_t> first(outer * chunks);
-      parallel_items(outer * chunks, len, [&](int64_t it) {
-        int64_t b;
-        const int64_t n = chunk_of(it, &b);
-        const int64_t j = find_first(a + it / chunks * R + b, n, best[it / chunks]);
-        first[it] = j < n ? b + j : R;
-      });
-      for (int64_t r = 0; r < outer; ++r) {
-        int64_t j = R;
-        for (int64_t c = 0; c < chunks && j == R; ++c) j = first[r * chunks + c];
-        out[r] = j;
-      }
+      out[r] = store<O>(v);
     }
   }
 }
 
-// Column reductions (inner > 1): each work item reduces a block of up to W columns of one
-// outer slice, keeping W accumulators in L1 while it streams down the rows.
+// Column reductions (inner > 1). A work item reduces a band of rows [r0, r1) of a block of
+// up to W columns of one outer slice into W accumulators (in L1), streaming whole rows as
+// numpy does. When there are too few (outer, column block) pairs to keep every thread busy,
+// the rows are split into bands whose partial results are then merged in row order.
 template <Kind K, class S, class O>
 void reduce_cols(const S* a, O* out, int64_t outer, int64_t R, int64_t inner) {
   using C = compute_t<S>;
-  using A = std::conditional_t<K == Kind::sum, std::conditional_t<is_float_storage_v<S>, C, acc_t<S>>, C>;
-  constexpr int64_t W = 1024;
-  const int64_t threads = max_threads();
-  int64_t width = std::min<int64_t>(W, inner);
-  if (outer < threads) width = std::min(width, std::max<int64_t>(64, (inner + threads - 1) / threads));
+  using A = std::conditional_t<K == Kind::sum,
+                               std::conditional_t<is_float_storage_v<S>, C, acc_t<S>>, C>;
+  constexpr int64_t W = 4096;
+  constexpr bool arg = K == Kind::argmax;
+  const int64_t width = std::min<int64_t>(W, inner);
   const int64_t blocks = (inner + width - 1) / width;
-  parallel_items(outer * blocks, R * width, [&](int64_t it) {
-    const int64_t o = it / blocks, c0 = it % blocks * width, n = std::min(width, inner - c0);
-    const S* x = a + o * R * inner + c0;
-    A acc[W];
-    int64_t idx[K == Kind::argmax ? W : 1];
+  const int64_t want = 4 * max_threads();
+  const int64_t bands = outer * blocks >= want ? 1
+                        : std::max<int64_t>(1, std::min((want + outer * blocks - 1) / (outer * blocks),
+                                                        R / 16));
+  const int64_t band = (R + bands - 1) / bands;
+  const int64_t items = outer * blocks * bands;
+  std::vector<A> acc_all((size_t)items * width);
+  std::vector<int64_t> idx_all(arg ? (size_t)items * width : 0);
+  parallel_items(items, band * width, [&](int64_t it) {
+    const int64_t ob = it / bands, o = ob / blocks, c0 = ob % blocks * width;
+    const int64_t n = std::min(width, inner - c0);
+    const int64_t r0 = it % bands * band, r1 = std::min(R, r0 + band);
+    A* acc = acc_all.data() + it * width;
+    int64_t* idx = arg ? idx_all.data() + it * width : nullptr;
+    if (r0 >= r1) {  // an empty band (R not divisible): contributes nothing
+      if constexpr (arg)
+        for (int64_t j = 0; j < n; ++j) idx[j] = -1;
+      return;
+    }
+    const S* x = a + (o * R + r0) * inner + c0;
     for (int64_t j = 0; j < n; ++j) acc[j] = K == Kind::sum ? A(0) : (A)load(x[j]);
-    if constexpr (K == Kind::argmax)
-      for (int64_t j = 0; j < n; ++j) idx[j] = 0;
-    for (int64_t r = (K == Kind::sum ? 0 : 1); r < R; ++r) {
+    if constexpr (arg)
+      for (int64_t j = 0; j < n; ++j) idx[j] = r0;
+    for (int64_t r = (K == Kind::sum ? 0 : 1); r < r1 - r0; ++r) {
       const S* row = x + r * inner;
       if constexpr (K == Kind::sum) {
 #pragma omp simd
@@ -202,16 +239,41 @@ void reduce_cols(const S* a, O* out, int64_t outer, int64_t R, int64_t inner) {
           const C v = load(row[j]);
           const bool take = v > acc[j] || (v != v && acc[j] == acc[j]);
           acc[j] = take ? v : acc[j];
-          idx[j] = take ? r : idx[j];
+          idx[j] = take ? r0 + r : idx[j];
+        }
+      }
+    }
+  });
+  // Merge the bands of each (outer, column block) in row order and store.
+  for (int64_t ob = 0; ob < outer * blocks; ++ob) {
+    const int64_t o = ob / blocks, c0 = ob % blocks * width, n = std::min(width, inner - c0);
+    A* acc = acc_all.data() + ob * bands * width;
+    int64_t* idx = arg ? idx_all.data() + ob * bands * width : nullptr;
+    for (int64_t bnd = 1; bnd < bands; ++bnd) {
+      const A* part = acc + bnd * width;
+      if (bnd * band >= R) break;
+      for (int64_t j = 0; j < n; ++j) {
+        if constexpr (K == Kind::sum) {
+          acc[j] += part[j];
+        } else if constexpr (K == Kind::max) {
+          acc[j] = MaxOp::apply(acc[j], part[j]);
+        } else if constexpr (K == Kind::min) {
+          acc[j] = MinOp::apply(acc[j], part[j]);
+        } else {
+          const A v = part[j];
+          if (v > acc[j] || (v != v && acc[j] == acc[j])) {
+            acc[j] = v;
+            idx[j] = idx[bnd * width + j];
+          }
         }
       }
     }
     O* dst = out + o * inner + c0;
     for (int64_t j = 0; j < n; ++j) {
-      if constexpr (K == Kind::argmax) dst[j] = idx[j];
+      if constexpr (arg) dst[j] = idx[j];
       else dst[j] = store<O>((compute_t<O>)acc[j]);
     }
-  });
+  }
 }
 
 template <Kind K, class S, class O>

@@ -48,11 +48,43 @@ inline float tanh_f32(float x) {
   return ax < 0.625f ? small : (x < 0.0f ? -big : big);
 }
 
+// Cephes logf: x = 2^e * m with m in [sqrt(1/2), sqrt(2)), log(m) by a polynomial in m - 1.
+// Subnormals are scaled up first; x < 0 gives NaN, 0 gives -inf, inf stays inf.
+inline float log_f32(float x) {
+  const bool sub = x < 1.17549435e-38f;
+  const float xs = sub ? x * 8388608.0f : x;  // 2^23
+  const uint32_t bits = f32_bits(xs);
+  int32_t e = (int32_t)((bits >> 23) & 0xFF) - 126 - (sub ? 23 : 0);
+  float m = bits_f32((bits & 0x007FFFFFu) | 0x3F000000u);  // in [0.5, 1)
+  const bool small = m < 0.707106781186547524f;
+  e -= small ? 1 : 0;
+  m = small ? m + m : m;
+  const float f = m - 1.0f;
+  const float z = f * f;
+  float p = 7.0376836292e-2f;
+  p = p * f - 1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f - 1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f - 1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f - 2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  const float fe = (float)e;
+  float y = f * z * p + fe * -2.12194440e-4f - 0.5f * z;
+  y = f + y + fe * 0.693359375f;
+  y = x == 0.0f ? -INFINITY : y;
+  y = x < 0.0f ? NAN : y;
+  return (x != x || x == INFINITY) ? x : y;
+}
+
 inline float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 
 // Generic versions: float (also the compute type of fp16/bf16) uses the above, double libm.
 inline float vexp(float x) { return exp_f32(x); }
 inline double vexp(double x) { return std::exp(x); }
+inline float vlog(float x) { return log_f32(x); }
+inline double vlog(double x) { return std::log(x); }
 inline float vtanh(float x) { return tanh_f32(x); }
 inline double vtanh(double x) { return std::tanh(x); }
 inline float vsigmoid(float x) { return sigmoid_f32(x); }
