@@ -5,6 +5,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdlib>
 #include <new>
 
@@ -74,10 +75,57 @@ void* aligned_alloc_bytes(size_t bytes) {
 
 void aligned_free(void* p) { std::free(p); }
 
+// Large buffers are kept after an Array dies and handed to the next Array of the same
+// rounded size. A fresh multi-megabyte buffer costs a page fault per 4 KiB on first touch,
+// which for a 16M-element add is most of its time; a reused one is already mapped. Only
+// Array construction and destruction use the pool, and both run holding the GIL.
+namespace {
+constexpr size_t kPoolMin = size_t(1) << 20;     // smaller buffers come from malloc's own bins
+constexpr size_t kPoolGranule = size_t(1) << 16;
+std::multimap<size_t, void*> g_pool;             // rounded size -> free buffer
+size_t g_pool_bytes = 0;
+
+size_t pool_limit() {
+  static const size_t limit = [] {
+    const char* env = std::getenv("NEEDLE_CPU_POOL_MB");
+    return (env ? (size_t)std::strtoull(env, nullptr, 10) : 1024) << 20;
+  }();
+  return limit;
+}
+
+size_t pool_round(size_t bytes) { return (bytes + kPoolGranule - 1) / kPoolGranule * kPoolGranule; }
+
+void* pool_take(size_t bytes) {
+  if (bytes < kPoolMin) return aligned_alloc_bytes(bytes);
+  auto it = g_pool.find(pool_round(bytes));
+  if (it == g_pool.end()) return aligned_alloc_bytes(pool_round(bytes));
+  void* p = it->second;
+  g_pool_bytes -= it->first;
+  g_pool.erase(it);
+  return p;
+}
+
+void pool_give(void* p, size_t bytes) {
+  if (bytes < kPoolMin) return aligned_free(p);
+  const size_t rounded = pool_round(bytes);
+  if (g_pool_bytes + rounded > pool_limit()) return aligned_free(p);
+  g_pool.emplace(rounded, p);
+  g_pool_bytes += rounded;
+}
+}  // namespace
+
+size_t pool_cached_bytes() { return g_pool_bytes; }
+
+void pool_empty() {
+  for (auto& kv : g_pool) aligned_free(kv.second);
+  g_pool.clear();
+  g_pool_bytes = 0;
+}
+
 Array::Array(int64_t n, const std::string& dt) : size(n), dtype(parse_dtype(dt)), owned(true) {
   if (n < 0) raise("ShapeError", "Array size must be >= 0, got " + std::to_string(n));
   const size_t bytes = (size_t)n * dtype_size(dtype);
-  if ((size_t)n > (SIZE_MAX >> 4) || !(data = aligned_alloc_bytes(bytes)))
+  if ((size_t)n > (SIZE_MAX >> 4) || !(data = pool_take(bytes)))
     raise("OutOfMemoryError", "could not allocate " + std::to_string(bytes) + " bytes for " +
                                   std::to_string(n) + " " + dt +
                                   " elements; free some arrays or use smaller ones");
@@ -87,7 +135,7 @@ Array::Array(void* p, int64_t n, DType dt, nb::object keep)
     : data(p), size(n), dtype(dt), owned(false), owner(std::move(keep)) {}
 
 Array::~Array() {
-  if (owned) aligned_free(data);
+  if (owned) pool_give(data, (size_t)size * dtype_size(dtype));
 }
 
 // --- errors and checks --------------------------------------------------------------------------
@@ -474,6 +522,8 @@ void bind_memory(nb::module_& m) {
         nb::arg("offset"));
   m.def("fill", &fill, nb::arg("out"), nb::arg("value"));
   m.def("synchronize", [] {}, "Kernels run synchronously on the calling thread; nothing waits.");
+  m.def("empty_cache", &pool_empty, "Free the large buffers kept for reuse by later Arrays.");
+  m.def("cached_bytes", &pool_cached_bytes, "Bytes of freed large buffers kept for reuse.");
   m.def("compact", &compact, nb::arg("a"), nb::arg("out"), nb::arg("shape"), nb::arg("strides"),
         nb::arg("offset"));
   m.def("ewise_setitem", &ewise_setitem, nb::arg("a"), nb::arg("out"), nb::arg("shape"),
