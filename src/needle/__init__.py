@@ -4,18 +4,19 @@ from . import autograd, backend_ndarray, data, init, nn, ops, optim
 from .autograd import Tensor, TensorTuple, enable_grad, grad, is_grad_enabled, no_grad
 from .backend_ndarray import all_devices, cpu, cpu_numpy, cuda, default_device, metal
 from .errors import (
-                     AxisError,
-                     DataFormatError,
-                     DeviceError,
-                     DTypeError,
-                     GradientError,
-                     IndexOutOfRangeError,
-                     KernelCompileError,
-                     KernelLaunchError,
-                     ModelFormatError,
-                     NeedleError,
-                     OutOfMemoryError,
-                     ShapeError,
+    AxisError,
+    DataFormatError,
+    DeviceError,
+    DTypeError,
+    GenerationError,
+    GradientError,
+    IndexOutOfRangeError,
+    KernelCompileError,
+    KernelLaunchError,
+    ModelFormatError,
+    NeedleError,
+    OutOfMemoryError,
+    ShapeError,
 )
 from .ops import *  # noqa: F403
 from .serialization import load, save

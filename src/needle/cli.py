@@ -15,8 +15,9 @@ from .errors import NeedleError
 
 
 def _devices(argv: list[str]) -> int:
-    argparse.ArgumentParser(prog="needle devices",
-                            description="List needle's devices with status and reason.").parse_args(argv)
+    parser = argparse.ArgumentParser(prog="needle devices",
+                                     description="List needle's devices with status and reason.")
+    parser.parse_args(argv)
     from .backend_ndarray import all_devices, default_device
 
     best = default_device()
@@ -28,7 +29,7 @@ def _devices(argv: list[str]) -> int:
     width = max(len(r[0]) for r in rows)
     for name, status, reason in rows:
         print(f"{name:<{width}}  {status:<8}  {reason}".rstrip())
-    print(f"(* default device; set NEEDLE_DEVICE to choose another)")
+    print("(* default device; set NEEDLE_DEVICE to choose another)")
     return 0
 
 

@@ -136,8 +136,11 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _read_header(path: Path) -> tuple[dict, int, int]:
-    """Parse and check the header; returns (header, data start, data length)."""
+def read_header(path: Path) -> tuple[dict, int, int]:
+    """Parse and check a safetensors header; returns (header, data start, data length).
+
+    Shared by checkpoints and model loading, so every malformed file gets the same errors.
+    """
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -147,8 +150,8 @@ def _read_header(path: Path) -> tuple[dict, int, int]:
                                        "shorter than the 8-byte header length (truncated?)")
             (n,) = struct.unpack("<Q", head)
             if n > min(size - 8, _MAX_HEADER):
-                raise ModelFormatError(f"{path}: header length {n} does not fit in a file of "
-                                       f"{size} bytes; the file is truncated or not safetensors")
+                raise ModelFormatError(f"{path} is truncated or not safetensors: its header "
+                                       f"length {n} does not fit in a file of {size} bytes")
             raw = f.read(n)
     except FileNotFoundError:
         raise ModelFormatError(f"checkpoint {path} does not exist") from None
@@ -215,7 +218,7 @@ def load(path: str | os.PathLike, device=None) -> dict:
     as the Python objects that were saved, in the nesting that was saved.
     """
     path = Path(path)
-    header, start, data_len = _read_header(path)
+    header, start, data_len = read_header(path)
     entries = _check_entries(path, header, data_len)
     metadata = header.get("__metadata__") or {}
     if not isinstance(metadata, dict):

@@ -55,7 +55,8 @@ def broadcast_shapes(*shapes) -> tuple[int, ...]:
     for i in range(ndim):
         dims = {s[i - ndim + len(s)] for s in shapes if i - ndim + len(s) >= 0} - {1}
         if len(dims) > 1:
-            raise ShapeError(f"shapes {' and '.join(map(str, shapes))} cannot be broadcast together "
+            raise ShapeError(f"shapes {' and '.join(map(str, shapes))} cannot be broadcast "
+                             "together "
                              f"(dimension {i} is {sorted(dims)})")
         out.append(dims.pop() if dims else 1)
     return tuple(out)
@@ -190,7 +191,8 @@ class NDArray:
 
     def item(self):
         if self.size != 1:
-            raise ShapeError(f"item() needs an array of one element, this one has shape {self.shape}")
+            raise ShapeError("item() needs an array of one element, this one has shape "
+                             f"{self.shape}")
         return self.numpy().reshape(-1)[0].item()
 
     def to(self, device: Device) -> NDArray:
@@ -285,7 +287,8 @@ class NDArray:
         if -1 in new_shape:
             known = _prod(d for d in new_shape if d != -1)
             if known == 0 or self.size % known:
-                raise ShapeError(f"cannot reshape array of size {self.size} into {tuple(new_shape)}")
+                raise ShapeError(f"cannot reshape array of size {self.size} into "
+                                 f"{tuple(new_shape)}")
             new_shape[new_shape.index(-1)] = self.size // known
         new_shape = _check_shape(new_shape)
         if _prod(new_shape) != self.size:
@@ -859,7 +862,7 @@ class NDArray:
         return out
 
     def take(self, indices: NDArray) -> NDArray:
-        """Rows of this (rows, dim) table at ``indices`` (any shape): shape indices.shape + (dim,)."""
+        """Rows of this (rows, dim) table at ``indices`` (any shape): indices.shape + (dim,)."""
         if self.ndim != 2:
             raise ShapeError(f"take needs a 2-d table, got shape {self.shape}")
         rows, dim = self.shape

@@ -219,7 +219,7 @@ def _r(a: Array, outer: int, reduce_size: int, inner: int) -> np.ndarray:
 
 def reduce_sum(a: Array, out: Array, outer: int, reduce_size: int, inner: int = 1) -> None:
     x = _r(a, outer, reduce_size, inner)
-    acc = np.float64 if x.dtype == np.float64 else (x.dtype if x.dtype.kind in "iub" else np.float32)
+    acc = x.dtype if x.dtype.kind in "iub" or x.dtype == np.float64 else np.float32
     if x.dtype == np.bool_:
         acc = np.int64
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is nan, by contract

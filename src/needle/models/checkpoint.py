@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import ModelFormatError
+from ..serialization import read_header
 
 _DTYPES = {"F64": np.dtype(np.float64), "F32": np.dtype(np.float32),
            "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16),
@@ -128,24 +128,7 @@ def _read_index(index: Path) -> dict[Path, list[str]]:
 
 def _read_header(file: Path) -> dict[str, TensorInfo]:
     """Parse and check one safetensors header against the file's size."""
-    size = file.stat().st_size
-    with open(file, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ModelFormatError(f"{file} is truncated: {size} bytes, too short for a "
-                                   "safetensors header")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(size - 8, _MAX_HEADER):
-            raise ModelFormatError(f"{file} is truncated or not safetensors: its header claims "
-                                   f"{n} bytes but the file has {size}")
-        raw = f.read(n)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-        if not isinstance(header, dict):
-            raise TypeError("the header is not a JSON object")
-    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
-        raise ModelFormatError(f"{file}: the safetensors header is corrupt ({e})") from None
-    data_start, data_len = 8 + n, size - 8 - n
+    header, data_start, data_len = read_header(file)
     out = {}
     for name, entry in header.items():
         if name == "__metadata__":
