@@ -740,9 +740,11 @@ class GpuBackend:
         chunk = _cdiv(_cdiv(kv_len, splits), 32) * 32
         splits = _cdiv(kv_len, chunk)
         shared = (32 * head_dim + 32 * (head_dim + 1) + 32 * head_dim) * _ACC[dt]
-        if shared > self.device.max_shared_bytes:
-            raise ShapeError(f"attention with head_dim {head_dim} in {dt} needs {shared} bytes "
-                             f"of shared memory; this GPU has {self.device.max_shared_bytes}")
+        if shared + getattr(kern, "static_shared", 0) > self.device.max_shared_bytes:
+            # the fused kernel's tiles do not fit (Metal's 32 KiB with head_dim above ~72)
+            self._attention_composed(q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                                     kv_capacity, head_dim, scale, causal)
+            return
         kern.reserve_shared(shared)
         rows_out = batch * q_heads * q_len
         part_o = part_ml = out.buffer
@@ -759,6 +761,36 @@ class GpuBackend:
             kc = self._kernel("nn", f"attention_combine_{SUFFIX[dt]}")
             self.queue.dispatch(kc, (_cdiv(rows_out, 8), 1, 1), (32, 8, 1),
                                 (part_o, part_ml, out.buffer), params)
+
+    def _attention_composed(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                            kv_capacity, head_dim, scale, causal) -> None:
+        """Attention from existing kernels, one KV head at a time: scores = Q Kᵀ · scale
+        (+ a causal mask of -inf), softmax, then P V. For head sizes whose fused kernel
+        does not fit in the device's group memory; it moves the scores through memory."""
+        dt, group = q.dtype, q_heads // kv_heads
+        rows = group * q_len  # the query rows of the heads that share one KV head
+        item = ITEMSIZE[dt]
+
+        def part(x: GpuArray, start: int, count: int) -> GpuArray:
+            return GpuArray(x.buffer.view(start * item, count * item), count, dt)
+
+        scores, probs = self._new_array(rows * kv_len, dt), self._new_array(rows * kv_len, dt)
+        mask = None
+        if causal:
+            i = np.arange(rows)[:, None] % q_len + (kv_len - q_len)
+            mask = self._new_array(rows * kv_len, dt)
+            self.from_numpy(np.where(np.arange(kv_len)[None, :] <= i, 0.0, -np.inf), mask)
+        for slot in range(batch * kv_heads):  # slot = b * kv_heads + kv head
+            qs = part(q, slot * rows * head_dim, rows * head_dim)
+            ks = part(k, slot * kv_capacity * head_dim, kv_len * head_dim)
+            vs = part(v, slot * kv_capacity * head_dim, kv_len * head_dim)
+            self.matmul(qs, ks, scores, rows, head_dim, kv_len, transpose_b=True)
+            self.scalar_mul(scores, scale, scores)
+            if mask is not None:
+                self.ewise_add(scores, mask, scores)
+            self.softmax(scores, probs, kv_len)
+            self.matmul(probs, vs, part(out, slot * rows * head_dim, rows * head_dim),
+                        rows, kv_len, head_dim)
 
     def _attention_tc(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
                       kv_capacity, head_dim, scale, causal) -> None:
