@@ -58,16 +58,22 @@ def test_resume_gives_identical_losses(tmp_path, device):
         return model, opt, optim.CosineDecay(opt, total_steps=3 * len(loader)), loader
 
     loss_fn = nn.SoftmaxLoss()
-    model, opt, sched, loader = fresh(seed=1)
-    straight = []
-    for epoch in range(3):
+
+    def epoch_losses(model, opt, sched, loader) -> list[float]:
+        losses = []
         for x, y in loader:
             loss = loss_fn(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
-            straight.append(loss.item())
+            losses.append(loss.item())
+        return losses
+
+    model, opt, sched, loader = fresh(seed=1)
+    straight = []
+    for epoch in range(3):
+        straight += epoch_losses(model, opt, sched, loader)
         if epoch == 0:
             ndl.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                       "schedule": sched.state_dict(), "epoch": 1}, tmp_path / "ck.safetensors")
@@ -80,11 +86,5 @@ def test_resume_gives_identical_losses(tmp_path, device):
     loader.epoch = ckpt["epoch"]
     resumed = []
     for _ in range(2):
-        for x, y in loader:
-            loss = loss_fn(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            resumed.append(loss.item())
+        resumed += epoch_losses(model, opt, sched, loader)
     assert resumed == straight[len(straight) - len(resumed):]
