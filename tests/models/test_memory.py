@@ -16,8 +16,8 @@ def test_parameter_count_matches_transformers(checkpoints, name):
     directory, hf = checkpoints(name)
     model = load_pretrained(directory, device="cpu_numpy")
     assert memory.parameter_count(model.config) == hf.num_parameters()
-    weights = {id(p.realize_cached_data().handle): p.realize_cached_data().nbytes
-               for p in model.parameters()}  # a tied head shares the embedding's buffer
+    weights = {id(a.handle): a.handle.size * a.itemsize  # whole buffers: a tied head shares
+               for a in (p.realize_cached_data() for p in model.parameters())}  # the embedding's
     assert sum(weights.values()) == memory.estimate(model.config, "float32", 8).weights
 
 
@@ -25,14 +25,14 @@ def test_kv_cache_bytes_match_the_allocated_cache(checkpoints):
     directory, _ = checkpoints("qwen2")
     model = load_pretrained(directory, device="cpu_numpy", dtype="bfloat16", max_seq_len=48)
     model.generate(PROMPT, 2)
-    expected = memory.kv_cache_bytes(model.config, 48)
+    expected = memory.kv_cache_bytes(model.config, 48, dtype="bfloat16")
     assert model.decoder().cache.nbytes == expected
     cfg = model.config
-    assert expected == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 48 * 4
+    assert expected == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 48 * 2
 
 
 def test_estimate_of_a_7b_model():
-    """Llama 2 7B: 6.74e9 weights, a 4096-token (float32) KV cache of 4 GiB."""
+    """Llama 2 7B: 6.74e9 weights, a 4096-token bfloat16 KV cache of 2 GiB."""
     from needle.models import LlamaConfig
 
     cfg = LlamaConfig.from_dict(dict(
@@ -40,7 +40,7 @@ def test_estimate_of_a_7b_model():
         num_hidden_layers=32, num_attention_heads=32, vocab_size=32000))
     est = memory.estimate(cfg, "bfloat16", 4096)
     assert math.isclose(memory.parameter_count(cfg), 6_738_415_616)
-    assert est.kv_cache == 4 * 2**30
+    assert est.kv_cache == 2 * 2**30
     assert est.total > est.weights + est.kv_cache
 
 

@@ -14,8 +14,10 @@ from .device import (
 from .dtypes import ALL_DTYPES, promote
 from .ndarray import (
                      NDArray,
+                     add_rmsnorm,
                      array,
                      attention,
+                     attention_decode,
                      broadcast_shapes,
                      broadcast_to,
                      concatenate,
@@ -42,7 +44,8 @@ from .ndarray import (
 from .updates import adam_update, sgd_update, state_dtype
 
 __all__ = [
-    "ALL_DTYPES", "Device", "NDArray", "adam_update", "all_devices", "array", "attention",
+    "ALL_DTYPES", "Device", "NDArray", "adam_update", "add_rmsnorm", "all_devices", "array",
+    "attention", "attention_decode",
     "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
     "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",
     "max", "maximum", "metal", "minimum", "ones", "promote", "reshape", "scatter_add",

@@ -861,6 +861,18 @@ class NDArray:
             self._be.silu_mul(a._handle, b._handle, out._handle)
         return out
 
+    def swiglu(self) -> NDArray:
+        """silu(first half) * second half along the last axis: SwiGLU of a fused gate-and-up
+        projection (..., 2 * dim) -> (..., dim), without copying the halves apart."""
+        a, two = self._rows("swiglu")
+        if two % 2:
+            raise ShapeError(f"swiglu needs an even last axis (gate and up halves), got "
+                             f"{self.shape}")
+        out = NDArray.make(a.shape[:-1] + (two // 2,), device=self.device, dtype=a.dtype)
+        if out.size:
+            self._be.swiglu(a._handle, out._handle, two // 2)
+        return out
+
     def take(self, indices: NDArray) -> NDArray:
         """Rows of this (rows, dim) table at ``indices`` (any shape): indices.shape + (dim,)."""
         if self.ndim != 2:
@@ -1090,6 +1102,86 @@ def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
     if out.size:
         q.device.backend.attention(qc._handle, kc._handle, vc._handle, out._handle, bsz, hq, hkv,
                                    sq, kv_len, cap, d, scale, bool(causal))
+    return out
+
+
+def add_rmsnorm(x: NDArray, delta: NDArray, weight: NDArray, eps: float = 1e-6,
+                inplace: bool = False) -> tuple[NDArray, NDArray]:
+    """(x + delta, rmsnorm(x + delta) * weight) in one pass over the rows: a transformer's
+    residual add and the next pre-norm. The sum is rounded to the dtype before it is
+    normalized, exactly as ``rmsnorm(x + delta)``. With ``inplace`` the sum is written into
+    ``x`` (which must then be compact) and x is returned as the first result."""
+    x._check_device(delta)
+    if x.shape != delta.shape:
+        raise ShapeError(f"add_rmsnorm: x {x.shape} and delta {delta.shape} must have one shape")
+    if x.dtype != delta.dtype:
+        raise DTypeError(f"add_rmsnorm: x ({x.dtype}) and delta ({delta.dtype}) must have one "
+                         "dtype; cast one with astype")
+    a, dim = x._rows("add_rmsnorm")
+    if inplace and a is not x:
+        raise ShapeError("add_rmsnorm(inplace=True) needs a compact x; pass a compact array "
+                         "or inplace=False")
+    w = x._param(weight, dim, "add_rmsnorm weight")
+    d = delta.compact()
+    total = a if inplace else a._empty_like()
+    out = a._empty_like()
+    if a.size:
+        x.device.backend.add_rmsnorm(a._handle, d._handle, w._handle, total._handle,
+                                     out._handle, dim, float(eps))
+    return total, out
+
+
+def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray,
+                     keys: NDArray, values: NDArray, q_heads: int,
+                     scale: float | None = None) -> NDArray:
+    """One token's attention step against a KV cache, at a position held on the device.
+
+    ``qkv``: the token's fused query/key/value projection, (q_heads + 2 * kv_heads) *
+    head_dim values (any shape with that size); ``cos``/``sin``: rotary tables (rows,
+    head_dim // 2) of qkv's dtype; ``position``: an int32 array whose first element is the
+    position p; ``keys``/``values``: compact caches (..., kv_heads, capacity, head_dim) of
+    qkv's dtype.
+    Rotates the query and key (RoPE at row p), stores key and value at row p of the caches,
+    and returns the attention output over positions 0..p, shape (q_heads * head_dim,).
+    Nothing here reads p on the host, so a captured decode step can replay it; a p outside
+    the cache or the tables writes nothing and gives NaNs (check positions before).
+    See ``numpy_ref.attention_decode``.
+    """
+    for t in (cos, sin, position, keys, values):
+        qkv._check_device(t)
+    if keys.shape != values.shape or keys.ndim < 3 or any(d != 1 for d in keys.shape[:-3]):
+        raise ShapeError(f"attention_decode: keys {keys.shape} and values {values.shape} must "
+                         "be caches of one shape (kv_heads, capacity, head_dim)")
+    kv_heads, capacity, d = keys.shape[-3:]
+    if d % 2 or kv_heads == 0 or q_heads <= 0 or q_heads % kv_heads:
+        raise ShapeError(f"attention_decode: {q_heads} query heads over {kv_heads} kv heads "
+                         f"of size {d} (must divide, with an even head size)")
+    if qkv.size != (q_heads + 2 * kv_heads) * d:
+        raise ShapeError(f"attention_decode: qkv has {qkv.size} values, expected "
+                         f"({q_heads} + 2 x {kv_heads}) x {d} = {(q_heads + 2 * kv_heads) * d}")
+    if not dtypes.is_floating(qkv.dtype) or not dtypes.is_floating(keys.dtype):
+        raise DTypeError(f"attention_decode needs floating-point arrays, got {qkv.dtype} "
+                         f"and a {keys.dtype} cache")
+    if keys.dtype != qkv.dtype or values.dtype != qkv.dtype:
+        raise DTypeError(f"attention_decode: the cache ({keys.dtype}, {values.dtype}) must have "
+                         f"qkv's dtype {qkv.dtype}")
+    if not (keys.is_compact() and values.is_compact()):
+        raise ShapeError("attention_decode: keys and values must be compact (whole) caches")
+    if position.dtype != "int32" or position.size < 1:
+        raise DTypeError(f"attention_decode: position must be an int32 array, got "
+                         f"{position.dtype} of size {position.size}")
+    for t, nm in ((cos, "cos"), (sin, "sin")):
+        if t.ndim != 2 or t.shape[1] != d // 2 or t.shape != cos.shape:
+            raise ShapeError(f"attention_decode: {nm} must be (rows, {d // 2}) like cos, got "
+                             f"{t.shape}")
+    scale = 1 / math.sqrt(d) if scale is None else float(scale)
+    c, s = cos.astype(qkv.dtype).compact(), sin.astype(qkv.dtype).compact()
+    a = qkv.compact()
+    out = NDArray.make((q_heads * d,), device=qkv.device, dtype=qkv.dtype)
+    qkv.device.backend.attention_decode(a._handle, c._handle, s._handle,
+                                        position.compact()._handle, keys._handle,
+                                        values._handle, out._handle, q_heads, kv_heads, d,
+                                        capacity, cos.shape[0], scale)
     return out
 
 

@@ -48,6 +48,8 @@ _ROW = struct.Struct("qq")
 _NORM = {dt: _padded("qq" + _SCALAR[dt]) for dt in FLOATS}
 _ROPE = struct.Struct("4q")
 _ATTN = _padded("9qfif")
+_DECODE = _padded("7qff")  # attention_decode: heads, kv heads, head dim, capacity, table rows,
+#                            splits, chunk, scale (hi + lo: Metal has no double)
 _ADAM = {dt: _padded("qq" + _SCALAR[dt] * 7) for dt in FLOATS}  # optim.cu's AdamParams
 _SGD = {dt: _padded("qq" + _SCALAR[dt] * 4) for dt in FLOATS}  # SgdParams
 _SGD_MOMENTUM, _SGD_FIRST, _SGD_NESTEROV, _SGD_DAMPENED = 1, 2, 4, 8
@@ -387,6 +389,13 @@ class GpuBackend:
         self._map(f"silu_mul_{SUFFIX[a.dtype]}", out.size, a.dtype, out.dtype,
                   (a.buffer, b.buffer, out.buffer), _N.pack(out.size))
 
+    def swiglu(self, x: GpuArray, out: GpuArray, dim: int) -> None:
+        """out = silu(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)."""
+        self._need(x.dtype, FLOATS, "swiglu")
+        if out.size:
+            self._launch_1d(f"swiglu_{SUFFIX[x.dtype]}", out.size, (x.buffer, out.buffer),
+                            _ROW.pack(out.size, dim), "nn")
+
     # --- reductions ----------------------------------------------------------------------
     def _reduce(self, op: str, a: GpuArray, out: GpuArray, outer: int, reduce_size: int,
                 inner: int) -> None:
@@ -696,6 +705,14 @@ class GpuBackend:
         self._row_kernel("rmsnorm", x.dtype, rows, dim, (x.buffer, w.buffer, out.buffer),
                          _NORM[x.dtype].pack(rows, dim, eps), _ACC[x.dtype])
 
+    def add_rmsnorm(self, x: GpuArray, delta: GpuArray, w: GpuArray, total: GpuArray,
+                    out: GpuArray, dim: int, eps: float) -> None:
+        """total = x + delta (rounded), out = rmsnorm(total) * w, per row; total may be x."""
+        rows = x.size // dim
+        self._row_kernel("add_rmsnorm", x.dtype, rows, dim,
+                         (x.buffer, delta.buffer, w.buffer, total.buffer, out.buffer),
+                         _NORM[x.dtype].pack(rows, dim, eps), _ACC[x.dtype])
+
     def layernorm(self, x: GpuArray, w: GpuArray, b: GpuArray, out: GpuArray, dim: int,
                   eps: float) -> None:
         """out = (x - mean) / sqrt(var + eps) * w + b, per row (biased variance)."""
@@ -761,6 +778,40 @@ class GpuBackend:
             kc = self._kernel("nn", f"attention_combine_{SUFFIX[dt]}")
             self.queue.dispatch(kc, (_cdiv(rows_out, 8), 1, 1), (32, 8, 1),
                                 (part_o, part_ml, out.buffer), params)
+
+    def attention_decode(self, qkv: GpuArray, cos: GpuArray, sin: GpuArray,
+                         position: GpuArray, keys: GpuArray, values: GpuArray, out: GpuArray,
+                         q_heads: int, kv_heads: int, head_dim: int, capacity: int,
+                         table_rows: int, scale: float) -> None:
+        """One decode step's attention (see numpy_ref.attention_decode) in two launches: the
+        cache split into chunks of positions, a group per (KV head, chunk) computing every
+        query head of its group (chunks past the position return at once); then a combine
+        per query head. Both read the position from device memory, so a captured step
+        replays for any position."""
+        dt = self._need(qkv.dtype, FLOATS, "attention_decode")
+        group = q_heads // kv_heads
+        chunk = max(64, _cdiv(_cdiv(capacity, 256), 64) * 64)
+        splits = _cdiv(capacity, chunk)
+        shared = group * (head_dim + chunk) * _ACC[dt]
+        kern = self._kernel("nn", f"attention_decode_{SUFFIX[dt]}")
+        if head_dim > 256 or shared + getattr(kern, "static_shared", 0) > \
+                self.device.max_shared_bytes or splits > _MAX_GRID_YZ:
+            raise ShapeError(f"attention_decode: {group} query heads per KV head of size "
+                             f"{head_dim} need {shared} bytes of group memory; "
+                             f"{self.device.name} has {self.device.max_shared_bytes}")
+        kern.check_threads(128)
+        kern.reserve_shared(shared)
+        part_o = self._workspace(q_heads * splits * head_dim * _ACC[dt])  # (heads, splits, d)
+        part_ml = self._workspace(q_heads * splits * 2 * _ACC[dt])  # (heads, splits, [m, l])
+        hi = float(np.float32(scale))
+        params = _DECODE.pack(q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk,
+                              hi, float(scale) - hi)
+        self.queue.dispatch(kern, (kv_heads, splits, 1), (128, 1, 1),
+                            (qkv.buffer, cos.buffer, sin.buffer, position.buffer, keys.buffer,
+                             values.buffer, part_o, part_ml), params, shared)
+        kc = self._kernel("nn", f"attention_decode_combine_{SUFFIX[dt]}")
+        self.queue.dispatch(kc, (q_heads, 1, 1), (_cdiv(head_dim, 32) * 32, 1, 1),
+                            (position.buffer, part_o, part_ml, out.buffer), params)
 
     def _attention_composed(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
                             kv_capacity, head_dim, scale, causal) -> None:

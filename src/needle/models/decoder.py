@@ -47,12 +47,10 @@ class Decoder:
         return logits
 
     def rewind(self, length: int) -> None:
-        """Forget every position from ``length`` on: the next step writes position ``length``
-        (its slots are zeroed, as the decode step adds into them)."""
+        """Forget every position from ``length`` on: the next step writes position
+        ``length`` (a decode step reads only the positions before its own)."""
         if not 0 < length <= self.length:
             raise GenerationError(f"can rewind to 1..{self.length} positions, not {length}")
-        for array in self.cache.keys + self.cache.values:
-            array[:, :, length:, :] = 0
         self.length = length
 
     def step(self, token: int):

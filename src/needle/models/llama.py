@@ -13,17 +13,22 @@ Three passes share the same modules:
 * ``prefill``: the same pass over a prompt that also stores its keys and values in a
   ``KVCache`` and returns only the last position's logits.
 * ``decode_step``: one token at the position held in a device buffer. Every shape is fixed
-  and nothing depends on a host integer: keys and values are added into the zeroed cache at
-  rows computed on the device, and attention covers the whole cache with a mask of the
-  positions not yet written. That is what lets a GPU backend capture the step once and
-  replay it for every token (``needle.models.decoder``).
+  and nothing depends on a host integer: ``attention_decode`` rotates the query and key at
+  that position, stores the key and value in the cache and attends over positions 0..p in
+  one call, the residual adds ride on the next RMSNorm (``add_rmsnorm``) and the gate and up
+  projections are one matrix (``swiglu`` splits it). That is what lets a GPU backend capture
+  the step once and replay it for every token (``needle.models.decoder``), with few kernels
+  per layer.
+
+The query, key and value projections are stored as one (q + k + v, hidden) matrix and the
+gate and up projections as one (2 * intermediate, hidden) matrix, concatenated at load time:
+a decode step reads each with one matrix-vector product. ``q_proj``, ``gate_proj`` etc.
+remain available as views of them.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -76,33 +81,41 @@ def _linear(weights: WeightSource, shapes: dict, name: str) -> Linear:
                   weights(bias, shapes[bias]) if bias in shapes else None)
 
 
+def _fused(weights: WeightSource, shapes: dict, names: list[str]) -> tuple[Linear, list[int]]:
+    """One Linear over the checkpoint matrices ``names`` stacked along their output axis
+    (and their biases, when every one has one), and the output sizes of the parts."""
+    parts = [weights(f"{n}.weight", shapes[f"{n}.weight"]) for n in names]
+    biases = [f"{n}.bias" for n in names]
+    bias = None
+    if all(b in shapes for b in biases):
+        bias = nd.concatenate([weights(b, shapes[b]) for b in biases])
+    sizes = [w.shape[0] for w in parts]
+    fused = Linear(nd.concatenate(parts), bias)
+    del parts  # the separate matrices are freed as soon as the fused one exists
+    return fused, sizes
+
+
+def _part(fused: Linear, start: int, stop: int) -> Linear:
+    """A Linear over rows start..stop-1 of a fused projection (a view, no copy)."""
+    weight = fused.weight.realize_cached_data().transpose()[start:stop]
+    bias = fused.bias.realize_cached_data()[start:stop] if fused.bias is not None else None
+    return Linear(weight, bias)
+
+
 class KVCache:
     """Keys and values of every layer for up to ``capacity`` positions, preallocated.
 
-    Both are stored (1, kv_heads, capacity, head_dim) (one sequence): the decode step's
-    q·Kᵀ reads the keys as a transposed operand and p·V the values as they are, so neither
-    is copied per token, and a new key or value is one row of ``head_dim`` per head.
-    ``clear`` zeroes both, which the decode step relies on: it *adds* each new key and value
-    into its (zero) slot.
-
-    The cache has the model's dtype where the backend writes half-precision rows natively
-    (feature ``half_scatter``: CUDA); elsewhere it is float32 whatever the model's dtype,
-    because the device-indexed add that writes a slot is native for float32 on every backend
-    (a half-precision one would convert the whole cache on each write). Half-precision keys
-    and values are stored exactly either way.
+    Both are stored (1, kv_heads, capacity, head_dim) in the model's dtype (one sequence):
+    prefill writes positions 0..n-1, and each decode step's ``attention_decode`` writes its
+    position and reads positions 0..p, so nothing past the current length is ever read.
     """
 
-    dtype = "float32"  # the widest choice, which memory estimates assume
-
     def __init__(self, cfg: LlamaConfig, capacity: int, device, dtype: str = "float32"):
-        self.capacity = capacity
-        features = getattr(getattr(device.backend, "device", None), "features", ())
-        if dtype in ("float16", "bfloat16") and "half_scatter" in features:
-            self.dtype = dtype
+        self.capacity, self.dtype = capacity, dtype
         kv, d = cfg.num_kv_heads, cfg.head_dim
-        self.keys = [nd.empty((1, kv, capacity, d), self.dtype, device)
+        self.keys = [nd.empty((1, kv, capacity, d), dtype, device)
                      for _ in range(cfg.num_layers)]
-        self.values = [nd.empty((1, kv, capacity, d), self.dtype, device)
+        self.values = [nd.empty((1, kv, capacity, d), dtype, device)
                        for _ in range(cfg.num_layers)]
         self.clear()
 
@@ -116,18 +129,11 @@ class KVCache:
 
 
 class RotaryTables:
-    """cos and sin of every position up to ``length``, (length, head_dim/2), on the device.
-
-    A second pair is pre-multiplied by the attention scale 1/sqrt(head_dim): rotating the
-    decode step's queries with it scales the scores for free (the step has no fused
-    attention kernel to do it).
-    """
+    """cos and sin of every position up to ``length``, (length, head_dim/2), on the device."""
 
     def __init__(self, cfg: LlamaConfig, length: int, device, dtype: str):
         cos, sin = cfg.rope.tables(cfg.head_dim, length)
-        scale = np.float32(1 / math.sqrt(cfg.head_dim))
-        self.cos, self.sin, self.q_cos, self.q_sin = (
-            nd.array(t, dtype=dtype, device=device) for t in (cos, sin, cos * scale, sin * scale))
+        self.cos, self.sin = (nd.array(t, dtype=dtype, device=device) for t in (cos, sin))
 
     def span(self, length: int) -> tuple[Tensor, Tensor]:
         """cos and sin of positions 0..length-1."""
@@ -135,70 +141,45 @@ class RotaryTables:
 
 
 class DecodeState:
-    """The inputs of one decode step, in device buffers the host rewrites before each step,
-    and the arrays derived from them on the device at the start of the step."""
+    """The inputs of one decode step, in device buffers the host rewrites before each step."""
 
     def __init__(self, cfg: LlamaConfig, capacity: int, device, dtype: str = "float32"):
-        kv, group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
         self.token = nd.zeros((1, 1), "int32", device)
         self.position = nd.zeros((1,), "int32", device)
-        # rows of the caches viewed as (kv_heads * capacity) x head_dim
-        self._rows = nd.array(np.arange(kv, dtype=np.int32) * capacity, device=device)
-        slots = np.broadcast_to(np.arange(capacity, dtype=np.int32), (1, kv, group, capacity))
-        self._slots = nd.array(slots, device=device)
-        self._zero = nd.zeros(slots.shape, dtype, device)
-        self._neg_inf = nd.full(slots.shape, -np.inf, dtype, device)
 
     def set(self, token: int, position: int) -> None:
         self.token[...] = token
         self.position[...] = position
 
-    def derive(self, rope: RotaryTables) -> StepArrays:
-        pos = self.position
-        visible = self._slots <= pos.reshape((1, 1, 1, 1))
-        return StepArrays(
-            cos=_const(rope.cos.take(pos)), sin=_const(rope.sin.take(pos)),
-            q_cos=_const(rope.q_cos.take(pos)), q_sin=_const(rope.q_sin.take(pos)),
-            rows=self._rows + pos, mask=nd.where(visible, self._zero, self._neg_inf))
-
-
-@dataclass
-class StepArrays:
-    """Position-dependent arrays of one decode step, shared by all layers: RoPE rows (the
-    query's pre-scaled), the cache rows to write, and the attention mask."""
-
-    cos: Tensor
-    sin: Tensor
-    q_cos: Tensor
-    q_sin: Tensor
-    rows: NDArray
-    mask: NDArray
-
 
 class LlamaAttention(nn.Module):
-    """Grouped-query self-attention with rotary positions."""
+    """Grouped-query self-attention with rotary positions; q, k and v in one projection."""
 
     def __init__(self, cfg: LlamaConfig, prefix: str, weights: WeightSource, shapes: dict):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_heads, cfg.num_kv_heads,
                                                             cfg.head_dim)
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
-            _linear(weights, shapes, f"{prefix}.{n}") for n in ("q_proj", "k_proj", "v_proj",
-                                                                 "o_proj"))
+        self.qkv_proj, self._sizes = _fused(weights, shapes, [f"{prefix}.{n}" for n in
+                                                              ("q_proj", "k_proj", "v_proj")])
+        self.o_proj = _linear(weights, shapes, f"{prefix}.o_proj")
 
-    def _project(self, x: Tensor, cos, sin, q_cos, q_sin) -> tuple[Tensor, Tensor, Tensor]:
-        b, s, _ = x.shape
-        d = self.head_dim
-        q = ops.reshape(self.q_proj(x), (b, s, self.num_heads, d))
-        k = ops.reshape(self.k_proj(x), (b, s, self.num_kv_heads, d))
-        v = ops.reshape(self.v_proj(x), (b, s, self.num_kv_heads, d))
-        return ops.rope(q, q_cos, q_sin), ops.rope(k, cos, sin), v
+    def _view(self, i: int) -> Linear:
+        start = sum(self._sizes[:i])
+        return _part(self.qkv_proj, start, start + self._sizes[i])
+
+    q_proj = property(lambda self: self._view(0), doc="the query projection (a view)")
+    k_proj = property(lambda self: self._view(1), doc="the key projection (a view)")
+    v_proj = property(lambda self: self._view(2), doc="the value projection (a view)")
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, keys: NDArray | None = None,
                 values: NDArray | None = None) -> Tensor:
         """Causal attention over positions 0..seq-1; stores keys/values when given a cache."""
         b, s, _ = x.shape
-        q, k, v = self._project(x, cos, sin, cos, sin)
+        d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x)
+        q = ops.rope(ops.reshape(qkv[:, :, :hq * d], (b, s, hq, d)), cos, sin)
+        k = ops.rope(ops.reshape(qkv[:, :, hq * d:(hq + hkv) * d], (b, s, hkv, d)), cos, sin)
+        v = ops.reshape(qkv[:, :, (hq + hkv) * d:], (b, s, hkv, d))
         if keys is not None:
             keys[:, :, :s, :] = k.realize_cached_data().permute((0, 2, 1, 3))
             values[:, :, :s, :] = v.realize_cached_data().permute((0, 2, 1, 3))
@@ -206,35 +187,41 @@ class LlamaAttention(nn.Module):
         out = ops.scaled_dot_product_attention(ops.permute(q, heads_first),
                                                ops.permute(k, heads_first),
                                                ops.permute(v, heads_first), causal=True)
-        out = ops.reshape(ops.permute(out, heads_first), (b, s, self.num_heads * self.head_dim))
+        out = ops.reshape(ops.permute(out, heads_first), (b, s, hq * d))
         return self.o_proj(out)
 
-    def decode(self, x: Tensor, step: StepArrays, keys: NDArray, values: NDArray) -> Tensor:
-        """One position (x is (1, 1, hidden)) against the whole cache, masked."""
-        q, k, v = (t.realize_cached_data() for t in self._project(
-            x, step.cos, step.sin, step.q_cos, step.q_sin))
-        kv, d = self.num_kv_heads, self.head_dim
-        rows = keys.size // d
-        for new, cache in ((k, keys), (v, values)):
-            nd.scatter_add(step.rows, new.astype(cache.dtype).reshape((kv, d)), rows,
-                           out=cache.reshape((rows, d)))
-        q4 = q.reshape((1, kv, self.num_heads // kv, d))
-        probs = ((q4 @ keys.permute((0, 1, 3, 2))) + step.mask).softmax()
-        out = (probs @ values).astype(q.dtype).reshape((1, 1, self.num_heads * d))
-        return self.o_proj(_const(out))
+    def decode(self, h: NDArray, rope: RotaryTables, position: NDArray, keys: NDArray,
+               values: NDArray) -> NDArray:
+        """One token (h: its normed hidden state, (1, 1, hidden)) against the cache; the
+        attention block's output (1, 1, hidden)."""
+        qkv = self.qkv_proj(_const(h)).realize_cached_data()
+        out = nd.attention_decode(qkv, rope.cos, rope.sin, position, keys, values,
+                                  self.num_heads)
+        return self.o_proj(_const(out.reshape((1, 1, out.size)))).realize_cached_data()
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) · up(x))."""
+    """SwiGLU: down(silu(gate(x)) · up(x)), with gate and up in one projection."""
 
     def __init__(self, prefix: str, weights: WeightSource, shapes: dict):
         super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = (
-            _linear(weights, shapes, f"{prefix}.{n}") for n in ("gate_proj", "up_proj",
-                                                                "down_proj"))
+        self.gate_up_proj, sizes = _fused(weights, shapes, [f"{prefix}.gate_proj",
+                                                            f"{prefix}.up_proj"])
+        self.intermediate = sizes[0]
+        self.down_proj = _linear(weights, shapes, f"{prefix}.down_proj")
+
+    gate_proj = property(lambda self: _part(self.gate_up_proj, 0, self.intermediate),
+                         doc="the gate projection (a view)")
+    up_proj = property(lambda self: _part(self.gate_up_proj, self.intermediate,
+                                          2 * self.intermediate), doc="the up projection (a view)")
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
+        gu, i = self.gate_up_proj(x), self.intermediate
+        return self.down_proj(ops.silu_mul(gu[..., :i], gu[..., i:]))
+
+    def decode(self, h: NDArray) -> NDArray:
+        gu = self.gate_up_proj(_const(h)).realize_cached_data()
+        return self.down_proj(_const(gu.swiglu())).realize_cached_data()
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -256,9 +243,22 @@ class LlamaDecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, keys, values)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def decode(self, x: Tensor, step: StepArrays, keys: NDArray, values: NDArray) -> Tensor:
-        x = x + self.self_attn.decode(self.input_layernorm(x), step, keys, values)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def decode(self, x: NDArray, delta: NDArray | None, rope: RotaryTables,
+               position: NDArray, keys: NDArray, values: NDArray) -> tuple[NDArray, NDArray]:
+        """One token: the residual stream ``x`` plus the previous layer's pending ``delta``
+        (added here, in place, by the first norm); returns (x, this layer's delta)."""
+        x, h = _add_norm(x, delta, self.input_layernorm)
+        x, h = _add_norm(x, self.self_attn.decode(h, rope, position, keys, values),
+                         self.post_attention_layernorm)
+        return x, self.mlp.decode(h)
+
+
+def _add_norm(x: NDArray, delta: NDArray | None, norm: RMSNorm) -> tuple[NDArray, NDArray]:
+    """(x + delta, norm(x + delta)), the sum written into x."""
+    w = norm.weight.realize_cached_data()
+    if delta is None:
+        return x, x.rmsnorm(w, norm.eps)
+    return nd.add_rmsnorm(x, delta, w, norm.eps, inplace=True)
 
 
 class LlamaModel(nn.Module):
@@ -339,11 +339,14 @@ class LlamaForCausalLM(nn.Module):
     def decode_step(self, state: DecodeState, cache: KVCache) -> NDArray:
         """Logits (1, vocab) for ``state.token`` at ``state.position``, extending ``cache``."""
         with no_grad():
-            step = state.derive(self.rope)
-            x = self.model.embed_tokens(_const(state.token))
+            x = self.model.embed_tokens(_const(state.token)).realize_cached_data()
+            delta = None
             for i, layer in enumerate(self.model.layers):
-                x = layer.decode(x, step, cache.keys[i], cache.values[i])
-            return self._logits(x).realize_cached_data().reshape((1, self.config.vocab_size))
+                x, delta = layer.decode(x, delta, self.rope, state.position, cache.keys[i],
+                                        cache.values[i])
+            _, h = _add_norm(x, delta, self.model.norm)
+            return self.lm_head(_const(h)).realize_cached_data().reshape(
+                (1, self.config.vocab_size))
 
     # --- generation ----------------------------------------------------------------------
     def decoder(self):

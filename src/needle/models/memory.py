@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from ..backend_ndarray import dtypes
 from ..errors import OutOfMemoryError
 from .config import LlamaConfig
-from .llama import KVCache
 
 GIB = 2**30
 
@@ -43,11 +42,12 @@ def parameter_count(cfg: LlamaConfig) -> int:
     return sum(math.prod(shape) for shape in cfg.tensor_shapes().values())
 
 
-def kv_cache_bytes(cfg: LlamaConfig, max_seq_len: int, batch: int = 1) -> int:
-    """Keys and values of every layer for ``max_seq_len`` positions, at float32: the widest
-    cache (CUDA keeps a half-precision model's cache in its dtype, half this; see KVCache)."""
+def kv_cache_bytes(cfg: LlamaConfig, max_seq_len: int, batch: int = 1,
+                   dtype: str = "float32") -> int:
+    """Keys and values of every layer for ``max_seq_len`` positions, in the model's dtype
+    (the KV cache's; see KVCache)."""
     per_position = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
-    return batch * max_seq_len * per_position * dtypes.ITEMSIZE[KVCache.dtype]
+    return batch * max_seq_len * per_position * dtypes.ITEMSIZE[dtype]
 
 
 def workspace_bytes(cfg: LlamaConfig, dtype: str, seq_len: int, batch: int = 1) -> int:
@@ -62,7 +62,7 @@ def workspace_bytes(cfg: LlamaConfig, dtype: str, seq_len: int, batch: int = 1) 
 
 def estimate(cfg: LlamaConfig, dtype: str, max_seq_len: int, batch: int = 1) -> MemoryEstimate:
     return MemoryEstimate(weights=parameter_count(cfg) * dtypes.ITEMSIZE[dtype],
-                          kv_cache=kv_cache_bytes(cfg, max_seq_len, batch),
+                          kv_cache=kv_cache_bytes(cfg, max_seq_len, batch, dtype),
                           workspace=workspace_bytes(cfg, dtype, max_seq_len, batch))
 
 

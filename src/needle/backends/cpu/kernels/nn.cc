@@ -1,7 +1,8 @@
 // Transformer and indexing kernels: take / scatter_add (embedding lookup and its gradient),
-// softmax / log_softmax / rmsnorm / layernorm over rows, rope, silu_mul, and attention with
-// grouped-query heads. Rows are independent, so threads take whole rows; within a row the loops
+// softmax / log_softmax / rmsnorm / add_rmsnorm / layernorm over rows, rope, silu_mul, swiglu,
+// attention with grouped-query heads, and attention_decode (one token against a KV cache). Rows are independent, so threads take whole rows; within a row the loops
 // vectorize. fp16/bf16 compute in fp32 and round once on store.
+#include <initializer_list>
 #include <type_traits>
 
 #include "common.h"
@@ -89,6 +90,31 @@ template <class S> void rmsnorm_kernel(const void* x_, const void* w_, void* out
   });
 }
 
+// total = x + delta rounded to S (total may be x itself: element i is read before it is
+// written), then out = rmsnorm(total) * w from the rounded sum, as rmsnorm(x + delta) does.
+template <class S> void add_rmsnorm_kernel(const void* x_, const void* d_, const void* w_,
+                                           void* total_, void* out_, int64_t rows, int64_t dim,
+                                           double eps) {
+  using C = compute_t<S>;
+  const S* x = (const S*)x_;
+  const S* dl = (const S*)d_;
+  const S* w = (const S*)w_;
+  S* total = (S*)total_;
+  S* out = (S*)out_;
+  for_rows<S>(rows, dim, [&](int64_t r, C*) {
+    const S* a = x + r * dim;
+    const S* b = dl + r * dim;
+    S* t = total + r * dim;
+    S* o = out + r * dim;
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) t[i] = store<S>(load(a[i]) + load(b[i]));
+    const C ms = lane_sum<C>(dim, [&](int64_t i) { const C v = load(t[i]); return v * v; });
+    const C inv = C(1) / std::sqrt(ms / (C)dim + (C)eps);
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) o[i] = store<S>(load(t[i]) * inv * load(w[i]));
+  });
+}
+
 template <class S> void layernorm_kernel(const void* x_, const void* w_, const void* b_,
                                          void* out_, int64_t rows, int64_t dim, double eps) {
   using C = compute_t<S>;
@@ -142,6 +168,28 @@ template <class S> void silu_mul_kernel(const void* a_, const void* b_, void* ou
     for (int64_t i = lo; i < hi; ++i) {
       const auto x = load(a[i]);
       dst[i - lo] = store<S>(x * vsigmoid(x) * load(b[i]));
+    }
+  });
+}
+
+// out[r, j] = silu(x[r, j]) * x[r, dim + j] for x (rows, 2 * dim): threads take runs of the
+// flat output, so one long row (a decode step) spreads over cores as well as many rows do.
+template <class S> void swiglu_kernel(const void* x_, void* out_, int64_t n, int64_t dim) {
+  const S* x = (const S*)x_;
+  S* out = (S*)out_;
+  produce(out, n, int64_t(1) << 13, [=](int64_t lo, int64_t hi, S* __restrict dst) {
+    int64_t r = lo / dim, j = lo - r * dim;
+    for (int64_t i = lo; i < hi; ++r, j = 0) {
+      const int64_t len = std::min(hi - i, dim - j);
+      const S* g = x + r * 2 * dim + j;
+      const S* u = g + dim;
+      S* o = dst + (i - lo);
+#pragma omp simd
+      for (int64_t k = 0; k < len; ++k) {
+        const auto a = load(g[k]);
+        o[k] = store<S>(a * vsigmoid(a) * load(u[k]));
+      }
+      i += len;
     }
   });
 }
@@ -322,6 +370,75 @@ template <class S> void attention_kernel(const void* q, const void* k, const voi
   });
 }
 
+// --- attention_decode -------------------------------------------------------------------------
+
+struct DecodeArgs {
+  int64_t q_heads, kv_heads, head_dim, capacity, table_rows;
+  double scale;
+};
+
+// One token's step (numpy_ref.attention_decode): rope the queries and the key with row p of
+// the tables (rounded to S), store key and value at row p of the caches, then attention of
+// every query head over rows 0..p of its KV head. A position outside the cache or the tables
+// writes nothing and gives NaN outputs.
+template <class S> void attention_decode_kernel(const void* qkv_, const void* cos_,
+                                                const void* sin_, int32_t p, void* keys_,
+                                                void* values_, void* out_, const DecodeArgs& g) {
+  using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
+  const S* qkv = (const S*)qkv_;
+  S* keys = (S*)keys_;
+  S* values = (S*)values_;
+  S* out = (S*)out_;
+  const int64_t D = g.head_dim, H = D / 2;
+  if (p < 0 || p >= std::min(g.capacity, g.table_rows)) {
+    const S nan = store<S>(std::numeric_limits<C>::quiet_NaN());
+    std::fill(out, out + g.q_heads * D, nan);
+    return;
+  }
+  const S* cs = (const S*)cos_ + (int64_t)p * H;
+  const S* sn = (const S*)sin_ + (int64_t)p * H;
+  // RoPE of the queries (kept in the compute type after rounding) and of the keys (stored)
+  const int64_t heads = g.q_heads + g.kv_heads;
+  std::vector<C> q((size_t)(g.q_heads * D));
+  for (int64_t h = 0; h < heads; ++h) {
+    const S* x = qkv + h * D;
+    S* krow = h < g.q_heads ? nullptr : keys + ((h - g.q_heads) * g.capacity + p) * D;
+    for (int64_t i = 0; i < H; ++i) {
+      const C a = load(x[i]), b = load(x[H + i]), c = load(cs[i]), s = load(sn[i]);
+      const S lo = store<S>(a * c - b * s), hi = store<S>(b * c + a * s);
+      if (krow) {
+        krow[i] = lo;
+        krow[H + i] = hi;
+      } else {
+        q[h * D + i] = load(lo);
+        q[h * D + H + i] = load(hi);
+      }
+    }
+  }
+  for (int64_t h = 0; h < g.kv_heads; ++h)
+    std::memcpy(values + (h * g.capacity + p) * D, qkv + (heads + h) * D, (size_t)D * sizeof(S));
+
+  const int64_t n = (int64_t)p + 1, group = g.q_heads / g.kv_heads;
+  const C scale = (C)g.scale;
+  parallel_items(g.q_heads, n * D * 2, [&](int64_t h) {
+    const C* qh = q.data() + h * D;
+    const S* kc = keys + h / group * g.capacity * D;
+    const S* vc = values + h / group * g.capacity * D;
+    std::vector<C> s((size_t)n), o((size_t)D, C(0));
+    for (int64_t j = 0; j < n; ++j)
+      s[j] = lane_sum<C>(D, [&](int64_t d) { return qh[d] * load(kc[j * D + d]); }) * scale;
+    softmax_row(s.data(), n);
+    for (int64_t j = 0; j < n; ++j) {
+      const C pj = s[j];
+      const S* vr = vc + j * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) o[d] += pj * load(vr[d]);
+    }
+    S* oh = out + h * D;
+    for (int64_t d = 0; d < D; ++d) oh[d] = store<S>(o[d]);
+  });
+}
+
 // --- tables and bindings ------------------------------------------------------------------------
 
 using RowFn = void (*)(const void*, void*, int64_t, int64_t, bool);
@@ -331,6 +448,11 @@ using RopeFn = void (*)(const void*, const void*, const void*, void*, int64_t, i
                         int64_t);
 using BinFn = void (*)(const void*, const void*, void*, int64_t);
 using AttnFn = void (*)(const void*, const void*, const void*, void*, const AttentionArgs&);
+using AddRmsFn = void (*)(const void*, const void*, const void*, void*, void*, int64_t, int64_t,
+                         double);
+using SwigluFn = void (*)(const void*, void*, int64_t, int64_t);
+using DecodeFn = void (*)(const void*, const void*, const void*, int32_t, void*, void*, void*,
+                          const DecodeArgs&);
 
 // Float kernels only: make(Tag<S>) returns &kernel<S> for the four float dtypes.
 #define NEEDLE_FLOAT_TABLE(Fn, name, kernel)                      \
@@ -346,6 +468,11 @@ const KernelTable<LayerFn> kLayernorm = NEEDLE_FLOAT_TABLE(LayerFn, "layernorm",
 const KernelTable<RopeFn> kRope = NEEDLE_FLOAT_TABLE(RopeFn, "rope", rope_kernel);
 const KernelTable<BinFn> kSiluMul = NEEDLE_FLOAT_TABLE(BinFn, "silu_mul", silu_mul_kernel);
 const KernelTable<AttnFn> kAttention = NEEDLE_FLOAT_TABLE(AttnFn, "attention", attention_kernel);
+const KernelTable<AddRmsFn> kAddRmsnorm =
+    NEEDLE_FLOAT_TABLE(AddRmsFn, "add_rmsnorm", add_rmsnorm_kernel);
+const KernelTable<SwigluFn> kSwiglu = NEEDLE_FLOAT_TABLE(SwigluFn, "swiglu", swiglu_kernel);
+const KernelTable<DecodeFn> kAttentionDecode =
+    NEEDLE_FLOAT_TABLE(DecodeFn, "attention_decode", attention_decode_kernel);
 #undef NEEDLE_FLOAT_TABLE
 
 int64_t rows_of(const Array& a, int64_t dim, const char* fn) {
@@ -372,6 +499,19 @@ void rmsnorm(const Array& x, const Array& w, Array& out, int64_t dim, double eps
   check_size(out, x.size, "rmsnorm", "out");
   const RmsFn f = kRmsnorm[x.dtype];
   without_gil([&] { f(x.data, w.data, out.data, rows, dim, eps); });
+}
+
+void add_rmsnorm(const Array& x, const Array& delta, const Array& w, Array& total, Array& out,
+                 int64_t dim, double eps) {
+  const int64_t rows = rows_of(x, dim, "add_rmsnorm");
+  for (const Array* a : std::initializer_list<const Array*>{&delta, &w, &total, &out})
+    check_same_dtype(x, *a, "add_rmsnorm");
+  check_size(delta, x.size, "add_rmsnorm", "delta");
+  check_size(w, dim, "add_rmsnorm", "w");
+  check_size(total, x.size, "add_rmsnorm", "total");
+  check_size(out, x.size, "add_rmsnorm", "out");
+  const AddRmsFn f = kAddRmsnorm[x.dtype];
+  without_gil([&] { f(x.data, delta.data, w.data, total.data, out.data, rows, dim, eps); });
 }
 
 void layernorm(const Array& x, const Array& w, const Array& b, Array& out, int64_t dim,
@@ -412,6 +552,15 @@ void silu_mul(const Array& a, const Array& b, Array& out) {
   without_gil([&] { f(a.data, b.data, out.data, a.size); });
 }
 
+void swiglu(const Array& x, Array& out, int64_t dim) {
+  const int64_t rows = rows_of(out, dim, "swiglu");
+  check_same_dtype(x, out, "swiglu");
+  check_size(x, rows * 2 * dim, "swiglu", "x");
+  const SwigluFn f = kSwiglu[x.dtype];
+  if (out.size == 0) return;
+  without_gil([&] { f(x.data, out.data, out.size, dim); });
+}
+
 void scatter_add(const Array& indices, const Array& values, Array& out, int64_t rows,
                  int64_t dim) {
   if (rows < 0 || dim < 0) raise("ShapeError", "scatter_add: rows and dim must be >= 0");
@@ -445,6 +594,33 @@ void attention(const Array& q, const Array& k, const Array& v, Array& out, int64
   without_gil([&] { f(q.data, k.data, v.data, out.data, g); });
 }
 
+void attention_decode(const Array& qkv, const Array& cos, const Array& sin,
+                      const Array& position, Array& keys, Array& values, Array& out,
+                      int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t capacity,
+                      int64_t table_rows, double scale) {
+  const char* fn = "attention_decode";
+  if (q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads || head_dim <= 0 || head_dim % 2 ||
+      capacity < 0 || table_rows < 0)
+    raise("ShapeError", "attention_decode: need kv_heads > 0 dividing q_heads > 0, an even "
+                        "head_dim > 0 and capacity, table_rows >= 0");
+  for (const Array* a : std::initializer_list<const Array*>{&cos, &sin, &keys, &values, &out})
+    check_same_dtype(qkv, *a, fn);
+  check_dtype(position, DType::i32, fn, "position");
+  if (position.size < 1) raise("ShapeError", "attention_decode: position is empty");
+  check_size(qkv, (q_heads + 2 * kv_heads) * head_dim, fn, "qkv");
+  check_size(cos, table_rows * (head_dim / 2), fn, "cos");
+  check_size(sin, table_rows * (head_dim / 2), fn, "sin");
+  check_size(keys, kv_heads * capacity * head_dim, fn, "keys");
+  check_size(values, kv_heads * capacity * head_dim, fn, "values");
+  check_size(out, q_heads * head_dim, fn, "out");
+  const DecodeFn f = kAttentionDecode[qkv.dtype];
+  const DecodeArgs g{q_heads, kv_heads, head_dim, capacity, table_rows, scale};
+  const int32_t p = position.as<int32_t>()[0];
+  without_gil([&] {
+    f(qkv.data, cos.data, sin.data, p, keys.data, values.data, out.data, g);
+  });
+}
+
 }  // namespace
 
 void bind_nn(nb::module_& m) {
@@ -465,6 +641,16 @@ void bind_nn(nb::module_& m) {
   m.def("rope", &rope, nb::arg("x"), nb::arg("cos"), nb::arg("sin"), nb::arg("out"),
         nb::arg("batch"), nb::arg("seq"), nb::arg("heads"), nb::arg("head_dim"));
   m.def("silu_mul", &silu_mul, nb::arg("a"), nb::arg("b"), nb::arg("out"));
+  m.def("add_rmsnorm", &add_rmsnorm, nb::arg("x"), nb::arg("delta"), nb::arg("w"),
+        nb::arg("total"), nb::arg("out"), nb::arg("dim"), nb::arg("eps"),
+        "total = x + delta (rounded), out = rmsnorm(total) * w, per row; total may be x");
+  m.def("swiglu", &swiglu, nb::arg("x"), nb::arg("out"), nb::arg("dim"),
+        "out = silu(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)");
+  m.def("attention_decode", &attention_decode, nb::arg("qkv"), nb::arg("cos"), nb::arg("sin"),
+        nb::arg("position"), nb::arg("keys"), nb::arg("values"), nb::arg("out"),
+        nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("capacity"),
+        nb::arg("table_rows"), nb::arg("scale"),
+        "one decode step: rope q and k at position[0], store k and v in the caches, attend");
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("batch"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("q_len"),
         nb::arg("kv_len"), nb::arg("kv_capacity"), nb::arg("head_dim"), nb::arg("scale"),

@@ -7,6 +7,10 @@
 struct RowParams { i64 rows, dim; };
 template <class S> struct NormParams { i64 rows, dim; S eps; };
 struct RopeParams { i64 batch, seq, heads, head_dim; };
+struct DecodeParams {  // attention_decode (gpu.py _DECODE)
+  i64 q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
+  float scale, scale_lo;  // float64 kernels use scale + scale_lo
+};
 struct AttnParams {
   i64 batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, splits, chunk;
   float scale;
@@ -270,6 +274,195 @@ __device__ __forceinline__ void layernorm_rows(const T* __restrict__ a, const T*
   for (i64 j = threadIdx.x; j < dim; j += blockDim.x)
     y[j] = store<T>(((C)load(x[j]) - mean) / denom * (C)load(w[j]) + (C)load(b[j]));
 }
+
+// ---- add_rmsnorm: total = x + delta (rounded), out = rmsnorm(total) * w --------------------
+// x and total may be one array (no __restrict__ on them): each thread reads its elements of
+// x before it writes the same elements of total.
+template <class T>
+__device__ __forceinline__ void add_rmsnorm_rows(const T* x_all, const T* __restrict__ d_all,
+                                                 const T* __restrict__ w, T* total_all,
+                                                 T* __restrict__ out, i64 rows, i64 dim,
+                                                 typename Acc<T>::type eps, unsigned char* smem) {
+  typedef typename Acc<T>::type C;
+  const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+  const bool live = row < rows;
+  const i64 base = (live ? row : 0) * dim;
+  if (RowCache<T>::fits(dim)) {
+    RowCache<T> r, e;
+    if (live) {
+      r.read(x_all + base, dim, C(0));
+      e.read(d_all + base, dim, C(0));
+      e.vec = e.vec && r.vec;  // one slot layout for both (both aligned or neither)
+      if (r.vec != e.vec) {
+        r.vec = e.vec = false;
+        for (int s = 0; s < CACHE; s++) {
+          const i64 j = r.index(s);
+          r.v[s] = j < dim ? (C)load(x_all[base + j]) : C(0);
+          e.v[s] = j < dim ? (C)load(d_all[base + j]) : C(0);
+        }
+      }
+    } else {
+      r.vec = false;
+      for (int s = 0; s < CACHE; s++) r.v[s] = e.v[s] = C(0);
+    }
+    C ss = C(0);
+#pragma unroll
+    for (int s = 0; s < CACHE; s++) {
+      r.v[s] = (C)load(store<T>(r.v[s] + e.v[s]));  // the sum rounded, as a separate add
+      ss += r.v[s] * r.v[s];
+    }
+    ss = row_reduce(ss, SumF(), reinterpret_cast<C*>(smem));
+    if (!live) return;
+    r.write(total_all + base, dim, [&](C v, i64) { return v; });
+    const C rs = C(1) / m_sqrt(ss / (C)dim + eps);
+    r.write(out + base, dim, [&](C v, i64 j) { return v * rs * (C)load(w[j]); });
+    return;
+  }
+  C ss = C(0);
+  if (live)
+    for (i64 j = threadIdx.x; j < dim; j += blockDim.x) {
+      const T t = store<T>((C)load(x_all[base + j]) + (C)load(d_all[base + j]));
+      total_all[base + j] = t;
+      const C v = load(t);
+      ss += v * v;
+    }
+  ss = row_reduce(ss, SumF(), reinterpret_cast<C*>(smem));
+  if (!live) return;
+  const C r = C(1) / m_sqrt(ss / (C)dim + eps);
+  for (i64 j = threadIdx.x; j < dim; j += blockDim.x)  // this thread's own writes above
+    out[base + j] = store<T>((C)load(total_all[base + j]) * r * (C)load(w[j]));
+}
+
+// ---- swiglu: out[r, c] = silu(x[r, c]) * x[r, dim + c], x (rows, 2 * dim) -----------------
+template <class T>
+__device__ __forceinline__ void swiglu(const T* __restrict__ x, T* __restrict__ out,
+                                       const RowParams& p) {
+  typedef typename Acc<T>::type C;
+  const i64 n = p.rows, dim = p.dim;  // rows carries the number of outputs
+  for (i64 i = global_thread(); i < n; i += grid_threads()) {
+    const i64 r = i / dim, c = i - r * dim;
+    const C a = load(x[2 * dim * r + c]), b = load(x[2 * dim * r + dim + c]);
+    out[i] = store<T>(a * (C(0.5) * (m_tanh(C(0.5) * a) + C(1))) * b);  // numpy_ref's sigmoid
+  }
+}
+
+// ---- attention_decode: one token against the cache, position read from device memory ------
+// Group (KV head h, chunk s) of 128 threads: roped queries of the group's heads in shared
+// memory; the group whose chunk holds the position p writes the roped key and the value to
+// the cache first; then a thread per position scores every head, a warp per head takes the
+// chunk's max and sum of exp, and threads over (head, column) sum p·V. Partials per (query
+// head, chunk) are merged by attention_decode_combine.
+namespace dec {
+template <class T, class C>
+__device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __restrict__ cs,
+                                      const T* __restrict__ sn, const int* __restrict__ position,
+                                      T* keys, T* values, C* __restrict__ part_o,
+                                      C* __restrict__ part_ml, const DecodeParams& p,
+                                      unsigned char* smem_raw) {
+  const i64 pos = position[0];
+  if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) return;  // combine writes NaN
+  const i64 h = blockIdx.x, s = blockIdx.y, start = s * p.chunk;
+  if (start > pos) return;
+  const int D = (int)p.head_dim, half = D / 2, G = (int)(p.q_heads / p.kv_heads);
+  const int n = (int)((start + p.chunk < pos + 1 ? start + p.chunk : pos + 1) - start);
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid % 32, warp = tid / 32;
+  C* Q = reinterpret_cast<C*>(smem_raw);  // (G, D) roped queries
+  C* S = Q + G * D;                       // (G, chunk) scores, then exp(score - max)
+  const T* c_row = cs + pos * half;
+  const T* s_row = sn + pos * half;
+  for (int idx = tid; idx < G * half; idx += nt) {
+    const int g = idx / half, i = idx % half;
+    const T* qh = qkv + (h * G + g) * D;
+    const C x1 = load(qh[i]), x2 = load(qh[i + half]);
+    const C c = load(c_row[i]), sv = load(s_row[i]);
+    Q[g * D + i] = (C)load(store<T>(x1 * c - x2 * sv));  // rounded as rope's output is
+    Q[g * D + i + half] = (C)load(store<T>(x2 * c + x1 * sv));
+  }
+  T* kc = keys + h * p.capacity * D;
+  T* vc = values + h * p.capacity * D;
+  if (pos < start + p.chunk) {  // this chunk holds the new position: store its key and value
+    const T* kh = qkv + (p.q_heads + h) * D;
+    const T* vh = qkv + (p.q_heads + p.kv_heads + h) * D;
+    for (int i = tid; i < half; i += nt) {
+      const C x1 = load(kh[i]), x2 = load(kh[i + half]);
+      const C c = load(c_row[i]), sv = load(s_row[i]);
+      kc[pos * D + i] = store<T>(x1 * c - x2 * sv);
+      kc[pos * D + i + half] = store<T>(x2 * c + x1 * sv);
+    }
+    for (int i = tid; i < D; i += nt) vc[pos * D + i] = vh[i];
+  }
+  __syncthreads();  // the queries, and this group's cache writes, visible to the group
+  const C scale = (C)p.scale + (C)p.scale_lo;
+  for (int t = tid; t < n; t += nt) {
+    const T* kr = kc + (start + t) * D;
+    for (int g = 0; g < G; g++) S[g * p.chunk + t] = C(0);
+    for (int d0 = 0; d0 < D; d0 += 8) {  // 8 values of the key row at a time
+      C kv[8];
+#pragma unroll
+      for (int e = 0; e < 8; e++) kv[e] = d0 + e < D ? (C)load(kr[d0 + e]) : C(0);
+      for (int g = 0; g < G; g++) {
+        C acc = C(0);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc += d0 + e < D ? Q[g * D + d0 + e] * kv[e] : C(0);
+        S[g * p.chunk + t] += acc;
+      }
+    }
+    for (int g = 0; g < G; g++) S[g * p.chunk + t] *= scale;
+  }
+  __syncthreads();
+  for (int g = warp; g < G; g += nt / 32) {  // a warp per head: max, exp, sum
+    C* sg = S + g * p.chunk;
+    C m = neg_inf<C>();
+    for (int t = lane; t < n; t += 32) m = nan_max(m, sg[t]);
+    m = warp_max(m);
+    C l = C(0);
+    for (int t = lane; t < n; t += 32) {
+      const C e = m_exp(sg[t] - m);
+      sg[t] = e;
+      l += e;
+    }
+    l = warp_sum(l);
+    if (lane == 0) {
+      const i64 slot = (h * G + g) * p.splits + s;
+      part_ml[slot * 2] = m;
+      part_ml[slot * 2 + 1] = l;
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < G * D; idx += nt) {
+    const int g = idx / D, j = idx % D;
+    const C* sg = S + g * p.chunk;
+    C acc = C(0);
+    for (int t = 0; t < n; t++) acc += sg[t] * (C)load(vc[(start + t) * D + j]);
+    part_o[((h * G + g) * p.splits + s) * D + j] = acc;
+  }
+}
+
+// merge the chunks of one query head: a thread per column
+template <class T, class C>
+__device__ __forceinline__ void combine(const int* __restrict__ position, const C* __restrict__ part_o,
+                                        const C* __restrict__ part_ml, T* __restrict__ out,
+                                        const DecodeParams& p) {
+  const i64 hq = blockIdx.x, D = p.head_dim, j = threadIdx.x;
+  if (j >= D) return;
+  const i64 pos = position[0];
+  if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) {
+    out[hq * D + j] = store<T>(C(0) / C(0));
+    return;
+  }
+  const i64 used = pos / p.chunk + 1;
+  const C* ml = part_ml + hq * p.splits * 2;
+  C m = neg_inf<C>();
+  for (i64 s = 0; s < used; s++) m = nan_max(m, ml[s * 2]);
+  C l = C(0), o = C(0);
+  for (i64 s = 0; s < used; s++) {
+    const C w = m_exp(ml[s * 2] - m);
+    l += ml[s * 2 + 1] * w;
+    o += part_o[(hq * p.splits + s) * D + j] * w;
+  }
+  out[hq * D + j] = store<T>(o / l);
+}
+}  // namespace dec
 
 // ---- rope: x (batch, seq, heads, head_dim), cos/sin (seq, head_dim/2), half-split ------
 template <class T>
@@ -692,6 +885,29 @@ FA(bf16, bf16_t, 128)
                                              NormParams<Scalar<T>::type> p) {                  \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     layernorm_rows<T>(x, w, b, out, p.rows, p.dim, p.eps, smem);                               \
+  }                                                                                            \
+  extern "C" __global__ void add_rmsnorm_##SFX(const T* x, const T* __restrict__ d,             \
+                                               const T* __restrict__ w, T* total,              \
+                                               T* __restrict__ out, NormParams<Scalar<T>::type> p) { \
+    extern __shared__ __align__(16) unsigned char smem[];                                      \
+    add_rmsnorm_rows<T>(x, d, w, total, out, p.rows, p.dim, p.eps, smem);                      \
+  }                                                                                            \
+  extern "C" __global__ void swiglu_##SFX(const T* __restrict__ x, T* __restrict__ out, RowParams p) { \
+    swiglu<T>(x, out, p);                                                                      \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(128)                                            \
+      attention_decode_##SFX(const T* __restrict__ qkv, const T* __restrict__ cs,              \
+                             const T* __restrict__ sn, const int* __restrict__ position,       \
+                             T* keys, T* values, C* __restrict__ part_o, C* __restrict__ part_ml, \
+                             DecodeParams p) {                                                 \
+    extern __shared__ __align__(16) unsigned char smem[];                                      \
+    dec::split<T, C>(qkv, cs, sn, position, keys, values, part_o, part_ml, p, smem);           \
+  }                                                                                            \
+  extern "C" __global__ void attention_decode_combine_##SFX(const int* __restrict__ position,  \
+                                                            const C* __restrict__ part_o,      \
+                                                            const C* __restrict__ part_ml,     \
+                                                            T* __restrict__ out, DecodeParams p) { \
+    dec::combine<T, C>(position, part_o, part_ml, out, p);                                     \
   }                                                                                            \
   extern "C" __global__ void rope_##SFX(const T* __restrict__ x, const T* __restrict__ c,      \
                                         const T* __restrict__ s, T* __restrict__ out, RopeParams p) { \

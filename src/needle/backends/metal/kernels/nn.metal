@@ -1,5 +1,6 @@
 // Transformer kernels (docs/kernels.md, "nn"): row kernels (softmax, log_softmax, rmsnorm,
-// layernorm), rope, and attention (flash-style tiles; split-K partials for decoding).
+// add_rmsnorm, layernorm), rope, swiglu, attention (flash-style tiles; split-K partials for
+// decoding) and attention_decode (one token against a KV cache, position read on the device).
 #include <metal_stdlib>
 using namespace metal;
 
@@ -18,6 +19,14 @@ struct AttnParams {
   long batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, splits, chunk;
   float scale;
   int causal;
+};
+
+struct SwigluParams {
+  long n, dim;  // output elements, output row length (x rows are 2 * dim)
+};
+struct DecodeParams {
+  long q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
+  float scale, scale_lo;  // scale = scale + scale_lo in double; float kernels use scale
 };
 
 #define ROW_ARGS                                                                 \
@@ -101,6 +110,31 @@ kernel void rmsnorm(device const T* x [[buffer(0)]], device const T* w [[buffer(
   for (long j = tid.x; j < p.dim; j += tpg.x) y[j] = store<T>(load(xr[j]) * r * load(w[j]));
 }
 
+// total = x + delta rounded to T (total may be x: each thread reads its elements before it
+// writes them), then out = rmsnorm(total) * w from the rounded sum
+template <class T>
+kernel void add_rmsnorm(device const T* x [[buffer(0)]], device const T* delta [[buffer(1)]],
+                        device const T* w [[buffer(2)]], device T* total [[buffer(3)]],
+                        device T* out [[buffer(4)]], constant NormParams<float>& p [[buffer(5)]],
+                        threadgroup float* smem [[threadgroup(0)]], ROW_ARGS) {
+  const long row = long(group.x) * tpg.y + tid.y;
+  const bool live = row < p.rows;
+  const long base = (live ? row : 0) * p.dim;
+  float ss = 0.0f;
+  if (live)
+    for (long j = tid.x; j < p.dim; j += tpg.x) {
+      const T s = store<T>(load(x[base + j]) + load(delta[base + j]));
+      total[base + j] = s;
+      const float v = load(s);
+      ss += v * v;
+    }
+  ss = row_reduce<RowSum>(ss, smem, tid, tpg);
+  if (!live) return;
+  const float r = 1.0f / sqrt(ss / float(p.dim) + p.eps);
+  for (long j = tid.x; j < p.dim; j += tpg.x)
+    out[base + j] = store<T>(load(total[base + j]) * r * load(w[j]));
+}
+
 template <class T>
 kernel void layernorm(device const T* x [[buffer(0)]], device const T* w [[buffer(1)]],
                       device const T* b [[buffer(2)]], device T* out [[buffer(3)]],
@@ -141,6 +175,21 @@ kernel void rope(device const T* x [[buffer(0)]], device const T* cs [[buffer(1)
     const float c = load(cs[s * half_dim + i]), sv = load(sn[s * half_dim + i]);
     out[base + i] = store<T>(x1 * c - x2 * sv);
     out[base + i + half_dim] = store<T>(x2 * c + x1 * sv);
+  }
+}
+
+// ---- swiglu: out (rows, dim) = silu(x[:, :dim]) * x[:, dim:] of x (rows, 2 * dim) ----------
+inline float swiglu_silu(float a) {
+  return a * (0.5f * (tanh(0.5f * a) + 1.0f));  // numpy_ref's sigmoid formula
+}
+
+template <class T>
+kernel void swiglu(device const T* x [[buffer(0)]], device T* out [[buffer(1)]],
+                   constant SwigluParams& p [[buffer(2)]], GRID_ARGS) {
+  GRID_STRIDE(i, p.n) {
+    const long r = i / p.dim, j = i - r * p.dim;
+    const long g = r * 2 * p.dim + j;
+    out[i] = store<T>(swiglu_silu(load(x[g])) * load(x[g + p.dim]));
   }
 }
 
@@ -293,12 +342,152 @@ kernel void attention_combine(device const float* part_o [[buffer(0)]],
   }
 }
 
+// ---- attention_decode: one token's step at the position held in device memory -------------
+// A threadgroup of 128 threads (4 simd-groups) per (KV head, chunk of `chunk` cache positions),
+// grid (kv_heads, splits). Every query head of the KV head's group is computed here, so the
+// chunk of K and V is read once for all of them. Threadgroup memory (dynamic): the group's
+// roped queries (group x head_dim) and their scores, then probabilities (group x chunk), in
+// float. Chunks starting after p return at once; the chunk holding p ropes the key, writes key
+// and value to row p of the caches and reads them back after a device-memory barrier. Each
+// group leaves, per query head and chunk, the unnormalised output (part_o) and the running
+// max and sum of exponentials (part_ml); attention_decode_combine merges the chunks.
+inline bool decode_position_ok(int pos, constant DecodeParams& p) {
+  return pos >= 0 && long(pos) < lmin(p.capacity, p.table_rows);
+}
+
+template <class T>
+kernel void attention_decode(device const T* qkv [[buffer(0)]], device const T* cs [[buffer(1)]],
+                             device const T* sn [[buffer(2)]],
+                             device const int* position [[buffer(3)]], device T* keys [[buffer(4)]],
+                             device T* values [[buffer(5)]], device float* part_o [[buffer(6)]],
+                             device float* part_ml [[buffer(7)]],
+                             constant DecodeParams& p [[buffer(8)]],
+                             threadgroup float* smem [[threadgroup(0)]], ROW_ARGS) {
+  const int pos = position[0];
+  const long kvh = group.x, split = group.y;
+  const long c0 = split * p.chunk;
+  if (!decode_position_ok(pos, p) || c0 > long(pos)) return;  // uniform over the group
+  const int D = int(p.head_dim), H = D / 2, t = int(tid.x), lane = t % 32, sg = t / 32;
+  const int grp = int(p.q_heads / p.kv_heads), chunk = int(p.chunk);
+  const int n = int(lmin(long(pos) + 1 - c0, p.chunk));  // positions of this chunk in use
+  threadgroup float* Qs = smem;               // [grp][D]
+  threadgroup float* Ps = smem + grp * D;     // [grp][chunk]
+  device const T* c = cs + long(pos) * H;
+  device const T* s = sn + long(pos) * H;
+
+  // RoPE of the group's queries, rounded to T as the rope function's output is
+  for (int idx = t; idx < grp * H; idx += 128) {
+    const int g = idx / H, i = idx % H;
+    device const T* x = qkv + (kvh * grp + g) * D;
+    const float a = load(x[i]), b = load(x[H + i]), cc = load(c[i]), ss = load(s[i]);
+    Qs[g * D + i] = load(store<T>(a * cc - b * ss));
+    Qs[g * D + H + i] = load(store<T>(b * cc + a * ss));
+  }
+  device T* kc = keys + kvh * p.capacity * D;
+  device T* vc = values + kvh * p.capacity * D;
+  if (long(pos) < c0 + chunk) {  // this chunk holds p: store the new key and value
+    device const T* x = qkv + (p.q_heads + kvh) * D;
+    device const T* v = qkv + (p.q_heads + p.kv_heads + kvh) * D;
+    device T* krow = kc + long(pos) * D;
+    device T* vrow = vc + long(pos) * D;
+    for (int i = t; i < H; i += 128) {
+      const float a = load(x[i]), b = load(x[H + i]), cc = load(c[i]), ss = load(s[i]);
+      krow[i] = store<T>(a * cc - b * ss);
+      krow[H + i] = store<T>(b * cc + a * ss);
+    }
+    for (int i = t; i < D; i += 128) vrow[i] = v[i];
+  }
+  threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+
+  // scores: a simd-group per key, lanes over head_dim (coalesced reads of the key row)
+  for (int j = sg; j < n; j += 4) {
+    device const T* kr = kc + (c0 + j) * D;
+    float kv[DPL];
+    for (int e = 0; e < DPL; e++) {
+      const int d = lane + 32 * e;
+      kv[e] = d < D ? load(kr[d]) : 0.0f;
+    }
+    for (int g = 0; g < grp; g++) {
+      float dot = 0.0f;
+      for (int e = 0; e < DPL; e++) {
+        const int d = lane + 32 * e;
+        if (d < D) dot += Qs[g * D + d] * kv[e];
+      }
+      dot = simd_sum(dot);
+      if (lane == 0) Ps[g * chunk + j] = dot * p.scale;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  // per query head: max and sum of exponentials over the chunk (a simd-group per head)
+  for (int g = sg; g < grp; g += 4) {
+    threadgroup float* row = Ps + g * chunk;
+    float m = -INFINITY;
+    for (int j = lane; j < n; j += 32) m = nan_max(m, row[j]);
+    m = simd_any(is_nan(m)) ? NAN : simd_max(m);
+    float l = 0.0f;
+    for (int j = lane; j < n; j += 32) {
+      const float e = exp(row[j] - m);
+      row[j] = e;
+      l += e;
+    }
+    l = simd_sum(l);
+    if (lane == 0) {
+      const long slot = (kvh * grp + g) * p.splits + split;
+      part_ml[slot * 2] = m;
+      part_ml[slot * 2 + 1] = l;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  // unnormalised outputs: threads over (head, d), coalesced reads of the value rows
+  for (int idx = t; idx < grp * D; idx += 128) {
+    const int g = idx / D, d = idx % D;
+    threadgroup const float* row = Ps + g * chunk;
+    float acc = 0.0f;
+    for (int j = 0; j < n; j++) acc += row[j] * load(vc[(c0 + j) * D + d]);
+    part_o[((kvh * grp + g) * p.splits + split) * D + d] = acc;
+  }
+}
+
+// grid q_heads, threads head_dim rounded up to 32: merge the chunks 0..p / chunk of a head
+template <class T>
+kernel void attention_decode_combine(device const int* position [[buffer(0)]],
+                                     device const float* part_o [[buffer(1)]],
+                                     device const float* part_ml [[buffer(2)]],
+                                     device T* out [[buffer(3)]],
+                                     constant DecodeParams& p [[buffer(4)]], ROW_ARGS) {
+  const long h = group.x, d = tid.x;
+  if (d >= p.head_dim) return;
+  const int pos = position[0];
+  device T* o = out + h * p.head_dim + d;
+  if (!decode_position_ok(pos, p)) {
+    *o = store<T>(NAN);
+    return;
+  }
+  const long used = long(pos) / p.chunk + 1;
+  device const float* ml = part_ml + h * p.splits * 2;
+  float mx = -INFINITY;
+  for (long s = 0; s < used; s++) mx = nan_max(mx, ml[s * 2]);
+  float acc = 0.0f, total = 0.0f;
+  for (long s = 0; s < used; s++) {
+    const float w = exp(ml[s * 2] - mx);
+    total += ml[s * 2 + 1] * w;
+    acc += part_o[(h * p.splits + s) * p.head_dim + d] * w;
+  }
+  *o = store<T>(acc / total);
+}
+
 #define NN(unused, SFX, T)                                                       \
   INSTANTIATE(NAME(softmax_##SFX), softmax_rows<T, false>)                       \
   INSTANTIATE(NAME(log_softmax_##SFX), softmax_rows<T, true>)                    \
   INSTANTIATE(NAME(rmsnorm_##SFX), rmsnorm<T>)                                   \
+  INSTANTIATE(NAME(add_rmsnorm_##SFX), add_rmsnorm<T>)                           \
   INSTANTIATE(NAME(layernorm_##SFX), layernorm<T>)                               \
   INSTANTIATE(NAME(rope_##SFX), rope<T>)                                         \
+  INSTANTIATE(NAME(swiglu_##SFX), swiglu<T>)                                     \
   INSTANTIATE(NAME(attention_##SFX), attention<T>)                               \
-  INSTANTIATE(NAME(attention_combine_##SFX), attention_combine<T>)
+  INSTANTIATE(NAME(attention_combine_##SFX), attention_combine<T>)                \
+  INSTANTIATE(NAME(attention_decode_##SFX), attention_decode<T>)                 \
+  INSTANTIATE(NAME(attention_decode_combine_##SFX), attention_decode_combine<T>)
 FLOATS(NN, _)

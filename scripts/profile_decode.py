@@ -1,0 +1,84 @@
+"""Where does one decode step of the 1.1B benchmark model spend its time?
+
+Prints the device time per kernel of eager decode steps (``backend.profile()``), the eager
+wall time per step, and the time per step of the captured graph's replay: the difference
+between the sum of kernel times and the replay time is launch gaps inside the graph.
+
+    python scripts/profile_decode.py [--steps 20] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--small", action="store_true", help="the tiny config (a smoke test)")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+
+    import needle.backend_ndarray as nd
+    from benchmarks import cases_llm
+    from benchmarks.runner import Context
+    from needle.models import Sampler
+
+    dev = getattr(nd, args.device)()
+    be = dev.backend
+    ctx = Context(device=dev, frameworks={}, quick=args.small)
+    m = cases_llm._Models(ctx)
+    decoder = m.model.decoder()
+    greedy = Sampler()
+    token = greedy(decoder.prefill(cases_llm._prompt(128, m.config.vocab_size)[0]))
+    n = args.steps
+
+    decoder._capture = None  # eager first
+    for _ in range(3):
+        token = greedy(decoder.step(token))
+    be.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        token = greedy(decoder.step(token))
+    be.synchronize()
+    eager = (time.perf_counter() - t) / n
+    print(f"eager step: wall {eager * 1e3:.3f} ms")
+    if not hasattr(be, "profile"):
+        return
+    with be.profile() as prof:
+        for _ in range(n):
+            decoder.step(token)
+    kernels = sum(k.calls for k in prof.totals.values()) / n
+    print(f"kernels {kernels:.0f} per step, device (sum of kernel times) "
+          f"{prof.total_ms / n:.3f} ms")
+    print(prof.table(40))
+
+    decoder._capture = be.capture
+    decoder.rewind(129)
+    for _ in range(3):
+        token = greedy(decoder.step(token))
+    print("captured:", decoder.captured)
+    be.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        decoder.step(token)
+    be.synchronize()
+    replay = (time.perf_counter() - t) / n
+    t = time.perf_counter()
+    for _ in range(n):
+        token = greedy(decoder.step(token))
+    be.synchronize()
+    sampled = (time.perf_counter() - t) / n
+    limit = m.streamed_bytes() / 1e9
+    print(f"graph replay: {replay * 1e3:.3f} ms/step; with greedy sampling {sampled * 1e3:.3f} "
+          f"ms/step = {1 / sampled:.0f} tok/s; weights {limit:.3f} GB "
+          f"-> {limit / sampled:.0f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
