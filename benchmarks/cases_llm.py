@@ -148,12 +148,11 @@ def _needle_decode(m: _Models) -> Impl:
     greedy = Sampler()
     state = {"token": greedy(decoder.prefill(_prompt(DECODE_PROMPT, m.config.vocab_size)[0]))}
 
-    def step():
+    def step():  # as generation does it: the greedy choice made on the device
         if decoder.length >= m.capacity:
             decoder.rewind(DECODE_PROMPT)
-        logits = decoder.step(state["token"])
-        state["token"] = greedy(logits)
-        return logits
+        state["token"] = decoder.greedy_step(state["token"])
+        return decoder.last_logits
 
     return Impl(step, [()])
 

@@ -24,9 +24,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
 
-    import needle.backend_ndarray as nd
     from benchmarks import cases_llm
     from benchmarks.runner import Context
+
+    import needle.backend_ndarray as nd
     from needle.models import Sampler
 
     dev = getattr(nd, args.device)()
@@ -37,6 +38,23 @@ def main() -> None:
     greedy = Sampler()
     token = greedy(decoder.prefill(cases_llm._prompt(128, m.config.vocab_size)[0]))
     n = args.steps
+
+    prompt = cases_llm._prompt(m.prefill_len, m.config.vocab_size)[0]
+    decoder.prefill(prompt)
+    be.synchronize()
+    t = time.perf_counter()
+    for _ in range(3):
+        decoder.prefill(prompt)
+    be.synchronize()
+    wall = (time.perf_counter() - t) / 3
+    print(f"prefill {m.prefill_len}: wall {wall * 1e3:.2f} ms")
+    if hasattr(be, "profile"):
+        with be.profile() as prof:
+            decoder.prefill(prompt)
+        print(f"  device (sum of kernel times) {prof.total_ms:.2f} ms, "
+              f"{sum(k.calls for k in prof.totals.values())} kernels")
+        print(prof.table(14))
+    token = greedy(decoder.prefill(cases_llm._prompt(128, m.config.vocab_size)[0]))
 
     decoder._capture = None  # eager first
     for _ in range(3):
@@ -74,6 +92,15 @@ def main() -> None:
         token = greedy(decoder.step(token))
     be.synchronize()
     sampled = (time.perf_counter() - t) / n
+    for _ in range(3):
+        token = decoder.greedy_step(token)
+    be.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        token = decoder.greedy_step(token)
+    on_device = (time.perf_counter() - t) / n
+    print(f"greedy_step (argmax in the graph): {on_device * 1e3:.3f} ms/step = "
+          f"{1 / on_device:.0f} tok/s")
     limit = m.streamed_bytes() / 1e9
     print(f"graph replay: {replay * 1e3:.3f} ms/step; with greedy sampling {sampled * 1e3:.3f} "
           f"ms/step = {1 / sampled:.0f} tok/s; weights {limit:.3f} GB "

@@ -333,3 +333,183 @@ def test_memory_stats_and_out_of_memory():
     with pytest.raises(OutOfMemoryError, match="requested"):
         nd.empty((1 << 46,), dtype="float32", device=DEV)
     assert (on(np.ones(4, np.float32)) + 1).numpy().tolist() == [2.0] * 4
+
+
+# --- TMA GEMM (gemm_tma.cu, feature "tma": Hopper) ------------------------------------------
+def _has_tma() -> bool:
+    return DEV.enabled() and "tma" in DEV.backend.device.features
+
+
+tma = pytest.mark.skipif(not _has_tma(), reason="needs a Hopper GPU (device feature 'tma')")
+_TMA_TOL = {"bfloat16": 1e-2, "float16": 2e-3}
+
+
+def _tma_product(a, b, dtype, poison=True):
+    """A[z] @ B[z]^T through GpuBackend.matmul into an output poisoned with NaN; a (batch, m,
+    n) and b (batch, p, n) numpy arrays (the TMA kernel's own layouts). Returns the result
+    and the names of the kernels that ran."""
+    batch, m, n = a.shape
+    p = b.shape[1]
+    A, B = on(a, dtype), on(b, dtype)
+    out = nd.NDArray.make((batch, m, p), device=DEV, dtype=dtype)
+    if poison:
+        out.fill(np.nan)
+    with DEV.backend.profile() as prof:
+        DEV.backend.matmul(A.handle, B.handle, out.handle, m, n, p, batch=batch,
+                           stride_a=m * n, stride_b=p * n, transpose_b=True)
+        got = out.numpy()
+    return got, set(prof.totals)
+
+
+@tma
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,p,batch", [(128, 64, 256, 1), (200, 72, 264, 1), (130, 136, 264, 3),
+                                         (1000, 520, 776, 2), (128, 4096, 512, 1)])
+def test_tma_matmul_matches_float64(dtype, m, n, p, batch):
+    """Exact tiles, ragged edges in m, n and p (partly zero-filled boxes; k-tiles past n),
+    batches: every output element written (NaN poison) and the product right."""
+    npdt = nd.dtypes.to_numpy_dtype(dtype)
+    a = RNG.standard_normal((batch, m, n)).astype(npdt)
+    b = RNG.standard_normal((batch, p, n)).astype(npdt)
+    got, kernels = _tma_product(a, b, dtype)
+    assert f"matmul_tma_{_SFX[dtype]}" in kernels, kernels
+    assert not np.isnan(got.astype(np.float32)).any()
+    want = a.astype(np.float64) @ b.astype(np.float64).transpose(0, 2, 1)
+    assert relerr(got, want) < _TMA_TOL[dtype]
+
+
+@tma
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_tma_matmul_4096_sampled(dtype):
+    npdt = nd.dtypes.to_numpy_dtype(dtype)
+    n = 4096
+    a = RNG.standard_normal((1, n, n), dtype=np.float32).astype(npdt)
+    b = RNG.standard_normal((1, n, n), dtype=np.float32).astype(npdt)
+    got, kernels = _tma_product(a, b, dtype)
+    assert f"matmul_tma_{_SFX[dtype]}" in kernels, kernels
+    assert not np.isnan(got.astype(np.float32)).any()
+    rows = np.sort(RNG.choice(n, 96, replace=False))
+    want = a[0, rows].astype(np.float64) @ b[0].astype(np.float64).T
+    assert relerr(got[0, rows], want) < _TMA_TOL[dtype]
+    cols = np.sort(RNG.choice(n, 96, replace=False))
+    want = a[0].astype(np.float64) @ b[0, cols].astype(np.float64).T
+    assert relerr(got[0][:, cols], want) < _TMA_TOL[dtype]
+
+
+@tma
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("m,n,p,batch", [(200, 136, 264, 2), (384, 256, 512, 1)])
+def test_tma_matmul_through_ndarray(dtype, ta, tb, m, n, p, batch):
+    """NDArray @ with transposed operands (copied or passed as they are) takes the TMA kernel."""
+    with DEV.backend.profile() as prof:
+        got, want = _mm_case(m, n, p, dtype, ta, tb, batch=batch)
+    assert f"matmul_tma_{_SFX[dtype]}" in prof.totals, prof.table()
+    assert relerr(got, want) < _TMA_TOL[dtype]
+
+
+@tma
+def test_tma_matmul_falls_back_for_broadcast_small_and_on_request(monkeypatch):
+    """A batch stride of 0 (one matrix broadcast over the batch), operands smaller than a
+    box, and NEEDLE_GEMM=wgmma take the cp.async wgmma kernel."""
+    a = RNG.standard_normal((136, 64)).astype(np.float32)
+    b = RNG.standard_normal((3, 64, 264)).astype(np.float32)
+    A, B = on(a, "bfloat16"), on(b, "bfloat16")
+    want = a.astype(nd.dtypes.to_numpy_dtype("bfloat16")).astype(np.float64) @ \
+        b.astype(nd.dtypes.to_numpy_dtype("bfloat16")).astype(np.float64)
+    with DEV.backend.profile() as prof:
+        got = (A @ B).numpy()
+    assert not any(k.startswith("matmul_tma") for k in prof.totals), prof.table()
+    assert relerr(got, want) < 1e-2
+    with DEV.backend.profile() as prof:
+        got, want = _mm_case(136, 64, 128, "bfloat16", False, True)  # p < 256
+    assert not any(k.startswith("matmul_tma") for k in prof.totals), prof.table()
+    assert relerr(got, want) < 1e-2
+    monkeypatch.setenv("NEEDLE_GEMM", "wgmma")
+    with DEV.backend.profile() as prof:
+        got = (on(b[0], "bfloat16").T @ on(b[1], "bfloat16")).numpy()
+    assert any(k.startswith("matmul_wgmma") for k in prof.totals), prof.table()
+    monkeypatch.delenv("NEEDLE_GEMM")
+    with DEV.backend.profile() as prof:
+        got2 = (on(b[0], "bfloat16").T @ on(b[1], "bfloat16")).numpy()
+    assert "matmul_tma_bf16" in prof.totals, prof.table()
+    assert relerr(got2, got) < 1e-2
+
+
+@tma
+def test_tma_matmul_in_a_graph_replays_with_new_inputs():
+    """The tensor maps are by-value launch arguments: capture copies them, so a replay reads
+    the captured buffers' new contents."""
+    be = DEV.backend
+    npdt = nd.dtypes.to_numpy_dtype("bfloat16")
+    x = on(RNG.standard_normal((256, 512)).astype(npdt), "bfloat16")
+    w = on(RNG.standard_normal((512, 256)).astype(npdt), "bfloat16")
+    with be.capture() as graph:
+        y = x @ w
+    for _ in range(2):
+        xv = RNG.standard_normal((256, 512)).astype(npdt)
+        x[...] = on(xv, "bfloat16")
+        graph.replay()
+        want = xv.astype(np.float64) @ w.numpy().astype(np.float64)
+        assert relerr(y.numpy(), want) < 1e-2
+    graph.close()
+
+
+def test_gemm_tma_compiles_for_hopper_and_older_archs():
+    """gemm_tma.cu builds for sm_90a (TMA, mbarriers, setmaxnreg, m64n256 wgmma) and, with
+    empty bodies, for sm_80 and sm_90 (CI's every-file compile covers those too)."""
+    compiler = pytest.importorskip("needle.backends.cuda.compiler")
+    try:
+        compiler.nvrtc_version()
+    except DeviceError as e:
+        pytest.skip(f"NVRTC unavailable: {e}")
+    source = (compiler.KERNEL_DIR / "gemm_tma.cu").read_text()
+    ptx = compiler.compile_source(source, "gemm_tma", "compute_90a", ptx=True).decode()
+    for word in ("cp.async.bulk.tensor.3d", "mbarrier.try_wait.parity", "setmaxnreg.inc",
+                 "setmaxnreg.dec", "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16",
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16", ".entry matmul_tma_bf16"):
+        assert word in ptx, word
+    for arch in ("sm_90a", "sm_90", "sm_80"):
+        assert compiler.compile_source(source, "gemm_tma", arch)[:4] == b"\x7fELF", arch
+
+
+def test_raw_launch_arguments_get_aligned_slots():
+    """CudaQueue's by-value arguments (tensor maps): each copied to a 64-byte-aligned place,
+    listed after the buffer and params slots; the usual slots unchanged (no driver needed)."""
+    import ctypes
+
+    from needle.backends.cuda.queue import CudaQueue
+
+    q = CudaQueue.__new__(CudaQueue)
+    q._scratch = ctypes.create_string_buffer(512)
+    base = ctypes.addressof(q._scratch)
+    q._argv = (ctypes.c_void_p * 64)(*[base + 8 * i for i in range(64)])
+    q._raw = q._raw_argv = None
+
+    class K:
+        name = "k"
+
+    raws = (bytes(range(128)), bytes(range(100, 228)), b"\x07" * 8)
+    addr = q._place_raw(K, 4, raws)
+    argv = ctypes.cast(addr, ctypes.POINTER(ctypes.c_void_p))
+    assert [argv[i] for i in range(4)] == [base + 8 * i for i in range(4)]
+    for j, raw in enumerate(raws):
+        ptr = argv[4 + j]
+        assert ptr % 64 == 0 and ctypes.string_at(ptr, len(raw)) == raw
+    assert argv[5] - argv[4] == 128 and argv[6] - argv[5] == 128
+    assert [q._argv[i] for i in range(8)] == [base + 8 * i for i in range(8)]  # untouched
+
+
+def test_tensor_map_limits_are_checked_before_the_driver():
+    from needle.backends.cuda import tensor_map
+
+    tensor_map.check_tiled("bfloat16", 0x1000, (4096, 4096, 1), (8192, 8192 * 4096),
+                           (64, 256, 1))
+    with pytest.raises(DeviceError, match="16-byte aligned"):
+        tensor_map.check_tiled("bfloat16", 0x1008, (64, 64), (128,), (64, 64))
+    with pytest.raises(DeviceError, match="multiples of 16"):
+        tensor_map.check_tiled("float16", 0x1000, (60, 64), (120,), (64, 64))
+    with pytest.raises(DeviceError, match="swizzle"):
+        tensor_map.check_tiled("float32", 0x1000, (64, 64), (256,), (64, 64))
+    with pytest.raises(DeviceError, match="batch stride"):
+        tensor_map.matrix_map("bfloat16", 0x1000, 128, 64, 3, 0, 128)

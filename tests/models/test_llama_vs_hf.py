@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from needle.models import load_pretrained
+from needle.models import Sampler, load_pretrained
 
 from .hf_models import build, reference_logits
 
@@ -55,6 +55,35 @@ def test_cached_decode_matches_full_forward(checkpoints, device):
     assert rel_error(np.stack(redo), full[len(PROMPT) + 2:]) < 1e-4
     again = [decoder.prefill(PROMPT[:3]).numpy()[0], decoder.step(PROMPT[3]).numpy()[0]]
     assert rel_error(np.stack(again), full[2:4]) < 1e-4
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_greedy_step_on_the_device(checkpoints, device):
+    """``Decoder.greedy_step`` (argmax, next token and position kept on the device, captured
+    on GPUs) picks what the host sampler picks from ``step``'s logits, also when the caller
+    passes a token of its own or rewinds between steps."""
+    directory, _ = checkpoints("llama")
+    model = load_pretrained(directory, device=device, dtype="float32", max_seq_len=48)
+    decoder = model.decoder()
+    greedy = Sampler()
+    token = greedy(decoder.prefill(PROMPT))
+    expected, steps = [], []
+    for _ in range(8):
+        expected.append(token)
+        token = greedy(decoder.step(token).numpy())
+    decoder.prefill(PROMPT)
+    token = expected[0]
+    for _ in range(8):
+        steps.append(token)
+        token = decoder.greedy_step(token)
+        np.testing.assert_allclose(decoder.last_logits.numpy().reshape(-1).argmax(), token)
+    assert steps == expected
+    assert decoder._greedy is not None or not hasattr(device.backend, "capture")
+    # a token the device did not choose, then a rewind: both set the state from the host
+    decoder.rewind(len(PROMPT) + 3)
+    mine = decoder.greedy_step(7)
+    decoder.rewind(len(PROMPT) + 3)
+    assert mine == greedy(decoder.step(7).numpy())
 
 
 @pytest.mark.parametrize("dtype,tol", [("bfloat16", 0.05), ("float16", 0.01)])

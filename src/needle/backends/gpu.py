@@ -389,6 +389,14 @@ class GpuBackend:
         self._map(f"silu_mul_{SUFFIX[a.dtype]}", out.size, a.dtype, out.dtype,
                   (a.buffer, b.buffer, out.buffer), _N.pack(out.size))
 
+    def _counters(self, n: int) -> Buffer:
+        """n zeroed 32-bit counters that kernels using them leave zeroed (kept, not pooled)."""
+        have = getattr(self, "_counter_array", None)
+        if have is None or have.size < n:
+            have = self._counter_array = self._new_array(max(n, 64), "int32")
+            self.fill(have, 0)
+        return have.buffer
+
     def swiglu(self, x: GpuArray, out: GpuArray, dim: int) -> None:
         """out = silu(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)."""
         self._need(x.dtype, FLOATS, "swiglu")
@@ -520,6 +528,14 @@ class GpuBackend:
         """Hopper warpgroup MMA: A as (m, n) and B as (p, n) row-major (both K-major)."""
         a, stride_a = self._untranspose(a, m, n, batch, stride_a, ta)
         b, stride_b = self._untranspose(b, p, n, batch, stride_b, not tb)
+        # TMA: operands at least one box (128 x 64 of A, 256 x 64 of B) large, so no box
+        # overhangs a whole dimension; smaller products are better served by 128-wide tiles
+        if ("tma" in self.device.features and os.environ.get("NEEDLE_GEMM") != "wgmma"
+                and m >= 128 and p >= 256 and n >= 64
+                and (batch == 1 or stride_a >= m * n and stride_b >= p * n)
+                and _aligned16(a.buffer) and _aligned16(b.buffer)
+                and self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b)):
+            return
         tile = os.environ.get("NEEDLE_WGMMA_TILE")
         wide = _cdiv(m, 128) * _cdiv(p, 256) * batch >= self.device.compute_units
         nsub = 2 if tile == "256" or (tile is None and wide) else 1  # small: more groups
@@ -527,6 +543,42 @@ class GpuBackend:
         shared = self._wg_stages() * (128 + 128 * nsub) * 64 * 2 + 1024
         self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
                            (128, 128 * nsub), 256, shared, False, True)
+
+    def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b) -> bool:
+        """Feature "tma" (gemm_tma.cu): 128x256 tiles, a TMA producer warpgroup and two wgmma
+        consumer warpgroups; A (m, n) and B (p, n) row-major, described by tensor maps.
+        False (nothing launched) when the operands cannot be described: use another kernel."""
+        from .cuda.tensor_map import matrix_map
+
+        stages = 4
+        for opt in os.environ.get("NEEDLE_CUDA_OPTIONS", "").split():
+            if opt.startswith("-DGEMM_TMA_STAGES="):
+                stages = int(opt.split("=", 1)[1])
+        shared = stages * (128 + 256) * 64 * 2 + 16 * stages + 1024
+        if shared > self.device.max_shared_bytes:
+            return False
+        item = ITEMSIZE[a.dtype]
+        launches = []
+        try:
+            for z0 in range(0, batch, _MAX_GRID_YZ):
+                nb = min(_MAX_GRID_YZ, batch - z0)
+                av = a.buffer if z0 == 0 else a.buffer.view(z0 * stride_a * item, 0)
+                bv = b.buffer if z0 == 0 else b.buffer.view(z0 * stride_b * item, 0)
+                ov = out.buffer if z0 == 0 else out.buffer.view(z0 * m * p * item, 0)
+                maps = (matrix_map(a.dtype, av.handle + av.offset, m, n, nb, stride_a, 128),
+                        matrix_map(b.dtype, bv.handle + bv.offset, p, n, nb, stride_b, 256))
+                launches.append((nb, (av, bv, ov), maps))
+        except DeviceError:
+            return False
+        k = self._kernel("gemm_tma", f"matmul_tma_{SUFFIX[a.dtype]}")
+        k.check_threads(384)
+        k.reserve_shared(shared)
+        tiles = _cdiv(m, 128) * _cdiv(p, 256)  # one grid axis: the kernel orders the tiles
+        for nb, bufs, maps in launches:
+            params = _MATMUL.pack(m, n, p, nb, stride_a, stride_b, 0, 1, 1, 0)
+            self.queue.dispatch(k, (tiles, 1, nb), (384, 1, 1), bufs, params, shared,
+                                raw_args=maps)
+        return True
 
     def _wg_stages(self) -> int:
         for opt in os.environ.get("NEEDLE_CUDA_OPTIONS", "").split():
@@ -806,6 +858,14 @@ class GpuBackend:
         hi = float(np.float32(scale))
         params = _DECODE.pack(q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk,
                               hi, float(scale) - hi)
+        if "decode_fused" in self.device.features:  # the last group per KV head merges
+            fused = self._kernel("nn", f"attention_decode_fused_{SUFFIX[dt]}")
+            fused.reserve_shared(shared)
+            self.queue.dispatch(fused, (kv_heads, splits, 1), (128, 1, 1),
+                                (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
+                                 keys.buffer, values.buffer, part_o, part_ml, out.buffer,
+                                 self._counters(kv_heads)), params, shared)
+            return
         self.queue.dispatch(kern, (kv_heads, splits, 1), (128, 1, 1),
                             (qkv.buffer, cos.buffer, sin.buffer, position.buffer, keys.buffer,
                              values.buffer, part_o, part_ml), params, shared)

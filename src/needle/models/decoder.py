@@ -32,6 +32,10 @@ class Decoder:
         self._graph = None
         self._graph_logits = None
         self._eager_steps = 0
+        self._greedy = None  # (graph, logits) of the captured greedy step
+        self._greedy_eager = 0
+        self._on_device = None  # (token, position) the state buffers already hold
+        self.last_logits = None
         self.length = 0
 
     @property
@@ -44,6 +48,7 @@ class Decoder:
         self.cache.clear()
         logits = self.model.prefill([list(ids)], self.cache)
         self.length = len(ids)
+        self._on_device = None
         return logits
 
     def rewind(self, length: int) -> None:
@@ -52,6 +57,7 @@ class Decoder:
         if not 0 < length <= self.length:
             raise GenerationError(f"can rewind to 1..{self.length} positions, not {length}")
         self.length = length
+        self._on_device = None
 
     def step(self, token: int):
         """Append ``token`` at the next position; the next-token logits (1, vocab).
@@ -59,10 +65,9 @@ class Decoder:
         With a captured step the logits live in the graph's output buffer, which the next
         step overwrites: copy them (``.numpy()``) to keep them.
         """
-        if self.length >= self.cache.capacity:
-            raise GenerationError(f"the sequence is full ({self.cache.capacity} positions); load "
-                              "the model with a larger max_seq_len")
+        self._check_room()
         self.state.set(token, self.length)
+        self._on_device = None
         self.length += 1
         if self._graph is None and self._capture is not None and self._eager_steps >= 1:
             self._try_capture()
@@ -72,13 +77,58 @@ class Decoder:
         self._eager_steps += 1
         return self.model.decode_step(self.state, self.cache)
 
+    def greedy_step(self, token: int) -> int:
+        """Append ``token`` at the next position and return the greedy next token.
+
+        The same result as ``Sampler()(step(token))``, with the choice made on the device:
+        the captured greedy step also takes the argmax, stores it as the next step's token and
+        advances the position, so the host only replays and reads back one integer (and sets
+        nothing when ``token`` is the one the device just chose). The step's logits are kept
+        in ``last_logits`` (overwritten by the next step).
+        """
+        self._check_room()
+        if self._on_device != (token, self.length):
+            self.state.set(token, self.length)
+        self.length += 1
+        if self._greedy is None and self._capture is not None and self._greedy_eager >= 1:
+            self._greedy = self._record(self._greedy_body)
+        if self._greedy is not None:
+            self._greedy[0].replay()
+            logits = self._greedy[1]
+        else:
+            self._greedy_eager += 1
+            logits = self._greedy_body()
+        chosen = int(self.state.token.numpy().reshape(-1)[0])
+        self._on_device = (chosen, self.length)
+        self.last_logits = logits
+        return chosen
+
+    def _greedy_body(self):
+        """The decode step, then the argmax into the token buffer and position + 1."""
+        state = self.state
+        logits = self.model.decode_step(state, self.cache)
+        state.token[...] = logits.argmax(axis=-1).reshape((1, 1))
+        state.position[...] = state.position + 1
+        return logits
+
+    def _check_room(self) -> None:
+        if self.length >= self.cache.capacity:
+            raise GenerationError(f"the sequence is full ({self.cache.capacity} positions); load "
+                                  "the model with a larger max_seq_len")
+
     def _try_capture(self) -> None:
+        recorded = self._record(lambda: self.model.decode_step(self.state, self.cache))
+        if recorded is not None:
+            self._graph, self._graph_logits = recorded
+
+    def _record(self, body):
+        """(graph, output) of ``body`` captured, or None (and eager from then on)."""
         try:
             with self._capture() as graph:
-                logits = self.model.decode_step(self.state, self.cache)
+                out = body()
         except Exception as e:  # any failure to record falls back to eager: same results
             warnings.warn(f"decode-step capture failed on {self.model.device.name}, decoding "
-                          f"eagerly instead: {e}", RuntimeWarning, stacklevel=3)
+                          f"eagerly instead: {e}", RuntimeWarning, stacklevel=4)
             self._capture = None
-            return
-        self._graph, self._graph_logits = graph, logits
+            return None
+        return graph, out

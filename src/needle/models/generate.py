@@ -135,7 +135,8 @@ def stream(model, prompt, max_new_tokens: int, temperature: float = 0.0,
         if token in stop_ids or produced == max_new_tokens:
             return
         start = time.perf_counter()
-        token = sampler(decoder.step(token))
+        token = (decoder.greedy_step(token) if sampler.greedy
+                 else sampler(decoder.step(token)))
         stats.decode_tokens += 1
         stats.decode_seconds += time.perf_counter() - start
 

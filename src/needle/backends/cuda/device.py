@@ -51,11 +51,14 @@ class CudaDevice(Device):
         self.allocator = CudaAllocator(self.name)
         self.queue = CudaQueue(self)
         self.executables = CudaExecutableCache(self.name, self.capability, self.compute_units)
-        features = {"transpose", "split_k", "skinny", "half_scatter"}
+        features = {"transpose", "split_k", "skinny", "half_scatter", "decode_fused"}
         if self.capability >= 80:  # mma.sync with bf16 operands: tensor-core attention
             features.add("mma")
         if self.executables.arch == "sm_90a" and os.environ.get("NEEDLE_WGMMA", "1") != "0":
             features.add("wgmma")
+            # TMA loads + warp-specialized wgmma (gemm_tma.cu); NEEDLE_GEMM=wgmma per call
+            # takes the cp.async kernel instead
+            features.add("tma")
         self.features = frozenset(features)
 
     def describe(self) -> str:

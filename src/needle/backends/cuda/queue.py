@@ -5,6 +5,10 @@ are packed into a scratch block whose i-th 8-byte slot holds argument i, so one 
 ``void*[]`` array (slot addresses) serves every kernel: with n buffers, argument n (the
 params struct) starts at slot n. The driver copies arguments at launch, so the scratch
 block is reused by the next launch.
+
+Arguments larger than a slot that follow the params struct (``raw_args``: a TMA tensor map,
+128 bytes passed by value) get their own 64-byte-aligned places in a second block and a
+``void*[]`` array built for that launch; the common path does not change.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from .driver import check, cu, error_text
 _SLOTS = 64
 _SCRATCH = 8 * _SLOTS
 _PACK = [struct.Struct(f"{n}Q") for n in range(_SLOTS)]
+_RAW_ALIGN = 64  # CUtensorMap's alignment; every raw argument starts on such a boundary
+_RAW_SCRATCH = 1024
 
 
 class CudaEvent(Event):
@@ -89,36 +95,63 @@ class CudaQueue(Queue):
         self._argv = (ctypes.c_void_p * _SLOTS)(*[base + 8 * i for i in range(_SLOTS)])
         self._argv_addr = ctypes.addressof(self._argv)
         self._view = memoryview(self._scratch).cast("B")
+        self._raw = self._raw_argv = None  # raw-argument block, made at the first use
         self.capturing: CudaGraph | None = None
 
     # --- launches ------------------------------------------------------------------------
-    def dispatch(self, kernel, groups, threads, buffers, params=b"", shared_bytes=0) -> None:
+    def dispatch(self, kernel, groups, threads, buffers, params=b"", shared_bytes=0,
+                 raw_args=()) -> None:
+        """``raw_args``: by-value arguments after the params struct (e.g. 128-byte tensor
+        maps), each given its own 64-byte-aligned copy; the driver copies them at launch
+        (graph capture included)."""
         args = _PACK[len(buffers)].pack(*[b.handle + b.offset for b in buffers]) + params
         if len(args) > _SCRATCH:
             raise KernelLaunchError(f"{kernel.name}: {len(args)} bytes of arguments exceed "
                                     f"the {_SCRATCH}-byte launch block")
+        argv = self._argv_addr if not raw_args else self._place_raw(
+            kernel, len(buffers) + (1 if params else 0), raw_args)
         if trace.enabled and self.capturing is None:
             with trace.Span("dispatch", f"{kernel.name} groups={groups} threads={threads} "
                                         f"shared={shared_bytes}", self):
-                self._launch(kernel, groups, threads, args, shared_bytes)
+                self._launch(kernel, groups, threads, args, shared_bytes, argv)
             return
         if self.profiler is not None and self.capturing is None:
             start, end = self.event(), self.event()
             start.record()
-            self._launch(kernel, groups, threads, args, shared_bytes)
+            self._launch(kernel, groups, threads, args, shared_bytes, argv)
             end.record()
             self.profiler.add(kernel.name, start, end)
             return
-        self._launch(kernel, groups, threads, args, shared_bytes)
+        self._launch(kernel, groups, threads, args, shared_bytes, argv)
         if self.capturing is not None:
             self.capturing.buffers.extend(buffers)
             self.capturing.kernels += 1
 
-    def _launch(self, kernel, groups, threads, args: bytes, shared_bytes: int) -> None:
+    def _place_raw(self, kernel, fixed: int, raw_args) -> int:
+        """Copy ``raw_args`` into the raw block (64-byte aligned each) and return the address
+        of a ``void*[]`` whose first ``fixed`` entries are the usual slots (buffers, params)
+        and whose next ones point at the raw copies."""
+        if self._raw is None:
+            self._raw = ctypes.create_string_buffer(_RAW_SCRATCH + _RAW_ALIGN)
+        base = -(-ctypes.addressof(self._raw) // _RAW_ALIGN) * _RAW_ALIGN
+        ptrs = [self._argv[i] for i in range(fixed)]
+        offset = 0
+        for raw in raw_args:
+            if offset + len(raw) > _RAW_SCRATCH:
+                raise KernelLaunchError(f"{kernel.name}: {offset + len(raw)} bytes of by-value "
+                                        f"arguments exceed the {_RAW_SCRATCH}-byte raw block")
+            ctypes.memmove(base + offset, raw, len(raw))
+            ptrs.append(base + offset)
+            offset += -(-len(raw) // _RAW_ALIGN) * _RAW_ALIGN
+        # kept until the next raw launch: the driver reads the array during cuLaunchKernel
+        self._raw_argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        return ctypes.addressof(self._raw_argv)
+
+    def _launch(self, kernel, groups, threads, args: bytes, shared_bytes: int,
+                argv: int) -> None:
         self._view[:len(args)] = args
         err = cu.cuLaunchKernel(kernel.handle, groups[0], groups[1], groups[2], threads[0],
-                                threads[1], threads[2], shared_bytes, self.stream,
-                                self._argv_addr, 0)[0]
+                                threads[1], threads[2], shared_bytes, self.stream, argv, 0)[0]
         if err != 0:
             raise KernelLaunchError(f"launching {kernel.name} with groups={groups} "
                                     f"threads={threads} shared={shared_bytes} failed: "

@@ -356,8 +356,8 @@ namespace dec {
 template <class T, class C>
 __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __restrict__ cs,
                                       const T* __restrict__ sn, const int* __restrict__ position,
-                                      T* keys, T* values, C* __restrict__ part_o,
-                                      C* __restrict__ part_ml, const DecodeParams& p,
+                                      T* keys, T* values, C* part_o, C* part_ml,
+                                      const DecodeParams& p,
                                       unsigned char* smem_raw) {
   const i64 pos = position[0];
   if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) return;  // combine writes NaN
@@ -436,6 +436,49 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
     for (int t = 0; t < n; t++) acc += sg[t] * (C)load(vc[(start + t) * D + j]);
     part_o[((h * G + g) * p.splits + s) * D + j] = acc;
   }
+}
+
+// split() and then, in the group that finishes last for its KV head (a counter per KV head,
+// reset by that group), the merge of the group's query heads: one launch instead of two.
+// Partials written by other groups are read with ld.cg (L2), after their __threadfence.
+template <class T, class C>
+__device__ __forceinline__ void fused(const T* __restrict__ qkv, const T* __restrict__ cs,
+                                      const T* __restrict__ sn, const int* __restrict__ position,
+                                      T* keys, T* values, C* part_o, C* part_ml,
+                                      T* __restrict__ out, unsigned* counters,
+                                      const DecodeParams& p, unsigned char* smem_raw) {
+  const i64 pos = position[0];
+  const i64 D = p.head_dim, G = p.q_heads / p.kv_heads, h = blockIdx.x;
+  if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) {
+    if (blockIdx.y == 0)
+      for (i64 idx = threadIdx.x; idx < G * D; idx += blockDim.x)
+        out[h * G * D + idx] = store<T>(C(0) / C(0));
+    return;
+  }
+  if ((i64)blockIdx.y * p.chunk > pos) return;  // past the position: not counted
+  split<T, C>(qkv, cs, sn, position, keys, values, part_o, part_ml, p, smem_raw);
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  const i64 used = pos / p.chunk + 1;
+  if (threadIdx.x == 0) last = atomicAdd(counters + h, 1u) == (unsigned)(used - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (i64 idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const i64 hq = h * G + idx / D, j = idx % D;
+    const C* ml = part_ml + hq * p.splits * 2;
+    C m = neg_inf<C>();
+    for (i64 s = 0; s < used; s++) m = nan_max(m, __ldcg(ml + s * 2));
+    C l = C(0), o = C(0);
+    for (i64 s = 0; s < used; s++) {
+      const C w = m_exp(__ldcg(ml + s * 2) - m);
+      l += __ldcg(ml + s * 2 + 1) * w;
+      o += __ldcg(part_o + (hq * p.splits + s) * D + j) * w;
+    }
+    out[hq * D + j] = store<T>(o / l);
+  }
+  if (threadIdx.x == 0) counters[h] = 0u;  // ready for the next launch
 }
 
 // merge the chunks of one query head: a thread per column
@@ -902,6 +945,14 @@ FA(bf16, bf16_t, 128)
                              DecodeParams p) {                                                 \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     dec::split<T, C>(qkv, cs, sn, position, keys, values, part_o, part_ml, p, smem);           \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(128)                                            \
+      attention_decode_fused_##SFX(const T* __restrict__ qkv, const T* __restrict__ cs,        \
+                                   const T* __restrict__ sn, const int* __restrict__ position, \
+                                   T* keys, T* values, C* part_o, C* part_ml, T* __restrict__ out, \
+                                   unsigned* counters, DecodeParams p) {                       \
+    extern __shared__ __align__(16) unsigned char smem[];                                      \
+    dec::fused<T, C>(qkv, cs, sn, position, keys, values, part_o, part_ml, out, counters, p, smem); \
   }                                                                                            \
   extern "C" __global__ void attention_decode_combine_##SFX(const int* __restrict__ position,  \
                                                             const C* __restrict__ part_o,      \
