@@ -835,17 +835,23 @@ class GpuBackend:
                          position: GpuArray, keys: GpuArray, values: GpuArray, out: GpuArray,
                          q_heads: int, kv_heads: int, head_dim: int, capacity: int,
                          table_rows: int, scale: float) -> None:
-        """One decode step's attention (see numpy_ref.attention_decode) in two launches: the
-        cache split into chunks of positions, a group per (KV head, chunk) computing every
-        query head of its group (chunks past the position return at once); then a combine
-        per query head. Both read the position from device memory, so a captured step
+        """One decode step's attention (see numpy_ref.attention_decode): the cache split
+        into chunks of positions, a group per (KV head, chunk) computing every query head of
+        its group (chunks past the position return at once), then a merge per query head:
+        a second launch (Metal), or the last group of each KV head (CUDA, feature
+        "decode_fused"). Both read the position from device memory, so a captured step
         replays for any position."""
         dt = self._need(qkv.dtype, FLOATS, "attention_decode")
         group = q_heads // kv_heads
         chunk = max(64, _cdiv(_cdiv(capacity, 256), 64) * 64)
         splits = _cdiv(capacity, chunk)
         shared = group * (head_dim + chunk) * _ACC[dt]
-        kern = self._kernel("nn", f"attention_decode_{SUFFIX[dt]}")
+        fused = "decode_fused" in self.device.features
+        if fused:  # CUDA stages the chunk's keys and values (padded rows) and merge weights
+            stride = head_dim + (2 if ITEMSIZE[dt] == 2 else 1)
+            shared = _cdiv(shared + 2 * chunk * stride * ITEMSIZE[dt], 16) * 16
+            shared += group * (splits + 1) * _ACC[dt]
+        kern = self._kernel("nn", f"attention_decode_{'fused_' if fused else ''}{SUFFIX[dt]}")
         if head_dim > 256 or shared + getattr(kern, "static_shared", 0) > \
                 self.device.max_shared_bytes or splits > _MAX_GRID_YZ:
             raise ShapeError(f"attention_decode: {group} query heads per KV head of size "
@@ -858,10 +864,8 @@ class GpuBackend:
         hi = float(np.float32(scale))
         params = _DECODE.pack(q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk,
                               hi, float(scale) - hi)
-        if "decode_fused" in self.device.features:  # the last group per KV head merges
-            fused = self._kernel("nn", f"attention_decode_fused_{SUFFIX[dt]}")
-            fused.reserve_shared(shared)
-            self.queue.dispatch(fused, (kv_heads, splits, 1), (128, 1, 1),
+        if fused:  # one launch: the last group per KV head merges
+            self.queue.dispatch(kern, (kv_heads, splits, 1), (128, 1, 1),
                                 (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
                                  keys.buffer, values.buffer, part_o, part_ml, out.buffer,
                                  self._counters(kv_heads)), params, shared)

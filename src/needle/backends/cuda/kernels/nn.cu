@@ -347,18 +347,27 @@ __device__ __forceinline__ void swiglu(const T* __restrict__ x, T* __restrict__ 
 }
 
 // ---- attention_decode: one token against the cache, position read from device memory ------
-// Group (KV head h, chunk s) of 128 threads: roped queries of the group's heads in shared
-// memory; the group whose chunk holds the position p writes the roped key and the value to
-// the cache first; then a thread per position scores every head, a warp per head takes the
-// chunk's max and sum of exp, and threads over (head, column) sum p·V. Partials per (query
-// head, chunk) are merged by attention_decode_combine.
+// CUDA implements it as one launch (feature "decode_fused"; the two-kernel form of the
+// common ABI is Metal's). Group (KV head h, chunk s) of 128 threads: roped queries of the
+// group's heads in shared memory; the group whose chunk holds the position p writes the
+// roped key and the value to the cache first; the chunk's keys and values are staged in
+// shared memory with 16-byte loads; then threads over (head, position) score, a warp per
+// head takes the chunk's max and sum of exp, and threads over (head, column) sum p·V.
+// Partials per (query head, chunk) are merged by the group that finishes last.
 namespace dec {
+// row stride of the staged key/value tiles: rows of 2-byte values padded to an odd number of
+// 4-byte words, others by one element, so the lanes of a warp (a position each) read
+// different banks
+template <class T> __host__ __device__ constexpr int tile_stride(int d) {
+  return d + (sizeof(T) == 2 ? 2 : 1);
+}
+
+// shared memory: Q (G, D) and S (G, chunk) in C, then the chunk's keys and values (T)
 template <class T, class C>
 __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __restrict__ cs,
                                       const T* __restrict__ sn, const int* __restrict__ position,
                                       T* keys, T* values, C* part_o, C* part_ml,
-                                      const DecodeParams& p,
-                                      unsigned char* smem_raw) {
+                                      const DecodeParams& p, unsigned char* smem_raw) {
   const i64 pos = position[0];
   if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) return;  // combine writes NaN
   const i64 h = blockIdx.x, s = blockIdx.y, start = s * p.chunk;
@@ -366,8 +375,11 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
   const int D = (int)p.head_dim, half = D / 2, G = (int)(p.q_heads / p.kv_heads);
   const int n = (int)((start + p.chunk < pos + 1 ? start + p.chunk : pos + 1) - start);
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid % 32, warp = tid / 32;
+  const int KS = tile_stride<T>(D), chunk = (int)p.chunk;
   C* Q = reinterpret_cast<C*>(smem_raw);  // (G, D) roped queries
   C* S = Q + G * D;                       // (G, chunk) scores, then exp(score - max)
+  T* Kt = reinterpret_cast<T*>(S + G * chunk);  // (chunk, KS) keys of the chunk
+  T* Vt = Kt + chunk * KS;                      // (chunk, KS) values
   const T* c_row = cs + pos * half;
   const T* s_row = sn + pos * half;
   for (int idx = tid; idx < G * half; idx += nt) {
@@ -391,27 +403,43 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
     }
     for (int i = tid; i < D; i += nt) vc[pos * D + i] = vh[i];
   }
-  __syncthreads();  // the queries, and this group's cache writes, visible to the group
-  const C scale = (C)p.scale + (C)p.scale_lo;
-  for (int t = tid; t < n; t += nt) {
-    const T* kr = kc + (start + t) * D;
-    for (int g = 0; g < G; g++) S[g * p.chunk + t] = C(0);
-    for (int d0 = 0; d0 < D; d0 += 8) {  // 8 values of the key row at a time
-      C kv[8];
+  __syncthreads();  // this group's cache writes visible to the group (plain loads below)
+  constexpr int V = 16 / sizeof(T);
+  const T* kbase = kc + start * D;
+  const T* vbase = vc + start * D;
+  if (D % V == 0 && aligned16(kc) && aligned16(vc)) {  // 16-byte loads, all in flight at once
+    const int per_row = D / V;
+    for (int idx = tid; idx < n * per_row; idx += nt) {
+      const int t = idx / per_row, d = (idx % per_row) * V;
+      const Vec<T, V> kv = *reinterpret_cast<const Vec<T, V>*>(kbase + t * D + d);
+      const Vec<T, V> vv = *reinterpret_cast<const Vec<T, V>*>(vbase + t * D + d);
 #pragma unroll
-      for (int e = 0; e < 8; e++) kv[e] = d0 + e < D ? (C)load(kr[d0 + e]) : C(0);
-      for (int g = 0; g < G; g++) {
-        C acc = C(0);
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc += d0 + e < D ? Q[g * D + d0 + e] * kv[e] : C(0);
-        S[g * p.chunk + t] += acc;
+      for (int e = 0; e < V; e++) {
+        Kt[t * KS + d + e] = kv.v[e];
+        Vt[t * KS + d + e] = vv.v[e];
       }
     }
-    for (int g = 0; g < G; g++) S[g * p.chunk + t] *= scale;
+  } else {
+    for (int idx = tid; idx < n * D; idx += nt) {
+      const int t = idx / D, d = idx % D;
+      Kt[t * KS + d] = kbase[t * D + d];
+      Vt[t * KS + d] = vbase[t * D + d];
+    }
+  }
+  __syncthreads();
+  const C scale = (C)p.scale + (C)p.scale_lo;
+  for (int idx = tid; idx < G * n; idx += nt) {  // a warp: 32 positions of one head
+    const int g = idx / n, t = idx % n;
+    const C* qg = Q + g * D;
+    const T* kr = Kt + t * KS;
+    C acc = C(0);
+#pragma unroll 8
+    for (int d = 0; d < D; d++) acc += qg[d] * (C)load(kr[d]);
+    S[g * chunk + t] = acc * scale;
   }
   __syncthreads();
   for (int g = warp; g < G; g += nt / 32) {  // a warp per head: max, exp, sum
-    C* sg = S + g * p.chunk;
+    C* sg = S + g * chunk;
     C m = neg_inf<C>();
     for (int t = lane; t < n; t += 32) m = nan_max(m, sg[t]);
     m = warp_max(m);
@@ -429,11 +457,13 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
     }
   }
   __syncthreads();
-  for (int idx = tid; idx < G * D; idx += nt) {
+  for (int idx = tid; idx < G * D; idx += nt) {  // a warp: 32 columns of one head
     const int g = idx / D, j = idx % D;
-    const C* sg = S + g * p.chunk;
+    const C* sg = S + g * chunk;
+    const T* vcol = Vt + j;
     C acc = C(0);
-    for (int t = 0; t < n; t++) acc += sg[t] * (C)load(vc[(start + t) * D + j]);
+#pragma unroll 8
+    for (int t = 0; t < n; t++) acc += sg[t] * (C)load(vcol[t * KS]);
     part_o[((h * G + g) * p.splits + s) * D + j] = acc;
   }
 }
@@ -441,6 +471,7 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
 // split() and then, in the group that finishes last for its KV head (a counter per KV head,
 // reset by that group), the merge of the group's query heads: one launch instead of two.
 // Partials written by other groups are read with ld.cg (L2), after their __threadfence.
+// Extra shared memory after split's: weights (G, splits) and sums (G) in C.
 template <class T, class C>
 __device__ __forceinline__ void fused(const T* __restrict__ qkv, const T* __restrict__ cs,
                                       const T* __restrict__ sn, const int* __restrict__ position,
@@ -448,10 +479,11 @@ __device__ __forceinline__ void fused(const T* __restrict__ qkv, const T* __rest
                                       T* __restrict__ out, unsigned* counters,
                                       const DecodeParams& p, unsigned char* smem_raw) {
   const i64 pos = position[0];
-  const i64 D = p.head_dim, G = p.q_heads / p.kv_heads, h = blockIdx.x;
+  const int D = (int)p.head_dim, G = (int)(p.q_heads / p.kv_heads);
+  const i64 h = blockIdx.x;
   if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) {
     if (blockIdx.y == 0)
-      for (i64 idx = threadIdx.x; idx < G * D; idx += blockDim.x)
+      for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x)
         out[h * G * D + idx] = store<T>(C(0) / C(0));
     return;
   }
@@ -460,51 +492,44 @@ __device__ __forceinline__ void fused(const T* __restrict__ qkv, const T* __rest
   __threadfence();
   __syncthreads();
   __shared__ bool last;
-  const i64 used = pos / p.chunk + 1;
+  const int used = (int)(pos / p.chunk + 1);
   if (threadIdx.x == 0) last = atomicAdd(counters + h, 1u) == (unsigned)(used - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (i64 idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const i64 hq = h * G + idx / D, j = idx % D;
-    const C* ml = part_ml + hq * p.splits * 2;
+  const int chunk = (int)p.chunk, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const size_t tiles = (size_t)G * (D + chunk) * sizeof(C) +
+                       2 * (size_t)chunk * tile_stride<T>(D) * sizeof(T);
+  C* W = reinterpret_cast<C*>(smem_raw + (tiles + 15) / 16 * 16);  // (G, splits) weights
+  C* L = W + G * p.splits;                                          // (G) sums
+  for (int g = warp; g < G; g += blockDim.x / 32) {  // a warp per head: weights of the splits
+    const C* ml = part_ml + (h * G + g) * p.splits * 2;
     C m = neg_inf<C>();
-    for (i64 s = 0; s < used; s++) m = nan_max(m, __ldcg(ml + s * 2));
-    C l = C(0), o = C(0);
-    for (i64 s = 0; s < used; s++) {
+    for (int s = lane; s < used; s += 32) m = nan_max(m, __ldcg(ml + s * 2));
+    m = warp_max(m);
+    C l = C(0);
+    for (int s = lane; s < used; s += 32) {
       const C w = m_exp(__ldcg(ml + s * 2) - m);
+      W[g * p.splits + s] = w;
       l += __ldcg(ml + s * 2 + 1) * w;
-      o += __ldcg(part_o + (hq * p.splits + s) * D + j) * w;
     }
-    out[hq * D + j] = store<T>(o / l);
+    l = warp_sum(l);
+    if (lane == 0) L[g] = l;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, j = idx % D;
+    const i64 hq = h * G + g;
+    const C* po = part_o + hq * p.splits * D + j;
+    const C* wg = W + g * p.splits;
+    C o = C(0);
+#pragma unroll 4
+    for (int s = 0; s < used; s++) o += __ldcg(po + (i64)s * D) * wg[s];
+    out[hq * D + j] = store<T>(o / L[g]);
   }
   if (threadIdx.x == 0) counters[h] = 0u;  // ready for the next launch
 }
 
-// merge the chunks of one query head: a thread per column
-template <class T, class C>
-__device__ __forceinline__ void combine(const int* __restrict__ position, const C* __restrict__ part_o,
-                                        const C* __restrict__ part_ml, T* __restrict__ out,
-                                        const DecodeParams& p) {
-  const i64 hq = blockIdx.x, D = p.head_dim, j = threadIdx.x;
-  if (j >= D) return;
-  const i64 pos = position[0];
-  if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) {
-    out[hq * D + j] = store<T>(C(0) / C(0));
-    return;
-  }
-  const i64 used = pos / p.chunk + 1;
-  const C* ml = part_ml + hq * p.splits * 2;
-  C m = neg_inf<C>();
-  for (i64 s = 0; s < used; s++) m = nan_max(m, ml[s * 2]);
-  C l = C(0), o = C(0);
-  for (i64 s = 0; s < used; s++) {
-    const C w = m_exp(ml[s * 2] - m);
-    l += ml[s * 2 + 1] * w;
-    o += part_o[(hq * p.splits + s) * D + j] * w;
-  }
-  out[hq * D + j] = store<T>(o / l);
-}
 }  // namespace dec
 
 // ---- rope: x (batch, seq, heads, head_dim), cos/sin (seq, head_dim/2), half-split ------
@@ -939,26 +964,12 @@ FA(bf16, bf16_t, 128)
     swiglu<T>(x, out, p);                                                                      \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(128)                                            \
-      attention_decode_##SFX(const T* __restrict__ qkv, const T* __restrict__ cs,              \
-                             const T* __restrict__ sn, const int* __restrict__ position,       \
-                             T* keys, T* values, C* __restrict__ part_o, C* __restrict__ part_ml, \
-                             DecodeParams p) {                                                 \
-    extern __shared__ __align__(16) unsigned char smem[];                                      \
-    dec::split<T, C>(qkv, cs, sn, position, keys, values, part_o, part_ml, p, smem);           \
-  }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(128)                                            \
       attention_decode_fused_##SFX(const T* __restrict__ qkv, const T* __restrict__ cs,        \
                                    const T* __restrict__ sn, const int* __restrict__ position, \
                                    T* keys, T* values, C* part_o, C* part_ml, T* __restrict__ out, \
                                    unsigned* counters, DecodeParams p) {                       \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     dec::fused<T, C>(qkv, cs, sn, position, keys, values, part_o, part_ml, out, counters, p, smem); \
-  }                                                                                            \
-  extern "C" __global__ void attention_decode_combine_##SFX(const int* __restrict__ position,  \
-                                                            const C* __restrict__ part_o,      \
-                                                            const C* __restrict__ part_ml,     \
-                                                            T* __restrict__ out, DecodeParams p) { \
-    dec::combine<T, C>(position, part_o, part_ml, out, p);                                     \
   }                                                                                            \
   extern "C" __global__ void rope_##SFX(const T* __restrict__ x, const T* __restrict__ c,      \
                                         const T* __restrict__ s, T* __restrict__ out, RopeParams p) { \
