@@ -29,11 +29,8 @@ class Decoder:
         self._capture = getattr(backend, "capture", None)
         if os.environ.get("NEEDLE_DECODE_GRAPH", "1") == "0":
             self._capture = None
-        self._graph = None
-        self._graph_logits = None
-        self._eager_steps = 0
-        self._greedy = None  # (graph, logits) of the captured greedy step
-        self._greedy_eager = 0
+        self._recorded: dict[str, tuple] = {}  # kind of step -> (graph, its logits)
+        self._eager: dict[str, int] = {}  # kind of step -> steps run eagerly so far
         self._on_device = None  # (token, position) the state buffers already hold
         self.last_logits = None
         self.length = 0
@@ -41,7 +38,12 @@ class Decoder:
     @property
     def captured(self) -> bool:
         """Whether decode steps replay a captured graph."""
-        return self._graph is not None
+        return "step" in self._recorded
+
+    @property
+    def _greedy(self):
+        """(graph, logits) of the captured greedy step, or None."""
+        return self._recorded.get("greedy")
 
     def prefill(self, ids) -> object:
         """Start a new sequence with the prompt ``ids``; the next-token logits (1, vocab)."""
@@ -69,13 +71,7 @@ class Decoder:
         self.state.set(token, self.length)
         self._on_device = None
         self.length += 1
-        if self._graph is None and self._capture is not None and self._eager_steps >= 1:
-            self._try_capture()
-        if self._graph is not None:
-            self._graph.replay()
-            return self._graph_logits
-        self._eager_steps += 1
-        return self.model.decode_step(self.state, self.cache)
+        return self._run("step", lambda: self.model.decode_step(self.state, self.cache))
 
     def greedy_step(self, token: int) -> int:
         """Append ``token`` at the next position and return the greedy next token.
@@ -90,14 +86,7 @@ class Decoder:
         if self._on_device != (token, self.length):
             self.state.set(token, self.length)
         self.length += 1
-        if self._greedy is None and self._capture is not None and self._greedy_eager >= 1:
-            self._greedy = self._record(self._greedy_body)
-        if self._greedy is not None:
-            self._greedy[0].replay()
-            logits = self._greedy[1]
-        else:
-            self._greedy_eager += 1
-            logits = self._greedy_body()
+        logits = self._run("greedy", self._greedy_body)
         chosen = int(self.state.token.numpy().reshape(-1)[0])
         self._on_device = (chosen, self.length)
         self.last_logits = logits
@@ -116,19 +105,22 @@ class Decoder:
             raise GenerationError(f"the sequence is full ({self.cache.capacity} positions); load "
                                   "the model with a larger max_seq_len")
 
-    def _try_capture(self) -> None:
-        recorded = self._record(lambda: self.model.decode_step(self.state, self.cache))
+    def _run(self, kind: str, body):
+        """``body()`` for a step of this kind: eagerly the first time, captured the second
+        (where the backend can), replayed from then on."""
+        recorded = self._recorded.get(kind)
+        if recorded is None and self._capture is not None and self._eager.get(kind, 0) >= 1:
+            try:
+                with self._capture() as graph:
+                    out = body()
+            except Exception as e:  # any failure to record falls back to eager: same results
+                warnings.warn(f"decode-step capture failed on {self.model.device.name}, "
+                              f"decoding eagerly instead: {e}", RuntimeWarning, stacklevel=4)
+                self._capture = None
+            else:
+                recorded = self._recorded[kind] = (graph, out)
         if recorded is not None:
-            self._graph, self._graph_logits = recorded
-
-    def _record(self, body):
-        """(graph, output) of ``body`` captured, or None (and eager from then on)."""
-        try:
-            with self._capture() as graph:
-                out = body()
-        except Exception as e:  # any failure to record falls back to eager: same results
-            warnings.warn(f"decode-step capture failed on {self.model.device.name}, decoding "
-                          f"eagerly instead: {e}", RuntimeWarning, stacklevel=4)
-            self._capture = None
-            return None
-        return graph, out
+            recorded[0].replay()
+            return recorded[1]
+        self._eager[kind] = self._eager.get(kind, 0) + 1
+        return body()

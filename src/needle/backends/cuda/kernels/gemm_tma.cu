@@ -24,6 +24,7 @@
 // Shared memory (dynamic, base rounded up to 1024 bytes): STAGES x [A 16 KiB | B 32 KiB],
 // then full[STAGES] and empty[STAGES] (8 bytes each). With 4 stages: 197,696 bytes.
 #include "common.cuh"
+#include "tensor_core.cuh"
 
 #ifndef GEMM_TMA_STAGES
 #define GEMM_TMA_STAGES 4
@@ -44,11 +45,7 @@ constexpr int BM = 128, BN = 256, BK = 64, STAGES = GEMM_TMA_STAGES;
 constexpr u32 A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
 constexpr u32 CONSUMER_WARPS = 8;  // arrivals that empty a stage
 
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-  u32 r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
+using tc::smem_u32;
 
 // ---- mbarriers ---------------------------------------------------------------------------
 __device__ __forceinline__ void bar_init(u32 bar, u32 count) {
@@ -89,24 +86,7 @@ __device__ __forceinline__ void tma_prefetch(const TmaMap* map) {
 }
 
 // ---- wgmma -------------------------------------------------------------------------------
-// Shared-memory matrix descriptor of a K-major tile stored in 128-byte rows with the 128-byte
-// swizzle (16-byte chunk c of row r at c ^ (r & 7), tile 1024-byte aligned): what TMA's
-// CU_TENSOR_MAP_SWIZZLE_128B writes for a box 64 elements (128 bytes) wide. Same as
-// matmul.cu's wg::desc; stepping k by 16 elements adds 32 bytes to the start address.
-__device__ __forceinline__ u64 desc(u32 smem_addr) {
-  u64 d = (u64)((smem_addr & 0x3FFFF) >> 4);  // start address
-  d |= (u64)(16 >> 4) << 16;                   // leading byte offset (unused: swizzled K-major)
-  d |= (u64)(1024 >> 4) << 32;                 // stride byte offset: 8 rows x 128 bytes
-  d |= (u64)1 << 62;                           // 128-byte swizzle
-  return d;
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
+// descriptors, fence, commit and wait: wg:: in tensor_core.cuh
 // Pin the accumulators around an MMA batch so the compiler moves none of them while a wgmma
 // may still write them (otherwise ptxas serializes the wgmmas, warning C7514).
 __device__ __forceinline__ void fence_acc(float (&d)[128]) {
@@ -205,15 +185,15 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
       bar_wait(full0 + 8 * s, (u32)(kt / STAGES) & 1u);
       const u32 sa = base + s * STAGE_BYTES + g * 64 * 128, sb = base + s * STAGE_BYTES + A_BYTES;
       fence_acc(acc);
-      wg_fence();
+      wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; kk++) Mma256<T>::run(acc, desc(sa + kk * 32), desc(sb + kk * 32));
-      wg_commit();
-      wg_wait<1>();  // the previous k-tile's batch has completed: its stage may be refilled
+      for (int kk = 0; kk < BK / 16; kk++) Mma256<T>::run(acc, wg::desc(sa + kk * 32), wg::desc(sb + kk * 32));
+      wg::commit();
+      wg::wait<1>();  // the previous k-tile's batch has completed: its stage may be refilled
       fence_acc(acc);
       if (kt > 0 && lane == 0) bar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
     }
-    wg_wait<0>();
+    wg::wait<0>();
     fence_acc(acc);
 
     // accumulator layout: warp w of the warpgroup holds rows 16w..16w+15; per n8 chunk i,

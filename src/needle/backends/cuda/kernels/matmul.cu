@@ -311,16 +311,6 @@ TC(matmul_tc256, f16, half_t, 128, 256, 2, 4, TC_STAGES, 1)
 // aligned), the layout the wgmma descriptors below describe.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace wg {
-__device__ __forceinline__ u64 desc(u32 smem_addr) {
-  u64 d = (u64)((smem_addr & 0x3FFFF) >> 4);  // start address
-  d |= (u64)(16 >> 4) << 16;                   // leading byte offset (unused: swizzled K-major)
-  d |= (u64)(1024 >> 4) << 32;                 // stride byte offset: 8 rows x 128 bytes
-  d |= (u64)1 << 62;                           // 128-byte swizzle
-  return d;
-}
-__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Pin the accumulators in place around an MMA batch (as CUTLASS does), so the compiler moves
 // none of them while a wgmma may still write them; otherwise ptxas serializes (C7514).
@@ -430,11 +420,11 @@ __device__ __forceinline__ void run(const T* __restrict__ A, const T* __restrict
     if (WG_OVERLAP) {
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
     } else {
-      wait_all();
+      wait<0>();
     }
     fence_operands(acc);
   }
-  wait_all();
+  wait<0>();
   fence_operands(acc);
   tc::cp_wait<0>();
 

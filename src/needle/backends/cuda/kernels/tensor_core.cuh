@@ -64,3 +64,26 @@ template <> __device__ __forceinline__ u32 pack2<half_t>(float lo, float hi) {
   return r;
 }
 }  // namespace tc
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Hopper warpgroup MMA (sm_90a), shared by matmul.cu (cp.async-fed) and gemm_tma.cu
+// (TMA-fed). desc: the shared-memory matrix descriptor of a K-major tile stored in 128-byte
+// rows with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r & 7), tile 1024-byte
+// aligned), which is also what TMA's CU_TENSOR_MAP_SWIZZLE_128B writes for a box 64 elements
+// wide; stepping k by 16 elements adds 32 bytes to the start address.
+namespace wg {
+__device__ __forceinline__ u64 desc(u32 smem_addr) {
+  u64 d = (u64)((smem_addr & 0x3FFFF) >> 4);  // start address
+  d |= (u64)(16 >> 4) << 16;                   // leading byte offset (unused: swizzled K-major)
+  d |= (u64)(1024 >> 4) << 32;                 // stride byte offset: 8 rows x 128 bytes
+  d |= (u64)1 << 62;                           // 128-byte swizzle
+  return d;
+}
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// wait until at most N committed groups are pending
+template <int N> __device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+}  // namespace wg
+#endif
