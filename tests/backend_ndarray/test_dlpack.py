@@ -17,12 +17,17 @@ torch = pytest.importorskip("torch")
 EXCHANGED = ("float32", "float16", "float64", "int32", "int64", "bool")
 
 
-@pytest.fixture
-def host_device(device):
-    """CPU devices only: their buffers are host memory that numpy and torch can alias."""
-    if device.kind not in ("cpu", "cpu_numpy") or nd.array([1.0], device=device) \
-            .__dlpack_device__()[0] != 1:
-        pytest.skip(f"{device.name} memory is not host memory")
+HOST_DEVICES = [d for d in nd.all_devices() if d.kind in ("cpu", "cpu_numpy")]
+
+
+@pytest.fixture(params=HOST_DEVICES, ids=[d.name for d in HOST_DEVICES])
+def host_device(request):
+    """CPU devices only: their buffers are host memory that numpy and torch can alias (GPU
+    devices' exchange is tested in tests/backends)."""
+    device = request.param
+    if not device.enabled():
+        pytest.skip(f"{device.name} disabled: {device.reason}")
+    assert nd.array([1.0], device=device).__dlpack_device__()[0] == 1  # kDLCPU
     return device
 
 
