@@ -44,7 +44,8 @@ NO_TMA = False  # set when the smoke test failed: needle never launches the TMA 
 
 
 def _use(kernel: str) -> None:
-    """Route needle's half-precision matmuls: 'tma' (default) or 'wgmma' (cp.async kernel)."""
+    """Route needle's half-precision matmuls: 'tma' / 'tma_nn' (default) or 'wgmma'
+    (cp.async kernel)."""
     if kernel == "wgmma" or NO_TMA:
         os.environ["NEEDLE_GEMM"] = "wgmma"
     else:
@@ -53,11 +54,13 @@ def _use(kernel: str) -> None:
 
 def needle_product(nd, dev, a_t, b_t, dtype: str, kernel: str, out=None):
     """C[z] = A[z] @ B[z]^T for torch tensors a (batch, m, k), b (batch, n, k) on the GPU,
-    through GpuBackend.matmul into a NaN-poisoned needle array; returns (out, kernels run)."""
+    through GpuBackend.matmul into a NaN-poisoned needle array; returns (out, kernels run).
+    kernel 'tma_nn' passes B as a (batch, k, n) row-major copy, untransposed (A @ B)."""
     batch, m, k = a_t.shape
     n = b_t.shape[1]
+    nn = kernel == "tma_nn"
     A = nd.from_dlpack(a_t, device=dev)
-    B = nd.from_dlpack(b_t, device=dev)
+    B = nd.from_dlpack(b_t.transpose(-1, -2).contiguous() if nn else b_t, device=dev)
     if out is None:
         out = nd.NDArray.make((batch, m, n), device=dev, dtype=dtype)
     out.fill(float("nan"))
@@ -65,7 +68,7 @@ def needle_product(nd, dev, a_t, b_t, dtype: str, kernel: str, out=None):
     try:
         with dev.backend.profile() as prof:
             dev.backend.matmul(A.handle, B.handle, out.handle, m, k, n, batch=batch,
-                               stride_a=m * k, stride_b=n * k, transpose_b=True)
+                               stride_a=m * k, stride_b=n * k, transpose_b=not nn)
             dev.backend.synchronize()
     finally:
         _use("tma")
@@ -103,23 +106,25 @@ def smoke() -> int:
         print(f"tensor map encoding FAILED: {type(e).__name__}: {e}")
         return 5
     ok = True
-    for dtype in ("bfloat16", "float16"):
+    for dtype, kern in (("bfloat16", "tma"), ("float16", "tma"), ("bfloat16", "tma_nn"),
+                        ("float16", "tma_nn")):
         for batch, m, k, n in ((1, 128, 64, 256), (1, 200, 72, 264), (2, 300, 136, 520),
                                (1, 4096, 4096, 4096)):
             t0 = time.time()
             g = torch.Generator(device="cuda").manual_seed(m + k + n)
             a = torch.randn(batch, m, k, device="cuda", generator=g).to(_torch_dtype(torch, dtype))
             b = torch.randn(batch, n, k, device="cuda", generator=g).to(_torch_dtype(torch, dtype))
-            out, kernels = needle_product(nd, dev, a, b, dtype, "tma")
+            out, kernels = needle_product(nd, dev, a, b, dtype, kern)
             got = torch.from_dlpack(out)
             want = a.float() @ b.float().transpose(1, 2)
             nans = int(torch.isnan(got.float()).sum())
             err = relerr(torch, torch.nan_to_num(got.float()), want)
-            used = any(x.startswith("matmul_tma") for x in kernels)
+            used = f"matmul_{kern}_{'bf16' if dtype == 'bfloat16' else 'f16'}" in kernels
             good = nans == 0 and err < TOL[dtype] and used
             ok &= good
-            print(f"smoke {dtype} batch={batch} {m}x{k}x{n}: relerr {err:.2e}, unwritten {nans}, "
-                  f"kernels {sorted(kernels)} ({time.time() - t0:.1f}s) {'ok' if good else 'FAIL'}",
+            print(f"smoke {kern} {dtype} batch={batch} {m}x{k}x{n}: relerr {err:.2e}, "
+                  f"unwritten {nans}, kernels {sorted(kernels)} ({time.time() - t0:.1f}s) "
+                  f"{'ok' if good else 'FAIL'}",
                   flush=True)
     return 0 if ok else 1
 
@@ -193,7 +198,7 @@ def correctness(torch, nd, dev, with_tma: bool) -> list[str]:
     failures = []
     shapes = [(1, 4096, 4096, 4096), (1, 8192, 8192, 8192), (1, 3001, 1032, 2056),
               (3, 1000, 520, 776)]
-    kernels = (["tma"] if with_tma else []) + ["wgmma"]
+    kernels = (["tma", "tma_nn"] if with_tma else []) + ["wgmma"]
     for dtype in ("bfloat16", "float16"):
         tdt = _torch_dtype(torch, dtype)
         for batch, m, k, n in shapes:
@@ -235,13 +240,14 @@ def time_needle(nd, dev, a, b, dtype: str, kern: str, inner: int, reps: int) -> 
     be = dev.backend
     m, k = a.shape
     n = b.shape[0]
+    nn = kern == "tma_nn"  # B as a (k, n) row-major copy, untransposed: A @ B
     A = nd.from_dlpack(a, device=dev)
-    B = nd.from_dlpack(b, device=dev)
+    B = nd.from_dlpack(b.t().contiguous() if nn else b, device=dev)
     out = nd.NDArray.make((m, n), device=dev, dtype=dtype)
 
     def call():
         be.matmul(A.handle, B.handle, out.handle, m, k, n, batch=1, stride_a=m * k,
-                  stride_b=n * k, transpose_b=True)
+                  stride_b=n * k, transpose_b=not nn)
 
     _use(kern)
     try:
@@ -331,7 +337,7 @@ def timing(torch, nd, dev, sizes, with_tma: bool, inner: int, reps: int, dtype: 
         flop = 2.0 * s * s * s
         n_inner = max(1, min(inner, int(inner * (4096 / s) ** 3)))  # keep 8192 short
         row = {"size": s, "torch": time_torch(torch, a, b, n_inner, reps)}
-        for kern in (["tma"] if with_tma else []) + ["wgmma"]:
+        for kern in (["tma", "tma_nn"] if with_tma else []) + ["wgmma"]:
             try:
                 row[kern], row[kern + "_used"] = time_needle(nd, dev, a, b, dtype, kern,
                                                              n_inner, reps)
@@ -339,7 +345,7 @@ def timing(torch, nd, dev, sizes, with_tma: bool, inner: int, reps: int, dtype: 
                 print(f"  needle {kern} at {s}: {type(e).__name__}: {e}")
                 row[kern] = float("nan")
         line = f"{s}: torch {row['torch'] * 1e3:8.1f} us {flop / row['torch'] / 1e9:6.0f} TFLOP/s"
-        for kern in ("tma", "wgmma"):
+        for kern in ("tma", "tma_nn", "wgmma"):
             if kern in row:
                 t = row[kern]
                 line += (f" | {kern} {t * 1e3:8.1f} us {flop / t / 1e9:6.0f} TFLOP/s "
@@ -395,10 +401,10 @@ def main() -> int:
     f16 = timing(torch, nd, dev, [4096], with_tma, args.inner, args.reps, "float16")
 
     print("\n== summary (bf16 unless noted; TFLOP/s, ratio to torch)")
-    print(f"{'size':>6} {'torch':>7} {'tma':>13} {'wgmma':>13}")
+    print(f"{'size':>6} {'torch':>7} {'tma (A.Bt)':>13} {'tma_nn (A.B)':>13} {'wgmma':>13}")
     for r, note in [(r, "") for r in rows] + [(r, " f16") for r in f16]:
         print(f"{r['size']:>6} {2.0 * r['size'] ** 3 / r['torch'] / 1e9:7.0f} "
-              f"{_cell(r, 'tma')} {_cell(r, 'wgmma')}{note}")
+              f"{_cell(r, 'tma')} {_cell(r, 'tma_nn')} {_cell(r, 'wgmma')}{note}")
     print("TMA smoke:", "ok" if with_tma else "FAILED/HUNG (see above)")
     print("correctness:", "all ok" if not failures else f"{len(failures)} FAILED: {failures}")
     return 0 if with_tma and not failures else 1

@@ -105,39 +105,11 @@ if has sass; then  # are the matrix instructions we meant there? (HOPPER.md)
   done
 fi
 
-if has profile; then  # where does an MLP training step spend its time: host or device?
-  timeout 120 $PY - <<'EOF' 2>&1 | tee "$OUT/profile.txt" | tail -45
-import cProfile, pstats, time, numpy as np
-import needle.backend_ndarray as nd
-from needle import nn, optim
-from needle.autograd import Tensor
-dev = nd.cuda()
-be = dev.backend
-rng = np.random.default_rng(0)
-model = nn.Sequential(nn.Linear(784, 1024, device=dev), nn.ReLU(), nn.Linear(1024, 1024, device=dev),
-                      nn.ReLU(), nn.Linear(1024, 10, device=dev))
-loss_fn, opt = nn.SoftmaxLoss(), None
-opt = optim.Adam(model.parameters(), lr=1e-3)
-x = Tensor(rng.standard_normal((512, 784), dtype=np.float32), device=dev, requires_grad=False)
-y = Tensor(rng.integers(0, 10, 512), device=dev, requires_grad=False)
-def step():
-    opt.zero_grad(); loss = loss_fn(model(x), y); loss.backward(); opt.step()
-for _ in range(5): step()
-be.synchronize()
-t = time.perf_counter()
-for _ in range(20): step()
-be.synchronize()
-wall = (time.perf_counter() - t) / 20
-with be.profile() as prof:
-    for _ in range(20): step()
-print(f"MLP step: wall {wall*1e3:.3f} ms, device {prof.total_ms/20:.3f} ms, "
-      f"{sum(t.calls for t in prof.totals.values())/20:.0f} kernels per step")
-print(prof.table(15))
-pr = cProfile.Profile(); pr.enable()
-for _ in range(20): step()
-be.synchronize(); pr.disable()
-pstats.Stats(pr).sort_stats("tottime").print_stats(14)
-EOF
+if has profile; then  # host or device: where do the MLP step and a 4096² sum spend time?
+  for c in mlp sum; do
+    timeout 120 $PY scripts/profile_host.py --device cuda --case $c --calls 20 --top 16 2>&1 \
+        | tee "$OUT/profile_$c.txt" | head -48
+  done
 fi
 
 if has bench; then

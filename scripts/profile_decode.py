@@ -101,6 +101,12 @@ def main() -> None:
     on_device = (time.perf_counter() - t) / n
     print(f"greedy_step (argmax in the graph): {on_device * 1e3:.3f} ms/step = "
           f"{1 / on_device:.0f} tok/s")
+    decoder.rewind(129)
+    t = time.perf_counter()
+    tokens = list(decoder.greedy_stream(token, n))
+    streamed = (time.perf_counter() - t) / n
+    print(f"greedy_stream (one step queued ahead): {streamed * 1e3:.3f} ms/step = "
+          f"{1 / streamed:.0f} tok/s ({len(tokens)} tokens)")
     limit = m.streamed_bytes() / 1e9
     print(f"graph replay: {replay * 1e3:.3f} ms/step; with greedy sampling {sampled * 1e3:.3f} "
           f"ms/step = {1 / sampled:.0f} tok/s; weights {limit:.3f} GB "

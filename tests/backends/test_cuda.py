@@ -7,6 +7,8 @@ Without a GPU only the first test runs: cuda() must say why it is disabled.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -287,6 +289,67 @@ def test_graph_capture_replays_with_new_inputs():
     graph.close()
 
 
+def _programmatic_edges(graph) -> int | None:
+    """How many of a captured graph's dependencies are programmatic (PDL) edges; None where
+    these cuda-bindings cannot list edge types."""
+    from needle.backends.cuda.driver import cu
+
+    try:
+        count = cu.cuGraphGetEdges(graph.graph)[-1]
+        err, _, _, data, count = cu.cuGraphGetEdges(graph.graph, count)
+    except (TypeError, ValueError):
+        return None
+    assert err == 0, err
+    kind = cu.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+    return sum(1 for d in data[:count] if d is not None and d.type == kind)
+
+
+@gpu
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no_pdl"])
+def test_graph_of_dependent_kernels_replays_right_with_and_without_pdl(pdl):
+    """On sm_90+ a capture launches kernels with programmatic stream serialization: each may
+    be scheduled while its predecessor runs and waits for it at entry (pdl_entry). A chain of
+    ~50 dependent kernels of different shapes (matmul, row sums, broadcasts, in-place
+    updates) replays to the eager result, every time; the graph has programmatic edges
+    exactly when the queue uses PDL."""
+    be = DEV.backend
+    with be.capture():  # the queue decides at its first capture
+        pass
+    assert be.queue.pdl == ("pdl" in be.device.features and
+                            os.environ.get("NEEDLE_PDL", "1") != "0")
+    if pdl and not be.queue.pdl:
+        pytest.skip("no programmatic dependent launch here (needs sm_90+; NEEDLE_PDL=0 "
+                    "turns it off)")
+    x = on(RNG.standard_normal((384, 512)).astype(np.float32))
+    w = on((RNG.standard_normal((512, 512)) / 16).astype(np.float32))
+
+    def chain():
+        y = x
+        for _ in range(8):
+            y = (y @ w).relu() + 0.5
+            y = y - y.sum(axis=1, keepdims=True) / 512.0
+        out = y.sum(axis=0)
+        out += 1.0
+        return out
+
+    want = chain().numpy()
+    saved = be.queue.pdl
+    be.queue.pdl = pdl
+    try:
+        with be.capture() as graph:
+            got = chain()
+    finally:
+        be.queue.pdl = saved
+    assert graph.kernels >= 40
+    edges = _programmatic_edges(graph)
+    if edges is not None:
+        assert (edges > 0) == pdl, edges
+    for _ in range(3):
+        graph.replay()
+        np.testing.assert_allclose(got.numpy(), want, rtol=2e-5, atol=2e-4)
+    graph.close()
+
+
 @gpu
 def test_host_reads_are_refused_inside_a_capture():
     be = DEV.backend
@@ -344,49 +407,55 @@ tma = pytest.mark.skipif(not _has_tma(), reason="needs a Hopper GPU (device feat
 _TMA_TOL = {"bfloat16": 1e-2, "float16": 2e-3}
 
 
-def _tma_product(a, b, dtype, poison=True):
+def _tma_product(a, b, dtype, poison=True, n_major=False):
     """A[z] @ B[z]^T through GpuBackend.matmul into an output poisoned with NaN; a (batch, m,
-    n) and b (batch, p, n) numpy arrays (the TMA kernel's own layouts). Returns the result
+    n) and b (batch, p, n) numpy arrays (the TMA kernel's own layouts). With ``n_major`` B
+    is stored as (batch, n, p) and passed untransposed (matmul_tma_nn). Returns the result
     and the names of the kernels that ran."""
     batch, m, n = a.shape
     p = b.shape[1]
-    A, B = on(a, dtype), on(b, dtype)
+    A = on(a, dtype)
+    B = on(np.ascontiguousarray(b.transpose(0, 2, 1)) if n_major else b, dtype)
     out = nd.NDArray.make((batch, m, p), device=DEV, dtype=dtype)
     if poison:
         out.fill(np.nan)
     with DEV.backend.profile() as prof:
         DEV.backend.matmul(A.handle, B.handle, out.handle, m, n, p, batch=batch,
-                           stride_a=m * n, stride_b=p * n, transpose_b=True)
+                           stride_a=m * n, stride_b=p * n, transpose_b=not n_major)
         got = out.numpy()
     return got, set(prof.totals)
 
 
 @tma
+@pytest.mark.parametrize("n_major", [False, True], ids=["b_k_major", "b_n_major"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("m,n,p,batch", [(128, 64, 256, 1), (200, 72, 264, 1), (130, 136, 264, 3),
-                                         (1000, 520, 776, 2), (128, 4096, 512, 1)])
-def test_tma_matmul_matches_float64(dtype, m, n, p, batch):
-    """Exact tiles, ragged edges in m, n and p (partly zero-filled boxes; k-tiles past n),
-    batches: every output element written (NaN poison) and the product right."""
+                                         (1000, 520, 776, 2), (128, 4096, 512, 1),
+                                         (256, 192, 328, 1)])
+def test_tma_matmul_matches_float64(dtype, m, n, p, batch, n_major):
+    """Exact tiles, ragged edges in m, n and p (partly and, for N-major B, wholly zero-filled
+    boxes; k-tiles past n), batches: every output element written (NaN poison) and the
+    product right, for B stored K-major (matmul_tma) and N-major (matmul_tma_nn)."""
     npdt = nd.dtypes.to_numpy_dtype(dtype)
     a = RNG.standard_normal((batch, m, n)).astype(npdt)
     b = RNG.standard_normal((batch, p, n)).astype(npdt)
-    got, kernels = _tma_product(a, b, dtype)
-    assert f"matmul_tma_{_SFX[dtype]}" in kernels, kernels
+    got, kernels = _tma_product(a, b, dtype, n_major=n_major)
+    assert f"matmul_tma_{'nn_' if n_major else ''}{_SFX[dtype]}" in kernels, kernels
     assert not np.isnan(got.astype(np.float32)).any()
     want = a.astype(np.float64) @ b.astype(np.float64).transpose(0, 2, 1)
     assert relerr(got, want) < _TMA_TOL[dtype]
 
 
 @tma
+@pytest.mark.parametrize("n_major", [False, True], ids=["b_k_major", "b_n_major"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_tma_matmul_4096_sampled(dtype):
+def test_tma_matmul_4096_sampled(dtype, n_major):
     npdt = nd.dtypes.to_numpy_dtype(dtype)
     n = 4096
     a = RNG.standard_normal((1, n, n), dtype=np.float32).astype(npdt)
     b = RNG.standard_normal((1, n, n), dtype=np.float32).astype(npdt)
-    got, kernels = _tma_product(a, b, dtype)
-    assert f"matmul_tma_{_SFX[dtype]}" in kernels, kernels
+    got, kernels = _tma_product(a, b, dtype, n_major=n_major)
+    assert f"matmul_tma_{'nn_' if n_major else ''}{_SFX[dtype]}" in kernels, kernels
     assert not np.isnan(got.astype(np.float32)).any()
     rows = np.sort(RNG.choice(n, 96, replace=False))
     want = a[0, rows].astype(np.float64) @ b[0].astype(np.float64).T
@@ -401,10 +470,15 @@ def test_tma_matmul_4096_sampled(dtype):
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("m,n,p,batch", [(200, 136, 264, 2), (384, 256, 512, 1)])
 def test_tma_matmul_through_ndarray(dtype, ta, tb, m, n, p, batch):
-    """NDArray @ with transposed operands (copied or passed as they are) takes the TMA kernel."""
+    """NDArray @ with transposed operands (copied or passed as they are) takes a TMA kernel:
+    B stored transposed is K-major (matmul_tma), B as written is N-major (matmul_tma_nn,
+    no copy of B)."""
     with DEV.backend.profile() as prof:
         got, want = _mm_case(m, n, p, dtype, ta, tb, batch=batch)
-    assert f"matmul_tma_{_SFX[dtype]}" in prof.totals, prof.table()
+    assert f"matmul_tma_{'' if tb else 'nn_'}{_SFX[dtype]}" in prof.totals, prof.table()
+    if not ta and not tb:
+        assert not any(k.startswith(("compact", "transpose")) for k in prof.totals), \
+            prof.table()
     assert relerr(got, want) < _TMA_TOL[dtype]
 
 
@@ -432,7 +506,7 @@ def test_tma_matmul_falls_back_for_broadcast_small_and_on_request(monkeypatch):
     monkeypatch.delenv("NEEDLE_GEMM")
     with DEV.backend.profile() as prof:
         got2 = (on(b[0], "bfloat16").T @ on(b[1], "bfloat16")).numpy()
-    assert "matmul_tma_bf16" in prof.totals, prof.table()
+    assert "matmul_tma_nn_bf16" in prof.totals, prof.table()
     assert relerr(got2, got) < 1e-2
 
 

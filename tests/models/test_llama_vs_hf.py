@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import needle.backend_ndarray as nd
+from needle.errors import GenerationError
 from needle.models import Sampler, load_pretrained
 
 from .hf_models import build, reference_logits
@@ -84,6 +86,58 @@ def test_greedy_step_on_the_device(checkpoints, device):
     mine = decoder.greedy_step(7)
     decoder.rewind(len(PROMPT) + 3)
     assert mine == greedy(decoder.step(7).numpy())
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_greedy_stream_matches_greedy_steps_and_undoes_the_step_ahead(checkpoints, device):
+    """``Decoder.greedy_stream`` (one step queued ahead of the host's read) yields what
+    ``greedy_step`` returns one call at a time; stopping early leaves the decoder as if only
+    the tokens taken had been stepped; running out of room raises after the last token."""
+    directory, _ = checkpoints("llama")
+    model = load_pretrained(directory, device=device, dtype="float32", max_seq_len=24)
+    decoder = model.decoder()
+    first = Sampler()(decoder.prefill(PROMPT))
+    room = 24 - len(PROMPT)
+    expected, token = [], first
+    for _ in range(room):
+        token = decoder.greedy_step(token)
+        expected.append(token)
+    decoder.prefill(PROMPT)
+    assert list(decoder.greedy_stream(first, 12)) == expected[:12]
+    assert decoder.length == len(PROMPT) + 12
+    assert decoder.last_logits.numpy().reshape(-1).argmax() == expected[11]
+    # stop after 5 tokens: the step queued ahead is undone, plain steps carry on from there
+    decoder.prefill(PROMPT)
+    steps = decoder.greedy_stream(first, 12)
+    taken = [next(steps) for _ in range(5)]
+    steps.close()
+    assert taken == expected[:5]
+    assert decoder.length == len(PROMPT) + 5
+    assert decoder.greedy_step(taken[-1]) == expected[5]
+    # a second stream continues the sequence
+    assert list(decoder.greedy_stream(expected[5], 3)) == expected[6:9]
+    # 24 positions: 16 steps fit after the 8-token prompt, then the cache is full
+    decoder.prefill(PROMPT)
+    got = []
+    with pytest.raises(GenerationError, match="full"):
+        for t in decoder.greedy_stream(first, room + 3):
+            got.append(t)
+    assert got == expected[:room] and decoder.length == 24
+    assert list(decoder.greedy_stream(first, 0)) == []
+
+
+def test_numpy_later_reads_the_value_at_the_call(device):
+    """``NDArray.numpy_later`` returns the array as it was when called, even if work queued
+    afterwards changes it before the result is asked for."""
+    x = nd.array(np.arange(6, dtype=np.int32).reshape(2, 3), device=device)
+    first = x.numpy_later()
+    column = x[:, 1].numpy_later()  # strided: compacted on the device first
+    x[...] = 7
+    later = x.numpy_later()
+    np.testing.assert_array_equal(first(), np.arange(6).reshape(2, 3))
+    np.testing.assert_array_equal(column(), [1, 4])
+    np.testing.assert_array_equal(later(), np.full((2, 3), 7))
+    assert first().dtype == np.int32 and column().shape == (2,)
 
 
 @pytest.mark.parametrize("dtype,tol", [("bfloat16", 0.05), ("float16", 0.01)])

@@ -185,6 +185,17 @@ class NDArray:
         """A numpy copy of the array (waits for queued device work)."""
         return self._be.to_numpy(self._handle, self._shape, self._strides, self._offset)
 
+    def numpy_later(self):
+        """Start copying the array to the host without waiting: returns a function that
+        waits for the copy and returns what ``numpy()`` would have returned at this call.
+        Device work queued in between may run while the copy completes (on CUDA, small
+        arrays; elsewhere the copy happens at once)."""
+        later = getattr(self._be, "to_numpy_later", None)
+        if later is None:
+            out = self.numpy()
+            return lambda: out
+        return later(self._handle, self._shape, self._strides, self._offset)
+
     def __array__(self, dtype=None, copy=None):
         out = self.numpy()
         return out.astype(dtype) if dtype is not None else out
@@ -655,34 +666,42 @@ class NDArray:
 
     # --- reductions ----------------------------------------------------------------------
     def _reduce(self, name: str, axis, keepdims: bool, out_dtype=None) -> NDArray:
-        axes = _normalize_axes(axis, self.ndim)
-        if self.ndim == 0:
-            axes = ()
-        out_shape = tuple(1 if i in axes else d for i, d in enumerate(self._shape))
-        reduce_size = _prod(self._shape[i] for i in axes)
+        shape = self._shape
+        ndim = len(shape)
+        if type(axis) is int and -ndim <= axis < ndim:  # the common case, checked cheaply
+            axes = (axis % ndim,)
+        else:
+            axes = _normalize_axes(axis, ndim)
+            if not ndim:
+                axes = ()
+        reduce_size = 1
+        for i in axes:
+            reduce_size *= shape[i]
+        dtype = self._handle.dtype
         if reduce_size == 0 and name != "sum":
             raise ShapeError(f"{name}() of an empty axis has no identity; "
-                             f"array shape {self.shape}, axes {axes}")
-        if self.dtype == "bool" and name in ("max", "min"):
+                             f"array shape {shape}, axes {axes}")
+        if dtype == "bool" and name in ("max", "min"):
             return self.astype("int32")._reduce(name, axis, keepdims).astype("bool")
-        keep = [i for i in range(self.ndim) if i not in axes]
         # reduce a contiguous block of axes in place when possible, else permute them last
-        if axes and list(axes) == list(range(axes[0], axes[-1] + 1)):
-            src = self.compact()
-            outer = _prod(self._shape[: axes[0]])
-            inner = _prod(self._shape[axes[-1] + 1:])
+        if axes and axes[-1] - axes[0] == len(axes) - 1 and list(axes) == sorted(axes):
+            src = self if self._is_plain() else self.copy()
+            outer = _prod(shape[: axes[0]])
+            inner = _prod(shape[axes[-1] + 1:])
         else:
+            keep = [i for i in range(ndim) if i not in axes]
             src = self.permute(keep + list(axes)).compact()
-            outer, inner = _prod(self._shape[i] for i in keep), 1
-        dt = out_dtype or ("int64" if self.dtype == "bool" and name == "sum" else self.dtype)
-        out = NDArray.make(out_shape, device=self.device, dtype=dt)
-        if self.size == 0:
+            outer, inner = _prod(shape[i] for i in keep), 1
+        dt = out_dtype or ("int64" if dtype == "bool" and name == "sum" else dtype)
+        # the result is made in its final shape: with or without the reduced axes, a fresh
+        # compact array of the same elements
+        out = self._fresh(tuple(1 if i in axes else d for i, d in enumerate(shape)) if keepdims
+                          else tuple(d for i, d in enumerate(shape) if i not in axes), dt)
+        if outer * reduce_size * inner == 0:
             out.fill(0)
         else:
             getattr(self._be, "reduce_" + name)(src._handle, out._handle, outer, reduce_size,
                                                 inner)
-        if not keepdims:
-            out = out.reshape(tuple(d for i, d in enumerate(self._shape) if i not in axes))
         return out
 
     def sum(self, axis=None, keepdims: bool = False) -> NDArray:

@@ -239,6 +239,18 @@ class GpuBackend:
         self.queue.copy_to_host(tmp.buffer, 0, result.reshape(-1))
         return result
 
+    def to_numpy_later(self, a: GpuArray, shape, strides, offset):
+        """Start ``to_numpy``; returns a function that waits for the copy and returns it."""
+        dtype = to_numpy_dtype(a.dtype)
+        size = int(np.prod(shape, dtype=np.int64))
+        if not self._is_contiguous(shape, strides) and size:
+            tmp = self._new_array(size, a.dtype)
+            self.compact(a, tmp, shape, strides, offset)
+            a, offset = tmp, 0
+        read = self.queue.copy_to_host_later(a.buffer, offset * ITEMSIZE[a.dtype],
+                                             size * ITEMSIZE[a.dtype])
+        return lambda: read().view(dtype).reshape(tuple(shape))
+
     @staticmethod
     def _is_contiguous(shape, strides) -> bool:
         s = _simplify(shape, strides)
@@ -525,17 +537,18 @@ class GpuBackend:
                                transpose_b)
 
     def _wgmma(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> None:
-        """Hopper warpgroup MMA: A as (m, n) and B as (p, n) row-major (both K-major)."""
+        """Hopper warpgroup MMA: A as (m, n) row-major; B as (p, n) row-major (K-major), or,
+        for the TMA kernel only, as (n, p) row-major (N-major: A @ B needs no copy of B)."""
         a, stride_a = self._untranspose(a, m, n, batch, stride_a, ta)
-        b, stride_b = self._untranspose(b, p, n, batch, stride_b, not tb)
         # TMA: operands at least one box (128 x 64 of A, 256 x 64 of B) large, so no box
         # overhangs a whole dimension; smaller products are better served by 128-wide tiles
         if ("tma" in self.device.features and os.environ.get("NEEDLE_GEMM") != "wgmma"
                 and m >= 128 and p >= 256 and n >= 64
                 and (batch == 1 or stride_a >= m * n and stride_b >= p * n)
                 and _aligned16(a.buffer) and _aligned16(b.buffer)
-                and self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b)):
+                and self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b, tb)):
             return
+        b, stride_b = self._untranspose(b, p, n, batch, stride_b, not tb)
         tile = os.environ.get("NEEDLE_WGMMA_TILE")
         wide = _cdiv(m, 128) * _cdiv(p, 256) * batch >= self.device.compute_units
         nsub = 2 if tile == "256" or (tile is None and wide) else 1  # small: more groups
@@ -544,9 +557,10 @@ class GpuBackend:
         self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
                            (128, 128 * nsub), 256, shared, False, True)
 
-    def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b) -> bool:
+    def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b, tb: bool) -> bool:
         """Feature "tma" (gemm_tma.cu): 128x256 tiles, a TMA producer warpgroup and two wgmma
-        consumer warpgroups; A (m, n) and B (p, n) row-major, described by tensor maps.
+        consumer warpgroups; A (m, n) row-major, B (p, n) row-major when ``tb`` (K-major:
+        matmul_tma) or (n, p) row-major (N-major: matmul_tma_nn), described by tensor maps.
         False (nothing launched) when the operands cannot be described: use another kernel."""
         from .cuda.tensor_map import matrix_map
 
@@ -565,17 +579,20 @@ class GpuBackend:
                 av = a.buffer if z0 == 0 else a.buffer.view(z0 * stride_a * item, 0)
                 bv = b.buffer if z0 == 0 else b.buffer.view(z0 * stride_b * item, 0)
                 ov = out.buffer if z0 == 0 else out.buffer.view(z0 * m * p * item, 0)
+                b_map = (matrix_map(b.dtype, bv.handle + bv.offset, p, n, nb, stride_b, 256)
+                         if tb else  # N-major: boxes of 64 k-rows x 64 columns
+                         matrix_map(b.dtype, bv.handle + bv.offset, n, p, nb, stride_b, 64))
                 maps = (matrix_map(a.dtype, av.handle + av.offset, m, n, nb, stride_a, 128),
-                        matrix_map(b.dtype, bv.handle + bv.offset, p, n, nb, stride_b, 256))
+                        b_map)
                 launches.append((nb, (av, bv, ov), maps))
         except DeviceError:
             return False
-        k = self._kernel("gemm_tma", f"matmul_tma_{SUFFIX[a.dtype]}")
+        k = self._kernel("gemm_tma", f"matmul_tma_{'' if tb else 'nn_'}{SUFFIX[a.dtype]}")
         k.check_threads(384)
         k.reserve_shared(shared)
         tiles = _cdiv(m, 128) * _cdiv(p, 256)  # one grid axis: the kernel orders the tiles
         for nb, bufs, maps in launches:
-            params = _MATMUL.pack(m, n, p, nb, stride_a, stride_b, 0, 1, 1, 0)
+            params = _MATMUL.pack(m, n, p, nb, stride_a, stride_b, 0, int(tb), 1, 0)
             self.queue.dispatch(k, (tiles, 1, nb), (384, 1, 1), bufs, params, shared,
                                 raw_args=maps)
         return True

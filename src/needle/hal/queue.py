@@ -1,7 +1,8 @@
 """Queue: the device's in-order stream of work (CUDA: a CUstream; Metal: an MTLCommandQueue).
 
 Everything is asynchronous: ``dispatch`` and device-side copies enqueue and return. The
-host waits only in ``copy_to_host`` (it needs the data) and ``synchronize``. One queue per
+host waits only in ``copy_to_host`` (it needs the data) and ``synchronize``;
+``copy_to_host_later`` starts a read whose wait comes later. One queue per
 device keeps every operation in program order, which is what lets the allocator recycle a
 buffer as soon as its last user is *queued* rather than finished.
 
@@ -12,7 +13,7 @@ Dispatch ABI (docs/kernels.md): ``buffers`` are the kernel's buffer arguments in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -44,6 +45,16 @@ class Queue:
         """Copy ``dst.nbytes`` bytes from ``src`` at ``src_offset`` into the contiguous
         array ``dst``, after all queued work; returns when the data is there."""
         raise NotImplementedError
+
+    def copy_to_host_later(self, src: Buffer, src_offset: int,
+                           nbytes: int) -> Callable[[], np.ndarray]:
+        """Start reading ``nbytes`` bytes of ``src`` at ``src_offset``, after all queued work,
+        without waiting for them: returns a function that waits and returns the bytes (a new
+        uint8 array). Work queued afterwards may run meanwhile; it does not change what is
+        read. This default reads at once; backends with asynchronous copies override it."""
+        out = np.empty(nbytes, np.uint8)
+        self.copy_to_host(src, src_offset, out)
+        return lambda: out
 
     def copy(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int,
              nbytes: int) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections import deque
+from collections.abc import Iterator
 
 from ..errors import GenerationError
 from .llama import DecodeState, KVCache
@@ -91,6 +93,47 @@ class Decoder:
         self._on_device = (chosen, self.length)
         self.last_logits = logits
         return chosen
+
+    def greedy_stream(self, token: int, count: int) -> Iterator[int]:
+        """Up to ``count`` greedy tokens after ``token``: what ``count`` calls of
+        ``greedy_step`` would return, with the device one step ahead of the host.
+
+        Each step is queued before the previous step's token is read (an asynchronous read
+        where the backend has one), so the device does not sit idle while the host reads a
+        token, checks it and queues the next replay. When the caller stops early (a stop
+        token; close the iterator, or let it go), the step queued ahead is undone: the
+        decoder is left as if ``greedy_step`` had been called once per token received.
+        ``last_logits`` is that of the newest step queued (None after an undo).
+        """
+        if count <= 0:
+            return
+        ahead: deque = deque()  # pending reads of the tokens of queued steps, oldest first
+
+        def queue_step(first: int | None = None) -> None:
+            self._check_room()
+            if first is not None and self._on_device != (first, self.length):
+                self.state.set(first, self.length)
+            self.length += 1
+            self.last_logits = self._run("greedy", self._greedy_body)
+            ahead.append(self.state.token.numpy_later())
+
+        try:
+            queue_step(token)
+            for i in range(count):
+                if i + 1 < count and self.length < self.cache.capacity:
+                    queue_step()  # the next step reads its token from the device
+                chosen = int(ahead.popleft()().reshape(-1)[0])
+                self._on_device = (chosen, self.length) if not ahead else None
+                yield chosen
+                if i + 1 < count and not ahead:
+                    queue_step(chosen)  # no room was left to queue ahead: raises
+        finally:
+            if ahead:  # steps queued beyond the tokens taken: undo them
+                for read in ahead:
+                    read()
+                self.length -= len(ahead)
+                self._on_device = None
+                self.last_logits = None
 
     def _greedy_body(self):
         """The decode step, then the argmax into the token buffer and position + 1."""

@@ -130,15 +130,31 @@ def stream(model, prompt, max_new_tokens: int, temperature: float = 0.0,
     start = time.perf_counter()
     token = sampler(decoder.prefill(ids))
     stats.prefill_tokens, stats.prefill_seconds = len(ids), time.perf_counter() - start
-    for produced in range(1, max_new_tokens + 1):
+    yield token
+    if token in stop_ids or max_new_tokens == 1:
+        return
+    if sampler.greedy:  # the choice made on the device, one step queued ahead of the host
+        steps = decoder.greedy_stream(token, max_new_tokens - 1)
+    else:
+        steps = _sampled(decoder, sampler, token, max_new_tokens - 1)
+    try:
+        for _ in range(max_new_tokens - 1):
+            start = time.perf_counter()
+            token = next(steps)
+            stats.decode_tokens += 1
+            stats.decode_seconds += time.perf_counter() - start
+            yield token
+            if token in stop_ids:
+                return
+    finally:
+        steps.close()  # undoes a step queued ahead of a stop
+
+
+def _sampled(decoder, sampler: Sampler, token: int, count: int) -> Iterator[int]:
+    """``count`` tokens, each sampled on the host from the step fed the previous one."""
+    for _ in range(count):
+        token = sampler(decoder.step(token))
         yield token
-        if token in stop_ids or produced == max_new_tokens:
-            return
-        start = time.perf_counter()
-        token = (decoder.greedy_step(token) if sampler.greedy
-                 else sampler(decoder.step(token)))
-        stats.decode_tokens += 1
-        stats.decode_seconds += time.perf_counter() - start
 
 
 def generate(model, prompt, max_new_tokens: int, temperature: float = 0.0,

@@ -59,6 +59,10 @@ class CudaDevice(Device):
             # TMA loads + warp-specialized wgmma (gemm_tma.cu); NEEDLE_GEMM=wgmma per call
             # takes the cp.async kernel instead
             features.add("tma")
+        if int("".join(c for c in self.executables.arch if c.isdigit())) >= 90:
+            # kernels built for sm_90+ wait for their predecessor at entry (common.cuh's
+            # pdl_entry), so captured graphs may overlap each launch with the previous kernel
+            features.add("pdl")
         self.features = frozenset(features)
 
     def describe(self) -> str:

@@ -9,11 +9,19 @@ block is reused by the next launch.
 Arguments larger than a slot that follow the params struct (``raw_args``: a TMA tensor map,
 128 bytes passed by value) get their own 64-byte-aligned places in a second block and a
 ``void*[]`` array built for that launch; the common path does not change.
+
+Inside a graph capture on sm_90+ (device feature "pdl"; ``NEEDLE_PDL=0`` turns it off),
+kernels are launched with programmatic stream serialization (cuLaunchKernelEx): each kernel
+of the captured sequence may be scheduled while its predecessor finishes, and waits for it
+at its first line (``pdl_entry`` in common.cuh, called by every kernel). A decode step of
+~180 small kernels saves most of the per-kernel launch gap this way. Eager launches keep
+cuLaunchKernel: they are bound by host time, where the cheaper call matters more.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 from contextlib import contextmanager
 
@@ -28,6 +36,24 @@ _SCRATCH = 8 * _SLOTS
 _PACK = [struct.Struct(f"{n}Q") for n in range(_SLOTS)]
 _RAW_ALIGN = 64  # CUtensorMap's alignment; every raw argument starts on such a boundary
 _RAW_SCRATCH = 1024
+_PINNED_SLOT = 256  # copy_to_host_later: reads this small go through page-locked slots
+_PINNED_SLOTS = 64
+
+
+class _PendingRead:
+    """A read started by copy_to_host_later: calling it waits and returns the bytes."""
+
+    __slots__ = ("_event", "_view", "_data")
+
+    def __init__(self, event, view: np.ndarray):
+        self._event, self._view, self._data = event, view, None
+
+    def __call__(self) -> np.ndarray:
+        if self._data is None:
+            self._event.synchronize()
+            self._data = self._view.copy()  # the slot may be reused once this returns
+            self._event = self._view = None
+        return self._data
 
 
 class CudaEvent(Event):
@@ -97,6 +123,12 @@ class CudaQueue(Queue):
         self._view = memoryview(self._scratch).cast("B")
         self._raw = self._raw_argv = None  # raw-argument block, made at the first use
         self.capturing: CudaGraph | None = None
+        self.pdl: bool | None = None  # PDL in captures; decided at the first capture (the
+        # device's features are not known yet while it builds its queue)
+        self._pdl_config = None  # the CUlaunchConfig of PDL launches, made at the first use
+        self._pinned = None  # page-locked slots of copy_to_host_later, made at the first use
+        self._pinned_reads: list = [None] * _PINNED_SLOTS
+        self._pinned_next = 0
 
     # --- launches ------------------------------------------------------------------------
     def dispatch(self, kernel, groups, threads, buffers, params=b"", shared_bytes=0,
@@ -150,12 +182,32 @@ class CudaQueue(Queue):
     def _launch(self, kernel, groups, threads, args: bytes, shared_bytes: int,
                 argv: int) -> None:
         self._view[:len(args)] = args
-        err = cu.cuLaunchKernel(kernel.handle, groups[0], groups[1], groups[2], threads[0],
-                                threads[1], threads[2], shared_bytes, self.stream, argv, 0)[0]
+        if self.capturing is not None and self.pdl:
+            err = self._launch_pdl(kernel, groups, threads, shared_bytes, argv)
+        else:
+            err = cu.cuLaunchKernel(kernel.handle, groups[0], groups[1], groups[2], threads[0],
+                                    threads[1], threads[2], shared_bytes, self.stream, argv,
+                                    0)[0]
         if err != 0:
             raise KernelLaunchError(f"launching {kernel.name} with groups={groups} "
                                     f"threads={threads} shared={shared_bytes} failed: "
                                     f"{error_text(err)}")
+
+    def _launch_pdl(self, kernel, groups, threads, shared_bytes: int, argv: int):
+        """cuLaunchKernelEx with programmatic stream serialization (see the module notes)."""
+        cfg = self._pdl_config
+        if cfg is None:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            cfg = self._pdl_config = cu.CUlaunchConfig()
+            cfg.attrs = [attr]
+            cfg.numAttrs = 1
+            cfg.hStream = self.stream
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = groups
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads
+        cfg.sharedMemBytes = shared_bytes
+        return cu.cuLaunchKernelEx(cfg, kernel.handle, argv, 0)[0]
 
     # --- copies --------------------------------------------------------------------------
     def copy_from_host(self, dst, dst_offset: int, src: np.ndarray) -> None:
@@ -186,6 +238,32 @@ class CudaQueue(Queue):
         self.synchronize()
         if span:
             span.__exit__(None, None, None)
+
+    def copy_to_host_later(self, src, src_offset: int, nbytes: int):
+        """Small reads (a sampled token) go through a ring of page-locked slots: an
+        asynchronous copy there plus an event, so the host waits for this copy only, not for
+        work queued after it (a copy to pageable memory would wait for the whole stream)."""
+        if nbytes > _PINNED_SLOT or self.capturing is not None:
+            return super().copy_to_host_later(src, src_offset, nbytes)
+        if self._pinned is None:
+            size = _PINNED_SLOT * _PINNED_SLOTS
+            address = check(cu.cuMemHostAlloc(size, 0), "cuMemHostAlloc")
+            self._pinned = np.frombuffer((ctypes.c_ubyte * size).from_address(int(address)),
+                                         np.uint8)
+        slot = self._pinned_next
+        self._pinned_next = (slot + 1) % _PINNED_SLOTS
+        previous = self._pinned_reads[slot]
+        if previous is not None:  # 64 reads ago, normally collected long since
+            previous()
+        view = self._pinned[slot * _PINNED_SLOT:slot * _PINNED_SLOT + nbytes]
+        if nbytes:
+            check(cu.cuMemcpyDtoHAsync(view.ctypes.data, src.handle + src.offset + src_offset,
+                                       nbytes, self.stream), "cuMemcpyDtoHAsync",
+                  KernelLaunchError)
+        event = self.event()
+        event.record()
+        read = self._pinned_reads[slot] = _PendingRead(event, view)
+        return read
 
     def copy(self, src, src_offset: int, dst, dst_offset: int, nbytes: int) -> None:
         if nbytes:
@@ -229,6 +307,9 @@ class CudaQueue(Queue):
         if self.capturing is not None:
             raise DeviceError("a graph is already being captured on this queue")
         graph = CudaGraph(self)
+        if self.pdl is None:
+            self.pdl = ("pdl" in self.device.features
+                        and os.environ.get("NEEDLE_PDL", "1") != "0")
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
         with self.device.allocator.private_pool(f"graph@{id(graph):x}") as pool:
             graph.pool = pool

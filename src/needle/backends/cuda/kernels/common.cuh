@@ -12,6 +12,20 @@ struct half_t { unsigned short bits; };
 struct bf16_t { unsigned short bits; };
 
 struct NParams { i64 n; };
+
+// ---- programmatic dependent launch (sm_90+) ------------------------------------------------
+// Every kernel calls pdl_entry() first. Launched with the programmatic-serialization attribute
+// (CudaQueue does so inside graph captures on sm_90+), a kernel may be scheduled while the
+// previous kernel in the stream is still running; griddepcontrol.wait then blocks until that
+// kernel has completed and its writes are visible, so nothing before it touches memory.
+// launch_dependents lets the next kernel be scheduled in turn (it waits the same way).
+// Launched without the attribute, or below sm_90, both are no-ops.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 template <class S> struct SParams { i64 n; S value; };
 
 // ---- compute types: what a storage type is loaded as, and the scalar param type --------

@@ -140,39 +140,47 @@ template <> __device__ __forceinline__ int scalar_value<b8>(int v) { return v !=
 #define ARITH(OP, F, SFX, T)                                                                   \
   extern "C" __global__ void ewise_##OP##_##SFX(const T* __restrict__ a, const T* __restrict__ b, \
                                                 T* __restrict__ out, NParams p) {              \
+    pdl_entry();                                                                               \
     map2(a, b, out, p.n, Arith2<T, F>());                                                      \
   }                                                                                            \
   extern "C" __global__ void scalar_##OP##_##SFX(const T* __restrict__ a, T* __restrict__ out, \
                                                  SParams<Scalar<T>::type> p) {                 \
+    pdl_entry();                                                                               \
     map1(a, out, p.n, ArithScalar<T, F>{scalar_value<T>(p.value)});                            \
   }
 #define COMPARE(OP, F, SFX, T)                                                                 \
   extern "C" __global__ void ewise_##OP##_##SFX(const T* __restrict__ a, const T* __restrict__ b, \
                                                 b8* __restrict__ out, NParams p) {             \
+    pdl_entry();                                                                               \
     map2(a, b, out, p.n, Compare2<T, F>());                                                    \
   }                                                                                            \
   extern "C" __global__ void scalar_##OP##_##SFX(const T* __restrict__ a, b8* __restrict__ out, \
                                                  SParams<Scalar<T>::type> p) {                 \
+    pdl_entry();                                                                               \
     map1(a, out, p.n, CompareScalar<T, F>{scalar_value<T>(p.value)});                          \
   }
 #define UNARY(OP, F, SFX, T)                                                                   \
   extern "C" __global__ void ewise_##OP##_##SFX(const T* __restrict__ a, T* __restrict__ out,  \
                                                 NParams p) {                                   \
+    pdl_entry();                                                                               \
     map1(a, out, p.n, Arith1<T, F>());                                                         \
   }
 #define SILU_MUL(SFX, T)                                                                       \
   extern "C" __global__ void silu_mul_##SFX(const T* __restrict__ a, const T* __restrict__ b,  \
                                             T* __restrict__ out, NParams p) {                  \
+    pdl_entry();                                                                               \
     map2(a, b, out, p.n, Arith2<T, SiluMul>());                                                \
   }
 #define WHERE(SFX, T)                                                                          \
   extern "C" __global__ void where_##SFX(const b8* __restrict__ cond, const T* __restrict__ a, \
                                          const T* __restrict__ b, T* __restrict__ out, NParams p) { \
+    pdl_entry();                                                                               \
     const i64 t0 = global_thread(), step = grid_threads();                                     \
     for (i64 i = t0; i < p.n; i += step) out[i] = cond[i] ? a[i] : b[i];                       \
   }
 #define FILL(SFX, T)                                                                           \
   extern "C" __global__ void fill_##SFX(T* __restrict__ out, SParams<Scalar<T>::type> p) {     \
+    pdl_entry();                                                                               \
     constexpr int V = 16 / sizeof(T);                                                          \
     const T v = store<T>(scalar_value<T>(p.value));                                            \
     Vec<T, V> w;                                                                               \
@@ -185,6 +193,7 @@ template <> __device__ __forceinline__ int scalar_value<b8>(int v) { return v !=
 #define CAST(SA, TA, SB, TB)                                                                   \
   extern "C" __global__ void cast_##SA##_##SB(const TA* __restrict__ a, TB* __restrict__ out,  \
                                               NParams p) {                                     \
+    pdl_entry();                                                                               \
     map1(a, out, p.n, Cast<TA, TB>());                                                         \
   }
 

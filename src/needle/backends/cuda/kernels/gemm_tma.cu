@@ -1,7 +1,12 @@
 // Hopper GEMM with TMA loads and warp specialization (docs/cuda_notes.md, "TMA GEMM (v5)").
 //
 //  * matmul_tma_{bf16,f16}: C[z] (m x p, row-major) = A[z] (m x n, row-major) times B[z]^T,
-//    B given as (p x n) row-major: both operands K-major, the layouts gpu.py's _wgmma makes.
+//    B given as (p x n) row-major: both operands K-major (a Linear layer's layout).
+//  * matmul_tma_nn_{bf16,f16}: the same with B given as (n x p) row-major (A @ B as written):
+//    B is N-major ("MN-major" in the PTX ISA), read untransposed. Its tiles arrive as four
+//    64-column boxes (64 x 64, 8 KiB each, side by side); the descriptor steps 8 KiB between
+//    them (leading byte offset) and 1 KiB between groups of 8 k-rows (stride byte offset),
+//    and the wgmma takes B transposed (imm-trans-b = 1). No transposed copy of B is made.
 //    fp32 accumulation, output rounded once to the input dtype. z = blockIdx.z (batch);
 //    C[z] starts at z*m*p; A[z] and B[z] are addressed by the two tensor maps (3-d: k, row,
 //    batch), which carry the batch strides and zero-fill everything out of bounds, so m, n
@@ -96,7 +101,7 @@ __device__ __forceinline__ void fence_acc(float (&d)[128]) {
 
 #define TMA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
                     "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define TMA_MMA256(TYPE)                                                                       \
+#define TMA_MMA256(TYPE, TB)                                                                       \
   asm volatile(                                                                                \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                           \
       "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " "                        \
@@ -109,19 +114,37 @@ __device__ __forceinline__ void fence_acc(float (&d)[128]) {
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "     \
       "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, " \
       "%124, %125, %126, %127}, "                                                              \
-      "%128, %129, p, 1, 1, 0, 0;\n"                                                              \
+      "%128, %129, p, 1, 1, 0, " TB ";\n"                                                       \
       "}\n"                                                                                    \
       : TMA_ACC8(0), TMA_ACC8(8), TMA_ACC8(16), TMA_ACC8(24), TMA_ACC8(32), TMA_ACC8(40),      \
         TMA_ACC8(48), TMA_ACC8(56), TMA_ACC8(64), TMA_ACC8(72), TMA_ACC8(80), TMA_ACC8(88),    \
         TMA_ACC8(96), TMA_ACC8(104), TMA_ACC8(112), TMA_ACC8(120)                              \
       : "l"(da), "l"(db), "r"(1))
-template <class T> struct Mma256;
-template <> struct Mma256<bf16_t> {
-  __device__ static void run(float (&d)[128], u64 da, u64 db) { TMA_MMA256("bf16"); }
+// BN_MAJOR: B's tile is N-major (imm-trans-b = 1)
+template <class T, bool BN_MAJOR> struct Mma256;
+template <> struct Mma256<bf16_t, false> {
+  __device__ static void run(float (&d)[128], u64 da, u64 db) { TMA_MMA256("bf16", "0"); }
 };
-template <> struct Mma256<half_t> {
-  __device__ static void run(float (&d)[128], u64 da, u64 db) { TMA_MMA256("f16"); }
+template <> struct Mma256<half_t, false> {
+  __device__ static void run(float (&d)[128], u64 da, u64 db) { TMA_MMA256("f16", "0"); }
 };
+template <> struct Mma256<bf16_t, true> {
+  __device__ static void run(float (&d)[128], u64 da, u64 db) { TMA_MMA256("bf16", "1"); }
+};
+template <> struct Mma256<half_t, true> {
+  __device__ static void run(float (&d)[128], u64 da, u64 db) { TMA_MMA256("f16", "1"); }
+};
+
+// Descriptor of an N-major B tile: BK k-rows of 4 boxes, each box 64 k-rows x 128 bytes
+// (64 columns) with the 128-byte swizzle; 8 k-rows (1 KiB) per swizzle atom. Stepping k by
+// 16 rows adds 2 KiB to the start address (a multiple of the 1 KiB atom: base offset 0).
+__device__ __forceinline__ u64 desc_mn(u32 smem_addr) {
+  u64 d = (u64)((smem_addr & 0x3FFFF) >> 4);
+  d |= (u64)((BK * 128) >> 4) << 16;  // leading byte offset: the next 64 columns (next box)
+  d |= (u64)(1024 >> 4) << 32;        // stride byte offset: the next 8 k-rows
+  d |= (u64)1 << 62;                  // 128-byte swizzle
+  return d;
+}
 
 // Tile (tm, tn) of linear tile id t over tiles_m x tiles_n tiles: groups of GROUP_M tile rows,
 // walked down M first within a group, so the groups running at once share B tiles in L2.
@@ -134,7 +157,7 @@ __device__ __forceinline__ void tile_of(int t, int tiles_m, int tiles_n, int& tm
   tn = r / rows;
 }
 
-template <class T>
+template <class T, bool BN_MAJOR>
 __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, const TmaMap* map_a,
                                     const TmaMap* map_b, unsigned char* smem) {
   const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
@@ -169,7 +192,13 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
         const u32 full = full0 + 8 * s, sa = base + s * STAGE_BYTES;
         bar_expect_tx(full, STAGE_BYTES);  // a box counts whole, zero-filled parts included
         tma_load(sa, map_a, full, kt * BK, m0, z);
-        tma_load(sa + A_BYTES, map_b, full, kt * BK, n0, z);
+        if (BN_MAJOR) {  // B (n x p): four boxes of 64 columns x 64 k-rows
+#pragma unroll
+          for (int j = 0; j < BN / 64; j++)
+            tma_load(sa + A_BYTES + j * (BK * 128), map_b, full, n0 + 64 * j, kt * BK, z);
+        } else {
+          tma_load(sa + A_BYTES, map_b, full, kt * BK, n0, z);
+        }
       }
     }
   } else {
@@ -187,7 +216,9 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
       fence_acc(acc);
       wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; kk++) Mma256<T>::run(acc, wg::desc(sa + kk * 32), wg::desc(sb + kk * 32));
+      for (int kk = 0; kk < BK / 16; kk++)
+        Mma256<T, BN_MAJOR>::run(acc, wg::desc(sa + kk * 32),
+                                 BN_MAJOR ? desc_mn(sb + kk * 16 * 128) : wg::desc(sb + kk * 32));
       wg::commit();
       wg::wait<1>();  // the previous k-tile's batch has completed: its stage may be refilled
       fence_acc(acc);
@@ -217,24 +248,27 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
   }
 }
 }  // namespace tma
-#define GEMM_TMA_BODY(T)                                                                       \
+#define GEMM_TMA_BODY(T, BN_MAJOR)                                                             \
   extern __shared__ __align__(1024) unsigned char smem[];                                      \
-  tma::run<T>(out, p, &map_a, &map_b, smem);
+  tma::run<T, BN_MAJOR>(out, p, &map_a, &map_b, smem);
 #else
 // other targets: the names exist (every .cu compiles for sm_80 and sm_90 in CI); the host
 // launches these only on sm_90a builds (device feature "tma")
-#define GEMM_TMA_BODY(T) __trap();
+#define GEMM_TMA_BODY(T, BN_MAJOR) __trap();
 #endif
 
 // a and b are not read (the tensor maps address them); they are arguments so that graph
 // capture keeps their buffers alive, like every other kernel's operands.
-#define GEMM_TMA(SFX, T)                                                                       \
+#define GEMM_TMA(NAME, T, BN_MAJOR)                                                            \
   extern "C" __global__ void __launch_bounds__(384, 1)                                         \
-      matmul_tma_##SFX(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,  \
-                       GemmParams p, const __grid_constant__ TmaMap map_a,                     \
-                       const __grid_constant__ TmaMap map_b) {                                 \
-    GEMM_TMA_BODY(T)                                                                           \
+      NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,              \
+           GemmParams p, const __grid_constant__ TmaMap map_a,                                 \
+           const __grid_constant__ TmaMap map_b) {                                             \
+    pdl_entry();                                                                               \
+    GEMM_TMA_BODY(T, BN_MAJOR)                                                                 \
   }
 // shared bytes: GEMM_TMA_STAGES * (128 + 256) * 64 * 2 + 16 * GEMM_TMA_STAGES + 1024
-GEMM_TMA(bf16, bf16_t)
-GEMM_TMA(f16, half_t)
+GEMM_TMA(matmul_tma_bf16, bf16_t, false)
+GEMM_TMA(matmul_tma_f16, half_t, false)
+GEMM_TMA(matmul_tma_nn_bf16, bf16_t, true)
+GEMM_TMA(matmul_tma_nn_f16, half_t, true)

@@ -42,21 +42,25 @@ template <class T> __device__ __forceinline__ T zero_of() { T z; memset(&z, 0, s
 
 #define LAYOUT(SFX, T)                                                                         \
   extern "C" __global__ void compact_##SFX(const T* __restrict__ a, T* __restrict__ out, Strided p) { \
+    pdl_entry();                                                                               \
     const i64 t0 = global_thread(), step = grid_threads();                                     \
     for (i64 i = t0; i < p.n; i += step) out[i] = a[strided_offset(p, i)];                     \
   }                                                                                            \
   extern "C" __global__ void setitem_##SFX(const T* __restrict__ a, T* __restrict__ out, Strided p) { \
+    pdl_entry();                                                                               \
     const i64 t0 = global_thread(), step = grid_threads();                                     \
     for (i64 i = t0; i < p.n; i += step) out[strided_offset(p, i)] = a[i];                     \
   }                                                                                            \
   extern "C" __global__ void scalar_setitem_##SFX(T* __restrict__ out,                         \
                                                   StridedScalar<Scalar<T>::type> p) {          \
+    pdl_entry();                                                                               \
     const T v = store<T>((Acc<T>::type)p.value);                                               \
     const i64 t0 = global_thread(), step = grid_threads();                                     \
     for (i64 i = t0; i < p.s.n; i += step) out[strided_offset(p.s, i)] = v;                    \
   }                                                                                            \
   extern "C" __global__ void transpose_##SFX(const T* __restrict__ a, T* __restrict__ out,     \
                                              TransposeParams p) {                              \
+    pdl_entry();                                                                               \
     transpose_tiles<T>(a, out, p);                                                             \
   }
 
@@ -150,12 +154,14 @@ __device__ __forceinline__ void scatter_rows_half(const I* __restrict__ idx,
 #define TAKE(SFX, T, ISFX, I)                                                                  \
   extern "C" __global__ void take_##SFX##_##ISFX(const T* __restrict__ table, const I* __restrict__ idx, \
                                                  T* __restrict__ out, TakeParams p) {          \
+    pdl_entry();                                                                               \
     take_rows(table, idx, out, p);                                                             \
   }
 #define SCATTER(SFX, T, ISFX, I)                                                               \
   extern "C" __global__ void scatter_add_##SFX##_##ISFX(const I* __restrict__ idx,             \
                                                         const T* __restrict__ values,          \
                                                         T* __restrict__ out, TakeParams p) {   \
+    pdl_entry();                                                                               \
     scatter_rows(idx, values, out, p);                                                         \
   }
 
@@ -163,6 +169,7 @@ __device__ __forceinline__ void scatter_rows_half(const I* __restrict__ idx,
   extern "C" __global__ void scatter_add_##SFX##_##ISFX(const I* __restrict__ idx,             \
                                                         const T* __restrict__ values,          \
                                                         T* __restrict__ out, TakeParams p) {   \
+    pdl_entry();                                                                               \
     scatter_rows_half(idx, values, out, p);                                                    \
   }
 

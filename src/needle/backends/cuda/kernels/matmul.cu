@@ -179,6 +179,7 @@ __device__ __forceinline__ void run(const float* __restrict__ A, const float* __
   extern "C" __global__ void __launch_bounds__(256, SGEMM_MIN_BLOCKS)                          \
       matmul_##NAME##_f32(const float* __restrict__ a, const float* __restrict__ b,            \
                           float* __restrict__ out, MatmulParams p) {                           \
+    pdl_entry();                                                                               \
     sgemm::run<TA, TB>(a, b, out, p);                                                          \
   }
 SGEMM(nn, false, false)
@@ -293,6 +294,7 @@ __device__ __forceinline__ void run(const T* __restrict__ A, const T* __restrict
   extern "C" __global__ void __launch_bounds__(WM * WN * 32, MINB)                             \
       NAME##_##SFX(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,      \
                    MatmulParams p) {                                                           \
+    pdl_entry();                                                                               \
     extern __shared__ __align__(128) unsigned char smem[];                                     \
     tc::run<T, BM, BN, WM, WN, STAGES>(a, b, out, p, smem);                                    \
   }
@@ -457,6 +459,7 @@ __device__ __forceinline__ void run(const T* __restrict__ A, const T* __restrict
   extern "C" __global__ void __launch_bounds__(256, 1)                                         \
       NAME##_##SFX(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,      \
                    MatmulParams p) {                                                           \
+    pdl_entry();                                                                               \
     WGMMA_BODY(T, NSUB)                                                                        \
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -697,20 +700,24 @@ __device__ __forceinline__ void gemv_combine(const float* __restrict__ part, T* 
 #define GENERIC(SFX, T)                                                                        \
   extern "C" __global__ void matmul_##SFX(const T* __restrict__ a, const T* __restrict__ b,    \
                                           T* __restrict__ out, MatmulParams p) {               \
+    pdl_entry();                                                                               \
     matmul_generic<T>(a, b, out, p);                                                           \
   }
 #define GEMV(SFX, T)                                                                           \
   extern "C" __global__ void gemv_t_##SFX(const T* __restrict__ a, const T* __restrict__ b,    \
                                           T* __restrict__ out, MatmulParams p) {               \
+    pdl_entry();                                                                               \
     gemv_t<T>(a, b, out, p);                                                                   \
   }                                                                                            \
   extern "C" __global__ void gemv_n_##SFX(const T* __restrict__ a, const T* __restrict__ b,    \
                                           float* __restrict__ part, MatmulParams p) {          \
+    pdl_entry();                                                                               \
     extern __shared__ __align__(16) float gemv_smem[];                                         \
     gemv_n<T>(a, b, part, p, gemv_smem);                                                       \
   }                                                                                            \
   extern "C" __global__ void gemv_combine_##SFX(const float* __restrict__ part,                \
                                                 T* __restrict__ out, MatmulParams p) {         \
+    pdl_entry();                                                                               \
     gemv_combine<T>(part, out, p);                                                             \
   }
 
@@ -724,6 +731,7 @@ GENERIC(i64, i64)
   extern "C" __global__ void __launch_bounds__(SKINNY_THREADS)                                 \
       matmul_skinny_##SFX(const T* __restrict__ a, const T* __restrict__ b,                    \
                           T* __restrict__ out, float* __restrict__ part, MatmulParams p) {     \
+    pdl_entry();                                                                               \
     __shared__ float red[SKINNY_THREADS / 32 * SKINNY_CG * SKINNY_M * (16 / sizeof(T))];       \
     skinny<T>(a, b, out, part, p, red);                                                        \
   }

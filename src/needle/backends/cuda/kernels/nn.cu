@@ -348,12 +348,15 @@ __device__ __forceinline__ void swiglu(const T* __restrict__ x, T* __restrict__ 
 
 // ---- attention_decode: one token against the cache, position read from device memory ------
 // CUDA implements it as one launch (feature "decode_fused"; the two-kernel form of the
-// common ABI is Metal's). Group (KV head h, chunk s) of 128 threads: roped queries of the
-// group's heads in shared memory; the group whose chunk holds the position p writes the
-// roped key and the value to the cache first; the chunk's keys and values are staged in
-// shared memory with 16-byte loads; then threads over (head, position) score, a warp per
-// head takes the chunk's max and sum of exp, and threads over (head, column) sum p·V.
-// Partials per (query head, chunk) are merged by the group that finishes last.
+// common ABI is Metal's). Group (KV head h, chunk s) of 128 threads. Latency is what counts
+// (a chunk is 16 KiB of keys and values), so the dependent memory round trips are few: after
+// the position, the chunk's cached keys and values (positions before p) are loaded into
+// registers with 16-byte loads, all in flight together with the queries' loads; the roped
+// queries go to shared memory, the group whose chunk holds p writes the roped key and the
+// value both to the cache and straight into its staged tile, then the registers are stored
+// to the tile. Threads over (head, position) score, a warp per head takes the chunk's max
+// and sum of exp, and threads over (head, column) sum p·V. Partials per (query head, chunk)
+// are merged by the group that finishes last.
 namespace dec {
 // row stride of the staged key/value tiles: rows of 2-byte values padded to an odd number of
 // 4-byte words, others by one element, so the lanes of a warp (a position each) read
@@ -361,6 +364,7 @@ namespace dec {
 template <class T> __host__ __device__ constexpr int tile_stride(int d) {
   return d + (sizeof(T) == 2 ? 2 : 1);
 }
+constexpr int STAGE_VECS = 8;  // 16-byte vectors of K (and of V) a thread holds in flight
 
 // shared memory: Q (G, D) and S (G, chunk) in C, then the chunk's keys and values (T)
 template <class T, class C>
@@ -374,12 +378,33 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
   if (start > pos) return;
   const int D = (int)p.head_dim, half = D / 2, G = (int)(p.q_heads / p.kv_heads);
   const int n = (int)((start + p.chunk < pos + 1 ? start + p.chunk : pos + 1) - start);
+  const bool holds = pos < start + p.chunk;  // row n - 1 is the new position
+  const int cached = holds ? n - 1 : n;      // rows already in the cache
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid % 32, warp = tid / 32;
   const int KS = tile_stride<T>(D), chunk = (int)p.chunk;
   C* Q = reinterpret_cast<C*>(smem_raw);  // (G, D) roped queries
   C* S = Q + G * D;                       // (G, chunk) scores, then exp(score - max)
   T* Kt = reinterpret_cast<T*>(S + G * chunk);  // (chunk, KS) keys of the chunk
   T* Vt = Kt + chunk * KS;                      // (chunk, KS) values
+  T* kc = keys + h * p.capacity * D;
+  T* vc = values + h * p.capacity * D;
+  const T* kbase = kc + start * D;
+  const T* vbase = vc + start * D;
+  // 1. the cached rows' loads, issued first (16-byte vectors into registers)
+  constexpr int V = 16 / sizeof(T);
+  const bool vec = D % V == 0 && aligned16(kc) && aligned16(vc);
+  const int per_row = D / V, total = vec ? cached * per_row : 0;
+  Vec<T, V> kreg[STAGE_VECS], vreg[STAGE_VECS];
+#pragma unroll
+  for (int u = 0; u < STAGE_VECS; u++) {
+    const int idx = tid + u * nt;
+    if (idx < total) {
+      const int t = idx / per_row, d = (idx % per_row) * V;
+      kreg[u] = *reinterpret_cast<const Vec<T, V>*>(kbase + t * D + d);
+      vreg[u] = *reinterpret_cast<const Vec<T, V>*>(vbase + t * D + d);
+    }
+  }
+  // 2. roped queries, meanwhile
   const T* c_row = cs + pos * half;
   const T* s_row = sn + pos * half;
   for (int idx = tid; idx < G * half; idx += nt) {
@@ -390,26 +415,37 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
     Q[g * D + i] = (C)load(store<T>(x1 * c - x2 * sv));  // rounded as rope's output is
     Q[g * D + i + half] = (C)load(store<T>(x2 * c + x1 * sv));
   }
-  T* kc = keys + h * p.capacity * D;
-  T* vc = values + h * p.capacity * D;
-  if (pos < start + p.chunk) {  // this chunk holds the new position: store its key and value
+  // 3. the new position's key (roped) and value: to the cache and to the tile's last row
+  if (holds) {
     const T* kh = qkv + (p.q_heads + h) * D;
     const T* vh = qkv + (p.q_heads + p.kv_heads + h) * D;
+    T* krow = Kt + (n - 1) * KS;
+    T* vrow = Vt + (n - 1) * KS;
     for (int i = tid; i < half; i += nt) {
       const C x1 = load(kh[i]), x2 = load(kh[i + half]);
       const C c = load(c_row[i]), sv = load(s_row[i]);
-      kc[pos * D + i] = store<T>(x1 * c - x2 * sv);
-      kc[pos * D + i + half] = store<T>(x2 * c + x1 * sv);
+      const T k1 = store<T>(x1 * c - x2 * sv), k2 = store<T>(x2 * c + x1 * sv);
+      kc[pos * D + i] = krow[i] = k1;
+      kc[pos * D + i + half] = krow[i + half] = k2;
     }
-    for (int i = tid; i < D; i += nt) vc[pos * D + i] = vh[i];
+    for (int i = tid; i < D; i += nt) vc[pos * D + i] = vrow[i] = vh[i];
   }
-  __syncthreads();  // this group's cache writes visible to the group (plain loads below)
-  constexpr int V = 16 / sizeof(T);
-  const T* kbase = kc + start * D;
-  const T* vbase = vc + start * D;
-  if (D % V == 0 && aligned16(kc) && aligned16(vc)) {  // 16-byte loads, all in flight at once
-    const int per_row = D / V;
-    for (int idx = tid; idx < n * per_row; idx += nt) {
+  // 4. the cached rows into the tile: from the registers, or (unaligned or odd head sizes,
+  // or more rows than the registers hold) element by element
+#pragma unroll
+  for (int u = 0; u < STAGE_VECS; u++) {
+    const int idx = tid + u * nt;
+    if (idx < total) {
+      const int t = idx / per_row, d = (idx % per_row) * V;
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        Kt[t * KS + d + e] = kreg[u].v[e];
+        Vt[t * KS + d + e] = vreg[u].v[e];
+      }
+    }
+  }
+  if (vec) {
+    for (int idx = tid + STAGE_VECS * nt; idx < total; idx += nt) {
       const int t = idx / per_row, d = (idx % per_row) * V;
       const Vec<T, V> kv = *reinterpret_cast<const Vec<T, V>*>(kbase + t * D + d);
       const Vec<T, V> vv = *reinterpret_cast<const Vec<T, V>*>(vbase + t * D + d);
@@ -420,7 +456,7 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
       }
     }
   } else {
-    for (int idx = tid; idx < n * D; idx += nt) {
+    for (int idx = tid; idx < cached * D; idx += nt) {
       const int t = idx / D, d = idx % D;
       Kt[t * KS + d] = kbase[t * D + d];
       Vt[t * KS + d] = vbase[t * D + d];
@@ -504,17 +540,25 @@ __device__ __forceinline__ void fused(const T* __restrict__ qkv, const T* __rest
   C* L = W + G * p.splits;                                          // (G) sums
   for (int g = warp; g < G; g += blockDim.x / 32) {  // a warp per head: weights of the splits
     const C* ml = part_ml + (h * G + g) * p.splits * 2;
-    C m = neg_inf<C>();
-    for (int s = lane; s < used; s += 32) m = nan_max(m, __ldcg(ml + s * 2));
-    m = warp_max(m);
-    C l = C(0);
-    for (int s = lane; s < used; s += 32) {
-      const C w = m_exp(__ldcg(ml + s * 2) - m);
-      W[g * p.splits + s] = w;
-      l += __ldcg(ml + s * 2 + 1) * w;
+    C m = neg_inf<C>(), lsum = C(0);
+    if (used <= 32) {  // the common case: one (max, sum) pair per lane, loaded once
+      const C mi = lane < used ? __ldcg(ml + lane * 2) : neg_inf<C>();
+      const C li = lane < used ? __ldcg(ml + lane * 2 + 1) : C(0);
+      m = warp_max(nan_max(m, mi));
+      const C w = lane < used ? m_exp(mi - m) : C(0);
+      if (lane < used) W[g * p.splits + lane] = w;
+      lsum = li * w;
+    } else {
+      for (int s = lane; s < used; s += 32) m = nan_max(m, __ldcg(ml + s * 2));
+      m = warp_max(m);
+      for (int s = lane; s < used; s += 32) {
+        const C w = m_exp(__ldcg(ml + s * 2) - m);
+        W[g * p.splits + s] = w;
+        lsum += __ldcg(ml + s * 2 + 1) * w;
+      }
     }
-    l = warp_sum(l);
-    if (lane == 0) L[g] = l;
+    lsum = warp_sum(lsum);
+    if (lane == 0) L[g] = lsum;
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
@@ -523,7 +567,7 @@ __device__ __forceinline__ void fused(const T* __restrict__ qkv, const T* __rest
     const C* po = part_o + hq * p.splits * D + j;
     const C* wg = W + g * p.splits;
     C o = C(0);
-#pragma unroll 4
+#pragma unroll 8  // eight partial rows in flight per thread
     for (int s = 0; s < used; s++) o += __ldcg(po + (i64)s * D) * wg[s];
     out[hq * D + j] = store<T>(o / L[g]);
   }
@@ -927,6 +971,7 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
                               const T* __restrict__ v, T* __restrict__ out,                    \
                               float* __restrict__ part_o, float* __restrict__ part_ml,         \
                               AttnParams p) {                                                  \
+    pdl_entry();                                                                               \
     FA_BODY(T, D)                                                                              \
   }
 FA(f16, half_t, 64)
@@ -936,31 +981,37 @@ FA(bf16, bf16_t, 128)
 
 #define NN(SFX, T, C)                                                                          \
   extern "C" __global__ void softmax_##SFX(const T* __restrict__ a, T* __restrict__ out, RowParams p) { \
+    pdl_entry();                                                                               \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     softmax_rows<T, false>(a, out, p, smem);                                                   \
   }                                                                                            \
   extern "C" __global__ void log_softmax_##SFX(const T* __restrict__ a, T* __restrict__ out, RowParams p) { \
+    pdl_entry();                                                                               \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     softmax_rows<T, true>(a, out, p, smem);                                                    \
   }                                                                                            \
   extern "C" __global__ void rmsnorm_##SFX(const T* __restrict__ x, const T* __restrict__ w,   \
                                            T* __restrict__ out, NormParams<Scalar<T>::type> p) { \
+    pdl_entry();                                                                               \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     rmsnorm_rows<T>(x, w, out, p.rows, p.dim, p.eps, smem);                                    \
   }                                                                                            \
   extern "C" __global__ void layernorm_##SFX(const T* __restrict__ x, const T* __restrict__ w, \
                                              const T* __restrict__ b, T* __restrict__ out,     \
                                              NormParams<Scalar<T>::type> p) {                  \
+    pdl_entry();                                                                               \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     layernorm_rows<T>(x, w, b, out, p.rows, p.dim, p.eps, smem);                               \
   }                                                                                            \
   extern "C" __global__ void add_rmsnorm_##SFX(const T* x, const T* __restrict__ d,             \
                                                const T* __restrict__ w, T* total,              \
                                                T* __restrict__ out, NormParams<Scalar<T>::type> p) { \
+    pdl_entry();                                                                               \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     add_rmsnorm_rows<T>(x, d, w, total, out, p.rows, p.dim, p.eps, smem);                      \
   }                                                                                            \
   extern "C" __global__ void swiglu_##SFX(const T* __restrict__ x, T* __restrict__ out, RowParams p) { \
+    pdl_entry();                                                                               \
     swiglu<T>(x, out, p);                                                                      \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(128)                                            \
@@ -968,23 +1019,27 @@ FA(bf16, bf16_t, 128)
                                    const T* __restrict__ sn, const int* __restrict__ position, \
                                    T* keys, T* values, C* part_o, C* part_ml, T* __restrict__ out, \
                                    unsigned* counters, DecodeParams p) {                       \
+    pdl_entry();                                                                               \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     dec::fused<T, C>(qkv, cs, sn, position, keys, values, part_o, part_ml, out, counters, p, smem); \
   }                                                                                            \
   extern "C" __global__ void rope_##SFX(const T* __restrict__ x, const T* __restrict__ c,      \
                                         const T* __restrict__ s, T* __restrict__ out, RopeParams p) { \
+    pdl_entry();                                                                               \
     rope<T>(x, c, s, out, p);                                                                  \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(256)                                            \
       attention_##SFX(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, \
                       T* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, \
                       AttnParams p) {                                                          \
+    pdl_entry();                                                                               \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     attn::run<T, C>(q, k, v, out, part_o, part_ml, p, smem);                                   \
   }                                                                                            \
   extern "C" __global__ void attention_combine_##SFX(const float* __restrict__ part_o,         \
                                                      const float* __restrict__ part_ml,        \
                                                      T* __restrict__ out, AttnParams p) {      \
+    pdl_entry();                                                                               \
     attn::combine<T>(part_o, part_ml, out, p);                                                 \
   }
 

@@ -65,11 +65,13 @@ __device__ __forceinline__ void sgd(T* __restrict__ w, const T* __restrict__ g,
                                                Acc<T>::type* __restrict__ m,                   \
                                                Acc<T>::type* __restrict__ v,                   \
                                                AdamParams<Acc<T>::type> p) {                   \
+    pdl_entry();                                                                               \
     adam(w, g, m, v, p);                                                                       \
   }                                                                                            \
   extern "C" __global__ void sgd_update_##SFX(T* __restrict__ w, const T* __restrict__ g,      \
                                               Acc<T>::type* __restrict__ u,                    \
                                               SgdParams<Acc<T>::type> p) {                     \
+    pdl_entry();                                                                               \
     sgd(w, g, u, p);                                                                           \
   }
 

@@ -141,16 +141,19 @@ __device__ __forceinline__ void reduce_combine(const C* __restrict__ part_val, c
 #define REDUCE(NAME, OPT, SFX, IN, OUT, C)                                                     \
   extern "C" __global__ void reduce_rows_##NAME##_##SFX(const IN* __restrict__ in, OUT* __restrict__ out, \
                                                         C* part_val, i64* part_idx, ReduceParams p) { \
+    pdl_entry();                                                                               \
     reduce_rows<OPT<C>, IN, OUT, C>(in, out, part_val, part_idx, p);                           \
   }                                                                                            \
   extern "C" __global__ void reduce_cols_##NAME##_##SFX(const IN* __restrict__ in, OUT* __restrict__ out, \
                                                         C* part_val, i64* part_idx, ReduceParams p) { \
+    pdl_entry();                                                                               \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     reduce_cols<OPT<C>, IN, OUT, C>(in, out, part_val, part_idx, p, smem);                     \
   }                                                                                            \
   extern "C" __global__ void reduce_combine_##NAME##_##SFX(const C* __restrict__ part_val,     \
                                                            const i64* __restrict__ part_idx,   \
                                                            OUT* __restrict__ out, ReduceParams p) { \
+    pdl_entry();                                                                               \
     reduce_combine<OPT<C>, OUT, C>(part_val, part_idx, out, p);                                \
   }
 
