@@ -87,13 +87,30 @@ if has test; then
 fi
 
 if has sanitize; then
+  # SANITIZE_SHARDS=N: the selected tests split round-robin into N processes, each under its
+  # own compute-sanitizer, all at once on the one GPU (memcheck's cost is mostly per-launch
+  # host work, so shards finish the suite about N times sooner)
   t0=$(date +%s)
-  timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
-      $PY -m pytest -q -p no:cacheprovider -x ${SANITIZE_TESTS:-tests/backends/test_cuda.py \
-      tests/backend_ndarray/test_conformance.py} -k "cuda and not out_of_memory" \
-      > "$OUT/sanitize.log" 2>&1  # (the OOM test's failing cuMemAlloc counts as an API error)
-  rc=$?
-  note "memcheck: rc=$rc ($(stage_time $t0)): $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize.log" | tail -2 | tr '\n' ' ')"
+  SEL=${SANITIZE_TESTS:-tests/backends/test_cuda.py tests/backend_ndarray/test_conformance.py}
+  SHARDS=${SANITIZE_SHARDS:-1}
+  $PY -m pytest -q -p no:cacheprovider --collect-only $SEL -k "cuda and not out_of_memory" \
+      2>/dev/null | grep "::" > "$OUT/sanitize_ids.txt"
+  rm -f "$OUT"/sanitize_shard_*
+  awk -v n="$SHARDS" -v out="$OUT/sanitize_shard_" '{ print > (out (NR % n) ".ids") }' \
+      "$OUT/sanitize_ids.txt"
+  for f in "$OUT"/sanitize_shard_*.ids; do
+    # (the OOM test's failing cuMemAlloc would count as an API error: it is deselected)
+    ( mapfile -t ids < "$f"
+      timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool memcheck --leak-check no \
+          --error-exitcode 9 $PY -m pytest -q -p no:cacheprovider "${ids[@]}" \
+          > "${f%.ids}.log" 2>&1
+      echo $? > "${f%.ids}.rc" ) &
+  done
+  wait
+  note "memcheck: $(wc -l < "$OUT/sanitize_ids.txt") tests in $SHARDS shard(s), $(stage_time $t0)"
+  for f in "$OUT"/sanitize_shard_*.log; do
+    note "  $(basename "$f" .log): rc=$(cat "${f%.log}.rc") $(grep -E 'ERROR SUMMARY' "$f" | tail -1) | $(tail -1 "$f")"
+  done
 fi
 
 if has sass; then  # are the matrix instructions we meant there? (HOPPER.md)

@@ -13,8 +13,8 @@ Arguments larger than a slot that follow the params struct (``raw_args``: a TMA 
 Inside a graph capture on sm_90+ (device feature "pdl"; ``NEEDLE_PDL=0`` turns it off),
 kernels are launched with programmatic stream serialization (cuLaunchKernelEx): each kernel
 of the captured sequence may be scheduled while its predecessor finishes, and waits for it
-at its first line (``pdl_entry`` in common.cuh, called by every kernel). A decode step of
-~180 small kernels saves most of the per-kernel launch gap this way. Eager launches keep
+at its first line (``pdl_entry`` in common.cuh, called by every kernel). The 1.1B decode
+step (~180 kernels) replays in 1.30 ms instead of 1.34 ms on an H100. Eager launches keep
 cuLaunchKernel: they are bound by host time, where the cheaper call matters more.
 """
 
