@@ -102,14 +102,16 @@ if has sanitize; then
     # (the OOM test's failing cuMemAlloc would count as an API error: it is deselected)
     ( mapfile -t ids < "$f"
       timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool memcheck --leak-check no \
-          --error-exitcode 9 $PY -m pytest -q -p no:cacheprovider "${ids[@]}" \
+          --error-exitcode 9 $PY -m pytest -v -p no:cacheprovider "${ids[@]}" \
           > "${f%.ids}.log" 2>&1
       echo $? > "${f%.ids}.rc" ) &
   done
   wait
   note "memcheck: $(wc -l < "$OUT/sanitize_ids.txt") tests in $SHARDS shard(s), $(stage_time $t0)"
   for f in "$OUT"/sanitize_shard_*.log; do
-    note "  $(basename "$f" .log): rc=$(cat "${f%.log}.rc") $(grep -E 'ERROR SUMMARY' "$f" | tail -1) | $(tail -1 "$f")"
+    note "  $(basename "$f" .log): rc=$(cat "${f%.log}.rc") $(grep -E 'ERROR SUMMARY' "$f" | tail -1) | $(grep -E '[0-9]+ (passed|failed)' "$f" | tail -1)"
+    grep -q "ERROR SUMMARY: 0 errors" "$f" || grep -E -B3 -A14 "^========= [A-Z]" "$f" \
+        | grep -v "^=========     Host Frame" | head -60 | tee -a "$SUMMARY"
   done
 fi
 
