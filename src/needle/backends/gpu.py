@@ -227,28 +227,30 @@ class GpuBackend:
         src = np.ascontiguousarray(a, dtype=to_numpy_dtype(out.dtype)).reshape(-1)
         self.queue.copy_from_host(out.buffer, 0, src)
 
+    def _contiguous(self, a: GpuArray, shape, strides, offset, size: int):
+        """(array, byte offset) where ``a``'s strided elements lie contiguously: ``a`` itself,
+        or a compact copy of them made on the device."""
+        if self._is_contiguous(shape, strides):
+            return a, offset * ITEMSIZE[a.dtype]
+        tmp = self._new_array(size, a.dtype)
+        self.compact(a, tmp, shape, strides, offset)
+        return tmp, 0
+
     def to_numpy(self, a: GpuArray, shape, strides, offset) -> np.ndarray:
         result = np.empty(tuple(shape), dtype=to_numpy_dtype(a.dtype))
-        if result.size == 0:
-            return result
-        if self._is_contiguous(shape, strides):
-            self.queue.copy_to_host(a.buffer, offset * ITEMSIZE[a.dtype], result.reshape(-1))
-            return result
-        tmp = self._new_array(result.size, a.dtype)
-        self.compact(a, tmp, shape, strides, offset)
-        self.queue.copy_to_host(tmp.buffer, 0, result.reshape(-1))
+        if result.size:
+            src, start = self._contiguous(a, shape, strides, offset, result.size)
+            self.queue.copy_to_host(src.buffer, start, result.reshape(-1))
         return result
 
     def to_numpy_later(self, a: GpuArray, shape, strides, offset):
         """Start ``to_numpy``; returns a function that waits for the copy and returns it."""
         dtype = to_numpy_dtype(a.dtype)
         size = int(np.prod(shape, dtype=np.int64))
-        if not self._is_contiguous(shape, strides) and size:
-            tmp = self._new_array(size, a.dtype)
-            self.compact(a, tmp, shape, strides, offset)
-            a, offset = tmp, 0
-        read = self.queue.copy_to_host_later(a.buffer, offset * ITEMSIZE[a.dtype],
-                                             size * ITEMSIZE[a.dtype])
+        if not size:
+            return lambda: np.empty(tuple(shape), dtype)
+        src, start = self._contiguous(a, shape, strides, offset, size)
+        read = self.queue.copy_to_host_later(src.buffer, start, size * ITEMSIZE[a.dtype])
         return lambda: read().view(dtype).reshape(tuple(shape))
 
     @staticmethod

@@ -84,15 +84,19 @@ class Decoder:
         nothing when ``token`` is the one the device just chose). The step's logits are kept
         in ``last_logits`` (overwritten by the next step).
         """
-        self._check_room()
-        if self._on_device != (token, self.length):
-            self.state.set(token, self.length)
-        self.length += 1
-        logits = self._run("greedy", self._greedy_body)
+        self._queue_greedy(token)
         chosen = int(self.state.token.numpy().reshape(-1)[0])
         self._on_device = (chosen, self.length)
-        self.last_logits = logits
         return chosen
+
+    def _queue_greedy(self, token: int | None) -> None:
+        """Queue one greedy step at the next position: for ``token``, or (None) for the
+        token the previous greedy step left on the device."""
+        self._check_room()
+        if token is not None and self._on_device != (token, self.length):
+            self.state.set(token, self.length)
+        self.length += 1
+        self.last_logits = self._run("greedy", self._greedy_body)
 
     def greedy_stream(self, token: int, count: int) -> Iterator[int]:
         """Up to ``count`` greedy tokens after ``token``: what ``count`` calls of
@@ -110,11 +114,7 @@ class Decoder:
         ahead: deque = deque()  # pending reads of the tokens of queued steps, oldest first
 
         def queue_step(first: int | None = None) -> None:
-            self._check_room()
-            if first is not None and self._on_device != (first, self.length):
-                self.state.set(first, self.length)
-            self.length += 1
-            self.last_logits = self._run("greedy", self._greedy_body)
+            self._queue_greedy(first)
             ahead.append(self.state.token.numpy_later())
 
         try:

@@ -49,7 +49,6 @@ class CudaDevice(Device):
             raise DeviceError(f"{self.model} (compute capability {major}.{minor}) is older "
                               "than needle's kernels support (7.0)")
         self.allocator = CudaAllocator(self.name)
-        self.queue = CudaQueue(self)
         self.executables = CudaExecutableCache(self.name, self.capability, self.compute_units)
         features = {"transpose", "split_k", "skinny", "half_scatter", "decode_fused"}
         if self.capability >= 80:  # mma.sync with bf16 operands: tensor-core attention
@@ -64,6 +63,7 @@ class CudaDevice(Device):
             # pdl_entry), so captured graphs may overlap each launch with the previous kernel
             features.add("pdl")
         self.features = frozenset(features)
+        self.queue = CudaQueue(self)  # after the features: it reads "pdl"
 
     def describe(self) -> str:
         return f"{self.name} {self.model} ({self.arch}, {self.compute_units} SMs, " \

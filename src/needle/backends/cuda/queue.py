@@ -123,8 +123,7 @@ class CudaQueue(Queue):
         self._view = memoryview(self._scratch).cast("B")
         self._raw = self._raw_argv = None  # raw-argument block, made at the first use
         self.capturing: CudaGraph | None = None
-        self.pdl: bool | None = None  # PDL in captures; decided at the first capture (the
-        # device's features are not known yet while it builds its queue)
+        self.pdl = "pdl" in device.features and os.environ.get("NEEDLE_PDL", "1") != "0"
         self._pdl_config = None  # the CUlaunchConfig of PDL launches, made at the first use
         self._pinned = None  # page-locked slots of copy_to_host_later, made at the first use
         self._pinned_reads: list = [None] * _PINNED_SLOTS
@@ -307,9 +306,6 @@ class CudaQueue(Queue):
         if self.capturing is not None:
             raise DeviceError("a graph is already being captured on this queue")
         graph = CudaGraph(self)
-        if self.pdl is None:
-            self.pdl = ("pdl" in self.device.features
-                        and os.environ.get("NEEDLE_PDL", "1") != "0")
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
         with self.device.allocator.private_pool(f"graph@{id(graph):x}") as pool:
             graph.pool = pool

@@ -432,28 +432,22 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
   }
   // 4. the cached rows into the tile: from the registers, or (unaligned or odd head sizes,
   // or more rows than the registers hold) element by element
+  auto put = [&](int idx, const Vec<T, V>& kv, const Vec<T, V>& vv) {  // vector idx -> tile
+    const int t = idx / per_row, d = (idx % per_row) * V;
 #pragma unroll
-  for (int u = 0; u < STAGE_VECS; u++) {
-    const int idx = tid + u * nt;
-    if (idx < total) {
-      const int t = idx / per_row, d = (idx % per_row) * V;
-#pragma unroll
-      for (int e = 0; e < V; e++) {
-        Kt[t * KS + d + e] = kreg[u].v[e];
-        Vt[t * KS + d + e] = vreg[u].v[e];
-      }
+    for (int e = 0; e < V; e++) {
+      Kt[t * KS + d + e] = kv.v[e];
+      Vt[t * KS + d + e] = vv.v[e];
     }
-  }
+  };
+#pragma unroll
+  for (int u = 0; u < STAGE_VECS; u++)
+    if (tid + u * nt < total) put(tid + u * nt, kreg[u], vreg[u]);
   if (vec) {
     for (int idx = tid + STAGE_VECS * nt; idx < total; idx += nt) {
       const int t = idx / per_row, d = (idx % per_row) * V;
-      const Vec<T, V> kv = *reinterpret_cast<const Vec<T, V>*>(kbase + t * D + d);
-      const Vec<T, V> vv = *reinterpret_cast<const Vec<T, V>*>(vbase + t * D + d);
-#pragma unroll
-      for (int e = 0; e < V; e++) {
-        Kt[t * KS + d + e] = kv.v[e];
-        Vt[t * KS + d + e] = vv.v[e];
-      }
+      put(idx, *reinterpret_cast<const Vec<T, V>*>(kbase + t * D + d),
+          *reinterpret_cast<const Vec<T, V>*>(vbase + t * D + d));
     }
   } else {
     for (int idx = tid; idx < cached * D; idx += nt) {
