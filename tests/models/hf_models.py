@@ -31,8 +31,12 @@ VARIANTS = {
 }
 
 
-def build(variant: str, directory: Path, seed: int = 0, **overrides):
-    """Create, save (safetensors) and return the float32 transformers model ``variant``."""
+def build(variant: str, directory: Path, seed: int = 0, dtype: str = "float32",
+          max_shard_size: str | None = None, **overrides):
+    """Create the transformers model ``variant``, save it with ``save_pretrained`` in ``dtype``
+    (as Hub checkpoints are written: bf16, fp16 or fp32; sharded when ``max_shard_size`` is
+    given), and return the reference: the saved weights in float32, so that a comparison in
+    float32 sees exactly the numbers in the file."""
     config_cls, model_cls, extra = VARIANTS[variant]
     config = getattr(transformers, config_cls)(**{**TINY, **extra, **overrides})
     config._attn_implementation = "eager"
@@ -43,8 +47,18 @@ def build(variant: str, directory: Path, seed: int = 0, **overrides):
             if name.endswith("norm.weight") or name.endswith(".bias"):
                 p.copy_(torch.rand_like(p) + 0.5 if name.endswith("norm.weight")
                         else torch.randn_like(p) * 0.1)
-    model.save_pretrained(directory, safe_serialization=True)
-    return model
+    if dtype == "float32":
+        model.save_pretrained(directory, safe_serialization=True,
+                              **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+        return model
+    model.to(getattr(torch, dtype)).save_pretrained(
+        directory, safe_serialization=True,
+        **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    # read back as a user would: float32 from the file (buffers such as RoPE's inverse
+    # frequencies are recomputed in float32, not rounded through the file's dtype)
+    reference = getattr(transformers, model_cls).from_pretrained(
+        directory, dtype=torch.float32, attn_implementation="eager")
+    return reference.eval()
 
 
 def reference_logits(model, ids):

@@ -120,8 +120,60 @@ def test_integer_weights_refused(model_dir):
         tensors[LAYER0_Q] = tensors[LAYER0_Q].astype(np.int32)
 
     _rewrite_tensors(model_dir, to_int)
-    with pytest.raises(ModelFormatError, match=f"'{LAYER0_Q}' has dtype int32"):
+    with pytest.raises(ModelFormatError, match=f"'{LAYER0_Q}' has dtype I32; needle loads "
+                                               "weights stored as F32, F16, BF16"):
         load_pretrained(model_dir, device="cpu_numpy")
+
+
+def _raw_safetensors(path, entries: dict, data: bytes):
+    """Write a safetensors file byte by byte (to make layouts no library would write)."""
+    header = json.dumps(entries).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data)
+
+
+def test_fp8_and_int8_weights_named_in_the_error(model_dir):
+    """An FP8 or int8 (quantized) tensor is refused naming the tensor, its dtype and what is
+    supported, even though numpy has no FP8 type."""
+    tensors = load_file(model_dir / "model.safetensors")
+    entries, blobs, offset = {}, [], 0
+    for name, array in tensors.items():
+        code, raw = "F32", array.astype(np.float32).tobytes()
+        if name == LAYER0_Q:
+            code, raw = "F8_E4M3", np.zeros(array.size, np.uint8).tobytes()
+        entries[name] = {"dtype": code, "shape": list(array.shape),
+                         "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    _raw_safetensors(model_dir / "model.safetensors", entries, b"".join(blobs))
+    with pytest.raises(ModelFormatError, match=f"'{LAYER0_Q}' has dtype F8_E4M3.*GPTQ"):
+        load_pretrained(model_dir, device="cpu_numpy")
+
+
+@pytest.mark.parametrize("layout,message", [
+    ([[0, 16], [8, 24]], "overlaps the tensor before it"),
+    ([[0, 16], [24, 40]], "leaves a gap"),
+    ([[0, 16], [16, 32]], "8 bytes after the last tensor"),
+])
+def test_tensors_must_tile_the_data_section(tmp_path, layout, message):
+    """Overlapping offsets would hand back another tensor's bytes; the reader checks that the
+    tensors tile the data section exactly, as ``ndl.load`` does."""
+    entries = {f"t{i}": {"dtype": "F32", "shape": [4], "data_offsets": span}
+               for i, span in enumerate(layout)}
+    path = tmp_path / "model.safetensors"
+    _raw_safetensors(path, entries, bytes(40))
+    from needle.models.checkpoint import Checkpoint
+
+    with pytest.raises(ModelFormatError, match=message):
+        Checkpoint(tmp_path)
+
+
+def test_fractional_shape_refused(tmp_path):
+    entries = {"t": {"dtype": "F32", "shape": [2.7], "data_offsets": [0, 8]}}
+    _raw_safetensors(tmp_path / "model.safetensors", entries, bytes(8))
+    from needle.models.checkpoint import Checkpoint
+
+    with pytest.raises(ModelFormatError, match="malformed header entry"):
+        Checkpoint(tmp_path)
 
 
 def test_no_weights(model_dir):

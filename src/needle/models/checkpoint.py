@@ -21,11 +21,13 @@ import numpy as np
 from ..errors import ModelFormatError
 from ..serialization import read_header
 
-_DTYPES = {"F64": np.dtype(np.float64), "F32": np.dtype(np.float32),
-           "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16),
-           "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I16": np.dtype(np.int16),
-           "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_)}
-_MAX_HEADER = 100 * 2**20
+# Every element type a safetensors header can name, with its size in bytes, so that any
+# file's layout can be checked; only the floating ones can be model weights.
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+             "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
+             "I64": 8, "U64": 8, "F64": 8}
+WEIGHT_DTYPES = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+                 "BF16": np.dtype(ml_dtypes.bfloat16), "F64": np.dtype(np.float64)}
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -35,13 +37,15 @@ class TensorInfo:
     """Where one tensor lives: file, dtype, shape and its byte range in the file."""
 
     file: Path
-    dtype: np.dtype
+    dtype_code: str  # as the header names it: BF16, F16, F32, I8, F8_E4M3, ...
     shape: tuple[int, ...]
     start: int
+    nbytes: int
 
     @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+    def dtype(self) -> np.dtype | None:
+        """The numpy dtype of a weight tensor; None for types needle cannot load as weights."""
+        return WEIGHT_DTYPES.get(self.dtype_code)
 
 
 class Checkpoint:
@@ -84,10 +88,12 @@ class Checkpoint:
         if shape is not None and info.shape != tuple(shape):
             raise ModelFormatError(f"{info.file}: tensor {name!r} has shape {info.shape}, but "
                                    f"config.json implies {tuple(shape)}")
-        if info.dtype.kind != "f":
-            raise ModelFormatError(f"{info.file}: tensor {name!r} has dtype {info.dtype}; "
-                                   "weights must be floating point (quantized checkpoints are "
-                                   "not supported)")
+        if info.dtype is None:
+            raise ModelFormatError(
+                f"{info.file}: tensor {name!r} has dtype {info.dtype_code}; needle loads "
+                f"weights stored as {', '.join(WEIGHT_DTYPES)} (integer, FP8 and quantized "
+                "layouts such as GPTQ, AWQ or bitsandbytes are not read: use the model's "
+                "bf16/fp16/fp32 checkpoint, or a GGUF file)")
         return info
 
     def read(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -127,25 +133,55 @@ def _read_index(index: Path) -> dict[Path, list[str]]:
 
 
 def _read_header(file: Path) -> dict[str, TensorInfo]:
-    """Parse and check one safetensors header against the file's size."""
+    """Parse one safetensors header and check it against the file: every tensor's byte range
+    matches its dtype and shape, and the ranges tile the data section exactly (no gaps, no
+    overlaps), as the safetensors format requires."""
     header, data_start, data_len = read_header(file)
     out = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         try:
-            dtype = _DTYPES[entry["dtype"]]
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(o) for o in entry["data_offsets"])
+            code = entry["dtype"]
+            shape = tuple(_dim(d) for d in entry["shape"])
+            begin, end = (_dim(o) for o in entry["data_offsets"])
+            if not isinstance(code, str):
+                raise TypeError
         except (KeyError, TypeError, ValueError):
-            raise ModelFormatError(f"{file}: tensor {name!r} has a malformed or unsupported "
-                                   f"header entry {entry!r}") from None
-        info = TensorInfo(file, dtype, shape, data_start + begin)
-        if min(shape, default=1) < 0 or begin < 0 or end - begin != info.nbytes:
-            raise ModelFormatError(f"{file}: tensor {name!r} of shape {shape} ({entry['dtype']}) "
-                                   f"needs {info.nbytes} bytes but its offsets span {end - begin}")
-        if end > data_len:
-            raise ModelFormatError(f"{file} is truncated: tensor {name!r} needs bytes up to "
-                                   f"{end} of the data section, which holds only {data_len}")
-        out[name] = info
+            raise ModelFormatError(f"{file}: tensor {name!r} has a malformed header entry "
+                                   f"{entry!r}") from None
+        size = _ITEMSIZE.get(code)
+        nbytes = end - begin
+        if size is not None and nbytes != math.prod(shape) * size:
+            raise ModelFormatError(f"{file}: tensor {name!r} of shape {shape} ({code}) needs "
+                                   f"{math.prod(shape) * size} bytes but its offsets span "
+                                   f"{nbytes}")
+        out[name] = TensorInfo(file, code, shape, data_start + begin, nbytes)
+    _check_tiling(file, out, data_start, data_len)
     return out
+
+
+def _dim(value) -> int:
+    """A non-negative integer from a header (a float such as 2.7, or -1, is an error)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(value)
+    return value
+
+
+def _check_tiling(file: Path, tensors: dict[str, TensorInfo], data_start: int,
+                  data_len: int) -> None:
+    position = data_start
+    for name, info in sorted(tensors.items(), key=lambda item: (item[1].start, item[1].nbytes)):
+        if info.start != position:
+            kind = "overlaps the tensor before it" if info.start < position else "leaves a gap"
+            raise ModelFormatError(f"{file}: tensor {name!r} starts at byte "
+                                   f"{info.start - data_start} of the data section and {kind} "
+                                   f"(expected {position - data_start}); the file is corrupt")
+        position += info.nbytes
+        if position - data_start > data_len:
+            raise ModelFormatError(f"{file} is truncated: tensor {name!r} needs bytes up to "
+                                   f"{position - data_start} of the data section, which holds "
+                                   f"only {data_len}")
+    if position - data_start < data_len:
+        raise ModelFormatError(f"{file}: {data_len - (position - data_start)} bytes after the "
+                               "last tensor belong to none; the file is corrupt")
