@@ -8,7 +8,7 @@
    skipped and the child's output printed.
 2. Resources: ptxas registers/spills (NVRTC --ptxas-options=-v) and, where cuobjdump is on
    PATH, the SASS counts of HGMMA and UTMALDG in gemm_tma's sm_90a cubin.
-3. Correctness of needle-TMA and needle-wgmma (NEEDLE_GEMM=wgmma, read per call) against
+3. Correctness of needle-TMA and needle-wgmma (the tuning's gemm="wgmma") against
    torch in float32 on the same bf16/f16 inputs: 4096^3, 8192^3, ragged and batched shapes,
    outputs poisoned with NaN first (every element must be written).
 4. Timing: C = A @ B^T (A (m, k), B (n, k): a Linear layer's layout, both kernels' native
@@ -46,10 +46,13 @@ NO_TMA = False  # set when the smoke test failed: needle never launches the TMA 
 def _use(kernel: str) -> None:
     """Route needle's half-precision matmuls: 'tma' / 'tma_nn' (default) or 'wgmma'
     (cp.async kernel)."""
-    if kernel == "wgmma" or NO_TMA:
-        os.environ["NEEDLE_GEMM"] = "wgmma"
-    else:
-        os.environ.pop("NEEDLE_GEMM", None)
+    import dataclasses
+
+    import needle.backend_ndarray as nd
+
+    be = nd.cuda(0).backend
+    be.tuning = dataclasses.replace(be.tuning,
+                                    gemm="wgmma" if kernel == "wgmma" or NO_TMA else "tma")
 
 
 def needle_product(nd, dev, a_t, b_t, dtype: str, kernel: str, out=None):
@@ -91,10 +94,10 @@ def smoke() -> int:
     if not dev.enabled():
         print("cuda disabled:", dev.reason)
         return 3
-    feats = sorted(dev.backend.device.features)
-    print("device:", dev.backend.device.describe(), "features:", feats)
-    if "tma" not in feats:
-        print("no 'tma' feature on this device: the TMA kernel is not used here")
+    tuning = dev.backend.tuning
+    print("device:", dev.backend.device.describe(), "tuning:", tuning)
+    if not tuning.tma:
+        print("no TMA GEMM on this device (tuning.tma is off): the kernel is not used here")
         return 4
     from needle.backends.cuda import tensor_map
 
@@ -394,7 +397,7 @@ def main() -> int:
     if not dev.enabled():
         print("needle cuda disabled:", dev.reason)
         return 1
-    print("needle:", dev.backend.device.describe(), sorted(dev.backend.device.features))
+    print("needle:", dev.backend.device.describe(), dev.backend.tuning)
     failures = [] if args.skip_check else correctness(torch, nd, dev, with_tma)
     sizes = [int(x) for x in args.sizes.split(",") if x]
     rows = timing(torch, nd, dev, sizes, with_tma, args.inner, args.reps, "bfloat16")

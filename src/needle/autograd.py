@@ -187,7 +187,7 @@ class Tensor(Value):
     a gradient (``requires_grad`` is ignored for others).
     """
 
-    grad: Tensor | None
+    grad: Tensor | None = None  # the accumulated gradient of a leaf (None until backward)
 
     def __init__(self, data, device: Device | str | None = None, dtype=None,
                  requires_grad: bool = True):
@@ -196,10 +196,6 @@ class Tensor(Value):
         array = _to_ndarray(data, device, dtype)
         self._init(None, [], cached_data=array,
                    requires_grad=requires_grad and dtypes.is_floating(array.dtype))
-
-    def _init(self, op, inputs, *, cached_data=None, requires_grad=None) -> None:
-        super()._init(op, inputs, cached_data=cached_data, requires_grad=requires_grad)
-        self.grad = None
 
     def realize_cached_data(self) -> nd.NDArray:
         data = self.cached_data

@@ -313,8 +313,9 @@ def test_graph_of_dependent_kernels_replays_right_with_and_without_pdl(pdl):
     updates) replays to the eager result, every time; the graph has programmatic edges
     exactly when the queue uses PDL."""
     be = DEV.backend
-    assert be.queue.pdl == ("pdl" in be.device.features and
-                            os.environ.get("NEEDLE_PDL", "1") != "0")
+    assert be.queue.pdl == be.tuning.pdl
+    assert be.tuning.pdl == (be.device.capability >= 90 and
+                             os.environ.get("NEEDLE_PDL", "1") != "0")
     if pdl and not be.queue.pdl:
         pytest.skip("no programmatic dependent launch here (needs sm_90+; NEEDLE_PDL=0 "
                     "turns it off)")
@@ -396,9 +397,28 @@ def test_memory_stats_and_out_of_memory():
     assert (on(np.ones(4, np.float32)) + 1).numpy().tolist() == [2.0] * 4
 
 
-# --- TMA GEMM (gemm_tma.cu, feature "tma": Hopper) ------------------------------------------
+@gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_fused_decode_is_one_launch(dtype):
+    """Capability fused_decode: attention_decode runs as one kernel (the last group of each
+    KV head merges), right against the float64 reference."""
+    from tests.backend_ndarray.test_decode_ops import DecodeState
+
+    be = DEV.backend
+    assert "fused_decode" in be.capabilities
+    st = DecodeState(DEV, dtype, 8, 2, 64, 300, RNG)
+    qkv = st.qkv()
+    with be.profile() as prof:
+        fused = st.run(qkv, 200).numpy()
+    sfx = "bf16" if dtype == "bfloat16" else "f32"
+    assert list(prof.totals) == [f"attention_decode_fused_{sfx}"]
+    want = st.expected(qkv, 200)
+    assert relerr(fused, want) < (2e-2 if dtype == "bfloat16" else 1e-4)
+
+
+# --- TMA GEMM (gemm_tma.cu, tuning "tma": Hopper) ------------------------------------------
 def _has_tma() -> bool:
-    return DEV.enabled() and "tma" in DEV.backend.device.features
+    return DEV.enabled() and DEV.backend.tuning.tma
 
 
 tma = pytest.mark.skipif(not _has_tma(), reason="needs a Hopper GPU (device feature 'tma')")
@@ -481,9 +501,9 @@ def test_tma_matmul_through_ndarray(dtype, ta, tb, m, n, p, batch):
 
 
 @tma
-def test_tma_matmul_falls_back_for_broadcast_small_and_on_request(monkeypatch):
+def test_tma_matmul_falls_back_for_broadcast_small_and_on_request():
     """A batch stride of 0 (one matrix broadcast over the batch), operands smaller than a
-    box, and NEEDLE_GEMM=wgmma take the cp.async wgmma kernel."""
+    box, and the tuning gemm="wgmma" (NEEDLE_GEMM=wgmma) take the cp.async wgmma kernel."""
     a = RNG.standard_normal((136, 64)).astype(np.float32)
     b = RNG.standard_normal((3, 64, 264)).astype(np.float32)
     A, B = on(a, "bfloat16"), on(b, "bfloat16")
@@ -497,11 +517,9 @@ def test_tma_matmul_falls_back_for_broadcast_small_and_on_request(monkeypatch):
         got, want = _mm_case(136, 64, 128, "bfloat16", False, True)  # p < 256
     assert not any(k.startswith("matmul_tma") for k in prof.totals), prof.table()
     assert relerr(got, want) < 1e-2
-    monkeypatch.setenv("NEEDLE_GEMM", "wgmma")
-    with DEV.backend.profile() as prof:
+    with DEV.backend.tuned(gemm="wgmma"), DEV.backend.profile() as prof:
         got = (on(b[0], "bfloat16").T @ on(b[1], "bfloat16")).numpy()
     assert any(k.startswith("matmul_wgmma") for k in prof.totals), prof.table()
-    monkeypatch.delenv("NEEDLE_GEMM")
     with DEV.backend.profile() as prof:
         got2 = (on(b[0], "bfloat16").T @ on(b[1], "bfloat16")).numpy()
     assert "matmul_tma_nn_bf16" in prof.totals, prof.table()

@@ -126,11 +126,11 @@ def test_launch_geometry_follows_the_pipeline_limits(monkeypatch):
     fits and results stay right: group sizes come from maxTotalThreadsPerThreadgroup."""
     import Metal
 
-    from needle.backends.gpu import GpuBackend
+    from needle.backends.metal.backend import MetalBackend
     from needle.backends.metal.device import MetalDevice
 
     monkeypatch.setenv("NEEDLE_METAL_EMULATOR_MAX_THREADS", "96")
-    small = GpuBackend(MetalDevice(Metal), name="metal")
+    small = MetalBackend(MetalDevice(Metal))
     kernel = small.device.executables.kernel("elementwise", "ewise_add_f32")
     assert kernel.max_threads == 96 and kernel.preferred_threads == 96
     rng = np.random.default_rng(0)

@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from ..backends.api import missing_functions
 from ..errors import DeviceError
 from . import dtypes
 
@@ -43,10 +44,17 @@ class Device:
             return
         try:
             module = importlib.import_module(_MODULES[self.kind])
-            if not hasattr(module, "load") and not hasattr(module, "Array"):
-                # e.g. a source folder without its package (a namespace package)
-                raise DeviceError(f"{module.__name__} does not implement the array API")
-            self._backend = module.load(self.index) if hasattr(module, "load") else module
+            load = getattr(module, "load", None)
+            if load is None:  # e.g. a source folder without its package (a namespace package)
+                raise DeviceError(f"{module.__name__} has no load(), so it does not implement "
+                                  "the array API")
+            backend = load(self.index)
+            missing = missing_functions(backend)
+            if missing:  # e.g. an extension built from older sources
+                raise DeviceError(f"the {self.kind} backend lacks {', '.join(missing[:6])}"
+                                  f"{' ...' if len(missing) > 6 else ''} of the array API "
+                                  "(backends/api.py); reinstall needle (pip install -e .)")
+            self._backend = backend
         except DeviceError as e:
             self._reason = str(e)
         except ImportError as e:

@@ -16,6 +16,7 @@ from functools import reduce
 
 import numpy as np
 
+from ..backends.api import has
 from ..errors import (
     AxisError,
     DeviceError,
@@ -190,11 +191,10 @@ class NDArray:
         waits for the copy and returns what ``numpy()`` would have returned at this call.
         Device work queued in between may run while the copy completes (on CUDA, small
         arrays; elsewhere the copy happens at once)."""
-        later = getattr(self._be, "to_numpy_later", None)
-        if later is None:
+        if not has(self._be, "async_read"):
             out = self.numpy()
             return lambda: out
-        return later(self._handle, self._shape, self._strides, self._offset)
+        return self._be.to_numpy_later(self._handle, self._shape, self._strides, self._offset)
 
     def __array__(self, dtype=None, copy=None):
         out = self.numpy()
@@ -232,15 +232,21 @@ class NDArray:
         if builtins.min(self._strides, default=0) < 0:  # consumers such as torch abort on these
             return self.compact().__dlpack__(stream, **kwargs)
         be = self._be
-        if hasattr(be, "to_dlpack"):
+        if has(be, "dlpack"):
             return be.to_dlpack(self._handle, self._shape, self._strides, self._offset, stream)
+        self._need_host_memory()
         return self._host_view().__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
 
     def __dlpack_device__(self):
-        be = self._be
-        if hasattr(be, "dlpack_device"):
-            return be.dlpack_device()
+        if has(self._be, "dlpack"):
+            return self._be.dlpack_device()
+        self._need_host_memory()
         return (1, 0)  # kDLCPU
+
+    def _need_host_memory(self) -> None:
+        if not has(self._be, "host_memory"):
+            raise DeviceError(f"{self.device.name} arrays cannot be exchanged through DLPack; "
+                              "copy to the CPU first (.to(nd.cpu()))")
 
     def _host_view(self) -> np.ndarray:
         if self.dtype == "bfloat16":
@@ -908,17 +914,17 @@ class NDArray:
 def _as_index_array(indices, device, rows: int, what: str) -> NDArray:
     """``indices`` as an int32/int64 NDArray on ``device``, range-checked against ``rows``.
 
-    Indices from the host are checked before upload, and device arrays on CPU devices where
-    that is free. Device arrays on a GPU are not (reading them back would stall the queue and
-    break a captured decode step): there an out-of-range index gives a row of zeros (take)
-    or is skipped (scatter_add), as docs/kernels.md says.
+    Indices from the host are checked before upload, and arrays in host memory (capability
+    ``host_memory``) where that is free. Device arrays on a GPU are not (reading them back
+    would stall the queue and break a captured decode step): there an out-of-range index
+    gives a row of zeros (take) or is skipped (scatter_add), as docs/kernels.md says.
     """
     if not isinstance(indices, NDArray):
         host = np.asarray(indices)
         if host.dtype.kind in "iu" and host.size:
             _check_range(int(host.min()), int(host.max()), rows, what)
         indices = NDArray(host, device=device)
-    elif indices.size and device.kind.startswith("cpu"):
+    elif indices.size and has(device.backend, "host_memory"):
         _check_range(indices.min().item(), indices.max().item(), rows, what)
     if indices.dtype not in ("int32", "int64"):
         raise DTypeError(f"indices must be int32 or int64, got {indices.dtype}")
@@ -1204,17 +1210,42 @@ def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray
     return out
 
 
+# DLPack device types (dlpack.h's DLDeviceType) -> needle's device kinds
+_DLPACK_KINDS = {2: "cuda", 8: "metal"}
+_DLPACK_NAMES = {4: "OpenCL", 7: "Vulkan", 9: "VPI", 10: "ROCm", 13: "CUDA managed",
+                 14: "oneAPI", 15: "WebGPU", 16: "Hexagon", 17: "MAIA"}
+
+
+def _dlpack_device(dev_type: int, dev_id: int) -> Device:
+    """The needle device that owns memory of a DLPack (device type, id), from the producer's
+    ``__dlpack_device__``; DeviceError for a kind of memory needle has no device for."""
+    kind = _DLPACK_KINDS.get(dev_type)
+    if kind is None:
+        name = _DLPACK_NAMES.get(dev_type, f"type {dev_type}")
+        raise DeviceError(f"this DLPack tensor lives on a {name} device (id {dev_id}), which "
+                          "needle has no backend for; move it to the CPU or a CUDA device "
+                          "first")
+    from .device import device_from_name
+
+    return device_from_name(f"{kind}:{dev_id}" if kind == "cuda" else kind)
+
+
 def from_dlpack(x, device: Device | None = None) -> NDArray:
     """Wrap a DLPack-exporting array (numpy, PyTorch, CuPy) without copying where possible.
 
     Host memory is shared with a CPU device when its strides are non-negative; device
     memory is imported by the backend that owns that kind of device.
     """
+    if not hasattr(x, "__dlpack__"):
+        raise DTypeError(f"from_dlpack needs an object that exports DLPack (__dlpack__), "
+                         f"such as a numpy array or a torch tensor, not {type(x).__name__}")
     dev_type, dev_id = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else (1, 0)
-    if dev_type != 1:
-        from .device import cuda
-
-        return (device or cuda(dev_id)).backend.from_dlpack(x, NDArray)
+    if dev_type not in (1, 3):  # kDLCPU, kDLCUDAHost: memory the host reads directly
+        target = device or _dlpack_device(dev_type, dev_id)
+        if not has(target.backend, "dlpack"):
+            raise DeviceError(f"{target.name} cannot import DLPack tensors; pass a device "
+                              "whose arrays can be exchanged (a CUDA device)")
+        return target.backend.from_dlpack(x, NDArray)
     try:
         host = np.from_dlpack(x)
     except RuntimeError as e:  # e.g. bfloat16, which numpy's DLPack import does not know
@@ -1223,7 +1254,7 @@ def from_dlpack(x, device: Device | None = None) -> NDArray:
     target = device or cpu_numpy()
     dt = dtypes.canonical(host.dtype)
     item = host.itemsize
-    if (not hasattr(target.backend, "wrap") or host.size == 0
+    if (not has(target.backend, "host_memory") or host.size == 0
             or any(s < 0 or s % item for s in host.strides)):
         return NDArray(host, device=target, dtype=dt)
     strides = tuple(s // item for s in host.strides)

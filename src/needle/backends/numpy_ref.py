@@ -18,13 +18,22 @@ against it. Conventions shared by all backends:
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
 from ..backend_ndarray.dtypes import to_numpy_dtype
-from ..errors import OutOfMemoryError
+from ..errors import DeviceError, OutOfMemoryError
 
 name = "cpu_numpy"
+capabilities = frozenset({"host_memory"})  # backends/api.py names what each one promises
+
+
+def load(index: int = 0):
+    """The backend: this module itself (one device, index 0)."""
+    if index != 0:
+        raise DeviceError(f"the cpu_numpy device has only index 0, got {index}")
+    return sys.modules[__name__]
 
 
 class Array:

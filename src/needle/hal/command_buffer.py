@@ -24,6 +24,10 @@ class CommandBuffer:
         """Enqueue all recorded work again (asynchronously, like any dispatch)."""
         raise NotImplementedError
 
+    def describe(self) -> str:
+        """What was recorded, for traces."""
+        return "recording"
+
     def _release(self) -> None:
         """Free the backend's recorded objects."""
 

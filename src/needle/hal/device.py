@@ -33,10 +33,6 @@ class Device:
     dlpack_device_type: int | None = None
     dtypes: frozenset[str] = frozenset(ALL_DTYPES)  # what the hardware holds (Metal: no float64)
     dlpack_device_id: int = 0
-    # optional kernels beyond the common ABI (docs/kernels.md §6): "transpose", "split_k",
-    # "wgmma" (Hopper warpgroup MMA), "tma" (its TMA-fed warp-specialized GEMM),
-    # "decode_fused" (one-launch attention_decode)
-    features: frozenset[str] = frozenset()
     allocator: Allocator
     queue: Queue
     executables: ExecutableCache

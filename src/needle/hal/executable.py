@@ -16,10 +16,12 @@ class Kernel:
     ``max_threads``: the most threads a group may have (registers and the device decide).
     ``preferred_threads``: a group size that reaches the best occupancy.
     ``simd_width``: threads that run in lockstep (CUDA warp, Metal SIMD-group).
+    ``static_shared``: group memory the kernel declares itself, on top of what a launch asks
+    for (Metal reports it per pipeline; CUDA's kernels declare none that counts here).
     """
 
     __slots__ = ("name", "handle", "max_threads", "preferred_threads", "simd_width",
-                 "_resident")
+                 "static_shared", "_resident")
 
     def __init__(self, name: str, handle, max_threads: int, preferred_threads: int,
                  simd_width: int):
@@ -28,6 +30,7 @@ class Kernel:
         self.max_threads = max_threads
         self.preferred_threads = preferred_threads
         self.simd_width = simd_width
+        self.static_shared = 0
         self._resident: dict[tuple[int, int], int] = {}
 
     def resident_groups(self, threads: int, shared_bytes: int = 0) -> int:

@@ -9,42 +9,98 @@ buffer as soon as its last user is *queued* rather than finished.
 Dispatch ABI (docs/kernels.md): ``buffers`` are the kernel's buffer arguments in order,
 ``params`` the packed bytes of its one params struct, ``shared_bytes`` the dynamic shared
 (threadgroup) memory per group, ``groups`` and ``threads`` the grid, each as (x, y, z).
+
+This base class owns what every queue does alike — tracing (``NEEDLE_TRACE``), profiling,
+recording into a CommandBuffer, refusing host copies while recording — and a backend's
+queue implements only the hardware's part: the ``_``-prefixed methods below.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
 
+from ..errors import DeviceError
+from . import trace
 from .buffer import Buffer
+from .command_buffer import CommandBuffer
 from .event import Event
 from .executable import Kernel
 from .profiler import Profiler
 
 
 class Queue:
-    """In-order device work. Backends implement every method that raises below."""
+    """In-order device work on ``self.device``. Backends implement every method that
+    raises NotImplementedError below."""
 
     def __init__(self):
         self.profiler: Profiler | None = None
+        self.capturing: CommandBuffer | None = None
 
+    # --- launches --------------------------------------------------------------------------
     def dispatch(self, kernel: Kernel, groups: tuple[int, int, int],
                  threads: tuple[int, int, int], buffers: Sequence[Buffer],
-                 params: bytes = b"", shared_bytes: int = 0) -> None:
-        """Enqueue one kernel launch."""
+                 params: bytes = b"", shared_bytes: int = 0, raw_args=()) -> None:
+        """Enqueue one kernel launch (recorded instead, while capturing). ``raw_args``:
+        by-value arguments after the params struct, where the backend supports them."""
+        command = self._prepare_dispatch(kernel, groups, threads, buffers, params,
+                                         shared_bytes, raw_args)
+        if command is None:
+            return
+        if self.capturing is None and self.profiler is None and not trace.enabled:
+            self._submit(command)  # the hot path: one check, one call
+        elif self.capturing is not None:
+            self._record_dispatch(command, buffers)
+        elif trace.enabled:
+            with trace.Span("dispatch", f"{kernel.name} groups={tuple(groups)} "
+                                        f"threads={tuple(threads)} shared={shared_bytes}", self):
+                self._submit(command)
+        else:
+            start, end = self.event(), self.event()
+            start.record()
+            self._submit(command)
+            end.record()
+            self.profiler.add(kernel.name, start, end)
+
+    def _prepare_dispatch(self, kernel, groups, threads, buffers, params, shared_bytes,
+                          raw_args):
+        """Check the launch and turn it into the backend's command; None: nothing to run."""
         raise NotImplementedError
 
+    def _submit(self, command) -> None:
+        """Enqueue a prepared command for execution."""
+        raise NotImplementedError
+
+    def _record_dispatch(self, command, buffers) -> None:
+        """Add a prepared command to the recording in ``self.capturing``."""
+        raise NotImplementedError
+
+    # --- copies ----------------------------------------------------------------------------
     def copy_from_host(self, dst: Buffer, dst_offset: int, src: np.ndarray) -> None:
         """Enqueue a copy of the contiguous array ``src`` to ``dst`` at ``dst_offset`` bytes.
         ``src`` may be reused as soon as this returns."""
-        raise NotImplementedError
+        self._no_host_copy_in_capture("copy from the host")
+        if not src.nbytes:
+            return
+        if trace.enabled:
+            with trace.Span("copy", f"host to {self.device.name}, "
+                                    f"{trace.nbytes_str(src.nbytes)}", self):
+                self._upload(dst, dst_offset, src)
+            return
+        self._upload(dst, dst_offset, src)
 
     def copy_to_host(self, src: Buffer, src_offset: int, dst: np.ndarray) -> None:
         """Copy ``dst.nbytes`` bytes from ``src`` at ``src_offset`` into the contiguous
         array ``dst``, after all queued work; returns when the data is there."""
-        raise NotImplementedError
+        self._no_host_copy_in_capture("read data back to the host")
+        if trace.enabled:
+            with trace.Span("copy", f"{self.device.name} to host, "
+                                    f"{trace.nbytes_str(dst.nbytes)}"):
+                self._download(src, src_offset, dst)
+            return
+        self._download(src, src_offset, dst)
 
     def copy_to_host_later(self, src: Buffer, src_offset: int,
                            nbytes: int) -> Callable[[], np.ndarray]:
@@ -58,11 +114,43 @@ class Queue:
 
     def copy(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int,
              nbytes: int) -> None:
-        """Enqueue a device-to-device copy."""
+        """Enqueue a device-to-device copy (recorded, while capturing)."""
+        if not nbytes:
+            return
+        if self.capturing is not None:
+            self._record_copy(src, src_offset, dst, dst_offset, nbytes)
+        else:
+            self._device_copy(src, src_offset, dst, dst_offset, nbytes)
+
+    def _upload(self, dst: Buffer, dst_offset: int, src: np.ndarray) -> None:
         raise NotImplementedError
 
+    def _download(self, src: Buffer, src_offset: int, dst: np.ndarray) -> None:
+        """Copy into ``dst`` after all queued work, and wait for it."""
+        raise NotImplementedError
+
+    def _device_copy(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int,
+                     nbytes: int) -> None:
+        raise NotImplementedError
+
+    def _record_copy(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int,
+                     nbytes: int) -> None:
+        raise NotImplementedError
+
+    def _no_host_copy_in_capture(self, what: str) -> None:
+        if self.capturing is not None:
+            raise DeviceError(f"cannot {what} while recording device work: a recording "
+                              "replays device work only. Copy inputs into recorded arrays "
+                              "before replay() and read outputs after it")
+
+    # --- waiting ---------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Block until all queued work has finished; raise if any of it failed."""
+        if self.capturing is not None:
+            raise DeviceError("cannot synchronize while recording device work")
+        self._wait_all()
+
+    def _wait_all(self) -> None:
         raise NotImplementedError
 
     def event(self) -> Event:
@@ -79,12 +167,44 @@ class Queue:
         (DLPack export: the consumer's stream handle)."""
         raise NotImplementedError
 
-    def capture(self):
-        """A context manager that records the work enqueued inside its block, instead of
-        running it, into the CommandBuffer it yields (ready to ``replay()`` after the block).
-        """
+    # --- recording -------------------------------------------------------------------------
+    @contextmanager
+    def capture(self) -> Iterator[CommandBuffer]:
+        """Record the work enqueued inside the block, instead of running it, into the
+        CommandBuffer yielded (ready to ``replay()`` after the block). Memory allocated
+        inside comes from the recording's private pool."""
+        if self.capturing is not None:
+            raise DeviceError("device work is already being recorded on this queue")
+        recording = self._new_recording()
+        with self.device.allocator.private_pool(f"recording@{id(recording):x}") as pool:
+            recording.pool = pool
+            self._begin_capture(recording)
+            self.capturing = recording
+            try:
+                yield recording
+            except BaseException:
+                self.capturing = None
+                self._abort_capture(recording)
+                recording.close()
+                raise
+            self.capturing = None
+            self._end_capture(recording)
+        if trace.enabled:
+            trace.emit("capture", f"{recording.describe()} on {self.device.name}", 0.0)
+
+    def _new_recording(self) -> CommandBuffer:
         raise NotImplementedError
 
+    def _begin_capture(self, recording: CommandBuffer) -> None:
+        """Start recording (CUDA: begin the stream capture)."""
+
+    def _end_capture(self, recording: CommandBuffer) -> None:
+        """Finish a recording so that it can be replayed."""
+
+    def _abort_capture(self, recording: CommandBuffer) -> None:
+        """Discard a recording whose block raised."""
+
+    # --- profiling -------------------------------------------------------------------------
     @contextmanager
     def profile(self):
         """Sum device time per kernel over the block; yields the Profiler."""

@@ -1,6 +1,6 @@
 """The decode loop's engine: a KV cache, the prefill, and one decode step replayed per token.
 
-On a device whose backend can record work (``backend.capture()``: a CUDA graph, a recorded
+On a device whose backend can record work (capability ``graphs``: a CUDA graph, a recorded
 Metal command buffer), the first decode step runs eagerly (compiling kernels, warming the
 memory pool), the second is captured, and every later token is: write the token and its
 position into two small device buffers, replay, read the logits. The host does a few
@@ -15,6 +15,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterator
 
+from ..backends.api import has
 from ..errors import GenerationError
 from .llama import DecodeState, KVCache
 
@@ -28,7 +29,7 @@ class Decoder:
         self.state = DecodeState(model.config, model.max_seq_len, model.device,
                                  self.cache.dtype)
         backend = model.device.backend
-        self._capture = getattr(backend, "capture", None)
+        self._capture = backend.capture if has(backend, "graphs") else None
         if os.environ.get("NEEDLE_DECODE_GRAPH", "1") == "0":
             self._capture = None
         self._recorded: dict[str, tuple] = {}  # kind of step -> (graph, its logits)

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 from ..backend_ndarray import dtypes
+from ..backends.api import has
 from ..errors import OutOfMemoryError
 from .config import LlamaConfig
 
@@ -67,27 +68,13 @@ def estimate(cfg: LlamaConfig, dtype: str, max_seq_len: int, batch: int = 1) -> 
 
 
 def available_bytes(device) -> int | None:
-    """Free memory on ``device``, or None when it cannot be told.
-
-    GPU backends report it through ``memory_info()`` (free bytes, or a (free, total) pair, or
-    a dict with "free") or through their HAL allocator: what the device can still hand out
-    plus what the caching pool holds unused. CPU devices use the memory the operating system
-    says is available.
-    """
+    """Free memory on ``device``, or None when it cannot be told: what a device backend's
+    pool can still hand out (capability ``memory_stats``), or, for backends in host memory,
+    the memory the operating system says is available."""
     backend = device.backend
-    info = getattr(backend, "memory_info", None)
-    if info is not None:
-        value = info()
-        if isinstance(value, dict):
-            value = value.get("free")
-        elif isinstance(value, (tuple, list)):
-            value = value[0]
-        return None if value is None else int(value)
-    allocator = getattr(backend, "allocator", None)
-    if allocator is not None and hasattr(allocator, "available"):
-        stats = allocator.stats()
-        return int(allocator.available()) + stats.reserved - stats.in_use
-    if device.kind.startswith("cpu"):
+    if has(backend, "memory_stats"):
+        return int(backend.memory_available())
+    if has(backend, "host_memory"):
         return _host_available()
     return None
 
@@ -121,14 +108,11 @@ def check_fits(need: MemoryEstimate, device, max_seq_len: int, dtype: str) -> No
 
 def peak_bytes(device) -> tuple[int, str] | None:
     """(bytes, what was measured): the device pool's peak use where the backend keeps
-    statistics (``memory_stats()``), else the process's peak resident memory on CPUs."""
-    stats = getattr(device.backend, "memory_stats", None)
-    if stats is not None:
-        value = stats()
-        peak = value.get("peak") if isinstance(value, dict) else getattr(value, "peak", None)
-        if peak is not None:
-            return int(peak), f"peak {device.name} memory"
-    if device.kind.startswith("cpu"):
+    statistics, else the process's peak resident memory for backends in host memory."""
+    backend = device.backend
+    if has(backend, "memory_stats"):
+        return int(backend.memory_stats().peak), f"peak {device.name} memory"
+    if has(backend, "host_memory"):
         try:
             import resource
         except ImportError:  # not on Unix

@@ -11,6 +11,8 @@ from types import ModuleType
 
 from ...errors import DeviceError
 
+CAPABILITIES = frozenset({"host_memory"})  # backends/api.py names what each one promises
+
 
 def load(index: int = 0) -> ModuleType:
     """The backend module, or DeviceError saying why the extension cannot be used here."""
@@ -24,4 +26,5 @@ def load(index: int = 0) -> ModuleType:
     except ImportError as e:
         raise DeviceError(f"the native extension failed to load ({e}); rebuild it with "
                           "pip install -e .") from e
+    _cpu.capabilities = CAPABILITIES
     return _cpu

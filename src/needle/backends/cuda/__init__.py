@@ -1,8 +1,9 @@
 """The CUDA backend: NVIDIA GPUs through the driver API (cuda-bindings) and NVRTC.
 
-``load(i)`` builds the array API for device ``i`` (``needle.backends.gpu.GpuBackend`` over
-a ``CudaDevice``) or raises ``DeviceError`` saying why CUDA cannot be used here: no
-cuda-bindings, no NVRTC, no driver, or no such device.
+``load(i)`` builds the array API for device ``i`` (a ``CudaBackend``: the generic GPU
+backend over a ``CudaDevice``, with CUDA's tuning and kernels) or raises ``DeviceError``
+saying why CUDA cannot be used here: no cuda-bindings, no NVRTC, no driver, or no such
+device.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ def load(index: int = 0):
     if backend is None:
         if driver.IMPORT_ERROR:
             raise DeviceError(driver.IMPORT_ERROR)
-        from ..gpu import GpuBackend
+        from .backend import CudaBackend
         from .device import CudaDevice
 
-        backend = _BACKENDS[index] = GpuBackend(CudaDevice(index), name="cuda")
+        backend = _BACKENDS[index] = CudaBackend(CudaDevice(index))
     return backend

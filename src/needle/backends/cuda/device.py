@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from ...errors import DeviceError
 from ...hal import Device
 from . import driver
@@ -50,20 +48,7 @@ class CudaDevice(Device):
                               "than needle's kernels support (7.0)")
         self.allocator = CudaAllocator(self.name)
         self.executables = CudaExecutableCache(self.name, self.capability, self.compute_units)
-        features = {"transpose", "split_k", "skinny", "half_scatter", "decode_fused"}
-        if self.capability >= 80:  # mma.sync with bf16 operands: tensor-core attention
-            features.add("mma")
-        if self.executables.arch == "sm_90a" and os.environ.get("NEEDLE_WGMMA", "1") != "0":
-            features.add("wgmma")
-            # TMA loads + warp-specialized wgmma (gemm_tma.cu); NEEDLE_GEMM=wgmma per call
-            # takes the cp.async kernel instead
-            features.add("tma")
-        if int("".join(c for c in self.executables.arch if c.isdigit())) >= 90:
-            # kernels built for sm_90+ wait for their predecessor at entry (common.cuh's
-            # pdl_entry), so captured graphs may overlap each launch with the previous kernel
-            features.add("pdl")
-        self.features = frozenset(features)
-        self.queue = CudaQueue(self)  # after the features: it reads "pdl"
+        self.queue = CudaQueue(self)
 
     def describe(self) -> str:
         return f"{self.name} {self.model} ({self.arch}, {self.compute_units} SMs, " \

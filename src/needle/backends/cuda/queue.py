@@ -10,7 +10,7 @@ Arguments larger than a slot that follow the params struct (``raw_args``: a TMA 
 128 bytes passed by value) get their own 64-byte-aligned places in a second block and a
 ``void*[]`` array built for that launch; the common path does not change.
 
-Inside a graph capture on sm_90+ (device feature "pdl"; ``NEEDLE_PDL=0`` turns it off),
+Inside a graph capture on sm_90+ (``CudaTuning.pdl``; ``NEEDLE_PDL=0`` turns it off),
 kernels are launched with programmatic stream serialization (cuLaunchKernelEx): each kernel
 of the captured sequence may be scheduled while its predecessor finishes, and waits for it
 at its first line (``pdl_entry`` in common.cuh, called by every kernel). The 1.1B decode
@@ -21,14 +21,12 @@ cuLaunchKernel: they are bound by host time, where the cheaper call matters more
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
-from contextlib import contextmanager
 
 import numpy as np
 
 from ...errors import DeviceError, KernelLaunchError
-from ...hal import CommandBuffer, Event, Queue, trace
+from ...hal import CommandBuffer, Event, Queue
 from .driver import check, cu, error_text
 
 _SLOTS = 64
@@ -100,6 +98,9 @@ class CudaGraph(CommandBuffer):
         check(cu.cuGraphLaunch(self.exec, self._queue.stream), "cuGraphLaunch",
               KernelLaunchError)
 
+    def describe(self) -> str:
+        return f"graph of {self.kernels} kernels"
+
     def _release(self) -> None:
         if self.exec is not None:
             cu.cuGraphExecDestroy(self.exec)
@@ -122,41 +123,30 @@ class CudaQueue(Queue):
         self._argv_addr = ctypes.addressof(self._argv)
         self._view = memoryview(self._scratch).cast("B")
         self._raw = self._raw_argv = None  # raw-argument block, made at the first use
-        self.capturing: CudaGraph | None = None
-        self.pdl = "pdl" in device.features and os.environ.get("NEEDLE_PDL", "1") != "0"
+        self.pdl = False  # set by the backend from its tuning (CudaTuning.pdl)
         self._pdl_config = None  # the CUlaunchConfig of PDL launches, made at the first use
         self._pinned = None  # page-locked slots of copy_to_host_later, made at the first use
         self._pinned_reads: list = [None] * _PINNED_SLOTS
         self._pinned_next = 0
 
     # --- launches ------------------------------------------------------------------------
-    def dispatch(self, kernel, groups, threads, buffers, params=b"", shared_bytes=0,
-                 raw_args=()) -> None:
-        """``raw_args``: by-value arguments after the params struct (e.g. 128-byte tensor
-        maps), each given its own 64-byte-aligned copy; the driver copies them at launch
-        (graph capture included)."""
+    def _prepare_dispatch(self, kernel, groups, threads, buffers, params, shared_bytes,
+                          raw_args):
+        """The launch block: buffer addresses then the params struct; ``raw_args`` (e.g.
+        128-byte tensor maps) each get their own 64-byte-aligned copy, which the driver
+        copies at launch (graph capture included)."""
         args = _PACK[len(buffers)].pack(*[b.handle + b.offset for b in buffers]) + params
         if len(args) > _SCRATCH:
             raise KernelLaunchError(f"{kernel.name}: {len(args)} bytes of arguments exceed "
                                     f"the {_SCRATCH}-byte launch block")
         argv = self._argv_addr if not raw_args else self._place_raw(
             kernel, len(buffers) + (1 if params else 0), raw_args)
-        if trace.enabled and self.capturing is None:
-            with trace.Span("dispatch", f"{kernel.name} groups={groups} threads={threads} "
-                                        f"shared={shared_bytes}", self):
-                self._launch(kernel, groups, threads, args, shared_bytes, argv)
-            return
-        if self.profiler is not None and self.capturing is None:
-            start, end = self.event(), self.event()
-            start.record()
-            self._launch(kernel, groups, threads, args, shared_bytes, argv)
-            end.record()
-            self.profiler.add(kernel.name, start, end)
-            return
-        self._launch(kernel, groups, threads, args, shared_bytes, argv)
-        if self.capturing is not None:
-            self.capturing.buffers.extend(buffers)
-            self.capturing.kernels += 1
+        return kernel, groups, threads, args, shared_bytes, argv
+
+    def _record_dispatch(self, command, buffers) -> None:
+        self._submit(command)  # the stream is capturing: the launch is recorded
+        self.capturing.buffers.extend(buffers)
+        self.capturing.kernels += 1
 
     def _place_raw(self, kernel, fixed: int, raw_args) -> int:
         """Copy ``raw_args`` into the raw block (64-byte aligned each) and return the address
@@ -178,8 +168,8 @@ class CudaQueue(Queue):
         self._raw_argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
         return ctypes.addressof(self._raw_argv)
 
-    def _launch(self, kernel, groups, threads, args: bytes, shared_bytes: int,
-                argv: int) -> None:
+    def _submit(self, command) -> None:
+        kernel, groups, threads, args, shared_bytes, argv = command
         self._view[:len(args)] = args
         if self.capturing is not None and self.pdl:
             err = self._launch_pdl(kernel, groups, threads, shared_bytes, argv)
@@ -209,34 +199,17 @@ class CudaQueue(Queue):
         return cu.cuLaunchKernelEx(cfg, kernel.handle, argv, 0)[0]
 
     # --- copies --------------------------------------------------------------------------
-    def copy_from_host(self, dst, dst_offset: int, src: np.ndarray) -> None:
-        self._no_host_copy_in_capture("copy from the host")
-        if trace.enabled:
-            with trace.Span("copy", f"host to {self.device.name}, "
-                                    f"{trace.nbytes_str(src.nbytes)}", self):
-                self._h2d(dst, dst_offset, src)
-            return
-        self._h2d(dst, dst_offset, src)
+    def _upload(self, dst, dst_offset: int, src: np.ndarray) -> None:
+        address = dst.handle + dst.offset + dst_offset
+        check(cu.cuMemcpyHtoDAsync(address, src.ctypes.data, src.nbytes, self.stream),
+              "cuMemcpyHtoDAsync")
 
-    def _h2d(self, dst, dst_offset: int, src: np.ndarray) -> None:
-        if src.nbytes:
-            address = dst.handle + dst.offset + dst_offset
-            check(cu.cuMemcpyHtoDAsync(address, src.ctypes.data, src.nbytes, self.stream),
-                  "cuMemcpyHtoDAsync")
-
-    def copy_to_host(self, src, src_offset: int, dst: np.ndarray) -> None:
-        self._no_host_copy_in_capture("read data back to the host")
-        span = trace.Span("copy", f"{self.device.name} to host, "
-                                  f"{trace.nbytes_str(dst.nbytes)}") if trace.enabled else None
-        if span:
-            span.__enter__()
+    def _download(self, src, src_offset: int, dst: np.ndarray) -> None:
         if dst.nbytes:
             address = src.handle + src.offset + src_offset
             check(cu.cuMemcpyDtoHAsync(dst.ctypes.data, address, dst.nbytes, self.stream),
                   "cuMemcpyDtoHAsync", KernelLaunchError)
         self.synchronize()
-        if span:
-            span.__exit__(None, None, None)
 
     def copy_to_host_later(self, src, src_offset: int, nbytes: int):
         """Small reads (a sampled token) go through a ring of page-locked slots: an
@@ -264,24 +237,17 @@ class CudaQueue(Queue):
         read = self._pinned_reads[slot] = _PendingRead(event, view)
         return read
 
-    def copy(self, src, src_offset: int, dst, dst_offset: int, nbytes: int) -> None:
-        if nbytes:
-            check(cu.cuMemcpyDtoDAsync(dst.handle + dst.offset + dst_offset,
-                                       src.handle + src.offset + src_offset, nbytes,
-                                       self.stream), "cuMemcpyDtoDAsync")
-            if self.capturing is not None:
-                self.capturing.buffers.extend((src, dst))
+    def _device_copy(self, src, src_offset: int, dst, dst_offset: int, nbytes: int) -> None:
+        check(cu.cuMemcpyDtoDAsync(dst.handle + dst.offset + dst_offset,
+                                   src.handle + src.offset + src_offset, nbytes, self.stream),
+              "cuMemcpyDtoDAsync")
 
-    def _no_host_copy_in_capture(self, what: str) -> None:
-        if self.capturing is not None:
-            raise DeviceError(f"cannot {what} while capturing a graph: a graph replays device "
-                              "work only. Copy inputs into captured arrays before replay() and "
-                              "read outputs after it")
+    def _record_copy(self, src, src_offset: int, dst, dst_offset: int, nbytes: int) -> None:
+        self._device_copy(src, src_offset, dst, dst_offset, nbytes)  # captured by the stream
+        self.capturing.buffers.extend((src, dst))
 
     # --- waiting -------------------------------------------------------------------------
-    def synchronize(self) -> None:
-        if self.capturing is not None:
-            raise DeviceError("cannot synchronize while capturing a graph")
+    def _wait_all(self) -> None:
         check(cu.cuStreamSynchronize(self.stream), f"work on {self.device.name}",
               KernelLaunchError)
 
@@ -301,30 +267,20 @@ class CudaQueue(Queue):
         check(cu.cuStreamWaitEvent(cu.CUstream(other_stream), ev.event, 0), "cuStreamWaitEvent")
 
     # --- graphs --------------------------------------------------------------------------
-    @contextmanager
-    def capture(self):
-        if self.capturing is not None:
-            raise DeviceError("a graph is already being captured on this queue")
-        graph = CudaGraph(self)
+    def _new_recording(self) -> CudaGraph:
+        return CudaGraph(self)
+
+    def _begin_capture(self, graph: CudaGraph) -> None:
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-        with self.device.allocator.private_pool(f"graph@{id(graph):x}") as pool:
-            graph.pool = pool
-            check(cu.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
-            self.capturing = graph
-            try:
-                yield graph
-            except BaseException:
-                self.capturing = None
-                ret = cu.cuStreamEndCapture(self.stream)
-                if ret[0] == 0 and ret[1] is not None:
-                    cu.cuGraphDestroy(ret[1])
-                graph.close()
-                raise
-            self.capturing = None
-            graph.graph = check(cu.cuStreamEndCapture(self.stream), "capturing a graph",
-                                KernelLaunchError)
-            graph.exec = check(cu.cuGraphInstantiate(graph.graph, 0), "cuGraphInstantiate",
-                               KernelLaunchError)
-            if trace.enabled:
-                trace.emit("capture", f"graph of {graph.kernels} kernels on "
-                                      f"{self.device.name}", 0.0)
+        check(cu.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
+
+    def _abort_capture(self, graph: CudaGraph) -> None:
+        ret = cu.cuStreamEndCapture(self.stream)
+        if ret[0] == 0 and ret[1] is not None:
+            cu.cuGraphDestroy(ret[1])
+
+    def _end_capture(self, graph: CudaGraph) -> None:
+        graph.graph = check(cu.cuStreamEndCapture(self.stream), "capturing a graph",
+                            KernelLaunchError)
+        graph.exec = check(cu.cuGraphInstantiate(graph.graph, 0), "cuGraphInstantiate",
+                           KernelLaunchError)

@@ -1,6 +1,6 @@
 """The Metal backend: Apple GPUs through PyObjC's Metal bindings, kernels in MSL.
 
-``load(index)`` builds the array API (``needle.backends.gpu.GpuBackend`` over a
+``load(index)`` builds the array API (a ``MetalBackend``: the generic GPU backend over a
 ``MetalDevice``) or raises ``DeviceError`` saying why Metal cannot be used here (not macOS,
 PyObjC's Metal bindings missing, no GPU). Metal has no float64: asking for it raises
 ``DTypeError``. Without a Mac the backend runs through the MSL emulator in
@@ -25,8 +25,8 @@ def load(index: int = 0):
         except ImportError as e:
             raise DeviceError(f"Metal needs macOS and PyObjC's Metal bindings ({e}); install "
                               "them with: pip install 'needle[metal]'") from None
-        from ..gpu import GpuBackend
+        from .backend import MetalBackend
         from .device import MetalDevice
 
-        _BACKEND = GpuBackend(MetalDevice(Metal), name="metal")
+        _BACKEND = MetalBackend(MetalDevice(Metal))
     return _BACKEND

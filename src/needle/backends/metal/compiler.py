@@ -45,7 +45,7 @@ def _description(error) -> str:
 class MetalKernel(Kernel):
     """A compute pipeline state and the limits Metal reports for it."""
 
-    __slots__ = ("static_shared",)
+    __slots__ = ()
 
     def __init__(self, name: str, pipeline):
         width = int(pipeline.threadExecutionWidth())

@@ -2,8 +2,9 @@
 
 Dispatches are encoded into the open MTLCommandBuffer's compute encoder (many dispatches,
 one encoder; a serial encoder runs them in order). The buffer is committed when the host
-needs data, or after ``MAX_DISPATCHES`` dispatches so the GPU starts while the host keeps
-encoding; at most ``MAX_IN_FLIGHT`` committed buffers run ahead of the host. A command
+needs data, or after ``commit_every`` dispatches so the GPU starts while the host keeps
+encoding; at most ``max_in_flight`` committed buffers run ahead of the host (both set by the
+backend from its ``MetalTuning``). A command
 buffer's status and error are checked once it completes, and a failed one raises
 ``KernelLaunchError`` naming the kernels it ran.
 
@@ -15,15 +16,12 @@ queue order (a block recycled by the allocator may still be read by queued kerne
 from __future__ import annotations
 
 from collections import deque
-from contextlib import contextmanager
 
 import numpy as np
 
 from ...errors import DeviceError, KernelLaunchError
-from ...hal import CommandBuffer, Event, Queue, trace
+from ...hal import CommandBuffer, Event, Queue
 
-MAX_DISPATCHES = 64
-MAX_IN_FLIGHT = 8
 MAX_SET_BYTES = 4096  # setBytes limit; larger params go in a buffer
 
 
@@ -79,6 +77,9 @@ class MetalCapture(CommandBuffer):
             else:
                 self._queue._encode_copy(*args)
 
+    def describe(self) -> str:
+        return f"recording of {len(self.commands)} commands"
+
     def _release(self) -> None:
         self.commands = []
 
@@ -98,7 +99,8 @@ class MetalQueue(Queue):
         self._in_flight: deque[tuple[int, object, list[str]]] = deque()
         self._seq = 0
         self._last = (0, None)
-        self.capturing: MetalCapture | None = None
+        self.commit_every = 64
+        self.max_in_flight = 8
 
     # --- command buffers ---------------------------------------------------------------
     def _encoder_for(self, kind: str):
@@ -126,7 +128,7 @@ class MetalQueue(Queue):
         self._in_flight.append((self._seq, self._cb, self._names))
         self._last = (self._seq, self._cb)
         self._cb, self._names = None, []
-        while len(self._in_flight) > MAX_IN_FLIGHT:
+        while len(self._in_flight) > self.max_in_flight:
             self._wait_oldest()
 
     def last_committed(self) -> tuple[int, object]:
@@ -155,9 +157,7 @@ class MetalQueue(Queue):
         """True when no work is open or in flight (the host may touch any buffer)."""
         return self._cb is None and not self._in_flight
 
-    def synchronize(self) -> None:
-        if self.capturing is not None:
-            raise DeviceError("cannot synchronize while recording a command buffer")
+    def _wait_all(self) -> None:
         self.commit()
         self.wait_through(self._seq)
 
@@ -165,7 +165,11 @@ class MetalQueue(Queue):
         return MetalEvent(self)
 
     # --- dispatch ----------------------------------------------------------------------
-    def dispatch(self, kernel, groups, threads, buffers, params=b"", shared_bytes=0) -> None:
+    def _prepare_dispatch(self, kernel, groups, threads, buffers, params, shared_bytes,
+                          raw_args):
+        if raw_args:
+            raise KernelLaunchError(f"kernel {kernel.name}: Metal takes no by-value arguments "
+                                    "beyond the params struct")
         count = threads[0] * threads[1] * threads[2]
         if count > kernel.max_threads or min(threads) < 1:
             raise KernelLaunchError(
@@ -179,24 +183,14 @@ class MetalQueue(Queue):
                 f"kernel {kernel.name}: {shared + kernel.static_shared} bytes of threadgroup "
                 f"memory exceed the device's {self.device.max_shared_bytes}")
         if groups[0] * groups[1] * groups[2] == 0:
-            return
-        args = (kernel, tuple(groups), tuple(threads), list(buffers), bytes(params), shared)
-        if self.capturing is not None:
-            self.capturing.commands.append(("dispatch", args))
-            return
-        if trace.enabled:
-            with trace.Span("dispatch", f"{kernel.name} groups={tuple(groups)} "
-                                        f"threads={tuple(threads)} shared={shared}", self):
-                self._encode_dispatch(*args)
-            return
-        if self.profiler is not None:
-            start, end = self.event(), self.event()
-            start.record()
-            self._encode_dispatch(*args)
-            end.record()
-            self.profiler.add(kernel.name, start, end)
-            return
-        self._encode_dispatch(*args)
+            return None
+        return kernel, tuple(groups), tuple(threads), list(buffers), bytes(params), shared
+
+    def _submit(self, command) -> None:
+        self._encode_dispatch(*command)
+
+    def _record_dispatch(self, command, buffers) -> None:
+        self.capturing.commands.append(("dispatch", command))
 
     def _encode_dispatch(self, kernel, groups, threads, buffers, params: bytes,
                          shared: int) -> None:
@@ -215,56 +209,34 @@ class MetalQueue(Queue):
         size = self._api.MTLSizeMake
         enc.dispatchThreadgroups_threadsPerThreadgroup_(size(*groups), size(*threads))
         self._names.append(kernel.name)
-        if len(self._names) >= MAX_DISPATCHES:
+        if len(self._names) >= self.commit_every:
             self.commit()
 
     # --- copies ------------------------------------------------------------------------
-    def copy_from_host(self, dst, dst_offset: int, src: np.ndarray) -> None:
-        self._no_host_copy_in_capture("copy from the host")
-        if not src.nbytes:
-            return
-        span = None
-        if trace.enabled:
-            span = trace.Span("copy", f"host to {self.device.name}, "
-                                      f"{trace.nbytes_str(src.nbytes)}", self)
-        if span:
-            span.__enter__()
+    def _upload(self, dst, dst_offset: int, src: np.ndarray) -> None:
         data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
         if self.idle():
             dst.host_view()[dst_offset:dst_offset + data.nbytes] = data
+            return
+        staging = self.device.mtl.newBufferWithBytes_length_options_(
+            data.tobytes(), data.nbytes, self._api.MTLResourceStorageModeShared)
+        if staging is None:  # no memory for a staging copy: wait, then write in place
+            self.synchronize()
+            dst.host_view()[dst_offset:dst_offset + data.nbytes] = data
         else:
-            staging = self.device.mtl.newBufferWithBytes_length_options_(
-                data.tobytes(), data.nbytes, self._api.MTLResourceStorageModeShared)
-            if staging is None:  # no memory for a staging copy: wait, then write in place
-                self.synchronize()
-                dst.host_view()[dst_offset:dst_offset + data.nbytes] = data
-            else:
-                self._encode_copy(_Staging(staging), 0, dst, dst_offset, data.nbytes)
-        if span:
-            span.__exit__(None, None, None)
+            self._encode_copy(_Staging(staging), 0, dst, dst_offset, data.nbytes)
 
-    def copy_to_host(self, src, src_offset: int, dst: np.ndarray) -> None:
-        self._no_host_copy_in_capture("read data back to the host")
-        span = None
-        if trace.enabled:
-            span = trace.Span("copy", f"{self.device.name} to host, "
-                                      f"{trace.nbytes_str(dst.nbytes)}")
-        if span:
-            span.__enter__()
+    def _download(self, src, src_offset: int, dst: np.ndarray) -> None:
         self.synchronize()
         if dst.nbytes:
             out = dst.reshape(-1).view(np.uint8)
             out[:] = src.host_view()[src_offset:src_offset + out.nbytes]
-        if span:
-            span.__exit__(None, None, None)
 
-    def copy(self, src, src_offset: int, dst, dst_offset: int, nbytes: int) -> None:
-        if not nbytes:
-            return
-        if self.capturing is not None:
-            self.capturing.commands.append(("copy", (src, src_offset, dst, dst_offset, nbytes)))
-            return
+    def _device_copy(self, src, src_offset: int, dst, dst_offset: int, nbytes: int) -> None:
         self._encode_copy(src, src_offset, dst, dst_offset, nbytes)
+
+    def _record_copy(self, src, src_offset: int, dst, dst_offset: int, nbytes: int) -> None:
+        self.capturing.commands.append(("copy", (src, src_offset, dst, dst_offset, nbytes)))
 
     def _encode_copy(self, src, src_offset: int, dst, dst_offset: int, nbytes: int) -> None:
         blit = self._encoder_for("blit")
@@ -277,25 +249,9 @@ class MetalQueue(Queue):
                               "replays device work only. Copy inputs into recorded arrays "
                               "before replay() and read outputs after it")
 
-    # --- recording -----------------------------------------------------------------------
-    @contextmanager
-    def capture(self):
-        if self.capturing is not None:
-            raise DeviceError("a command buffer is already being recorded on this queue")
-        recording = MetalCapture(self)
-        with self.device.allocator.private_pool(f"recording@{id(recording):x}") as pool:
-            recording.pool = pool
-            self.capturing = recording
-            try:
-                yield recording
-            except BaseException:
-                recording.close()
-                raise
-            finally:
-                self.capturing = None
-            if trace.enabled:
-                trace.emit("capture", f"{len(recording.commands)} commands on "
-                                      f"{self.device.name}", 0.0)
+    # --- recording ---------------------------------------------------------------------
+    def _new_recording(self) -> MetalCapture:
+        return MetalCapture(self)
 
 
 class _Staging:

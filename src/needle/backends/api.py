@@ -1,0 +1,195 @@
+"""The backend contract: what every backend implements, and what some also offer.
+
+``ArrayBackend`` lists the functions NDArray calls on every device; ``numpy_ref`` defines
+what each one means (its docstrings are the specification) and every other backend is tested
+against it. Beyond them a backend may offer optional services, each a named *capability*
+declared in the backend's ``capabilities`` set; a capability comes with the functions of its
+protocol below. Callers ask ``has(backend, "graphs")`` and never probe attributes, so what a
+backend must implement, and what it may add, is written here and nowhere else.
+
+Adding a function to every backend: write it in ``numpy_ref``, add it to ``ArrayBackend``,
+implement it in each backend (docs/adding_a_kernel_family.md). Adding an optional service:
+name a capability in ``CAPABILITIES``, give it a protocol in ``CAPABILITY_PROTOCOLS``, declare
+it where implemented, and name a test for it in ``tests/backends/test_contract.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+Array = Any  # a backend's flat buffer of elements (numpy_ref.Array, _cpu.Array, GpuArray)
+
+# name -> what declaring it promises (the docs and the conformance test read this table)
+CAPABILITIES = {
+    "graphs": "capture() records device work into a CommandBuffer that replay() runs again",
+    "profiling": "profile() sums device time per kernel over a block",
+    "memory_stats": "memory_stats(), memory_available() and empty_cache() of a caching "
+                    "device-memory pool",
+    "async_read": "to_numpy_later() starts a device-to-host read that is waited for later",
+    "dlpack": "dlpack_device(), to_dlpack() and from_dlpack(): zero-copy exchange of device "
+              "memory with other frameworks",
+    "host_memory": "wrap() and host_view(): arrays in host memory that numpy can view",
+    "bf16_tensor_cores": "bfloat16/float16 matmul and attention run on matrix units",
+    "fused_decode": "attention_decode is one launch (RoPE, KV write, attention and merge)",
+}
+# Names kept for capabilities that are planned but that no backend declares yet.
+RESERVED_CAPABILITIES = ("int8", "int4", "paged_attention", "sampling")
+
+
+@runtime_checkable
+class ArrayBackend(Protocol):
+    """The array API (design §3; docs/architecture.md): every backend implements all of it.
+
+    Functions write into a preallocated ``out``, take compact inputs unless the name says
+    otherwise (compact, setitem) and read dtypes from their buffers.
+    """
+
+    name: str
+    capabilities: frozenset[str]
+
+    # memory
+    def Array(self, size: int, dtype: str = "float32") -> Array: ...  # noqa: N802
+    def from_numpy(self, a: np.ndarray, out: Array) -> None: ...
+    def to_numpy(self, a: Array, shape, strides, offset) -> np.ndarray: ...
+    def fill(self, out: Array, value) -> None: ...
+    def synchronize(self) -> None: ...
+
+    # layout
+    def compact(self, a: Array, out: Array, shape, strides, offset) -> None: ...
+    def ewise_setitem(self, a: Array, out: Array, shape, strides, offset) -> None: ...
+    def scalar_setitem(self, size: int, value, out: Array, shape, strides, offset) -> None: ...
+
+    # elementwise: ewise_X(a, b, out) / scalar_X(a, value, out) for each binary op below,
+    # ewise_X(a, out) for each unary op (checked by ``missing_functions``)
+    def ewise_cast(self, a: Array, out: Array) -> None: ...
+    def where(self, cond: Array, a: Array, b: Array, out: Array) -> None: ...
+    def silu_mul(self, a: Array, b: Array, out: Array) -> None: ...
+    def swiglu(self, x: Array, out: Array, dim: int) -> None: ...
+
+    # reductions of a compact (outer, reduce_size, inner) array
+    def reduce_sum(self, a: Array, out: Array, outer: int, reduce_size: int,
+                   inner: int = 1) -> None: ...
+    def reduce_max(self, a: Array, out: Array, outer: int, reduce_size: int,
+                   inner: int = 1) -> None: ...
+    def reduce_min(self, a: Array, out: Array, outer: int, reduce_size: int,
+                   inner: int = 1) -> None: ...
+    def reduce_argmax(self, a: Array, out: Array, outer: int, reduce_size: int,
+                      inner: int = 1) -> None: ...
+
+    # matmul, indexing
+    def matmul(self, a: Array, b: Array, out: Array, m: int, n: int, p: int, *,
+               batch: int = 1, stride_a: int | None = None, stride_b: int | None = None,
+               transpose_a: bool = False, transpose_b: bool = False) -> None: ...
+    def take(self, table: Array, indices: Array, out: Array, rows: int, dim: int) -> None: ...
+    def scatter_add(self, indices: Array, values: Array, out: Array, rows: int,
+                    dim: int) -> None: ...
+
+    # transformer
+    def softmax(self, a: Array, out: Array, dim: int) -> None: ...
+    def log_softmax(self, a: Array, out: Array, dim: int) -> None: ...
+    def rmsnorm(self, x: Array, w: Array, out: Array, dim: int, eps: float) -> None: ...
+    def add_rmsnorm(self, x: Array, delta: Array, w: Array, total: Array, out: Array, dim: int,
+                    eps: float) -> None: ...
+    def layernorm(self, x: Array, w: Array, b: Array, out: Array, dim: int,
+                  eps: float) -> None: ...
+    def rope(self, x: Array, cos: Array, sin: Array, out: Array, batch: int, seq: int,
+             heads: int, head_dim: int) -> None: ...
+    def attention(self, q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,
+                  kv_heads: int, q_len: int, kv_len: int, kv_capacity: int, head_dim: int,
+                  scale: float, causal: bool) -> None: ...
+    def attention_decode(self, qkv: Array, cos: Array, sin: Array, position: Array,
+                         keys: Array, values: Array, out: Array, q_heads: int, kv_heads: int,
+                         head_dim: int, capacity: int, table_rows: int,
+                         scale: float) -> None: ...
+
+    # optimizer updates, in place
+    def adam_update(self, param: Array, grad: Array, m: Array, v: Array, lr: float,
+                    beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
+                    decoupled: bool) -> None: ...
+    def sgd_update(self, param: Array, grad: Array, momentum_buf: Array | None, lr: float,
+                   momentum: float, dampening: float, weight_decay: float, nesterov: bool,
+                   first: bool) -> None: ...
+
+
+BINARY_OPS = ("add", "sub", "mul", "div", "power", "maximum", "minimum",
+              "eq", "ne", "lt", "le", "gt", "ge")
+UNARY_OPS = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
+             "relu", "silu", "gelu")
+
+
+class GraphCapture(Protocol):
+    def capture(self) -> AbstractContextManager: ...
+
+
+class Profiling(Protocol):
+    def profile(self) -> AbstractContextManager: ...
+
+
+class MemoryStats(Protocol):
+    def memory_stats(self) -> Any: ...  # hal.MemoryStats: in_use, reserved, peak, ...
+    def memory_available(self) -> int: ...
+    def empty_cache(self) -> None: ...
+
+
+class AsyncRead(Protocol):
+    def to_numpy_later(self, a: Array, shape, strides,
+                       offset) -> Callable[[], np.ndarray]: ...
+
+
+class DLPackExchange(Protocol):
+    def dlpack_device(self) -> tuple[int, int]: ...
+    def to_dlpack(self, a: Array, shape, strides, offset, stream=None) -> Any: ...
+    def from_dlpack(self, x, ndarray_cls) -> Any: ...
+
+
+class HostMemory(Protocol):
+    def wrap(self, flat: np.ndarray, dtype: str) -> Array: ...
+    def host_view(self, a: Array) -> np.ndarray: ...
+
+
+class _Marker(Protocol):
+    """Capabilities that promise behaviour of required functions, not new functions."""
+
+
+CAPABILITY_PROTOCOLS: dict[str, type] = {
+    "graphs": GraphCapture, "profiling": Profiling, "memory_stats": MemoryStats,
+    "async_read": AsyncRead, "dlpack": DLPackExchange, "host_memory": HostMemory,
+    "bf16_tensor_cores": _Marker, "fused_decode": _Marker,
+}
+
+
+def has(backend, capability: str) -> bool:
+    """Whether ``backend`` declares ``capability`` (a name from ``CAPABILITIES``)."""
+    if capability not in CAPABILITIES and capability not in RESERVED_CAPABILITIES:
+        raise ValueError(f"unknown backend capability {capability!r}; known: "
+                         f"{', '.join(CAPABILITIES)}")
+    return capability in backend.capabilities
+
+
+def _protocol_functions(protocol: type) -> list[str]:
+    return [name for name, value in vars(protocol).items()
+            if callable(value) and not name.startswith("_")]
+
+
+def required_functions() -> list[str]:
+    """Every function name the array API requires of a backend."""
+    names = _protocol_functions(ArrayBackend)
+    names += [f"{kind}_{op}" for op in BINARY_OPS for kind in ("ewise", "scalar")]
+    names += [f"ewise_{op}" for op in UNARY_OPS]
+    return names
+
+
+def missing_functions(backend) -> list[str]:
+    """What ``backend`` lacks of the array API and of its declared capabilities' protocols
+    (empty when it implements the contract); the conformance test asserts it is empty."""
+    names = required_functions()
+    for capability in getattr(backend, "capabilities", ()):
+        protocol = CAPABILITY_PROTOCOLS.get(capability)
+        names += _protocol_functions(protocol) if protocol is not None else []
+    missing = [n for n in names if not callable(getattr(backend, n, None))]
+    missing += [a for a in ("name", "capabilities") if getattr(backend, a, None) is None]
+    return missing

@@ -1,0 +1,252 @@
+"""``CudaBackend``: the generic GPU backend plus what only NVIDIA GPUs run.
+
+The generic families (``backends/gpu``) launch the kernels every GPU backend ships; this
+subclass adds CUDA's own kernels where they are faster — a tiled transpose for compact(),
+in-place half-precision scatter, the skinny product, tensor-core GEMMs (mma.sync on sm_80+,
+warpgroup MMA and the TMA-fed GEMM on Hopper), tensor-core prefill attention and the
+one-launch decode attention — each behind a switch of its ``CudaTuning``.
+"""
+
+from __future__ import annotations
+
+from ...backend_ndarray.dtypes import ITEMSIZE
+from ...errors import DeviceError, ShapeError
+from ..gpu import GpuArray, GpuBackend
+from ..gpu.array import (
+    ACC,
+    ATTN,
+    MATMUL,
+    MAX_GRID_YZ,
+    SUFFIX,
+    TAKE,
+    TRANSPOSE,
+    aligned16,
+    cdiv,
+    split_scale,
+)
+from .tensor_map import matrix_map
+from .tuning import CudaTuning
+
+_HALF = ("float16", "bfloat16")
+
+
+class CudaBackend(GpuBackend):
+    def __init__(self, device, tuning: CudaTuning | None = None):
+        tuning = tuning or CudaTuning.for_device(device.capability, device.executables.arch)
+        super().__init__(device, "cuda", tuning)
+        device.queue.pdl = tuning.pdl
+        caps = set(self.capabilities)
+        if tuning.mma:
+            caps.add("bf16_tensor_cores")
+        caps.add("fused_decode")  # CUDA ships only the one-launch attention_decode
+        self.capabilities = frozenset(caps)
+
+    def _retuned(self) -> None:
+        self.device.queue.pdl = self.tuning.pdl
+
+    # --- layout ----------------------------------------------------------------------------
+    def _compact_special(self, a: GpuArray, out: GpuArray, shape, strides, offset) -> bool:
+        """Transposed matrices, (count, rows, cols) from (cols, rows) storage, by 32x32
+        tiles through shared memory (coalesced on both sides)."""
+        if not (self.tuning.transpose and len(shape) in (2, 3)
+                and strides[-2] == 1 and strides[-1] == shape[-2]
+                and (len(shape) == 2 or shape[0] <= MAX_GRID_YZ)
+                and cdiv(shape[-2], 32) <= MAX_GRID_YZ):
+            return False
+        count, batch_stride = (shape[0], strides[0]) if len(shape) == 3 else (1, 0)
+        rows, cols = shape[-2:]
+        k = self._kernel("layout", f"transpose_{SUFFIX[a.dtype]}")
+        ty = max(1, min(8, k.max_threads // 32))
+        self.queue.dispatch(k, (cdiv(cols, 32), cdiv(rows, 32), count), (32, ty, 1),
+                            (a.buffer, out.buffer),
+                            TRANSPOSE.pack(count, rows, cols, batch_stride, offset))
+        return True
+
+    def _scatter_add_special(self, indices, values, out, rows: int, dim: int) -> bool:
+        """Few rows of fp16/bf16 (a decode step's keys and values): each distinct row summed
+        in float32 and rounded once, in place, without converting all of ``out``."""
+        if not (self.tuning.half_scatter and out.dtype in _HALF and indices.size <= 64):
+            return False
+        self._rows_launch("layout", f"scatter_add_{SUFFIX[out.dtype]}_{SUFFIX[indices.dtype]}",
+                          indices.size, dim, 1, (indices.buffer, values.buffer, out.buffer),
+                          TAKE.pack(indices.size, rows, dim))
+        return True
+
+    # --- matmul ----------------------------------------------------------------------------
+    def _matmul_special(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
+        dt = a.dtype
+        width = 16 // ITEMSIZE[dt]
+        if (m <= 8 and not ta and not tb and self.tuning.skinny
+                and dt in ("float16", "bfloat16", "float32") and p % width == 0
+                and stride_b % width == 0 and aligned16(b.buffer)):
+            self._skinny(a, b, out, m, n, p, batch, stride_a, stride_b)
+            return True
+        tc = (self.tuning.mma and dt in _HALF and n % 8 == 0 and p % 8 == 0
+              and (batch == 1 or stride_a % 8 == 0 and stride_b % 8 == 0)
+              # the tensor-core pipeline's stages must fit in shared memory
+              and self.tuning.tc_stages * (128 * 32 + 32 * 128) * 2
+              <= self.device.max_shared_bytes
+              and aligned16(a.buffer) and aligned16(b.buffer))
+        if not tc:
+            return dt == "float32" and self._split_k_f32(a, b, out, m, n, p, batch, stride_a,
+                                                         stride_b, ta, tb)
+        if self.tuning.wgmma:
+            self._wgmma(a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb)
+            return True
+        # the mma.sync kernel reads both operands untransposed: transpose on the device
+        a, stride_a = self._untranspose(a, m, n, batch, stride_a, ta)
+        b, stride_b = self._untranspose(b, n, p, batch, stride_b, tb)
+        bn = self.tuning.tc_tile
+        name = f"matmul_tc{'256' if bn == 256 else ''}_{SUFFIX[dt]}"
+        shared = self.tuning.tc_stages * (128 * 32 + 32 * bn) * 2
+        self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
+                           (128, bn), 256, shared, False, False)
+        return True
+
+    def _split_k_f32(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
+        """A float32 product whose 128x128 output tiles alone would leave most SMs idle (a
+        512x1024 product has 32 tiles for 132 SMs): groups also split K, each writing its
+        partial product to a float32 slab, and a column sum adds the slabs."""
+        tiles = cdiv(m, 128) * cdiv(p, 128) * batch
+        if not self.tuning.split_k or tiles >= self.device.compute_units or n < 512:
+            return False
+        splits = min(cdiv(2 * self.device.compute_units, tiles), n // 256)
+        chunk = cdiv(cdiv(n, max(splits, 1)), 16) * 16
+        splits = cdiv(n, chunk)
+        if splits == 1 or batch > MAX_GRID_YZ // splits:
+            return False
+        part = GpuArray(self._workspace(splits * batch * m * p * 4), splits * batch * m * p,
+                        "float32")
+        k = self._kernel("matmul", f"matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}_f32")
+        params = MATMUL.pack(m, n, p, batch, stride_a, stride_b, int(ta), int(tb), splits, chunk)
+        self.queue.dispatch(k, (cdiv(p, 128), cdiv(m, 128), splits * batch), (256, 1, 1),
+                            (a.buffer, b.buffer, part.buffer), params)
+        self._reduce("sum", part, out, 1, splits, batch * m * p)
+        return True
+
+    def _wgmma(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> None:
+        """Hopper warpgroup MMA: A as (m, n) row-major; B as (p, n) row-major (K-major), or,
+        for the TMA kernel only, as (n, p) row-major (N-major: A @ B needs no copy of B)."""
+        a, stride_a = self._untranspose(a, m, n, batch, stride_a, ta)
+        # TMA: operands at least one box (128 x 64 of A, 256 x 64 of B) large, so no box
+        # overhangs a whole dimension; smaller products are better served by 128-wide tiles
+        if (self.tuning.tma and self.tuning.gemm == "tma"
+                and m >= 128 and p >= 256 and n >= 64
+                and (batch == 1 or stride_a >= m * n and stride_b >= p * n)
+                and aligned16(a.buffer) and aligned16(b.buffer)
+                and self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b, tb)):
+            return
+        b, stride_b = self._untranspose(b, p, n, batch, stride_b, not tb)
+        tile = self.tuning.wgmma_tile
+        wide = cdiv(m, 128) * cdiv(p, 256) * batch >= self.device.compute_units
+        nsub = 2 if tile == "256" or (tile is None and wide) else 1  # small: more groups
+        name = f"matmul_wgmma{'128' if nsub == 1 else ''}_{SUFFIX[a.dtype]}"
+        shared = self.tuning.wg_stages * (128 + 128 * nsub) * 64 * 2 + 1024
+        self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
+                           (128, 128 * nsub), 256, shared, False, True)
+
+    def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b, tb: bool) -> bool:
+        """gemm_tma.cu: 128x256 tiles, a TMA producer warpgroup and two wgmma consumer
+        warpgroups; A (m, n) row-major, B (p, n) row-major when ``tb`` (K-major: matmul_tma)
+        or (n, p) row-major (N-major: matmul_tma_nn), described by tensor maps. False
+        (nothing launched) when the operands cannot be described: use another kernel."""
+        stages = self.tuning.tma_stages
+        shared = stages * (128 + 256) * 64 * 2 + 16 * stages + 1024
+        if shared > self.device.max_shared_bytes:
+            return False
+        item = ITEMSIZE[a.dtype]
+        launches = []
+        try:
+            for z0 in range(0, batch, MAX_GRID_YZ):
+                nb = min(MAX_GRID_YZ, batch - z0)
+                av = a.buffer if z0 == 0 else a.buffer.view(z0 * stride_a * item, 0)
+                bv = b.buffer if z0 == 0 else b.buffer.view(z0 * stride_b * item, 0)
+                ov = out.buffer if z0 == 0 else out.buffer.view(z0 * m * p * item, 0)
+                b_map = (matrix_map(b.dtype, bv.handle + bv.offset, p, n, nb, stride_b, 256)
+                         if tb else  # N-major: boxes of 64 k-rows x 64 columns
+                         matrix_map(b.dtype, bv.handle + bv.offset, n, p, nb, stride_b, 64))
+                maps = (matrix_map(a.dtype, av.handle + av.offset, m, n, nb, stride_a, 128),
+                        b_map)
+                launches.append((nb, (av, bv, ov), maps))
+        except DeviceError:
+            return False
+        k = self._kernel("gemm_tma", f"matmul_tma_{'' if tb else 'nn_'}{SUFFIX[a.dtype]}")
+        k.check_threads(384)
+        k.reserve_shared(shared)
+        tiles = cdiv(m, 128) * cdiv(p, 256)  # one grid axis: the kernel orders the tiles
+        for nb, bufs, maps in launches:
+            params = MATMUL.pack(m, n, p, nb, stride_a, stride_b, 0, int(tb), 1, 0)
+            self.queue.dispatch(k, (tiles, 1, nb), (384, 1, 1), bufs, params, shared,
+                                raw_args=maps)
+        return True
+
+    def _skinny(self, a, b, out, m: int, n: int, p: int, batch: int, stride_a: int,
+                stride_b: int) -> None:
+        """A few rows times (n, p) matrices: bandwidth-bound, so B is read once, by groups
+        of 256 threads over 8 column groups of 16 bytes and a slice of k; the slices'
+        float32 partial sums are added by ``gemv_combine``."""
+        sfx = SUFFIX[a.dtype]
+        k = self._kernel("matmul", f"matmul_skinny_{sfx}")
+        k.check_threads(256)
+        gx = cdiv(p // (16 // ITEMSIZE[a.dtype]), 8)
+        if batch > MAX_GRID_YZ:
+            raise ShapeError(f"matmul with a batch of {batch} exceeds the GPU grid")
+        # about two groups per SM, each thread at least one round of 8 loads (256 rows of k)
+        splits = max(1, min(cdiv(2 * self.device.compute_units, gx * batch), cdiv(n, 256),
+                            MAX_GRID_YZ))
+        chunk = cdiv(n, splits)
+        splits = cdiv(n, chunk)
+        part = self._workspace(splits * batch * m * p * 4) if splits > 1 else out.buffer
+        params = MATMUL.pack(m, n, p, batch, stride_a, stride_b, 0, 0, splits, chunk)
+        self.queue.dispatch(k, (gx, splits, batch), (256, 1, 1),
+                            (a.buffer, b.buffer, out.buffer, part), params)
+        if splits > 1:
+            combine = MATMUL.pack(1, n, batch * m * p, 1, 0, 0, 0, 0, splits, chunk)
+            self._launch_1d(f"gemv_combine_{sfx}", batch * m * p, (part, out.buffer), combine,
+                            "matmul")
+
+    # --- attention -------------------------------------------------------------------------
+    def _attention_special(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                           kv_capacity, head_dim, scale, causal) -> bool:
+        """Prefill-sized attention on tensor cores (mma.sync): groups of 64 query rows,
+        K/V in 64-key tiles through two shared-memory stages, P kept in registers."""
+        if not (self.tuning.mma and q.dtype in _HALF and head_dim in (64, 128)
+                and q_heads // kv_heads * q_len >= 64
+                and all(aligned16(x.buffer) for x in (q, k, v, out))):
+            return False
+        kern = self._kernel("nn", f"attention_tc{head_dim}_{SUFFIX[q.dtype]}")
+        kern.check_threads(128)
+        gx, gy = cdiv(q_heads // kv_heads * q_len, 64), batch * kv_heads
+        if gy > MAX_GRID_YZ:
+            raise ShapeError(f"attention over {gy} (batch x kv heads) exceeds the GPU grid")
+        shared = (64 + 4 * 64) * head_dim * 2  # Q tile + two stages of K and V tiles
+        kern.reserve_shared(shared)
+        hi, lo = split_scale(scale)
+        params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
+                           1, kv_len, hi, int(bool(causal)), lo)
+        self.queue.dispatch(kern, (gx, gy, 1), (128, 1, 1),
+                            (q.buffer, k.buffer, v.buffer, out.buffer, out.buffer, out.buffer),
+                            params, shared)
+        return True
+
+    def attention_decode(self, qkv, cos, sin, position, keys, values, out, q_heads: int,
+                         kv_heads: int, head_dim: int, capacity: int, table_rows: int,
+                         scale: float) -> None:
+        """One launch: the generic plan's groups also stage each chunk's keys and values
+        (padded rows) and the merge weights in shared memory, and the last group of each
+        KV head to finish merges (counted with one atomic counter per KV head)."""
+        dt = self._need(qkv.dtype, ("float16", "bfloat16", "float32", "float64"),
+                        "attention_decode")
+        group, chunk, splits, shared = self._decode_plan(dt, q_heads, kv_heads, head_dim,
+                                                         capacity)
+        stride = head_dim + (2 if ITEMSIZE[dt] == 2 else 1)
+        shared = cdiv(shared + 2 * chunk * stride * ITEMSIZE[dt], 16) * 16
+        shared += group * (splits + 1) * ACC[dt]
+        kern = self._kernel("nn", f"attention_decode_fused_{SUFFIX[dt]}")
+        self._decode_check(kern, group, head_dim, shared, splits)
+        part_o, part_ml, params = self._decode_launch_state(
+            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk, scale)
+        self.queue.dispatch(kern, (kv_heads, splits, 1), (128, 1, 1),
+                            (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
+                             keys.buffer, values.buffer, part_o, part_ml, out.buffer,
+                             self._counters(kv_heads)), params, shared)

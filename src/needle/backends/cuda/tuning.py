@@ -1,0 +1,65 @@
+"""The CUDA backend's tuning: every choice of kernel and tile it makes, read once per device.
+
+Environment overrides (docs/cuda.md lists them):
+
+- ``NEEDLE_WGMMA=0``: no Hopper warpgroup-MMA GEMMs (wgmma, TMA) even on sm_90a.
+- ``NEEDLE_GEMM=wgmma``: half-precision GEMMs take the cp.async wgmma kernel, not TMA.
+- ``NEEDLE_WGMMA_TILE=128|256``: the wgmma kernel's N tile (default: by problem size).
+- ``NEEDLE_TC_TILE=256``: the sm_80 tensor-core GEMM's 128x256 tile (default 128x128).
+- ``NEEDLE_PDL=0``: no programmatic dependent launch inside graph captures.
+- ``NEEDLE_CUDA_OPTIONS``: extra NVRTC options; its ``-DTC_STAGES=``, ``-DWG_STAGES=`` and
+  ``-DGEMM_TMA_STAGES=`` defines set pipeline depths that the launches must size shared
+  memory for, so they are read here too.
+
+Tests and scripts change a setting for a block with ``backend.tuned(gemm="wgmma")``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..gpu import GpuTuning
+
+
+def _stages(options: list[str], define: str, default: int) -> int:
+    for opt in options:
+        if opt.startswith(f"-D{define}="):
+            return int(opt.split("=", 1)[1])
+    return default
+
+
+@dataclass(frozen=True)
+class CudaTuning(GpuTuning):
+    """``capability``/``arch`` decide what the device can run; the rest is choice."""
+
+    split_k: bool = True  # float32 products with few output tiles split K over more groups
+    transpose: bool = True  # compact() of transposed matrices by a tiled transpose kernel
+    skinny: bool = True  # products of <= 8 rows read B once (matmul_skinny)
+    half_scatter: bool = True  # small fp16/bf16 scatter_adds in place (a decode step's K/V)
+    mma: bool = False  # tensor-core (mma.sync) GEMMs and prefill attention: sm_80+
+    wgmma: bool = False  # Hopper warpgroup MMA GEMMs: sm_90a
+    tma: bool = False  # the TMA-fed warp-specialized GEMM (gemm_tma.cu): sm_90a
+    gemm: str = "tma"  # "tma", or "wgmma" for the cp.async kernel
+    wgmma_tile: str | None = None
+    tc_tile: int = 128
+    pdl: bool = False  # programmatic dependent launch in captured graphs: sm_90+
+    tc_stages: int = 4
+    wg_stages: int = 4
+    tma_stages: int = 4
+
+    @classmethod
+    def for_device(cls, capability: int, arch: str, env=os.environ) -> CudaTuning:
+        """The tuning for a device of compute ``capability`` whose kernels NVRTC builds for
+        ``arch`` (the executable cache's target), with the environment's overrides."""
+        options = env.get("NEEDLE_CUDA_OPTIONS", "").split()
+        target = int("".join(c for c in arch if c.isdigit()))  # sm_90a, compute_89 -> 90, 89
+        hopper = arch == "sm_90a" and env.get("NEEDLE_WGMMA", "1") != "0"
+        return cls(mma=capability >= 80, wgmma=hopper, tma=hopper,
+                   gemm="wgmma" if env.get("NEEDLE_GEMM") == "wgmma" else "tma",
+                   wgmma_tile=env.get("NEEDLE_WGMMA_TILE"),
+                   tc_tile=256 if env.get("NEEDLE_TC_TILE", "128") == "256" else 128,
+                   pdl=target >= 90 and env.get("NEEDLE_PDL", "1") != "0",
+                   tc_stages=_stages(options, "TC_STAGES", 4),
+                   wg_stages=_stages(options, "WG_STAGES", 4),
+                   tma_stages=_stages(options, "GEMM_TMA_STAGES", 4))

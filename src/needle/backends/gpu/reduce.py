@@ -1,0 +1,71 @@
+"""Reductions over the middle axis of a compact (outer, reduce_size, inner) array (kernel
+file ``reduce``): rows when inner == 1, columns otherwise, split over more groups (and
+combined by a second launch) when few groups would each walk a long reduction."""
+
+from __future__ import annotations
+
+from ...errors import DTypeError
+from .array import ALL, MAX_GRID_YZ, REDUCE, SUFFIX, GpuArray, cdiv
+from .base import GpuBase
+
+# bytes of one accumulator per (op, dtype) (float64 and integer sums accumulate in 8 bytes)
+_ACC_BYTES = {}
+for _dt in ALL:
+    _ACC_BYTES[("sum", _dt)] = 8 if _dt in ("float64", "int32", "int64", "bool") else 4
+    for _op in ("max", "min", "argmax"):
+        _ACC_BYTES[(_op, _dt)] = 8 if _dt in ("float64", "int64") else 4
+
+
+class ReduceOps(GpuBase):
+    def _reduce(self, op: str, a: GpuArray, out: GpuArray, outer: int, reduce_size: int,
+                inner: int) -> None:
+        if op != "sum" and op != "argmax" and a.dtype == "bool":
+            raise DTypeError(f"reduce_{op} is not defined for bool arrays on the GPU")
+        sfx = SUFFIX[a.dtype]
+        acc = _ACC_BYTES[(op, a.dtype)]
+        cu = self.device.compute_units
+        if inner == 1:
+            k = self._kernel("reduce", f"reduce_rows_{op}_{sfx}")
+            ty = max(1, min(8, k.max_threads // 32))
+            splits = 1  # split only long rows that too few warps share (one launch otherwise)
+            if outer < cu * 16 and reduce_size >= 8192:
+                splits = min(cdiv(cu * 32, outer), cdiv(reduce_size, 4096), MAX_GRID_YZ)
+            chunk = cdiv(cdiv(reduce_size, splits), 16) * 16  # keeps 16-byte alignment
+            splits = cdiv(reduce_size, chunk)
+            groups, shared = (cdiv(outer, ty), splits, 1), 0
+        else:
+            k = self._kernel("reduce", f"reduce_cols_{op}_{sfx}")
+            ty = max(1, min(32, k.max_threads // 32, reduce_size))  # no idle rows of threads
+            blocks = cdiv(inner, 32) * outer
+            splits = 1  # split only when few groups each walk a long column
+            if blocks * ty < cu * 16 and reduce_size >= 256 * ty:
+                splits = min(cdiv(cu * 16, blocks * ty), cdiv(reduce_size, 64 * ty),
+                             MAX_GRID_YZ)
+            chunk = cdiv(reduce_size, splits)
+            splits = cdiv(reduce_size, chunk)
+            groups, shared = (blocks, splits, 1), 32 * ty * (acc + 8)
+        part_val = part_idx = out.buffer
+        if splits > 1:
+            part_val = self._workspace(outer * splits * inner * acc)
+            part_idx = self._workspace(outer * splits * inner * 8) if op == "argmax" else part_val
+        params = REDUCE.pack(outer, reduce_size, inner, splits, chunk)
+        self.queue.dispatch(k, groups, (32, ty, 1), (a.buffer, out.buffer, part_val, part_idx),
+                            params, shared)
+        if splits > 1:
+            kc = self._kernel("reduce", f"reduce_combine_{op}_{sfx}")
+            tyc = max(1, min(8, kc.max_threads // 32))
+            self.queue.dispatch(kc, (cdiv(outer * inner, tyc), 1, 1), (32, tyc, 1),
+                                (part_val, part_idx, out.buffer), params)
+
+    def reduce_sum(self, a, out, outer: int, reduce_size: int, inner: int = 1) -> None:
+        self._reduce("sum", a, out, outer, reduce_size, inner)
+
+    def reduce_max(self, a, out, outer: int, reduce_size: int, inner: int = 1) -> None:
+        self._reduce("max", a, out, outer, reduce_size, inner)
+
+    def reduce_min(self, a, out, outer: int, reduce_size: int, inner: int = 1) -> None:
+        self._reduce("min", a, out, outer, reduce_size, inner)
+
+    def reduce_argmax(self, a, out, outer: int, reduce_size: int, inner: int = 1) -> None:
+        """Index of the first maximum (NaN counts as the maximum); ``out`` is int64."""
+        self._reduce("argmax", a, out, outer, reduce_size, inner)

@@ -1,0 +1,63 @@
+"""Device tuning objects: read once from the environment, changed for a block by
+``backend.tuned(...)``; CudaTuning needs no GPU to test (it is pure configuration)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import needle.backend_ndarray as nd
+from needle.errors import DeviceError
+
+
+def test_cuda_tuning_from_the_device_and_the_environment():
+    pytest.importorskip("cuda.bindings")
+    from needle.backends.cuda.tuning import CudaTuning
+
+    hopper = CudaTuning.for_device(90, "sm_90a", env={})
+    assert (hopper.wgmma, hopper.tma, hopper.pdl, hopper.mma, hopper.gemm) == \
+        (True, True, True, True, "tma")
+    ampere = CudaTuning.for_device(80, "sm_80", env={})
+    assert (ampere.wgmma, ampere.tma, ampere.pdl, ampere.mma) == (False, False, False, True)
+    assert not CudaTuning.for_device(75, "sm_75", env={}).mma
+    env = {"NEEDLE_WGMMA": "0", "NEEDLE_PDL": "0", "NEEDLE_GEMM": "wgmma",
+           "NEEDLE_TC_TILE": "256", "NEEDLE_WGMMA_TILE": "128",
+           "NEEDLE_CUDA_OPTIONS": "-DTC_STAGES=3 -DWG_STAGES=2 -DGEMM_TMA_STAGES=5 -DOTHER=1"}
+    t = CudaTuning.for_device(90, "sm_90a", env=env)
+    assert (t.wgmma, t.tma, t.pdl, t.gemm, t.tc_tile, t.wgmma_tile) == \
+        (False, False, False, "wgmma", 256, "128")
+    assert (t.tc_stages, t.wg_stages, t.tma_stages) == (3, 2, 5)
+
+
+def test_metal_tuning_reads_and_checks_its_variables():
+    from needle.backends.metal.backend import MetalTuning
+
+    t = MetalTuning.from_env({"NEEDLE_METAL_COMMIT_EVERY": "16", "NEEDLE_METAL_IN_FLIGHT": "2"})
+    assert (t.commit_every, t.max_in_flight) == (16, 2)
+    assert MetalTuning.from_env({}) == MetalTuning()
+    with pytest.raises(DeviceError, match="NEEDLE_METAL_IN_FLIGHT must be a positive integer"):
+        MetalTuning.from_env({"NEEDLE_METAL_IN_FLIGHT": "0"})
+
+
+@pytest.mark.parametrize("kind", ["cuda", "metal"])
+def test_tuned_changes_a_block_and_restores(kind):
+    """``tuned`` swaps the tuning for a block (and the queue follows it) and results stay
+    right with the other choice: CUDA's split-K float32 product on and off; Metal's command
+    buffers committed after every dispatch."""
+    device = nd.device_from_name(kind)
+    if not device.enabled():
+        pytest.skip(f"{kind} disabled: {device.reason}")
+    backend = device.backend
+    before = backend.tuning
+    change = {"split_k": not before.split_k} if kind == "cuda" else {"commit_every": 1}
+    a = np.random.default_rng(0).standard_normal((64, 700)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal((700, 48)).astype(np.float32)
+    x, y = nd.array(a, device=device), nd.array(b, device=device)
+    with backend.tuned(**change) as changed:
+        assert backend.tuning is changed and changed != before
+        if kind == "metal":
+            assert backend.queue.commit_every == 1
+        np.testing.assert_allclose((x @ y).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    assert backend.tuning is before
+    if kind == "metal":
+        assert backend.queue.commit_every == before.commit_every
