@@ -353,7 +353,8 @@ def test_graph_of_dependent_kernels_replays_right_with_and_without_pdl(pdl):
 def test_host_reads_are_refused_inside_a_capture():
     be = DEV.backend
     x = on(np.ones(8, np.float32))
-    with pytest.raises(DeviceError, match="capturing"), be.capture():
+    with pytest.raises(DeviceError, match="read data back to the host while recording"), \
+            be.capture():
         (x + 1).numpy()
     assert ((x + 1).numpy() == 2).all()  # the queue still works afterwards
 
@@ -411,7 +412,8 @@ def test_fused_decode_is_one_launch(dtype):
     with be.profile() as prof:
         fused = st.run(qkv, 200).numpy()
     sfx = "bf16" if dtype == "bfloat16" else "f32"
-    assert list(prof.totals) == [f"attention_decode_fused_{sfx}"]
+    attention = {k: t.calls for k, t in prof.totals.items() if k.startswith("attention")}
+    assert attention == {f"attention_decode_fused_{sfx}": 1}, prof.table()
     want = st.expected(qkv, 200)
     assert relerr(fused, want) < (2e-2 if dtype == "bfloat16" else 1e-4)
 
