@@ -1,4 +1,4 @@
-"""The ``needle`` command: ``devices``, ``demo``, ``bench`` and ``generate``.
+"""The ``needle`` command: ``devices``, ``demo``, ``bench``, ``generate`` and ``chat``.
 
 Each subcommand's module is imported only when it runs, so ``needle devices`` works even
 where optional dependencies (scikit-learn, tokenizers, a GPU) are missing.
@@ -49,17 +49,27 @@ _COMMANDS = {
     "devices": (_devices, "list devices with status and reason"),
     "demo": ("needle.demo", "train a small CNN on scikit-learn's digits"),
     "bench": (_bench, "time needle against numpy and PyTorch (from a checkout)"),
-    "generate": ("needle.generate_cli", "generate text with a local Llama-family model"),
+    "generate": ("needle.generate_cli", "generate text with a local language model"),
+    "chat": ("needle.chat_cli", "chat with a local language model (one turn per line)"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("-V", "--version"):
+        from importlib.metadata import version
+
+        print(f"needle {version('needle')}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in _COMMANDS:
-        print("usage: needle {" + ",".join(_COMMANDS) + "} [options]\n")
+        unknown = bool(argv) and argv[0] not in ("-h", "--help")
+        out = sys.stderr if unknown else sys.stdout
+        if unknown:
+            print(f"needle: unknown command {argv[0]!r}", file=out)
+        print("usage: needle [--version] {" + ",".join(_COMMANDS) + "} [options]\n", file=out)
         for name, (_, help_) in _COMMANDS.items():
-            print(f"  {name:<9} {help_}")
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+            print(f"  {name:<9} {help_}", file=out)
+        return 2 if unknown else 0
     target, _ = _COMMANDS[argv[0]]
     try:
         if isinstance(target, str):

@@ -1,75 +1,159 @@
-"""``needle generate MODEL_DIR --prompt "..."``: stream text from a local Llama-family model.
+"""``needle generate MODEL_DIR --prompt "..."``: stream text from a local model.
 
-Text goes to stdout as it is generated; the speeds (prefill and decode tokens per second)
-and the peak memory go to stderr at the end, so the text can be piped on its own.
+Text goes to stdout as it is generated; the speeds (load, time to first token, prefill and
+decode tokens per second) and the peak memory go to stderr at the end, so the text can be
+piped on its own. ``--chat`` renders the prompt as one user turn through the model's chat
+template. The options shared with ``needle chat`` are defined here.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from .errors import ModelFormatError
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="needle generate",
-                                description="Generate text with a local Hugging Face Llama, "
-                                            "Mistral or Qwen2 checkpoint (safetensors).")
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Options of every command that loads a model and generates (generate, chat)."""
     p.add_argument("model_dir", metavar="MODEL_DIR",
                    help="folder with config.json, tokenizer.json and *.safetensors")
-    p.add_argument("--prompt", required=True, help="text to continue")
-    p.add_argument("--max-tokens", type=int, default=128, help="new tokens at most (128)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="0 (the default) decodes greedily")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="new tokens at most per answer (default 128, or what fits)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 decodes greedily (default: the model's generation_config.json)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+    p.add_argument("--min-p", type=float, default=None,
+                   help="drop tokens below this fraction of the likeliest one's probability")
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="divide the logits of tokens already seen (transformers' rule)")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler")
     p.add_argument("--device", default="auto", help="auto, cpu, cpu_numpy, cuda[:i] or metal")
     p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                    help="default: the checkpoint's own")
     p.add_argument("--max-seq-len", type=int, default=None,
-                   help="KV cache length (default: prompt + max tokens)")
+                   help="KV cache length (default: what the prompt and answer need)")
+
+
+def sampling(args) -> dict:
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                seed=args.seed, min_p=args.min_p, repetition_penalty=args.repetition_penalty)
+
+
+def tokenizer_of(model_dir: str):
+    """The model directory's tokenizer (with its chat template); a clear error without one."""
+    from pathlib import Path
+
+    from .models.tokenizer import TOKENIZER_FILE, Tokenizer
+
+    if not (Path(model_dir) / TOKENIZER_FILE).is_file():
+        raise ModelFormatError(f"{Path(model_dir) / TOKENIZER_FILE} does not exist; needle needs "
+                               "the model's tokenizer.json to turn text into tokens")
+    return Tokenizer.from_directory(model_dir)
+
+
+def load(args, needed: int):
+    """The model of ``args``; ``needed``: the positions the command needs (a KV cache that
+    long, within what the model was trained for, unless --max-seq-len says otherwise)."""
+    from .models import load_pretrained
+    from .models.config import ModelConfig
+
+    max_seq_len = args.max_seq_len
+    if max_seq_len is None:
+        max_seq_len = min(needed, ModelConfig.from_file(args.model_dir).max_position_embeddings)
+    return load_pretrained(args.model_dir, device=args.device, dtype=args.dtype,
+                           max_seq_len=max_seq_len)
+
+
+def answer_budget(model, prompt_tokens: int, requested: int | None) -> int:
+    """New tokens to ask for: the request (default 128), cut to what the KV cache has left —
+    a truncation said on stderr, never silent."""
+    room = model.max_seq_len - prompt_tokens
+    if room < 1:
+        raise ModelFormatError(f"the prompt is {prompt_tokens} tokens, and the model holds "
+                               f"{model.max_seq_len} positions: shorten it")
+    want = 128 if requested is None else requested
+    if want > room:
+        print(f"(answer limited to {room} tokens: the model holds {model.max_seq_len} "
+              "positions)", file=sys.stderr)
+    return min(want, room)
+
+
+def stream_text(model, ids: list[int], max_tokens: int, options: dict, stats,
+                out=None) -> tuple[list[int], float]:
+    """Write the answer to ``out`` (stdout) as it is made; (its tokens, seconds to the
+    first one)."""
+    out = out or sys.stdout
+    text = model.tokenizer.stream_decoder()
+    start, first, tokens = time.perf_counter(), None, []
+    for token in model.stream(ids, max_tokens, stats=stats, **options):
+        if first is None:
+            first = time.perf_counter() - start
+        tokens.append(token)
+        out.write(text.push(token))
+        out.flush()
+    out.write(text.flush())
+    out.flush()
+    return tokens, first or 0.0
+
+
+def report(model, stats, first_token_s: float) -> None:
+    from .models.memory import peak_bytes
+
+    lines = [f"device {model.device.name}, {model.dtype}"]
+    if model.load_stats is not None:
+        ls = model.load_stats
+        lines.append(f"load:    {ls.bytes_read / 1e9:.2f} GB in {ls.seconds:.2f} s, "
+                     f"{ls.gb_per_s:.2f} GB/s")
+    lines += [f"first token: {first_token_s * 1000:.0f} ms",
+              f"prefill: {stats.prefill_tokens} tokens, {stats.prefill_tokens_per_s:.1f} tokens/s",
+              f"decode:  {stats.decode_tokens} tokens, {stats.decode_tokens_per_s:.1f} tokens/s"]
+    peak = peak_bytes(model.device)
+    if peak is not None:
+        lines.append(f"{peak[1]}: {peak[0] / 2**20:.1f} MiB")
+    print("\n".join(lines), file=sys.stderr)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="needle generate",
+                                description="Generate text with a local Hugging Face "
+                                            "checkpoint (safetensors) of a supported family.")
+    add_model_options(p)
+    p.add_argument("--prompt", required=True, help="text to continue (or, with --chat, the "
+                                                    "user's message)")
+    p.add_argument("--chat", action="store_true",
+                   help="render the prompt as a user turn with the model's chat template")
+    p.add_argument("--system", default=None, help="with --chat: a system message first")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from pathlib import Path
+    from .models import GenerationStats
 
-    from .models import GenerationStats, Tokenizer, load_pretrained
-    from .models.memory import peak_bytes
-    from .models.tokenizer import TOKENIZER_FILE
-
-    tokenizer_file = Path(args.model_dir) / TOKENIZER_FILE
-    if not tokenizer_file.is_file():
-        raise ModelFormatError(f"{tokenizer_file} does not exist; needle generate needs the "
-                               "model's tokenizer.json to turn the prompt into tokens")
-    tokenizer = Tokenizer.from_file(tokenizer_file)
-    ids = tokenizer.encode(args.prompt)
+    if args.max_tokens is not None and args.max_tokens < 0:
+        raise ModelFormatError(f"--max-tokens must be >= 0, got {args.max_tokens}")
+    tokenizer = tokenizer_of(args.model_dir)
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+            [{"role": "user", "content": args.prompt}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                            return_dict=False)
+    else:
+        ids = tokenizer.encode(args.prompt)
     if not ids:
         raise ModelFormatError("the prompt encodes to no tokens; give some text")
-    max_seq_len = args.max_seq_len or len(ids) + max(args.max_tokens, 0)
-    model = load_pretrained(args.model_dir, device=args.device, dtype=args.dtype,
-                            max_seq_len=max_seq_len)
+    model = load(args, needed=len(ids) + (128 if args.max_tokens is None else args.max_tokens))
+    model.tokenizer = tokenizer
+    max_tokens = answer_budget(model, len(ids), args.max_tokens)
     stats = GenerationStats()
-    text = tokenizer.stream_decoder()
-    out = sys.stdout
-    out.write(args.prompt)
-    out.flush()
-    for token in model.stream(ids, args.max_tokens, args.temperature, args.top_k, args.top_p,
-                              args.seed, stats=stats):
-        out.write(text.push(token))
-        out.flush()
-    out.write(text.flush() + "\n")
-    out.flush()
-    peak = peak_bytes(model.device)
-    lines = [f"device {model.device.name}, {model.dtype}",
-             f"prefill: {stats.prefill_tokens} tokens, {stats.prefill_tokens_per_s:.1f} tokens/s",
-             f"decode:  {stats.decode_tokens} tokens, {stats.decode_tokens_per_s:.1f} tokens/s"]
-    if peak is not None:
-        lines.append(f"{peak[1]}: {peak[0] / 2**20:.1f} MiB")
-    print("\n".join(lines), file=sys.stderr)
+    sys.stdout.write("" if args.chat else args.prompt)
+    _, first = stream_text(model, ids, max_tokens, sampling(args), stats)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    report(model, stats, first)
     return 0
 
 

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from needle.errors import DTypeError, ModelFormatError, OutOfMemoryError, ShapeError
+from needle.errors import (
+    DTypeError,
+    GenerationError,
+    ModelFormatError,
+    OutOfMemoryError,
+    ShapeError,
+)
 from needle.models import LlamaConfig, load_pretrained
 
 from .hf_models import build
@@ -205,16 +211,21 @@ def test_bad_dtype_and_length(model_dir):
         load_pretrained(model_dir, device="cpu_numpy", max_seq_len=0)
 
 
-def test_sliding_window_limit(tmp_path):
-    build("mistral", tmp_path, sliding_window=32)
-    model = load_pretrained(tmp_path, device="cpu_numpy")
-    assert model.max_seq_len == 32
-    with pytest.raises(ModelFormatError, match="sliding window of 32"):
-        load_pretrained(tmp_path, device="cpu_numpy", max_seq_len=64)
+def test_context_limit(model_dir):
+    """Past max_position_embeddings (128 here) the rotary positions are untrained: a clear
+    error at load, and generate says what to do."""
+    with pytest.raises(ShapeError, match="exceeds the 128 positions this llama model was "
+                                         "trained for"):
+        load_pretrained(model_dir, device="cpu_numpy", max_seq_len=129)
+    model = load_pretrained(model_dir, device="cpu_numpy")
+    assert model.max_seq_len == 128
+    with pytest.raises(GenerationError, match="trained for 128 positions"):
+        model.generate([1, 2, 3], 126)
 
 
 def test_too_big_for_the_device(model_dir):
     """A KV cache of 10^9 positions (512 GB here) is refused before anything is loaded."""
+    _edit_config(model_dir, max_position_embeddings=2 * 10**9)
     with pytest.raises(OutOfMemoryError, match="KV cache .* smaller max_seq_len"):
         load_pretrained(model_dir, device="cpu_numpy", max_seq_len=10**9)
 

@@ -75,25 +75,61 @@ def test_bad_requests(model):
     assert model.generate(PROMPT, 0) == []
 
 
-@pytest.mark.parametrize("top_k,top_p", [(None, None), (5, None), (None, 0.7), (20, 0.5)])
-def test_sampler_matches_transformers_warpers(top_k, top_p):
+@pytest.mark.parametrize("top_k,top_p,min_p,penalty", [
+    (None, None, None, None), (5, None, None, None), (None, 0.7, None, None),
+    (20, 0.5, None, None), (None, None, 0.1, None), (30, 0.9, 0.05, 1.3),
+    (None, None, None, 0.7)])
+def test_sampler_matches_transformers_processors(top_k, top_p, min_p, penalty):
+    """The repetition penalty, temperature, top-k, top-p and min-p, in transformers' order
+    and with its meaning: the same distribution as its logits processors."""
     torch = pytest.importorskip("torch")
     lp = pytest.importorskip("transformers.generation.logits_process")
     logits = np.random.default_rng(0).standard_normal(100) * 3
+    seen = [3, 17, 17, 42, 99]
     temperature = 0.7
-    warped = torch.tensor(logits[None], dtype=torch.float64)
-    warpers = [lp.TemperatureLogitsWarper(temperature)]
-    warpers += [lp.TopKLogitsWarper(top_k)] if top_k else []
-    warpers += [lp.TopPLogitsWarper(top_p)] if top_p else []
-    for w in warpers:
-        warped = w(None, warped)
-    expected = torch.softmax(warped, -1)[0].numpy()
-    actual = Sampler(temperature, top_k, top_p).probabilities(logits)
-    np.testing.assert_allclose(actual, expected, rtol=1e-9, atol=1e-12)
+    scores = torch.tensor(logits[None], dtype=torch.float64)
+    processors = [lp.RepetitionPenaltyLogitsProcessor(penalty)] if penalty else []
+    processors += [lp.TemperatureLogitsWarper(temperature)]
+    processors += [lp.TopKLogitsWarper(top_k)] if top_k else []
+    processors += [lp.TopPLogitsWarper(top_p)] if top_p else []
+    processors += [lp.MinPLogitsWarper(min_p)] if min_p else []
+    for proc in processors:
+        scores = proc(torch.tensor([seen]), scores)
+    expected = torch.softmax(scores, -1)[0].numpy()
+    sampler = Sampler(temperature, top_k, top_p, min_p=min_p, repetition_penalty=penalty)
+    sampler.observe(seen)
+    np.testing.assert_allclose(sampler.probabilities(logits), expected, rtol=1e-9, atol=1e-12)
 
 
 def test_sampler_draws_follow_the_distribution():
+    """Draws at successive positions (the hash's counter) follow the probabilities; a seed
+    and a position always give the same token."""
     logits = np.log(np.array([0.5, 0.3, 0.2, 1e-9]))
     sampler = Sampler(temperature=1.0, seed=0)
-    counts = np.bincount([sampler.sample(logits) for _ in range(4000)], minlength=4) / 4000
+    draws = [sampler.sample(logits, position) for position in range(4000)]
+    counts = np.bincount(draws, minlength=4) / 4000
     np.testing.assert_allclose(counts, [0.5, 0.3, 0.2, 0.0], atol=0.03)
+    again = Sampler(temperature=1.0, seed=0)
+    assert [again.sample(logits, p) for p in range(50)] == draws[:50]
+    other = Sampler(temperature=1.0, seed=1)
+    assert [other.sample(logits, p) for p in range(50)] != draws[:50]
+
+
+def test_uniform_is_a_fixed_function_of_seed_and_position():
+    """The draw's counter-based hash: values a device kernel must reproduce bit for bit."""
+    from needle.models.sampling import uniform
+
+    assert uniform(0, 0) == uniform(0, 0)
+    values = np.array([uniform(7, p) for p in range(20000)])
+    assert values.min() >= 0 and values.max() < 1
+    assert abs(values.mean() - 0.5) < 0.01 and abs(values.var() - 1 / 12) < 0.003
+    assert len({uniform(s, 5) for s in range(1000)}) > 990
+
+
+def test_repetition_penalty_without_sampling_is_greedy_on_penalized_logits(model):
+    """transformers applies the penalty in greedy decoding too; so does needle."""
+    plain = model.generate(PROMPT, 12, stop=())
+    penalized = model.generate(PROMPT, 12, stop=(), repetition_penalty=50.0)
+    assert penalized != plain
+    assert len(set(penalized)) == len(penalized)  # no token twice under so strong a penalty
+    assert not set(penalized) & set(PROMPT)

@@ -60,7 +60,7 @@ def test_half_checkpoint_loads_in_its_own_dtype(hub_checkpoint, device, dtype):
     directory, reference = hub_checkpoint("llama3_rope_tied", dtype, sharded=True)
     model = load_pretrained(directory, device=device)
     assert model.dtype == dtype
-    embed = model.model.embed_tokens.weight.numpy()
+    embed = model.weights.embed.numpy()
     expected = reference.model.embed_tokens.weight.detach().numpy()
     np.testing.assert_array_equal(embed.astype(np.float32), expected)
     ids = np.array([PROMPT])

@@ -144,7 +144,7 @@ def test_numpy_later_reads_the_value_at_the_call(device):
 def test_half_precision(checkpoints, device, dtype, tol):
     directory, hf = checkpoints("llama")
     model = load_pretrained(directory, device=device, dtype=dtype)
-    assert model.model.layers[0].self_attn.q_proj.weight.dtype == dtype
+    assert model.weights.layers[0].qkv.weight.dtype == dtype
     ids = np.array([PROMPT])
     assert rel_error(model(ids).numpy(), reference_logits(hf, ids).numpy()) < tol
     assert len(model.generate(PROMPT, max_new_tokens=4, stop=())) == 4
@@ -165,7 +165,7 @@ def test_llama_with_biases(tmp_path):
     hf = build("llama", tmp_path, attention_bias=True, mlp_bias=True)
     model = load_pretrained(tmp_path, device="cpu_numpy")
     ids = np.array([PROMPT])
-    assert model.model.layers[0].self_attn.o_proj.bias is not None
+    assert model.weights.layers[0].o.bias is not None
     assert rel_error(model(ids).numpy(), reference_logits(hf, ids).numpy()) < 1e-4
 
 

@@ -17,7 +17,7 @@ def test_parameter_count_matches_transformers(checkpoints, name):
     model = load_pretrained(directory, device="cpu_numpy")
     assert memory.parameter_count(model.config) == hf.num_parameters()
     weights = {id(a.handle): a.handle.size * a.itemsize  # whole buffers: a tied head shares
-               for a in (p.realize_cached_data() for p in model.parameters())}  # the embedding's
+               for a in model.weights.arrays()}  # the embedding's
     assert sum(weights.values()) == memory.estimate(model.config, "float32", 8).weights
 
 

@@ -1,4 +1,5 @@
-"""Llama-family language models (Llama 2/3, Mistral, Qwen2) from Hugging Face checkpoints.
+"""Decoder-only language models from Hugging Face checkpoints: Llama 2/3/3.1/3.2, Mistral,
+Qwen2/2.5, Qwen3, Gemma 2 and Phi-3 (``architectures.py``).
 
 >>> from needle.models import load_pretrained
 >>> model = load_pretrained("path/to/model", dtype="bfloat16")
@@ -6,12 +7,17 @@
 >>> print(model.tokenizer.decode(model.generate(ids, max_new_tokens=20)))
 """
 
-from .config import LlamaConfig, RopeConfig
-from .generate import GenerationStats, Sampler
-from .llama import KVCache, LlamaForCausalLM
+from .architectures import ARCHITECTURES, Architecture
+from .cache import KVCache
+from .causal_lm import CausalLM, LlamaForCausalLM
+from .config import LlamaConfig, ModelConfig, RopeConfig
+from .generate import GenerationStats
+from .generation_config import GenerationConfig
 from .loader import load_pretrained
 from .memory import MemoryEstimate
+from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
-__all__ = ["GenerationStats", "KVCache", "LlamaConfig", "LlamaForCausalLM", "MemoryEstimate",
-           "RopeConfig", "Sampler", "Tokenizer", "load_pretrained"]
+__all__ = ["ARCHITECTURES", "Architecture", "CausalLM", "GenerationConfig", "GenerationStats",
+           "KVCache", "LlamaConfig", "LlamaForCausalLM", "MemoryEstimate", "ModelConfig",
+           "RopeConfig", "Sampler", "SamplingParams", "Tokenizer", "load_pretrained"]

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from ..backends.api import has
 from ..errors import GenerationError
-from .llama import DecodeState, KVCache
+from .cache import DecodeState, KVCache
 
 
 class Decoder:
@@ -26,8 +26,7 @@ class Decoder:
     def __init__(self, model):
         self.model = model
         self.cache = KVCache(model.config, model.max_seq_len, model.device, model.dtype)
-        self.state = DecodeState(model.config, model.max_seq_len, model.device,
-                                 self.cache.dtype)
+        self.state = DecodeState(model.config, model.device)
         backend = model.device.backend
         self._capture = backend.capture if has(backend, "graphs") else None
         if os.environ.get("NEEDLE_DECODE_GRAPH", "1") == "0":
@@ -61,6 +60,7 @@ class Decoder:
         ``length`` (a decode step reads only the positions before its own)."""
         if not 0 < length <= self.length:
             raise GenerationError(f"can rewind to 1..{self.length} positions, not {length}")
+        self.cache.forget_from(length)
         self.length = length
         self._on_device = None
 

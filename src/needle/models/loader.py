@@ -1,4 +1,4 @@
-"""``load_pretrained``: a local Hugging Face model directory -> a needle LlamaForCausalLM.
+"""``load_pretrained``: a local Hugging Face model directory -> a needle ``CausalLM``.
 
 Order matters for the user's time: the config and every tensor header are checked first
 (a wrong or truncated file fails at once, naming the file and tensor), then the memory the
@@ -9,59 +9,78 @@ converted to the requested dtype on the host and copied to the device one tensor
 from __future__ import annotations
 
 import numbers
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import backend_ndarray as nd
 from ..backend_ndarray import Device, dtypes
 from ..errors import DTypeError, ModelFormatError, ShapeError
 from . import memory
+from .causal_lm import CausalLM
 from .checkpoint import Checkpoint
-from .config import LlamaConfig
-from .llama import LlamaForCausalLM
-from .tokenizer import TOKENIZER_FILE, Tokenizer
+from .config import ModelConfig
+from .generation_config import GenerationConfig
+from .tokenizer import load_tokenizer
 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MAX_SEQ_LEN = 4096
 
 
+@dataclass(frozen=True)
+class LoadStats:
+    """What loading the weights cost: bytes read from the files, and wall time from the
+    first read to the last copy on the device finished."""
+
+    bytes_read: int
+    seconds: float
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes_read / self.seconds / 1e9 if self.seconds else 0.0
+
+
 def load_pretrained(path: str | Path, device: Device | str | None = None,
-                    dtype: str | None = None, max_seq_len: int | None = None) -> LlamaForCausalLM:
-    """Load a Llama, Mistral or Qwen2 checkpoint from the directory ``path``.
+                    dtype: str | None = None, max_seq_len: int | None = None) -> CausalLM:
+    """Load a checkpoint of a supported family (``ARCHITECTURES``) from the directory ``path``.
 
     ``device``: a Device or a name ('cuda', 'cpu', 'auto'); default the best enabled one.
     ``dtype``: float32, float16 or bfloat16; default the checkpoint's own.
     ``max_seq_len``: prompt plus generated tokens the KV cache holds; default the model's
-    context length, at most 4096. The model carries ``.tokenizer`` when the directory has a
-    ``tokenizer.json`` and the ``tokenizers`` package is installed, else None.
+    context length, at most 4096. The model carries ``.tokenizer`` (with its chat template)
+    when the directory has a ``tokenizer.json`` and the ``tokenizers`` package is installed,
+    else None, and ``.generation_config`` from generation_config.json.
     """
     path = Path(path)
     if not path.is_dir():
         raise ModelFormatError(f"{path} is not a directory; pass the folder holding "
                                "config.json and the safetensors weights")
-    cfg = LlamaConfig.from_file(path / "config.json")
+    cfg = ModelConfig.from_file(path / "config.json")
+    generation = GenerationConfig.read(path, cfg.eos_token_ids)
     device = _device(device)
     dtype = _dtype(dtype or cfg.dtype)
     max_seq_len = _max_seq_len(cfg, max_seq_len)
     checkpoint = Checkpoint(path)
-    shapes = cfg.tensor_shapes()
-    for name, shape in shapes.items():
+    for name, shape in cfg.tensor_shapes().items():
         checkpoint.info(name, shape)
     memory.check_fits(memory.estimate(cfg, dtype, max_seq_len), device, max_seq_len, dtype)
+    read = 0
 
     def weights(name: str, shape: tuple[int, ...]) -> nd.NDArray:
+        nonlocal read
         host = checkpoint.read(name, shape)
+        read += host.nbytes
         return nd.array(host, dtype=dtype, device=device)
 
+    start = time.perf_counter()
     try:
-        model = LlamaForCausalLM(cfg, weights, max_seq_len, device, dtype)
+        model = CausalLM(cfg, weights, max_seq_len, device, dtype)
+        device.synchronize()
     finally:
         checkpoint.close()
-    if (path / TOKENIZER_FILE).is_file():
-        try:
-            model.tokenizer = Tokenizer.from_file(path / TOKENIZER_FILE)
-        except ModelFormatError as e:
-            if "needs the 'tokenizers' package" not in str(e):
-                raise
+    model.load_stats = LoadStats(read, time.perf_counter() - start)
+    model.generation_config = generation
+    model.tokenizer = load_tokenizer(path)
     return model
 
 
@@ -80,15 +99,17 @@ def _dtype(dtype) -> str:
     return name
 
 
-def _max_seq_len(cfg: LlamaConfig, requested) -> int:
+def _max_seq_len(cfg: ModelConfig, requested) -> int:
+    """The KV cache's positions: at most what the model was trained for
+    (max_position_embeddings); sliding windows shorter than it are served exactly."""
     if requested is None:
-        length = min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
-        return min(length, cfg.sliding_window) if cfg.sliding_window else length
-    if not isinstance(requested, numbers.Integral) or requested < 1:
+        return min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
+    if isinstance(requested, bool) or not isinstance(requested, numbers.Integral) \
+            or requested < 1:
         raise ShapeError(f"max_seq_len must be a positive int, got {requested!r}")
-    if cfg.sliding_window and requested > cfg.sliding_window:
-        raise ModelFormatError(f"this {cfg.architecture} attends within a sliding window of "
-                               f"{cfg.sliding_window} positions, which needle does not "
-                               f"implement; full attention is identical up to that length, so "
-                               f"use max_seq_len <= {cfg.sliding_window}")
+    if requested > cfg.max_position_embeddings:
+        raise ShapeError(f"max_seq_len {requested} exceeds the {cfg.max_position_embeddings} "
+                         f"positions this {cfg.family} model was trained for "
+                         "(max_position_embeddings in config.json); beyond them its rotary "
+                         "positions are untrained, so needle does not go there")
     return int(requested)

@@ -1,0 +1,154 @@
+"""The decoder's forward pass, on NDArrays only: a prompt (prefill) and one token (decode).
+
+Read it as llama2.c's ``forward``: each line one named step. Every family runs this code;
+where one departs from Llama (``architectures.py``) a branch says so. The decode step
+keeps all shapes fixed and reads the token and its position from device buffers, so a GPU
+backend can capture it once and replay it for every token (``decoder.py``); its residual
+adds ride on the next norm (``add_rmsnorm``) and, where a layer allows, attention is the
+one fused ``attention_decode`` (RoPE, cache write and attention in one call).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import backend_ndarray as nd
+from ..backend_ndarray import NDArray
+from . import attention
+from .cache import DecodeState, KVCache, RotaryTables
+from .config import ModelConfig
+from .weights import LayerWeights, ModelWeights
+
+
+class Transformer:
+    """Weights, rotary tables and the per-layer choice of attention path of one model."""
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, rope: RotaryTables,
+                 max_seq_len: int):
+        self.cfg, self.weights, self.rope, self.max_seq_len = cfg, weights, rope, max_seq_len
+        self.fused = [attention.is_fused(cfg, i, max_seq_len) for i in range(cfg.num_layers)]
+
+    # --- a prompt ------------------------------------------------------------------------
+    def forward(self, ids: NDArray, cache: KVCache | None = None,
+                last_only: bool = False) -> NDArray:
+        """Logits (batch, seq, vocab) for token ids (batch, seq) from position 0, each
+        position seeing those before it; with ``cache`` the keys and values are stored, and
+        with ``last_only`` only the last position's logits (batch, vocab) are made."""
+        cfg, w = self.cfg, self.weights
+        x = self._embed(ids)
+        for i, layer in enumerate(w.layers):
+            h = x.rmsnorm(layer.attn_norm, cfg.rms_norm_eps)
+            a = self._attention(i, layer, h, cache)
+            if layer.post_attn_norm is not None:
+                a = a.rmsnorm(layer.post_attn_norm, cfg.rms_norm_eps)
+            x = x + a
+            h = x.rmsnorm(layer.mlp_norm, cfg.rms_norm_eps)
+            m = layer.down(self._gate(layer.gate_up(h)))
+            if layer.post_mlp_norm is not None:
+                m = m.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
+            x = x + m
+        if last_only:
+            x = x[:, x.shape[1] - 1, :]
+        return self._logits(x.rmsnorm(w.final_norm, cfg.rms_norm_eps))
+
+    def _attention(self, i: int, layer: LayerWeights, h: NDArray,
+                   cache: KVCache | None) -> NDArray:
+        """Self-attention of a sequence h (batch, seq, hidden) from position 0."""
+        cfg = self.cfg
+        b, s, _ = h.shape
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        qkv = layer.qkv(h)
+        q = qkv[:, :, :hq * d].reshape((b, s, hq, d))
+        k = qkv[:, :, hq * d:(hq + hkv) * d].reshape((b, s, hkv, d))
+        v = qkv[:, :, (hq + hkv) * d:].reshape((b, s, hkv, d))
+        if layer.q_norm is not None:  # Qwen3: each head normed before RoPE
+            q, k = (q.rmsnorm(layer.q_norm, cfg.rms_norm_eps),
+                    k.rmsnorm(layer.k_norm, cfg.rms_norm_eps))
+        cos, sin = self.rope.cos[:s], self.rope.sin[:s]
+        q, k = q.rope(cos, sin), k.rope(cos, sin)
+        heads_first = (0, 2, 1, 3)
+        q, k, v = q.permute(heads_first), k.permute(heads_first), v.permute(heads_first)
+        if cache is not None:
+            cache.keys[i][:, :, :s, :] = k
+            cache.values[i][:, :, :s, :] = v
+        if self.fused[i]:
+            out = nd.attention(q, k, v, scale=cfg.attn_scale, causal=True)
+        else:
+            out = attention.prefill(cfg, q, k, v, s, cfg.layer_windows[i])
+        return layer.o(out.permute(heads_first).reshape((b, s, hq * d)))
+
+    # --- one token -----------------------------------------------------------------------
+    def decode_step(self, state: DecodeState, cache: KVCache) -> NDArray:
+        """Logits (1, vocab) for ``state.token`` at ``state.position``, extending ``cache``."""
+        cfg, w = self.cfg, self.weights
+        x = self._embed(state.token)
+        delta = None  # the previous block's output, added to x by the next norm
+        for i, layer in enumerate(w.layers):
+            x, h = _add_norm(x, delta, layer.attn_norm, cfg)
+            a = layer.o(self._decode_attention(i, layer, h, state, cache))
+            if layer.post_attn_norm is not None:
+                a = a.rmsnorm(layer.post_attn_norm, cfg.rms_norm_eps)
+            x, h = _add_norm(x, a, layer.mlp_norm, cfg)
+            delta = layer.down(self._gate(layer.gate_up(h)))
+            if layer.post_mlp_norm is not None:
+                delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
+        _, h = _add_norm(x, delta, w.final_norm, cfg)
+        return self._logits(h).reshape((1, cfg.vocab_size))
+
+    def _decode_attention(self, i: int, layer: LayerWeights, h: NDArray, state: DecodeState,
+                          cache: KVCache) -> NDArray:
+        """One token's attention block input h (1, 1, hidden) -> (1, 1, q_heads * d)."""
+        cfg = self.cfg
+        qkv = layer.qkv(h)
+        if layer.q_norm is not None:
+            qkv = self._qk_norm(qkv, layer)
+        if self.fused[i]:
+            out = nd.attention_decode(qkv, self.rope.cos, self.rope.sin, state.position,
+                                      cache.keys[i], cache.values[i], cfg.num_heads,
+                                      cfg.attn_scale)
+        else:
+            out = attention.decode(cfg, qkv, cache.keys[i], cache.values[i], self.rope, state,
+                                   cfg.layer_windows[i])
+        return out.reshape((1, 1, out.size))
+
+    def _qk_norm(self, qkv: NDArray, layer: LayerWeights) -> NDArray:
+        """qkv with each query and key head normed (Qwen3), values untouched."""
+        cfg = self.cfg
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        heads = qkv.reshape((hq + 2 * hkv, d))
+        q = heads[:hq].rmsnorm(layer.q_norm, cfg.rms_norm_eps)
+        k = heads[hq:hq + hkv].rmsnorm(layer.k_norm, cfg.rms_norm_eps)
+        return nd.concatenate([q, k, heads[hq + hkv:]]).reshape(qkv.shape)
+
+    # --- shared steps --------------------------------------------------------------------
+    def _embed(self, ids: NDArray) -> NDArray:
+        x = self.weights.embed.take(ids)
+        if self.cfg.arch.scale_embeddings:  # Gemma: sqrt(hidden), rounded to the dtype
+            x = x * float(nd.array([math.sqrt(self.cfg.hidden_size)], dtype=x.dtype).numpy()[0])
+        return x
+
+    def _gate(self, gate_up: NDArray) -> NDArray:
+        """The gated activation of a fused gate/up projection (..., 2 * intermediate)."""
+        if self.cfg.arch.activation == "silu":
+            return gate_up.swiglu()
+        n = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., :n], gate_up[..., n:]
+        return _gelu_tanh(gate) * up
+
+    def _logits(self, h: NDArray) -> NDArray:
+        return attention.softcap(self.weights.lm_head(h), self.cfg.final_softcap)
+
+
+def _add_norm(x: NDArray, delta: NDArray | None, weight: NDArray,
+              cfg: ModelConfig) -> tuple[NDArray, NDArray]:
+    """(x + delta, rmsnorm(x + delta)), the sum written into x."""
+    if delta is None:
+        return x, x.rmsnorm(weight, cfg.rms_norm_eps)
+    return nd.add_rmsnorm(x, delta, weight, cfg.rms_norm_eps, inplace=True)
+
+
+def _gelu_tanh(x: NDArray) -> NDArray:
+    """GELU's tanh form (PyTorch's approximate='tanh'), computed in float32."""
+    f = x.astype("float32")
+    inner = (f + f * f * f * 0.044715) * math.sqrt(2 / math.pi)
+    return (f * (inner.tanh() + 1.0) * 0.5).astype(x.dtype)

@@ -1,0 +1,133 @@
+"""A decoder's weights on the device, in the layout the forward pass reads.
+
+Read from checkpoint tensors by Hugging Face name (``WeightSource``) and rearranged once, at
+load time: the query, key and value projections concatenated into one (q + k + v, hidden)
+matrix and gate and up into one (2 * intermediate, hidden) matrix, so that a decode step
+reads each with one matrix-vector product (Phi-3 checkpoints store them so already); Gemma's
+norm weights, stored as (scale - 1), turned into scales. Projections stay (out, in) as
+PyTorch stores them; the forward pass multiplies by their transposed views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import backend_ndarray as nd
+from ..backend_ndarray import NDArray
+from .config import ModelConfig
+
+# (name, shape) -> the checkpoint tensor as an NDArray on the model's device and dtype
+WeightSource = Callable[[str, tuple[int, ...]], NDArray]
+
+
+@dataclass
+class Projection:
+    """y = x @ weight.T (+ bias): weight (out, in) as stored, bias (out,) or None."""
+
+    weight: NDArray
+    bias: NDArray | None = None
+
+    def __call__(self, x: NDArray) -> NDArray:
+        y = x @ self.weight.transpose()
+        return y if self.bias is None else y + self.bias
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer. ``post_attn_norm``/``post_mlp_norm`` exist only with sandwich
+    norms (Gemma 2), ``q_norm``/``k_norm`` only with per-head q/k norms (Qwen3)."""
+
+    attn_norm: NDArray
+    qkv: Projection
+    o: Projection
+    mlp_norm: NDArray
+    gate_up: Projection
+    down: Projection
+    q_norm: NDArray | None = None
+    k_norm: NDArray | None = None
+    post_attn_norm: NDArray | None = None
+    post_mlp_norm: NDArray | None = None
+
+
+@dataclass
+class ModelWeights:
+    embed: NDArray
+    layers: list[LayerWeights]
+    final_norm: NDArray
+    lm_head: Projection
+
+    def arrays(self) -> list[NDArray]:
+        """Every weight array once (a tied output head is the embedding itself)."""
+        found = [self.embed, self.final_norm, self.lm_head.weight, self.lm_head.bias]
+        for layer in self.layers:
+            for value in vars(layer).values():
+                found += [value.weight, value.bias] if isinstance(value, Projection) else [value]
+        unique = {id(a): a for a in found if a is not None}
+        return list(unique.values())
+
+
+def load_weights(cfg: ModelConfig, source: WeightSource) -> ModelWeights:
+    """Every weight of ``cfg``'s model from ``source``, one tensor at a time."""
+    shapes = cfg.tensor_shapes()
+    get = _Getter(cfg, source, shapes)
+    embed = get("model.embed_tokens.weight")
+    layers = [_layer(cfg, get, f"model.layers.{i}.") for i in range(cfg.num_layers)]
+    head = embed if cfg.tie_word_embeddings else get("lm_head.weight")
+    return ModelWeights(embed, layers, get.norm("model.norm.weight"), Projection(head))
+
+
+class _Getter:
+    def __init__(self, cfg: ModelConfig, source: WeightSource, shapes: dict):
+        self.cfg, self.source, self.shapes = cfg, source, shapes
+
+    def __call__(self, name: str) -> NDArray:
+        return self.source(name, self.shapes[name])
+
+    def has(self, name: str) -> bool:
+        return name in self.shapes
+
+    def norm(self, name: str) -> NDArray:
+        """A norm's scale: the weight, or (offset + weight) where the family stores it so."""
+        w = self(name)
+        offset = self.cfg.arch.norm_offset
+        if not offset:
+            return w
+        # (1 + w) in float32, then rounded once to the model's dtype
+        return (w.astype("float32") + offset).astype(w.dtype)
+
+    def projection(self, names: list[str]) -> Projection:
+        """One projection over the checkpoint matrices ``names`` stacked along their outputs
+        (and their biases, when they have them); the parts are freed once stacked."""
+        weights = [self(f"{n}.weight") for n in names]
+        weight = weights[0] if len(weights) == 1 else nd.concatenate(weights)
+        bias = None
+        if self.has(f"{names[0]}.bias"):
+            biases = [self(f"{n}.bias") for n in names]
+            bias = biases[0] if len(biases) == 1 else nd.concatenate(biases)
+        return Projection(weight, bias)
+
+
+def _layer(cfg: ModelConfig, get: _Getter, p: str) -> LayerWeights:
+    arch = cfg.arch
+    if arch.fused_checkpoint:
+        qkv = get.projection([f"{p}self_attn.qkv_proj"])
+        gate_up = get.projection([f"{p}mlp.gate_up_proj"])
+    else:
+        qkv = get.projection([f"{p}self_attn.{n}_proj" for n in "qkv"])
+        gate_up = get.projection([f"{p}mlp.gate_proj", f"{p}mlp.up_proj"])
+    layer = LayerWeights(
+        attn_norm=get.norm(f"{p}input_layernorm.weight"),
+        qkv=qkv, o=get.projection([f"{p}self_attn.o_proj"]),
+        # Llama names the MLP's input norm post_attention_layernorm; Gemma 2 gives that
+        # name to the norm of the attention output and calls the MLP's pre_feedforward
+        mlp_norm=get.norm(f"{p}pre_feedforward_layernorm.weight" if arch.sandwich_norms
+                          else f"{p}post_attention_layernorm.weight"),
+        gate_up=gate_up, down=get.projection([f"{p}mlp.down_proj"]))
+    if arch.qk_norm:
+        layer.q_norm = get.norm(f"{p}self_attn.q_norm.weight")
+        layer.k_norm = get.norm(f"{p}self_attn.k_norm.weight")
+    if arch.sandwich_norms:
+        layer.post_attn_norm = get.norm(f"{p}post_attention_layernorm.weight")
+        layer.post_mlp_norm = get.norm(f"{p}post_feedforward_layernorm.weight")
+    return layer
