@@ -12,8 +12,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .generate_cli import add_model_options, answer_budget, load, report, sampling, \
-    stream_text, tokenizer_of
+from .generate_cli import (
+    add_model_options,
+    answer_budget,
+    load,
+    report,
+    sampling,
+    stream_text,
+    tokenizer_of,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
