@@ -28,6 +28,13 @@ VARIANTS = {
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"rope_theta": 1e6}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 1}),
+    # windows shorter than the test sequences, so that they bind
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 5}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24, "rope_theta": 1e6}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
+        "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 6,
+        "attn_logit_softcapping": 5.0, "final_logit_softcapping": 4.0, "pad_token_id": 0}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "sliding_window": 7}),
 }
 
 

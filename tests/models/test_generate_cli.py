@@ -50,3 +50,83 @@ def test_errors_are_reported_not_raised(tmp_path, model_dir, capsys):
     assert needle_main(["generate", str(model_dir), "--prompt", "hi", "--temperature", "-1",
                         "--device", "cpu_numpy"]) == 1
     assert "temperature" in capsys.readouterr().err
+
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+          "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+          "%}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    """A tiny Llama with a tokenizer, a ChatML template and <|im_end|> as its eos."""
+    import json
+
+    directory = tmp_path_factory.mktemp("chat_model")
+    tok = train(300)
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tok.save(str(directory / "tokenizer.json"))
+    im_end = tok.token_to_id("<|im_end|>")
+    build("llama", directory, vocab_size=302, eos_token_id=im_end)
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+         "chat_template": CHATML}))
+    return directory
+
+
+def _expected_chat(directory, turns, max_tokens):
+    """What the conversation should print: each answer as the library makes it, with the
+    answers fed back into the conversation."""
+    model = load_pretrained(directory, device="cpu_numpy")
+    messages, out = [], ""
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        ids = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                  return_dict=False)
+        tokens = model.generate(ids, max_tokens, temperature=0)
+        reply = model.tokenizer.decode(tokens)
+        out += reply + "\n"
+        messages.append({"role": "assistant", "content": reply})
+    return out
+
+
+def test_chat_plays_one_turn_per_line(chat_dir, capsys, monkeypatch):
+    import io
+
+    from needle.chat_cli import main as chat_main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello there\n\nAnd again?\n"))
+    assert chat_main([str(chat_dir), "--device", "cpu_numpy", "--max-tokens", "10",
+                      "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out == _expected_chat(chat_dir, ["Hello there", "And again?"], 10)
+    assert out.count("\n") == 2
+
+
+def test_chat_through_a_real_pipe(chat_dir):
+    """``printf 'a\\nb\\n' | needle chat DIR`` in a subprocess: two answers, exit 0."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "needle.cli", "chat", str(chat_dir), "--device", "cpu_numpy",
+         "--max-tokens", "6", "--temperature", "0", "--stats"],
+        input="The quick\nbrown fox\n", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == _expected_chat(chat_dir, ["The quick", "brown fox"], 6)
+    assert result.stderr.count("first token:") == 2
+
+
+def test_generate_with_chat_template(chat_dir, capsys):
+    assert main([str(chat_dir), "--prompt", "Hello there", "--chat", "--max-tokens", "8",
+                 "--temperature", "0", "--device", "cpu_numpy"]) == 0
+    out = capsys.readouterr().out
+    assert out == _expected_chat(chat_dir, ["Hello there"], 8)
+
+
+def test_chat_needs_a_template(model_dir, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    assert needle_main(["chat", str(model_dir), "--device", "cpu_numpy"]) == 1
+    assert "no chat template" in capsys.readouterr().err

@@ -37,10 +37,12 @@ def test_greedy_tokens_match(checkpoints, greedy_reference, variant, device):
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-def test_cached_decode_matches_full_forward(checkpoints, device):
+@pytest.mark.parametrize("name", ["qwen2", "gemma2", "qwen3"])
+def test_cached_decode_matches_full_forward(checkpoints, device, name):
     """Prefill + per-token decode steps (the captured path on GPUs) give the logits of a
-    full forward pass at every position."""
-    directory, _ = checkpoints("qwen2")
+    full forward pass at every position: fused attention (qwen2), soft-capped windowed
+    attention composed from array ops (gemma2), per-head q/k norms (qwen3)."""
+    directory, _ = checkpoints(name)
     model = load_pretrained(directory, device=device, dtype="float32", max_seq_len=40)
     seq = PROMPT + [5, 6, 7, 200, 201, 33]
     full = model(np.array([seq])).numpy()[0]

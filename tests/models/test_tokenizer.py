@@ -51,3 +51,38 @@ def test_bad_tokenizer_file(tmp_path):
         Tokenizer.from_file(path)
     with pytest.raises(ModelFormatError, match="does not exist"):
         Tokenizer.from_file(tmp_path / "missing.json")
+
+
+def _sentencepiece_with_byte_fallback():
+    """A Llama-2-style tokenizer: SentencePiece BPE whose unknown characters become UTF-8
+    byte tokens <0xNN> (byte fallback), decoded by Replace, ByteFallback, Fuse and Strip."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    for ch in "▁abcdefghijklmnopqrstuvwxyzHTé":
+        vocab.setdefault(ch, len(vocab))
+    vocab["▁h"] = len(vocab)
+    tok = tokenizers.Tokenizer(models.BPE(vocab, [("▁", "h")], unk_token="<unk>",
+                                          byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    return Tokenizer(tok)
+
+
+@pytest.mark.parametrize("text", ["héllo 東京 🙂 ok", "🙂🙂", "the café ✓ 你好"])
+def test_stream_decoder_joins_byte_fallback_tokens(text):
+    """A character split across byte tokens (東 is <0xE6><0x9D><0xB1>; 🙂 four bytes) comes
+    out whole, once its last byte arrives; no piece holds U+FFFD."""
+    tok = _sentencepiece_with_byte_fallback()
+    ids = tok.encode(text, add_special_tokens=False)
+    assert any(3 <= i < 259 for i in ids)  # byte tokens are in play
+    assert tok.decode(ids) == text
+    assert any("\ufffd" in tok.decode([i]) for i in ids)  # alone, a byte is no character
+    decoder = tok.stream_decoder()
+    pieces = [decoder.push(t) for t in ids] + [decoder.flush()]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+    assert all(p.encode("utf-8").decode("utf-8") == p for p in pieces)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import backend_ndarray as nd
-from ..backend_ndarray import NDArray
+from ..backend_ndarray import NDArray, dtypes
 from . import attention
 from .cache import DecodeState, KVCache, RotaryTables
 from .config import ModelConfig
@@ -27,6 +29,10 @@ class Transformer:
                  max_seq_len: int):
         self.cfg, self.weights, self.rope, self.max_seq_len = cfg, weights, rope, max_seq_len
         self.fused = [attention.is_fused(cfg, i, max_seq_len) for i in range(cfg.num_layers)]
+        # Gemma scales embeddings by sqrt(hidden) rounded to the model's dtype
+        dtype = dtypes.to_numpy_dtype(weights.embed.dtype)
+        self.embed_scale = (float(np.asarray(math.sqrt(cfg.hidden_size), dtype))
+                            if cfg.arch.scale_embeddings else None)
 
     # --- a prompt ------------------------------------------------------------------------
     def forward(self, ids: NDArray, cache: KVCache | None = None,
@@ -123,9 +129,7 @@ class Transformer:
     # --- shared steps --------------------------------------------------------------------
     def _embed(self, ids: NDArray) -> NDArray:
         x = self.weights.embed.take(ids)
-        if self.cfg.arch.scale_embeddings:  # Gemma: sqrt(hidden), rounded to the dtype
-            x = x * float(nd.array([math.sqrt(self.cfg.hidden_size)], dtype=x.dtype).numpy()[0])
-        return x
+        return x if self.embed_scale is None else x * self.embed_scale
 
     def _gate(self, gate_up: NDArray) -> NDArray:
         """The gated activation of a fused gate/up projection (..., 2 * intermediate)."""
