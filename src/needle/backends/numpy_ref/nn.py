@@ -1,0 +1,153 @@
+"""Transformer functions: softmax, norms, RoPE, the SwiGLU gates and attention."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .core import Array, _f, _store
+from .elementwise import _sigmoid
+
+# --- transformer ------------------------------------------------------------------------
+# Row functions see compact (rows, dim) inputs and work along the last axis.
+
+def softmax(a: Array, out: Array, dim: int) -> None:
+    x = _f(a.array).reshape(-1, dim)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        _store(out, (e / e.sum(axis=1, keepdims=True)).reshape(-1))
+
+
+def log_softmax(a: Array, out: Array, dim: int) -> None:
+    x = _f(a.array).reshape(-1, dim)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        z = x - x.max(axis=1, keepdims=True)
+        _store(out, (z - np.log(np.exp(z).sum(axis=1, keepdims=True))).reshape(-1))
+
+
+def rmsnorm(x: Array, w: Array, out: Array, dim: int, eps: float) -> None:
+    """out = x / sqrt(mean(x**2) + eps) * w, per row."""
+    v = _f(x.array).reshape(-1, dim)
+    r = 1 / np.sqrt((v * v).mean(axis=1, keepdims=True) + np.asarray(eps, v.dtype))
+    _store(out, (v * r * _f(w.array)).reshape(-1))
+
+
+def add_rmsnorm(x: Array, delta: Array, w: Array, total: Array, out: Array, dim: int,
+                eps: float) -> None:
+    """The pre-norm residual step in one pass, per row: ``total = x + delta`` (rounded to the
+    dtype, as a separate add would), then ``out = rmsnorm(total) * w`` from the rounded sum.
+    ``total`` may be ``x`` itself (the residual stream updated in place)."""
+    s = (_f(x.array) + _f(delta.array)).astype(x.array.dtype)
+    _store(total, s)
+    v = _f(s).reshape(-1, dim)
+    r = 1 / np.sqrt((v * v).mean(axis=1, keepdims=True) + np.asarray(eps, v.dtype))
+    _store(out, (v * r * _f(w.array)).reshape(-1))
+
+
+def layernorm(x: Array, w: Array, b: Array, out: Array, dim: int, eps: float) -> None:
+    """out = (x - mean) / sqrt(var + eps) * w + b, per row (biased variance)."""
+    v = _f(x.array).reshape(-1, dim)
+    mu = v.mean(axis=1, keepdims=True)
+    var = ((v - mu) ** 2).mean(axis=1, keepdims=True)
+    y = (v - mu) / np.sqrt(var + np.asarray(eps, v.dtype)) * _f(w.array) + _f(b.array)
+    _store(out, y.reshape(-1))
+
+
+def rope(x: Array, cos: Array, sin: Array, out: Array,
+         batch: int, seq: int, heads: int, head_dim: int) -> None:
+    """Rotary embedding, half-split layout, on x of shape (batch, seq, heads, head_dim).
+
+    cos and sin are (seq, head_dim // 2). With x1, x2 the two halves of the last axis:
+    out = concat(x1*cos - x2*sin, x2*cos + x1*sin).
+    """
+    v = _f(x.array).reshape(batch, seq, heads, head_dim)
+    h = head_dim // 2
+    c = _f(cos.array).reshape(1, seq, 1, h)
+    s = _f(sin.array).reshape(1, seq, 1, h)
+    x1, x2 = v[..., :h], v[..., h:]
+    _store(out, np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).reshape(-1))
+
+
+def silu_mul(a: Array, b: Array, out: Array) -> None:
+    """out = silu(a) * b (SwiGLU's gate)."""
+    x = _f(a.array)
+    _store(out, x * _sigmoid(x) * _f(b.array))
+
+
+def swiglu(x: Array, out: Array, dim: int) -> None:
+    """out = silu(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim): ``silu_mul`` of the
+    two halves of a fused gate-and-up projection, without splitting it first."""
+    v = _f(x.array).reshape(-1, 2 * dim)
+    a = v[:, :dim]
+    _store(out, (a * _sigmoid(a) * v[:, dim:]).reshape(-1))
+
+
+def attention(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,
+              kv_heads: int, q_len: int, kv_len: int, kv_capacity: int, head_dim: int,
+              scale: float, causal: bool) -> None:
+    """Scaled dot-product attention with grouped-query heads.
+
+    q and out are (batch, q_heads, q_len, head_dim); k and v are (batch, kv_heads,
+    kv_capacity, head_dim) of which the first kv_len positions are used (a KV cache).
+    Query head h reads KV head h // (q_heads // kv_heads). With ``causal``, query i sits at
+    position kv_len - q_len + i and sees keys j <= that position.
+    """
+    group = q_heads // kv_heads
+    qq = _f(q.array).reshape(batch, q_heads, q_len, head_dim)
+    kk = _f(k.array).reshape(batch, kv_heads, kv_capacity, head_dim)[:, :, :kv_len]
+    vv = _f(v.array).reshape(batch, kv_heads, kv_capacity, head_dim)[:, :, :kv_len]
+    kk = np.repeat(kk, group, axis=1)
+    vv = np.repeat(vv, group, axis=1)
+    s = np.matmul(qq, kk.transpose(0, 1, 3, 2)) * np.asarray(scale, qq.dtype)
+    if causal:
+        qpos = np.arange(q_len)[:, None] + (kv_len - q_len)
+        s = np.where(np.arange(kv_len)[None, :] <= qpos, s, -np.inf)
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    _store(out, np.matmul(p, vv).reshape(-1))
+
+
+def attention_decode(qkv: Array, cos: Array, sin: Array, position: Array, keys: Array,
+                     values: Array, out: Array, q_heads: int, kv_heads: int, head_dim: int,
+                     capacity: int, table_rows: int, scale: float) -> None:
+    """One decode step of grouped-query attention at the position held in device memory.
+
+    All arrays but ``position`` share one floating dtype; scores, softmax and the weighted
+    sum are computed in float32 (float64 for float64). ``qkv`` is one token's fused
+    projection, (q_heads + 2 * kv_heads) * head_dim values: the queries, then the keys, then
+    the values, head after head. ``cos`` and ``sin`` are rotary tables (table_rows,
+    head_dim // 2); ``keys`` and ``values`` a KV cache (kv_heads, capacity, head_dim);
+    ``position`` an int32 array whose first element p is the token's position. In one pass:
+
+    1. RoPE (half-split, as ``rope``) of the queries and the key with row p of the tables,
+       each rounded to the dtype of ``qkv`` (as the ``rope`` function's output is);
+    2. the key and value stored at ``keys[h, p]`` and ``values[h, p]``, for every KV head h;
+    3. ``out`` (q_heads * head_dim, dtype of ``qkv``) = softmax(scale * q · keys[h, :p+1]ᵀ)
+       · values[h, :p+1] per query head, h = head // (q_heads // kv_heads).
+
+    Positions outside 0..min(capacity, table_rows)-1 write nothing to the cache and give NaN
+    outputs (the kernels cannot raise; the caller checks positions on the host).
+    """
+    d, h = head_dim, head_dim // 2
+    p = int(position.array[0])
+    o = out.array.reshape(q_heads, d)
+    if not 0 <= p < min(capacity, table_rows):
+        o[:] = np.nan
+        return
+    dt = qkv.array.dtype
+    v = _f(qkv.array).reshape(q_heads + 2 * kv_heads, d)
+    c, s = _f(cos.array).reshape(-1, h)[p], _f(sin.array).reshape(-1, h)[p]
+    x1, x2 = v[:q_heads + kv_heads, :h], v[:q_heads + kv_heads, h:]
+    roped = _f(np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=1).astype(dt))
+    q, k_new, v_new = roped[:q_heads], roped[q_heads:], v[q_heads + kv_heads:]
+    kc = keys.array.reshape(kv_heads, capacity, d)
+    vc = values.array.reshape(kv_heads, capacity, d)
+    kc[:, p] = k_new.astype(kc.dtype)
+    vc[:, p] = v_new.astype(vc.dtype)
+    group = q_heads // kv_heads
+    kk = np.repeat(_f(kc[:, :p + 1]), group, axis=0)  # (q_heads, p+1, d)
+    vv = np.repeat(_f(vc[:, :p + 1]), group, axis=0)
+    scores = np.einsum("hd,htd->ht", q, kk) * np.asarray(scale, q.dtype)
+    e = np.exp(scores - scores.max(axis=1, keepdims=True))
+    probs = e / e.sum(axis=1, keepdims=True)
+    _store(out, np.einsum("ht,htd->hd", probs, vv).reshape(-1))
