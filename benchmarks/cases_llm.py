@@ -16,6 +16,9 @@ their logits are compared as every case's result check.
   bytes; the embedding table is not streamed, only one row of it is read).
 * ``llm_prefill_<n>_<size>``: a prompt of n tokens from an empty cache to the last position's
   logits (2048 tokens on a GPU). Rated in tokens/s.
+* ``llm_decode_<size>_sampled``: as the decode case, with temperature 0.8 and top-p 0.9
+  drawn on the device (where the backend can; on the host elsewhere), against needle's own
+  greedy decode in the same run.
 
 The models are built once per run and shared by the three cases (building 1.1B random
 weights takes a while); the last case to run drops them.
@@ -144,27 +147,37 @@ def _prompt(length: int, vocab: int) -> np.ndarray:
     return np.random.default_rng(1).integers(0, vocab, (1, length))
 
 
-def _needle_decode(m: _Models) -> Impl:
+def _needle_decode(m: _Models, sampled: bool = False) -> Impl:
+    """16 tokens per call as generation makes them: chosen on the device (the argmax, or a
+    draw with temperature 0.8 and top-p 0.9), one step queued ahead of the host's read."""
     from needle.models import Sampler
 
     decoder = m.model.decoder()
-    greedy = Sampler()
-    state = {"token": greedy(decoder.prefill(_prompt(DECODE_PROMPT, m.config.vocab_size)[0])),
-             "steps": None}
+    kind = "sampled" if sampled else "greedy"
+    prompt = [int(t) for t in _prompt(DECODE_PROMPT, m.config.vocab_size)[0]]
+    logits = decoder.prefill(prompt)
+    if sampled:
+        sampler = Sampler(temperature=0.8, top_p=0.9, seed=0)
+        sampler.observe(prompt)
+        decoder.start_sampling(sampler, prompt)
+        token = decoder.sample_first(logits)
+    else:
+        token = Sampler()(logits)
+    state = {"token": token, "steps": None}
 
-    def step():  # as generation does it: the greedy choice made on the device, one step ahead
+    def step():
         first, todo = None, DECODE_TOKENS
-        if state["steps"] is None:  # the first call (checked against torch): one plain step
+        if state["steps"] is None and not sampled:  # the first call (checked against torch)
             state["steps"] = iter(())
             state["token"] = decoder.greedy_step(state["token"])
             first, todo = decoder.last_logits.copy(), DECODE_TOKENS - 1
         for _ in range(todo):
-            token = next(state["steps"], None)
+            token = next(state["steps"], None) if state["steps"] is not None else None
             if token is None:  # the cache is full (or streaming starts): rewind, stream again
                 if decoder.length >= m.capacity:
                     decoder.rewind(DECODE_PROMPT)
-                state["steps"] = decoder.greedy_stream(state["token"],
-                                                       m.capacity - decoder.length)
+                state["steps"] = decoder.stream(kind, state["token"],
+                                                m.capacity - decoder.length)
                 token = next(state["steps"])
             state["token"] = token
         return first if first is not None else decoder.last_logits
@@ -232,6 +245,20 @@ def _decode_case(name: str, rated_by_bytes: bool) -> Case:
     return Case(name, _GROUP, build)
 
 
+def _sampled_case(name: str) -> Case:
+    """Sampled decode (temperature 0.8, top-p 0.9, drawn on the device) against greedy
+    decode of the same model in the same run: the needle÷needle:greedy column is the cost
+    of sampling (the target is at most 1/0.95 = 1.05)."""
+
+    def build(ctx: Context) -> Bench:
+        m = _models(ctx, name)
+        impls = {"needle": _needle_decode(m, sampled=True),
+                 "needle:greedy": _needle_decode(m)}
+        return Bench(impls, count=DECODE_TOKENS, count_unit="tok", rtol=None)
+
+    return Case(name, _GROUP, build)
+
+
 def _prefill_case(name: str) -> Case:
     def build(ctx: Context) -> Bench:
         m = _models(ctx, name)
@@ -245,8 +272,9 @@ def _prefill_case(name: str) -> Case:
 
 def cases(ctx: Context) -> list[Case]:
     size, _, _, prefill = _setup(ctx)
-    names = [f"llm_decode_{size}", f"llm_decode_{size}_vs_limit", f"llm_prefill_{prefill}_{size}"]
+    names = [f"llm_decode_{size}", f"llm_decode_{size}_vs_limit", f"llm_prefill_{prefill}_{size}",
+             f"llm_decode_{size}_sampled"]
     _CASES_LEFT.clear()
     _CASES_LEFT.update(names)
     return [_decode_case(names[0], False), _decode_case(names[1], True),
-            _prefill_case(names[2])]
+            _prefill_case(names[2]), _sampled_case(names[3])]

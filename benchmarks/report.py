@@ -94,7 +94,6 @@ def _check_text(res: CaseResult) -> str:
 def table(results: list[CaseResult], ceilings: dict[str, Ceiling], device_name: str,
           settings: Settings, info: dict) -> str:
     """The results as text: one block of rows per case, one row per framework."""
-    peers = [fw for fw in info["frameworks"] if fw != "needle"]
     gpu = info["frameworks"].get("torch", {}).get("gpu")
     lines = [f"needle benchmarks on {device_name}: {info['cpu']}, {info['cpus_usable']} cpus"
              + (f", {gpu}" if gpu else ""),
@@ -125,7 +124,7 @@ def table(results: list[CaseResult], ceilings: dict[str, Ceiling], device_name: 
                 name, fw, format_time(r.timing.median),
                 format_rate(rate, res.work[1]) if rate and res.work else "",
                 f"{100 * rate / ceiling.rate:.0f}%" if rate and ceiling else "",
-                f"{res.ratio(fw):.3g}" if fw in peers and res.ratio(fw) else "",
+                f"{res.ratio(fw):.3g}" if fw != "needle" and res.ratio(fw) else "",
                 _check_text(res) if fw == "needle" else "",
             ))
     regular = [r for r in rows if r[2] not in ("skipped", "failed")]

@@ -317,6 +317,12 @@ class CaseResult:
         return mine / theirs if mine and theirs else None
 
 
+def _framework(ctx: Context, impl: str) -> Framework:
+    """The framework an implementation runs on: its name, or the part before a colon
+    ("needle:greedy" is needle, run another way, timed beside the case's needle)."""
+    return ctx.frameworks[impl.partition(":")[0]]
+
+
 def run_case(case: Case, ctx: Context, settings: Settings) -> CaseResult:
     result = CaseResult(case.name, case.group)
     try:
@@ -333,11 +339,11 @@ def run_case(case: Case, ctx: Context, settings: Settings) -> CaseResult:
     if bench.rtol is not None:
         for name, impl in bench.impls.items():
             try:
-                outputs[name] = ctx.frameworks[name].to_numpy(impl.call(0))
+                outputs[name] = _framework(ctx, name).to_numpy(impl.call(0))
             except Exception as e:  # e.g. a dtype this device lacks: report it, keep going
                 errors[name] = _error_text(e)
     timed = {n: impl for n, impl in bench.impls.items() if n not in errors}
-    timings, timing_errors = time_impls(timed, {n: ctx.frameworks[n].sync for n in timed},
+    timings, timing_errors = time_impls(timed, {n: _framework(ctx, n).sync for n in timed},
                                         settings)
     errors.update(timing_errors)
     result.impls = {n: ImplResult(timings.get(n), errors.get(n)) for n in bench.impls}

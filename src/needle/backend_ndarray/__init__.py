@@ -41,6 +41,7 @@ from .ndarray import (
                      where,
                      zeros,
 )
+from .sampling import sample
 from .updates import adam_update, sgd_update, state_dtype
 
 __all__ = [
@@ -48,6 +49,6 @@ __all__ = [
     "attention", "attention_decode",
     "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
     "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",
-    "max", "maximum", "metal", "minimum", "ones", "promote", "reshape", "scatter_add",
+    "max", "maximum", "metal", "minimum", "ones", "promote", "reshape", "sample", "scatter_add",
     "sgd_update", "sqrt", "stack", "state_dtype", "sum", "tanh", "transpose", "where", "zeros",
 ]

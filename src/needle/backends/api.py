@@ -35,9 +35,10 @@ CAPABILITIES = {
     "host_memory": "wrap() and host_view(): arrays in host memory that numpy can view",
     "bf16_tensor_cores": "bfloat16/float16 matmul and attention run on matrix units",
     "fused_decode": "attention_decode is one launch (RoPE, KV write, attention and merge)",
+    "sampling": "sample() chooses tokens from logits on the device (numpy_ref/sampling.py)",
 }
 # Names kept for capabilities that are planned but that no backend declares yet.
-RESERVED_CAPABILITIES = ("int8", "int4", "paged_attention", "sampling")
+RESERVED_CAPABILITIES = ("int8", "int4", "paged_attention")
 
 
 @runtime_checkable
@@ -151,6 +152,11 @@ class HostMemory(Protocol):
     def host_view(self, a: Array) -> np.ndarray: ...
 
 
+class Sampling(Protocol):
+    def sample(self, logits: Array, params: Array, seeds: Array, positions: Array,
+               seen: Array, out: Array, rows: int, vocab: int) -> None: ...
+
+
 class _Marker(Protocol):
     """Capabilities that promise behaviour of required functions, not new functions."""
 
@@ -158,7 +164,7 @@ class _Marker(Protocol):
 CAPABILITY_PROTOCOLS: dict[str, type] = {
     "graphs": GraphCapture, "profiling": Profiling, "memory_stats": MemoryStats,
     "async_read": AsyncRead, "dlpack": DLPackExchange, "host_memory": HostMemory,
-    "bf16_tensor_cores": _Marker, "fused_decode": _Marker,
+    "bf16_tensor_cores": _Marker, "fused_decode": _Marker, "sampling": Sampling,
 }
 
 

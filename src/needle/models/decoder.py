@@ -15,6 +15,9 @@ import warnings
 from collections import deque
 from collections.abc import Iterator
 
+import numpy as np
+
+from .. import backend_ndarray as nd
 from ..backends.api import has
 from ..errors import GenerationError
 from .cache import DecodeState, KVCache
@@ -34,6 +37,7 @@ class Decoder:
         self._recorded: dict[str, tuple] = {}  # kind of step -> (graph, its logits)
         self._eager: dict[str, int] = {}  # kind of step -> steps run eagerly so far
         self._on_device = None  # (token, position) the state buffers already hold
+        self._sampling = None  # (params, seeds, seen) device buffers of the sampled step
         self.last_logits = None
         self.length = 0
 
@@ -85,29 +89,74 @@ class Decoder:
         nothing when ``token`` is the one the device just chose). The step's logits are kept
         in ``last_logits`` (overwritten by the next step).
         """
-        self._queue_greedy(token)
+        self._queue("greedy", token)
         chosen = int(self.state.token.numpy().reshape(-1)[0])
         self._on_device = (chosen, self.length)
         return chosen
 
-    def _queue_greedy(self, token: int | None) -> None:
-        """Queue one greedy step at the next position: for ``token``, or (None) for the
-        token the previous greedy step left on the device."""
+    def _queue(self, kind: str, token: int | None) -> None:
+        """Queue one step of ``kind`` ("greedy" or "sampled") at the next position: for
+        ``token``, or (None) for the token the previous step left on the device."""
         self._check_room()
         if token is not None and self._on_device != (token, self.length):
             self.state.set(token, self.length)
         self.length += 1
-        self.last_logits = self._run("greedy", self._greedy_body)
+        body = self._greedy_body if kind == "greedy" else self._sampled_body
+        self.last_logits = self._run(kind, body)
+
+    # --- sampling on the device (capability "sampling") ----------------------------------
+    def start_sampling(self, sampler, prompt: list[int]) -> None:
+        """Load a sequence's sampling settings, seed and seen tokens (the prompt) into the
+        device buffers the sampled step reads (the same buffers every time, so a captured
+        step stays valid)."""
+        vocab = self.model.config.vocab_size
+        if self._sampling is None:
+            dev = self.model.device
+            self._sampling = (nd.empty((1, 5), "float32", dev), nd.empty((1,), "int32", dev),
+                              nd.empty((1, vocab), "bool", dev))
+        params, seeds, seen = self._sampling
+        params[...] = nd.array(sampler.params.row()[None], device=params.device)
+        seeds[...] = sampler.seed
+        seen[...] = nd.array(sampler.seen_mask(vocab)[None], device=seen.device, dtype="bool")
+
+    def sample_first(self, logits) -> int:
+        """The token after the prompt, drawn on the device from the prefill's ``logits``
+        (it becomes the next step's input there)."""
+        params, seeds, seen = self._sampling
+        position = nd.array(np.array([self.length], np.int32), device=self.model.device)
+        token = self.state.token.reshape((1,))
+        nd.sample(logits, params, seeds, position, seen, out=token)
+        self.state.position[...] = position
+        chosen = int(self.state.token.numpy().reshape(-1)[0])
+        self._on_device = (chosen, self.length)
+        return chosen
+
+    def _sampled_body(self):
+        """The decode step, then a draw into the token buffer and position + 1."""
+        state = self.state
+        logits = self.model.decode_step(state, self.cache)
+        params, seeds, seen = self._sampling
+        following = state.position + 1
+        nd.sample(logits, params, seeds, following, seen, out=state.token.reshape((1,)))
+        state.position[...] = following
+        return logits
 
     def greedy_stream(self, token: int, count: int) -> Iterator[int]:
         """Up to ``count`` greedy tokens after ``token``: what ``count`` calls of
-        ``greedy_step`` would return, with the device one step ahead of the host.
+        ``greedy_step`` would return; see ``stream``."""
+        return self.stream("greedy", token, count)
+
+    def stream(self, kind: str, token: int, count: int) -> Iterator[int]:
+        """Up to ``count`` tokens after ``token``, each chosen on the device ("greedy": the
+        argmax; "sampled": a draw, after ``start_sampling``), with the device one step
+        ahead of the host.
 
         Each step is queued before the previous step's token is read (an asynchronous read
         where the backend has one), so the device does not sit idle while the host reads a
         token, checks it and queues the next replay. When the caller stops early (a stop
         token; close the iterator, or let it go), the step queued ahead is undone: the
-        decoder is left as if ``greedy_step`` had been called once per token received.
+        decoder is left as if one step had been taken per token received (a sampled step
+        undone leaves its token marked seen).
         ``last_logits`` is that of the newest step queued (None after an undo).
         """
         if count <= 0:
@@ -115,7 +164,7 @@ class Decoder:
         ahead: deque = deque()  # pending reads of the tokens of queued steps, oldest first
 
         def queue_step(first: int | None = None) -> None:
-            self._queue_greedy(first)
+            self._queue(kind, first)
             ahead.append(self.state.token.numpy_later())
 
         try:
@@ -133,6 +182,7 @@ class Decoder:
                 for read in ahead:
                     read()
                 self.length -= len(ahead)
+                self.cache.forget_from(self.length)  # rows past the length stay zero
                 self._on_device = None
                 self.last_logits = None
 

@@ -1,9 +1,10 @@
 """Autoregressive generation: the prefill/decode loop and streaming.
 
-The loop is model-agnostic: it needs a ``Decoder`` (``prefill(ids)`` then ``step(token)``,
-each returning the next-token logits) from the model, and it turns logits into tokens with
-a ``Sampler`` (``sampling.py``). Greedy decoding takes the argmax on the device, one step
-queued ahead of the host, so only one integer crosses to the host per token.
+The loop is model-agnostic: it needs a ``Decoder`` (``prefill(ids)`` then steps) from the
+model and a ``Sampler`` (``sampling.py``). Greedy decoding takes the argmax on the device,
+and so does sampling where the device has capability ``sampling``: one step queued ahead of
+the host, so only one integer crosses to the host per token. Elsewhere each row of logits
+is sampled on the host, with the same rules and the same draws.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend_ndarray import NDArray
+from ..backends.api import has
 from ..errors import GenerationError, IndexOutOfRangeError, ShapeError
 from .sampling import Sampler
 
@@ -96,15 +98,23 @@ def stream(model, prompt, max_new_tokens: int | None = None, temperature=None, t
     if max_new_tokens == 0:
         return
     decoder = model.decoder()
+    on_device = not sampler.greedy and has(model.device.backend, "sampling")
     start = time.perf_counter()
     sampler.observe(ids)
-    token = sampler(decoder.prefill(ids), len(ids))
+    logits = decoder.prefill(ids)
+    if on_device:
+        decoder.start_sampling(sampler, ids)
+        token = decoder.sample_first(logits)
+    else:
+        token = sampler(logits, len(ids))
     stats.prefill_tokens, stats.prefill_seconds = len(ids), time.perf_counter() - start
     yield token
     if token in stop_ids or max_new_tokens == 1:
         return
-    if sampler.greedy:  # the choice made on the device, one step queued ahead of the host
-        steps = decoder.greedy_stream(token, max_new_tokens - 1)
+    # the choice made on the device, one step queued ahead of the host; else on the host
+    if sampler.greedy or on_device:
+        steps = decoder.stream("greedy" if sampler.greedy else "sampled", token,
+                               max_new_tokens - 1)
     else:
         steps = _sampled(decoder, sampler, token, max_new_tokens - 1)
     try:

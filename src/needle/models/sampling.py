@@ -1,16 +1,11 @@
-"""Choosing the next token: greedy, or a seeded draw after transformers' logits processors.
+"""Choosing the next token during generation: greedy, or a seeded draw.
 
-The filters follow transformers' processors, in its order: the repetition penalty on the
-raw logits (a seen token's logit divided by the penalty when positive, multiplied when
-negative), temperature, top-k, top-p over what top-k kept, then min-p. Cut-offs are values:
-a token tied with the last one kept is kept too (transformers' sort-based cut keeps an
-arbitrary subset of a tie; with distinct logits the two agree exactly).
-
-The draw is reproducible everywhere: a uniform u in [0, 1) from a counter-based hash of the
-seed and the position of the token being chosen (32-bit integer arithmetic, the same in
-numpy and in a device kernel), then the first token, in vocabulary order, whose running sum
-of kept probability exceeds u times their total. A seed therefore fixes the tokens of a run
-on every device, and a captured decode step needs no host random state.
+The rules — transformers' repetition penalty, temperature, top-k, top-p and min-p, and a
+draw from a hash of (seed, position) — are the array function ``nd.sample``'s (defined by
+``backends/numpy_ref/sampling.py``). Where the model's device has capability ``sampling``
+the decoder samples there, inside the captured decode step; otherwise ``Sampler`` brings a
+row of logits to the host and runs the same function there. Either way a seed fixes the
+tokens of a run, on every device.
 """
 
 from __future__ import annotations
@@ -21,9 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import backend_ndarray as nd
 from ..errors import GenerationError
-
-_MASK = 0xFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -40,8 +34,7 @@ class SamplingParams:
 
     def __post_init__(self):
         t, k, p = self.temperature, self.top_k, self.top_p
-        if not isinstance(t, numbers.Real) or isinstance(t, bool) or not t >= 0 \
-                or t == float("inf"):
+        if not isinstance(t, numbers.Real) or isinstance(t, bool) or not 0 <= t < float("inf"):
             raise GenerationError(f"temperature must be a finite number >= 0, got {t!r}")
         if k is not None and (not isinstance(k, numbers.Integral) or isinstance(k, bool)
                               or k < 0):
@@ -61,63 +54,21 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Plain argmax: temperature 0 and no repetition penalty (which applies to greedy
+        decoding too, as in transformers)."""
+        return self.temperature == 0.0 and self.repetition_penalty in (None, 1.0)
 
-    @property
-    def penalized(self) -> bool:
-        return self.repetition_penalty is not None and self.repetition_penalty != 1.0
-
-
-def uniform(seed: int, position: int) -> float:
-    """A uniform number in [0, 1) (24 bits) from ``seed`` and ``position``: murmur3's
-    32-bit finalizer over a mix of the two."""
-    x = (seed * 0x9E3779B9 + position * 0x85EBCA6B + 0x632BE5AB) & _MASK
-    x ^= x >> 16
-    x = (x * 0x85EBCA6B) & _MASK
-    x ^= x >> 13
-    x = (x * 0xC2B2AE35) & _MASK
-    x ^= x >> 16
-    return (x >> 8) / float(1 << 24)
-
-
-def penalize(logits: np.ndarray, seen, penalty: float | None) -> np.ndarray:
-    """transformers' repetition penalty: seen tokens' logits / penalty (positive) or
-    * penalty (negative); float64."""
-    z = np.asarray(logits, dtype=np.float64).reshape(-1).copy()
-    if penalty is not None and penalty != 1.0 and len(seen):
-        idx = np.fromiter(seen, dtype=np.int64) if not isinstance(seen, np.ndarray) else seen
-        z[idx] = np.where(z[idx] > 0, z[idx] / penalty, z[idx] * penalty)
-    return z
-
-
-def probabilities(logits: np.ndarray, params: SamplingParams, seen=()) -> np.ndarray:
-    """The distribution a sampled token is drawn from (float64, zero outside what the
-    filters keep); ``seen``: the token ids of the sequence so far (for the penalty)."""
-    z = penalize(logits, seen, params.repetition_penalty) / params.temperature
-    keep = np.ones(z.size, dtype=bool)
-    if params.top_k and params.top_k < z.size:
-        keep &= z >= np.partition(z, -params.top_k)[-params.top_k]
-    p = np.where(keep, np.exp(z - z.max()), 0.0)
-    if params.top_p is not None and params.top_p < 1:
-        kept = np.sort(p[keep])[::-1]
-        cut = kept[min(int(np.searchsorted(np.cumsum(kept) / kept.sum(), params.top_p)),
-                       kept.size - 1)]
-        keep &= p >= cut
-    if params.min_p:
-        keep &= p >= params.min_p * p.max()  # p.max() is the top token's, never filtered
-    p = np.where(keep, p, 0.0)
-    return p / p.sum()
-
-
-def draw(p: np.ndarray, u: float) -> int:
-    """The first index whose running sum of ``p`` exceeds ``u`` times the total."""
-    c = np.cumsum(p)
-    return int(min(np.searchsorted(c, u * c[-1], side="right"), p.size - 1))
+    def row(self) -> np.ndarray:
+        """The five per-row settings of ``nd.sample``, float32."""
+        return np.array([self.temperature, self.top_k or 0,
+                         1.0 if self.top_p is None else self.top_p, self.min_p or 0.0,
+                         1.0 if self.repetition_penalty is None else self.repetition_penalty],
+                        np.float32)
 
 
 class Sampler:
-    """Picks the next token from a logits row: greedy, or a seeded draw (see the module
-    notes). Keeps the sequence's tokens for the repetition penalty (``observe``)."""
+    """The sampling state of one sequence: its settings, its seed (32 bits; drawn from the
+    OS when not given) and the tokens seen so far (for the repetition penalty)."""
 
     def __init__(self, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, *,
@@ -125,31 +76,38 @@ class Sampler:
         self.params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty,
                                      seed)
         self.seed = (seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-        self.seed &= _MASK
-        self.seen: set[int] = set()
+        self.seed = int(np.array(self.seed & 0xFFFFFFFF, np.uint32).view(np.int32))
+        self._seen: list[int] = []
 
     @property
     def greedy(self) -> bool:
-        return self.params.greedy and not self.params.penalized
+        return self.params.greedy
 
     def observe(self, tokens) -> None:
         """Tokens now part of the sequence (the prompt, then each chosen token)."""
-        self.seen.update(int(t) for t in tokens)
+        self._seen.extend(int(t) for t in tokens)
+
+    def seen_mask(self, vocab: int) -> np.ndarray:
+        mask = np.zeros(vocab, dtype=bool)
+        ids = np.asarray(self._seen, dtype=np.int64)
+        mask[ids[(ids >= 0) & (ids < vocab)]] = True
+        return mask
 
     def __call__(self, logits, position: int = 0) -> int:
-        """The token at ``position`` from ``logits``, a row of vocabulary scores (an NDArray
-        on any device, or a numpy array)."""
-        if self.greedy:
-            row = logits.reshape(-1)
-            return int(row.argmax().item() if hasattr(row, "item") else np.argmax(row))
-        host = logits.numpy() if hasattr(logits, "numpy") else np.asarray(logits)
+        """The token at ``position`` from ``logits`` (a row of vocabulary scores, an
+        NDArray on any device or a numpy array); chosen on the host unless greedy."""
+        if self.greedy and isinstance(logits, nd.NDArray):
+            return int(logits.reshape(-1).argmax().item())
+        host = logits.numpy() if isinstance(logits, nd.NDArray) else np.asarray(logits)
         return self.sample(host.reshape(-1), position)
 
     def sample(self, logits: np.ndarray, position: int = 0) -> int:
-        """The token drawn from ``probabilities(logits)`` with this sampler's seed."""
-        if self.params.greedy:  # a penalty without sampling: greedy on penalized logits
-            return int(np.argmax(penalize(logits, self.seen, self.params.repetition_penalty)))
-        return draw(self.probabilities(logits), uniform(self.seed, position))
-
-    def probabilities(self, logits: np.ndarray) -> np.ndarray:
-        return probabilities(logits, self.params, self.seen)
+        """``nd.sample`` of one row on the host (cpu_numpy)."""
+        vocab = logits.size
+        dev = nd.cpu_numpy()
+        token = nd.sample(nd.array(logits.reshape(1, vocab), device=dev),
+                          nd.array(self.params.row()[None], device=dev),
+                          nd.array(np.array([self.seed], np.int32), device=dev),
+                          nd.array(np.array([position], np.int32), device=dev),
+                          nd.array(self.seen_mask(vocab)[None], device=dev, dtype="bool"))
+        return int(token.numpy()[0])

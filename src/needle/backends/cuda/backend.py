@@ -9,6 +9,8 @@ one-launch decode attention — each behind a switch of its ``CudaTuning``.
 
 from __future__ import annotations
 
+import struct
+
 from ...backend_ndarray.dtypes import ITEMSIZE
 from ...errors import DeviceError, ShapeError
 from ..gpu import GpuArray, GpuBackend
@@ -28,6 +30,9 @@ from .tensor_map import matrix_map
 from .tuning import CudaTuning
 
 _HALF = ("float16", "bfloat16")
+_SAMPLE = struct.Struct("3q")  # sampling.cu's SampleParams: rows, vocab, cached
+_SAMPLE_THREADS = 1024
+_SAMPLE_STATIC = 8192  # sampling.cu's static shared memory (6.4 KiB), rounded up
 
 
 class CudaBackend(GpuBackend):
@@ -39,6 +44,7 @@ class CudaBackend(GpuBackend):
         if tuning.mma:
             caps.add("bf16_tensor_cores")
         caps.add("fused_decode")  # CUDA ships only the one-launch attention_decode
+        caps.add("sampling")
         self.capabilities = frozenset(caps)
 
     def _retuned(self) -> None:
@@ -250,3 +256,19 @@ class CudaBackend(GpuBackend):
                             (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
                              keys.buffer, values.buffer, part_o, part_ml, out.buffer,
                              self._counters(kv_heads)), params, shared)
+
+    # --- sampling ----------------------------------------------------------------------------
+    def sample(self, logits, params, seeds, positions, seen, out, rows: int,
+               vocab: int) -> None:
+        """sampling.cu: a group of 1024 threads per row; the row's scaled logits kept in
+        shared memory when they fit (vocabularies up to ~54k on an H100)."""
+        kern = self._kernel("sampling", f"sample_{SUFFIX[logits.dtype]}")
+        kern.check_threads(_SAMPLE_THREADS)
+        cached = vocab * 4 + _SAMPLE_STATIC <= self.device.max_shared_bytes
+        shared = vocab * 4 if cached else 0
+        if shared:
+            kern.reserve_shared(shared)
+        self.queue.dispatch(kern, (rows, 1, 1), (_SAMPLE_THREADS, 1, 1),
+                            (logits.buffer, params.buffer, seeds.buffer, positions.buffer,
+                             seen.buffer, out.buffer), _SAMPLE.pack(rows, vocab, int(cached)),
+                            shared)

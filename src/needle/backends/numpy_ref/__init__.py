@@ -91,9 +91,11 @@ from .nn import (
 )
 from .optim import adam_update, sgd_update
 from .reduce import matmul, reduce_argmax, reduce_max, reduce_min, reduce_sum
+from .sampling import sample
 
 name = "cpu_numpy"
-capabilities = frozenset({"host_memory"})  # backends/api.py names what each one promises
+# what each capability promises: backends/api.py
+capabilities = frozenset({"host_memory", "sampling"})
 
 
 def load(index: int = 0):
