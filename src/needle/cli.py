@@ -1,4 +1,4 @@
-"""The ``needle`` command: ``devices``, ``demo``, ``bench``, ``generate`` and ``chat``.
+"""The ``needle`` command: ``devices``, ``demo``, ``bench``, ``generate``, ``chat``, ``warmup``.
 
 Each subcommand's module is imported only when it runs, so ``needle devices`` works even
 where optional dependencies (scikit-learn, tokenizers, a GPU) are missing.
@@ -51,6 +51,7 @@ _COMMANDS = {
     "bench": (_bench, "time needle against numpy and PyTorch (from a checkout)"),
     "generate": ("needle.generate_cli", "generate text with a local language model"),
     "chat": ("needle.chat_cli", "chat with a local language model (one turn per line)"),
+    "warmup": ("needle.warmup_cli", "compile a device's kernels ahead of use"),
 }
 
 

@@ -6,6 +6,8 @@ must come back as KernelCompileError carrying NVRTC's log and the kernel file's 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from needle.errors import DeviceError, KernelCompileError
@@ -31,9 +33,48 @@ def test_the_kernel_families_exist():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_kernel_file_compiles(family, arch):
+    """Every shard of every file (what a device compiles) builds a CUBIN."""
     source = (compiler.KERNEL_DIR / f"{family}.cu").read_text()
-    cubin = compiler.compile_source(source, family, arch)
-    assert cubin[:4] == b"\x7fELF"  # a CUBIN is an ELF image
+    for shard in compiler.SHARDS:
+        cubin = compiler.compile_source(source, family, arch,
+                                        options=compiler.shard_options(shard))
+        assert cubin[:4] == b"\x7fELF"  # a CUBIN is an ELF image
+
+
+def _entries(ptx: bytes) -> list[str]:
+    return re.findall(r"\.entry (\w+)\(", ptx.decode(errors="replace"))
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shards_partition_each_file(family):
+    """Compiled one dtype at a time, a file's kernels are exactly the whole file's, each in
+    the shard its name says (shard_of), so a lookup by name finds its kernel."""
+    source = (compiler.KERNEL_DIR / f"{family}.cu").read_text()
+    whole = _entries(compiler.compile_source(source, family, "compute_90", ptx=True))
+    found = []
+    for shard in compiler.SHARDS:
+        names = _entries(compiler.compile_source(source, family, "compute_90", ptx=True,
+                                                 options=compiler.shard_options(shard)))
+        assert all(compiler.shard_of(n) == shard for n in names), (shard, names)
+        found += names
+    assert sorted(found) == sorted(whole) and len(whole) == len(set(whole))
+
+
+@needs_nvrtc
+def test_precompile_ahead_fills_the_disk_cache(tmp_path, monkeypatch):
+    """The compile a model starts while its weights load: shards of the dtypes asked for,
+    on threads, into the disk cache (no driver needed), keyed by shard."""
+    monkeypatch.setenv("NEEDLE_CACHE_DIR", str(tmp_path))
+    cache = compiler.CudaExecutableCache("test", 90, 1)
+    started = cache.precompile_async(["bfloat16", "int32"], ["layout", "reduce"])
+    assert sorted(started) == ["layout:bf16", "layout:i32", "reduce:bf16", "reduce:i32"]
+    assert cache.precompile_async(["bfloat16"], ["layout"]) == []  # already under way
+    cache.wait_precompiled()
+    assert len(list((tmp_path / "cuda").glob("*.cubin"))) == 4
+    assert cache.unit_of("layout", "take_bf16_i64") == "layout:bf16"
+    image = cache._image("layout:bf16")  # a hit now: the same bytes, no compile
+    assert image == cache._pending["layout:bf16"].result()
 
 
 @needs_nvrtc

@@ -36,6 +36,9 @@ CAPABILITIES = {
     "bf16_tensor_cores": "bfloat16/float16 matmul and attention run on matrix units",
     "fused_decode": "attention_decode is one launch (RoPE, KV write, attention and merge)",
     "sampling": "sample() chooses tokens from logits on the device (numpy_ref/sampling.py)",
+    "precompile": "precompile(dtypes) starts compiling the kernels of those dtypes in parallel "
+                  "(returns at once; a kernel's first use waits for its own compile); "
+                  "wait_precompiled() waits for them all",
 }
 # Names kept for capabilities that are planned but that no backend declares yet.
 RESERVED_CAPABILITIES = ("int8", "int4", "paged_attention")
@@ -157,6 +160,11 @@ class Sampling(Protocol):
                seen: Array, out: Array, rows: int, vocab: int) -> None: ...
 
 
+class Precompile(Protocol):
+    def precompile(self, dtypes, families=None) -> list[str]: ...
+    def wait_precompiled(self) -> None: ...
+
+
 class _Marker(Protocol):
     """Capabilities that promise behaviour of required functions, not new functions."""
 
@@ -165,6 +173,7 @@ CAPABILITY_PROTOCOLS: dict[str, type] = {
     "graphs": GraphCapture, "profiling": Profiling, "memory_stats": MemoryStats,
     "async_read": AsyncRead, "dlpack": DLPackExchange, "host_memory": HostMemory,
     "bf16_tensor_cores": _Marker, "fused_decode": _Marker, "sampling": Sampling,
+    "precompile": Precompile,
 }
 
 

@@ -60,10 +60,11 @@ class ExecutableCache:
         """Entry point ``name`` of kernel file ``family`` (both cached)."""
         k = self._kernels.get((family, name))
         if k is None:
-            k = self._kernels[(family, name)] = self.get(family).kernel(name)
+            k = self._kernels[(family, name)] = self.get(self.unit_of(family, name)).kernel(name)
         return k
 
-    def _compile(self, family: str, source: str) -> Executable:
+    def _compile(self, unit: str, source: str) -> Executable:
+        """Compile ``unit`` from its family's ``source``."""
         raise NotImplementedError
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import backend_ndarray as nd
 from ..backend_ndarray import Device, dtypes
+from ..backends.api import has
 from ..errors import DTypeError, ModelFormatError, ShapeError
 from . import memory
 from .causal_lm import CausalLM
@@ -24,6 +25,9 @@ from .generation_config import GenerationConfig
 from .tokenizer import load_tokenizer
 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
+# dtypes of the kernels inference uses besides the model's: token ids and positions, argmax
+# indices, masks, and float32 where logits or scores are kept at full precision
+INFERENCE_DTYPES = ("float32", "int32", "int64", "bool")
 DEFAULT_MAX_SEQ_LEN = 4096
 
 
@@ -64,6 +68,8 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
     for name, shape in cfg.tensor_shapes().items():
         checkpoint.info(name, shape)
     memory.check_fits(memory.estimate(cfg, dtype, max_seq_len), device, max_seq_len, dtype)
+    if has(device.backend, "precompile"):  # compile kernels while the weights load
+        device.backend.precompile(INFERENCE_DTYPES + (dtype,))
     read = 0
 
     def weights(name: str, shape: tuple[int, ...]) -> nd.NDArray:

@@ -45,6 +45,7 @@ class CudaBackend(GpuBackend):
             caps.add("bf16_tensor_cores")
         caps.add("fused_decode")  # CUDA ships only the one-launch attention_decode
         caps.add("sampling")
+        caps.add("precompile")
         self.capabilities = frozenset(caps)
 
     def _retuned(self) -> None:
@@ -256,6 +257,16 @@ class CudaBackend(GpuBackend):
                             (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
                              keys.buffer, values.buffer, part_o, part_ml, out.buffer,
                              self._counters(kv_heads)), params, shared)
+
+    # --- compiling ahead ------------------------------------------------------------------
+    def precompile(self, dtypes, families=None) -> list[str]:
+        """Start compiling the kernel shards of ``dtypes`` (all families but the optimizer
+        updates unless ``families`` says otherwise) in parallel; returns the units started."""
+        families = families or [f for f in self.device.executables.families() if f != "optim"]
+        return self.device.executables.precompile_async(list(dtypes), families)
+
+    def wait_precompiled(self) -> None:
+        self.device.executables.wait_precompiled()
 
     # --- sampling ----------------------------------------------------------------------------
     def sample(self, logits, params, seeds, positions, seen, out, rows: int,

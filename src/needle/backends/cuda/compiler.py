@@ -1,4 +1,11 @@
-"""NVRTC: compile a kernel file to a CUBIN for the device's arch, cached on disk.
+"""NVRTC: compile kernel files to CUBINs for the device's arch, cached on disk.
+
+A kernel file is compiled one dtype *shard* at a time (``-DNEEDLE_SHARD_<sfx>``: only the
+kernels whose first dtype suffix is <sfx>; common.cuh's ``ONLY``), because NVRTC's time grows
+with the instantiations and a model uses few dtypes: on a cold cache a bf16 model compiles
+the bf16, f32, i32, i64 and b8 shards of the families it uses, not every op of every dtype.
+``precompile_async`` compiles a list of shards on a pool of threads (NVRTC releases the GIL)
+while the caller does something else, loading weights for instance.
 
 ``compile_source`` needs no driver (CI compiles every kernel file with it). The device
 side (``CudaExecutableCache``) loads the CUBIN as a CUmodule and looks kernels up by name.
@@ -7,6 +14,7 @@ side (``CudaExecutableCache``) loads the CUBIN as a CUmodule and looks kernels u
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ...errors import DeviceError, KernelCompileError
@@ -18,6 +26,23 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 # part of the disk-cache key, so changing them recompiles.
 OPTIONS = ("-std=c++17", "-DNDEBUG", *os.environ.get("NEEDLE_CUDA_OPTIONS", "").split())
 _SHARED_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
+SHARDS = ("f16", "bf16", "f32", "f64", "i32", "i64", "b8")
+_SHARD_OF = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+             "int32": "i32", "int64": "i64", "bool": "b8"}
+
+
+def shard_of(kernel: str) -> str:
+    """The shard a kernel is compiled in: the first dtype suffix of its name
+    (``cast_bf16_f32`` -> bf16, ``take_f32_i64`` -> f32)."""
+    for part in kernel.split("_"):
+        if part in SHARDS:
+            return part
+    raise KernelCompileError(f"kernel {kernel} names no dtype, so no shard holds it "
+                             "(docs/kernels.md: kernels are named {op}_{dtype})")
+
+
+def shard_options(shard: str | None) -> tuple[str, ...]:
+    return OPTIONS if shard is None else (*OPTIONS, "-DNEEDLE_SHARD", f"-DNEEDLE_SHARD_{shard}")
 
 
 def nvrtc_version() -> tuple[int, int]:
@@ -145,27 +170,66 @@ class CudaExecutableCache(ExecutableCache):
         self.arch, self.ptx = target_for(capability)
         self.sm_count = sm_count
         self.disk = DiskCache("cuda")
+        self._pending: dict[str, Future] = {}  # units being compiled ahead of use
+        self._pool: ThreadPoolExecutor | None = None
 
-    def _compile(self, family: str, source: str) -> Executable:
-        image = cached_image(family, source, self.arch, self.ptx, self.disk)
-        return CudaExecutable(family, image, self.sm_count)
+    def unit_of(self, family: str, name: str) -> str:
+        return f"{family}:{shard_of(name)}"
+
+    def _image(self, unit: str) -> bytes:
+        family, _, shard = unit.partition(":")
+        return cached_image(family, self.source(family), self.arch, self.ptx, self.disk,
+                            shard or None)
+
+    def _compile(self, unit: str, source: str) -> Executable:
+        pending = self._pending.pop(unit, None)
+        image = pending.result() if pending is not None else self._image(unit)
+        return CudaExecutable(unit, image, self.sm_count)
+
+    def precompile_async(self, dtypes, families=None) -> list[str]:
+        """Start compiling every shard of ``dtypes`` of ``families`` (default: all) that is
+        not compiled yet, on a pool of threads; a later kernel lookup waits for its own.
+        Returns the units started."""
+        started = []
+        for family in families or self.families():
+            for dtype in dtypes:
+                unit = f"{family}:{_SHARD_OF[dtype]}"
+                if unit in self._executables or unit in self._pending:
+                    continue
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 4,
+                                                    thread_name_prefix="needle-nvrtc")
+                self._pending[unit] = self._pool.submit(self._image, unit)
+                started.append(unit)
+        return started
+
+    def wait_precompiled(self) -> None:
+        """Wait for every compile started by ``precompile_async`` (raising its error)."""
+        for future in list(self._pending.values()):
+            future.result()
 
 
-def cached_image(family: str, source: str, arch: str, ptx: bool, disk: DiskCache) -> bytes:
-    """The CUBIN (or PTX) of a kernel file from the disk cache, compiling it on a miss."""
-    key = DiskCache.key(source, *headers().values(), arch, " ".join(OPTIONS),
+def cached_image(family: str, source: str, arch: str, ptx: bool, disk: DiskCache,
+                 shard: str | None = None) -> bytes:
+    """The CUBIN (or PTX) of a kernel file (one shard of it) from the disk cache, compiling
+    it on a miss."""
+    options = shard_options(shard)
+    key = DiskCache.key(source, *headers().values(), arch, " ".join(options),
                         repr(nvrtc_version()))
     suffix = ".ptx" if ptx else ".cubin"
     image = disk.load(key, suffix)
     if image is None:
-        image = compile_source(source, family, arch, ptx)
+        image = compile_source(source, family, arch, ptx, options)
         disk.store(key, suffix, image)
     return image
 
 
 def precompile(family: str, capability: int) -> str:
-    """Fill the disk cache with one kernel file for a compute capability, without a driver
-    (so several processes can compile in parallel before the first CUDA call)."""
+    """Fill the disk cache with every shard of one kernel file for a compute capability,
+    without a driver (so several processes can compile before the first CUDA call)."""
     arch, ptx = target_for(capability)
-    cached_image(family, (KERNEL_DIR / f"{family}.cu").read_text(), arch, ptx, DiskCache("cuda"))
+    source = (KERNEL_DIR / f"{family}.cu").read_text()
+    with ThreadPoolExecutor(max_workers=len(SHARDS)) as pool:
+        list(pool.map(lambda shard: cached_image(family, source, arch, ptx, DiskCache("cuda"),
+                                                 shard), SHARDS))
     return f"{family}.cu for {arch}"

@@ -28,6 +28,50 @@ __device__ __forceinline__ void pdl_entry() {
 #endif
 }
 
+// ---- compile shards: one dtype's kernels at a time -----------------------------------------
+// Compiled with -DNEEDLE_SHARD -DNEEDLE_SHARD_<sfx> (compiler.py), a kernel file instantiates
+// only the kernels whose first dtype suffix is <sfx> (cast_bf16_f32 belongs to bf16,
+// take_f32_i64 to f32): NVRTC's time grows with the instantiations, so a model compiles
+// only the dtypes it uses, each shard in its own process. Without NEEDLE_SHARD: all of them.
+#define NEEDLE_KEEP(...) __VA_ARGS__
+#define NEEDLE_DROP(...)
+#define ONLY(SFX, ...) ONLY_##SFX(__VA_ARGS__)
+#if !defined(NEEDLE_SHARD) || defined(NEEDLE_SHARD_f16)
+#define ONLY_f16 NEEDLE_KEEP
+#else
+#define ONLY_f16 NEEDLE_DROP
+#endif
+#if !defined(NEEDLE_SHARD) || defined(NEEDLE_SHARD_bf16)
+#define ONLY_bf16 NEEDLE_KEEP
+#else
+#define ONLY_bf16 NEEDLE_DROP
+#endif
+#if !defined(NEEDLE_SHARD) || defined(NEEDLE_SHARD_f32)
+#define ONLY_f32 NEEDLE_KEEP
+#else
+#define ONLY_f32 NEEDLE_DROP
+#endif
+#if !defined(NEEDLE_SHARD) || defined(NEEDLE_SHARD_f64)
+#define ONLY_f64 NEEDLE_KEEP
+#else
+#define ONLY_f64 NEEDLE_DROP
+#endif
+#if !defined(NEEDLE_SHARD) || defined(NEEDLE_SHARD_i32)
+#define ONLY_i32 NEEDLE_KEEP
+#else
+#define ONLY_i32 NEEDLE_DROP
+#endif
+#if !defined(NEEDLE_SHARD) || defined(NEEDLE_SHARD_i64)
+#define ONLY_i64 NEEDLE_KEEP
+#else
+#define ONLY_i64 NEEDLE_DROP
+#endif
+#if !defined(NEEDLE_SHARD) || defined(NEEDLE_SHARD_b8)
+#define ONLY_b8 NEEDLE_KEEP
+#else
+#define ONLY_b8 NEEDLE_DROP
+#endif
+
 template <class S> struct SParams { i64 n; S value; };
 
 // ---- compute types: what a storage type is loaded as, and the scalar param type --------

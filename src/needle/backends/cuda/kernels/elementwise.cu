@@ -197,10 +197,11 @@ template <> __device__ __forceinline__ int scalar_value<b8>(int v) { return v !=
     map1(a, out, p.n, Cast<TA, TB>());                                                         \
   }
 
-#define FLOATS(M, ...) M(__VA_ARGS__, f16, half_t) M(__VA_ARGS__, bf16, bf16_t) \
-  M(__VA_ARGS__, f32, float) M(__VA_ARGS__, f64, double)
-#define NUMBERS(M, ...) FLOATS(M, __VA_ARGS__) M(__VA_ARGS__, i32, int) M(__VA_ARGS__, i64, i64)
-#define ALL(M, ...) NUMBERS(M, __VA_ARGS__) M(__VA_ARGS__, b8, b8)
+#define FLOATS(M, ...) ONLY(f16, M(__VA_ARGS__, f16, half_t)) ONLY(bf16, M(__VA_ARGS__, bf16, bf16_t)) \
+  ONLY(f32, M(__VA_ARGS__, f32, float)) ONLY(f64, M(__VA_ARGS__, f64, double))
+#define NUMBERS(M, ...) FLOATS(M, __VA_ARGS__) ONLY(i32, M(__VA_ARGS__, i32, int)) \
+  ONLY(i64, M(__VA_ARGS__, i64, i64))
+#define ALL(M, ...) NUMBERS(M, __VA_ARGS__) ONLY(b8, M(__VA_ARGS__, b8, b8))
 
 NUMBERS(ARITH, add, Add)
 NUMBERS(ARITH, sub, Sub)

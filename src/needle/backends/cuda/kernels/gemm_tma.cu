@@ -268,7 +268,7 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
     GEMM_TMA_BODY(T, BN_MAJOR)                                                                 \
   }
 // shared bytes: GEMM_TMA_STAGES * (128 + 256) * 64 * 2 + 16 * GEMM_TMA_STAGES + 1024
-GEMM_TMA(matmul_tma_bf16, bf16_t, false)
-GEMM_TMA(matmul_tma_f16, half_t, false)
-GEMM_TMA(matmul_tma_nn_bf16, bf16_t, true)
-GEMM_TMA(matmul_tma_nn_f16, half_t, true)
+ONLY(bf16, GEMM_TMA(matmul_tma_bf16, bf16_t, false))
+ONLY(f16, GEMM_TMA(matmul_tma_f16, half_t, false))
+ONLY(bf16, GEMM_TMA(matmul_tma_nn_bf16, bf16_t, true))
+ONLY(f16, GEMM_TMA(matmul_tma_nn_f16, half_t, true))

@@ -173,16 +173,17 @@ __device__ __forceinline__ void scatter_rows_half(const I* __restrict__ idx,
     scatter_rows_half(idx, values, out, p);                                                    \
   }
 
-#define ALL(M) M(f16, half_t) M(bf16, bf16_t) M(f32, float) M(f64, double) M(i32, int) M(i64, i64) M(b8, b8)
+#define ALL(M) ONLY(f16, M(f16, half_t)) ONLY(bf16, M(bf16, bf16_t)) ONLY(f32, M(f32, float)) \
+  ONLY(f64, M(f64, double)) ONLY(i32, M(i32, int)) ONLY(i64, M(i64, i64)) ONLY(b8, M(b8, b8))
 #define BY_INDEX(M, SFX, T) M(SFX, T, i32, int) M(SFX, T, i64, i64)
 #define TAKE_(SFX, T) BY_INDEX(TAKE, SFX, T)
 #define SCATTER_(SFX, T) BY_INDEX(SCATTER, SFX, T)
 
 ALL(LAYOUT)
 ALL(TAKE_)
-BY_INDEX(SCATTER_HALF, f16, half_t)
-BY_INDEX(SCATTER_HALF, bf16, bf16_t)
-SCATTER_(f32, float)
-SCATTER_(f64, double)
-SCATTER_(i32, int)
-SCATTER_(i64, i64)
+ONLY(f16, BY_INDEX(SCATTER_HALF, f16, half_t))
+ONLY(bf16, BY_INDEX(SCATTER_HALF, bf16, bf16_t))
+ONLY(f32, SCATTER_(f32, float))
+ONLY(f64, SCATTER_(f64, double))
+ONLY(i32, SCATTER_(i32, int))
+ONLY(i64, SCATTER_(i64, i64))

@@ -182,10 +182,10 @@ __device__ __forceinline__ void run(const float* __restrict__ A, const float* __
     pdl_entry();                                                                               \
     sgemm::run<TA, TB>(a, b, out, p);                                                          \
   }
-SGEMM(nn, false, false)
-SGEMM(nt, false, true)
-SGEMM(tn, true, false)
-SGEMM(tt, true, true)
+ONLY(f32, SGEMM(nn, false, false))
+ONLY(f32, SGEMM(nt, false, true))
+ONLY(f32, SGEMM(tn, true, false))
+ONLY(f32, SGEMM(tt, true, true))
 
 // ================================================================ tensor cores ============
 namespace tc {
@@ -299,10 +299,10 @@ __device__ __forceinline__ void run(const T* __restrict__ A, const T* __restrict
     tc::run<T, BM, BN, WM, WN, STAGES>(a, b, out, p, smem);                                    \
   }
 // shared bytes: TC_STAGES * (BM*32 + 32*BN) * 2 (64 KiB and 96 KiB with 4 stages)
-TC(matmul_tc, bf16, bf16_t, 128, 128, 2, 4, TC_STAGES, TC_MIN_BLOCKS)
-TC(matmul_tc, f16, half_t, 128, 128, 2, 4, TC_STAGES, TC_MIN_BLOCKS)
-TC(matmul_tc256, bf16, bf16_t, 128, 256, 2, 4, TC_STAGES, 1)
-TC(matmul_tc256, f16, half_t, 128, 256, 2, 4, TC_STAGES, 1)
+ONLY(bf16, TC(matmul_tc, bf16, bf16_t, 128, 128, 2, 4, TC_STAGES, TC_MIN_BLOCKS))
+ONLY(f16, TC(matmul_tc, f16, half_t, 128, 128, 2, 4, TC_STAGES, TC_MIN_BLOCKS))
+ONLY(bf16, TC(matmul_tc256, bf16, bf16_t, 128, 256, 2, 4, TC_STAGES, 1))
+ONLY(f16, TC(matmul_tc256, f16, half_t, 128, 256, 2, 4, TC_STAGES, 1))
 
 // ================================================================ Hopper wgmma ============
 // sm_90a only (NVRTC target sm_90a on compute capability 9.0): warpgroup MMA reading both
@@ -470,10 +470,10 @@ __device__ __forceinline__ void run(const T* __restrict__ A, const T* __restrict
 #define WGMMA_BODY(T, NSUB) __trap();
 #endif
 // shared bytes: WG_STAGES * (128 + 128*NSUB) * 64 * 2 + 1024 (alignment slack)
-WGMMA(matmul_wgmma, bf16, bf16_t, 2)
-WGMMA(matmul_wgmma, f16, half_t, 2)
-WGMMA(matmul_wgmma128, bf16, bf16_t, 1)
-WGMMA(matmul_wgmma128, f16, half_t, 1)
+ONLY(bf16, WGMMA(matmul_wgmma, bf16, bf16_t, 2))
+ONLY(f16, WGMMA(matmul_wgmma, f16, half_t, 2))
+ONLY(bf16, WGMMA(matmul_wgmma128, bf16, bf16_t, 1))
+ONLY(f16, WGMMA(matmul_wgmma128, f16, half_t, 1))
 
 // ================================================================ generic ================
 template <class T>
@@ -721,12 +721,12 @@ __device__ __forceinline__ void gemv_combine(const float* __restrict__ part, T* 
     gemv_combine<T>(part, out, p);                                                             \
   }
 
-GENERIC(f16, half_t)
-GENERIC(bf16, bf16_t)
-GENERIC(f32, float)
-GENERIC(f64, double)
-GENERIC(i32, int)
-GENERIC(i64, i64)
+ONLY(f16, GENERIC(f16, half_t))
+ONLY(bf16, GENERIC(bf16, bf16_t))
+ONLY(f32, GENERIC(f32, float))
+ONLY(f64, GENERIC(f64, double))
+ONLY(i32, GENERIC(i32, int))
+ONLY(i64, GENERIC(i64, i64))
 #define SKINNY(SFX, T)                                                                         \
   extern "C" __global__ void __launch_bounds__(SKINNY_THREADS)                                 \
       matmul_skinny_##SFX(const T* __restrict__ a, const T* __restrict__ b,                    \
@@ -735,9 +735,9 @@ GENERIC(i64, i64)
     __shared__ float red[SKINNY_THREADS / 32 * SKINNY_CG * SKINNY_M * (16 / sizeof(T))];       \
     skinny<T>(a, b, out, part, p, red);                                                        \
   }
-SKINNY(f16, half_t)
-SKINNY(bf16, bf16_t)
-SKINNY(f32, float)
-GEMV(f16, half_t)
-GEMV(bf16, bf16_t)
-GEMV(f32, float)
+ONLY(f16, SKINNY(f16, half_t))
+ONLY(bf16, SKINNY(bf16, bf16_t))
+ONLY(f32, SKINNY(f32, float))
+ONLY(f16, GEMV(f16, half_t))
+ONLY(bf16, GEMV(bf16, bf16_t))
+ONLY(f32, GEMV(f32, float))

@@ -968,10 +968,10 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
     pdl_entry();                                                                               \
     FA_BODY(T, D)                                                                              \
   }
-FA(f16, half_t, 64)
-FA(bf16, bf16_t, 64)
-FA(f16, half_t, 128)
-FA(bf16, bf16_t, 128)
+ONLY(f16, FA(f16, half_t, 64))
+ONLY(bf16, FA(bf16, bf16_t, 64))
+ONLY(f16, FA(f16, half_t, 128))
+ONLY(bf16, FA(bf16, bf16_t, 128))
 
 #define NN(SFX, T, C)                                                                          \
   extern "C" __global__ void softmax_##SFX(const T* __restrict__ a, T* __restrict__ out, RowParams p) { \
@@ -1037,7 +1037,7 @@ FA(bf16, bf16_t, 128)
     attn::combine<T>(part_o, part_ml, out, p);                                                 \
   }
 
-NN(f16, half_t, float)
-NN(bf16, bf16_t, float)
-NN(f32, float, float)
-NN(f64, double, double)
+ONLY(f16, NN(f16, half_t, float))
+ONLY(bf16, NN(bf16, bf16_t, float))
+ONLY(f32, NN(f32, float, float))
+ONLY(f64, NN(f64, double, double))

@@ -75,7 +75,7 @@ __device__ __forceinline__ void sgd(T* __restrict__ w, const T* __restrict__ g,
     sgd(w, g, u, p);                                                                           \
   }
 
-OPTIM(f16, half_t)
-OPTIM(bf16, bf16_t)
-OPTIM(f32, float)
-OPTIM(f64, double)
+ONLY(f16, OPTIM(f16, half_t))
+ONLY(bf16, OPTIM(bf16, bf16_t))
+ONLY(f32, OPTIM(f32, float))
+ONLY(f64, OPTIM(f64, double))

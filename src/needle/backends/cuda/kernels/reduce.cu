@@ -159,28 +159,28 @@ __device__ __forceinline__ void reduce_combine(const C* __restrict__ part_val, c
     reduce_combine<OPT<C>, OUT, C>(part_val, part_idx, out, p);                                \
   }
 
-REDUCE(sum, SumOp, f16, half_t, half_t, float)
-REDUCE(sum, SumOp, bf16, bf16_t, bf16_t, float)
-REDUCE(sum, SumOp, f32, float, float, float)
-REDUCE(sum, SumOp, f64, double, double, double)
-REDUCE(sum, SumOp, i32, int, int, i64)
-REDUCE(sum, SumOp, i64, i64, i64, i64)
-REDUCE(sum, SumOp, b8, b8, i64, i64)
+ONLY(f16, REDUCE(sum, SumOp, f16, half_t, half_t, float))
+ONLY(bf16, REDUCE(sum, SumOp, bf16, bf16_t, bf16_t, float))
+ONLY(f32, REDUCE(sum, SumOp, f32, float, float, float))
+ONLY(f64, REDUCE(sum, SumOp, f64, double, double, double))
+ONLY(i32, REDUCE(sum, SumOp, i32, int, int, i64))
+ONLY(i64, REDUCE(sum, SumOp, i64, i64, i64, i64))
+ONLY(b8, REDUCE(sum, SumOp, b8, b8, i64, i64))
 
 #define MINMAX(NAME, OPT)                                                                      \
-  REDUCE(NAME, OPT, f16, half_t, half_t, float)                                                \
-  REDUCE(NAME, OPT, bf16, bf16_t, bf16_t, float)                                               \
-  REDUCE(NAME, OPT, f32, float, float, float)                                                  \
-  REDUCE(NAME, OPT, f64, double, double, double)                                               \
-  REDUCE(NAME, OPT, i32, int, int, int)                                                        \
-  REDUCE(NAME, OPT, i64, i64, i64, i64)
+  ONLY(f16, REDUCE(NAME, OPT, f16, half_t, half_t, float))                                                \
+  ONLY(bf16, REDUCE(NAME, OPT, bf16, bf16_t, bf16_t, float))                                               \
+  ONLY(f32, REDUCE(NAME, OPT, f32, float, float, float))                                                  \
+  ONLY(f64, REDUCE(NAME, OPT, f64, double, double, double))                                               \
+  ONLY(i32, REDUCE(NAME, OPT, i32, int, int, int))                                                        \
+  ONLY(i64, REDUCE(NAME, OPT, i64, i64, i64, i64))
 MINMAX(max, MaxOp)
 MINMAX(min, MinOp)
 
-REDUCE(argmax, ArgmaxOp, f16, half_t, i64, float)
-REDUCE(argmax, ArgmaxOp, bf16, bf16_t, i64, float)
-REDUCE(argmax, ArgmaxOp, f32, float, i64, float)
-REDUCE(argmax, ArgmaxOp, f64, double, i64, double)
-REDUCE(argmax, ArgmaxOp, i32, int, i64, int)
-REDUCE(argmax, ArgmaxOp, i64, i64, i64, i64)
-REDUCE(argmax, ArgmaxOp, b8, b8, i64, int)
+ONLY(f16, REDUCE(argmax, ArgmaxOp, f16, half_t, i64, float))
+ONLY(bf16, REDUCE(argmax, ArgmaxOp, bf16, bf16_t, i64, float))
+ONLY(f32, REDUCE(argmax, ArgmaxOp, f32, float, i64, float))
+ONLY(f64, REDUCE(argmax, ArgmaxOp, f64, double, i64, double))
+ONLY(i32, REDUCE(argmax, ArgmaxOp, i32, int, i64, int))
+ONLY(i64, REDUCE(argmax, ArgmaxOp, i64, i64, i64, i64))
+ONLY(b8, REDUCE(argmax, ArgmaxOp, b8, b8, i64, int))

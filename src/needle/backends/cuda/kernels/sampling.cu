@@ -264,7 +264,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, const f
     sample_row<T>(logits, prm, seeds, positions, seen, out, p, zcache);                        \
   }
 
-SAMPLE(f16, half_t)
-SAMPLE(bf16, bf16_t)
-SAMPLE(f32, float)
-SAMPLE(f64, double)
+ONLY(f16, SAMPLE(f16, half_t))
+ONLY(bf16, SAMPLE(bf16, bf16_t))
+ONLY(f32, SAMPLE(f32, float))
+ONLY(f64, SAMPLE(f64, double))
