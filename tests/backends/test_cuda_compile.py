@@ -101,3 +101,26 @@ def test_ptx_fallback_for_archs_nvrtc_does_not_know():
     newest = max(compiler.supported_archs())
     arch, ptx = compiler.target_for(newest + 1)
     assert ptx and arch == f"compute_{newest}"
+
+
+@needs_nvrtc
+def test_kernel_lookup_compiles_the_shard_it_needs(tmp_path, monkeypatch):
+    """A lookup by kernel name compiles (or waits for) only that kernel's shard."""
+    monkeypatch.setenv("NEEDLE_CACHE_DIR", str(tmp_path))
+    loaded = []
+
+    class Loaded:  # stands in for the driver's module load (no GPU here)
+        def __init__(self, unit, image, sm_count):
+            loaded.append(unit)
+            self.image = image
+
+        def kernel(self, name):
+            return (name, self.image[:4])
+
+    monkeypatch.setattr(compiler, "CudaExecutable", Loaded)
+    cache = compiler.CudaExecutableCache("test", 90, 1)
+    cache.precompile_async(["float32"], ["reduce"])
+    assert cache.kernel("reduce", "reduce_rows_sum_f32") == ("reduce_rows_sum_f32", b"\x7fELF")
+    assert cache.kernel("layout", "take_bf16_i32") == ("take_bf16_i32", b"\x7fELF")
+    assert cache.kernel("reduce", "reduce_rows_max_f32")[1] == b"\x7fELF"
+    assert loaded == ["reduce:f32", "layout:bf16"]

@@ -41,19 +41,25 @@ class ExecutableCache:
             raise KernelCompileError(f"no kernel file {path.name} in {self.source_dir}")
         return path.read_text()
 
-    def get(self, family: str) -> Executable:
-        """The compiled executable of ``family``, compiling it on first use."""
-        exe = self._executables.get(family)
+    def unit_of(self, family: str, name: str) -> str:
+        """What one compile produces for kernel ``name``: the whole family here; a backend
+        may compile a family in parts (CUDA: one dtype at a time, ``"family:shard"``)."""
+        return family
+
+    def get(self, unit: str) -> Executable:
+        """The compiled executable of ``unit`` (a family, or ``family:part``), compiling it
+        on first use."""
+        exe = self._executables.get(unit)
         if exe is None:
             with self._lock:
-                exe = self._executables.get(family)
+                exe = self._executables.get(unit)
                 if exe is None:
                     start = time.perf_counter()
-                    exe = self._compile(family, self.source(family))
+                    exe = self._compile(unit, self.source(unit.partition(":")[0]))
                     if trace.enabled:
-                        trace.emit("compile", f"{family}{self.suffix} for {self.device_name}",
+                        trace.emit("compile", f"{unit}{self.suffix} for {self.device_name}",
                                    time.perf_counter() - start)
-                    self._executables[family] = exe
+                    self._executables[unit] = exe
         return exe
 
     def kernel(self, family: str, name: str) -> Kernel:
