@@ -32,7 +32,7 @@ from .tuning import CudaTuning
 _HALF = ("float16", "bfloat16")
 _SAMPLE = struct.Struct("3q")  # sampling.cu's SampleParams: rows, vocab, cached
 _SAMPLE_THREADS = 1024
-_SAMPLE_STATIC = 8192  # sampling.cu's static shared memory (6.4 KiB), rounded up
+_SAMPLE_STATIC = 4096  # sampling.cu's static shared memory (2.6 KiB), rounded up
 
 
 class CudaBackend(GpuBackend):
@@ -272,11 +272,12 @@ class CudaBackend(GpuBackend):
     def sample(self, logits, params, seeds, positions, seen, out, rows: int,
                vocab: int) -> None:
         """sampling.cu: a group of 1024 threads per row; the row's scaled logits kept in
-        shared memory when they fit (vocabularies up to ~54k on an H100)."""
+        shared memory when they fit (vocabularies up to ~55k on an H100)."""
         kern = self._kernel("sampling", f"sample_{SUFFIX[logits.dtype]}")
         kern.check_threads(_SAMPLE_THREADS)
-        cached = vocab * 4 + _SAMPLE_STATIC <= self.device.max_shared_bytes
-        shared = vocab * 4 if cached else 0
+        padded = (vocab + vocab // 32 + 1) * 4  # one word in 32 of padding (bank conflicts)
+        cached = padded + _SAMPLE_STATIC <= self.device.max_shared_bytes
+        shared = padded if cached else 0
         if shared:
             kern.reserve_shared(shared)
         self.queue.dispatch(kern, (rows, 1, 1), (_SAMPLE_THREADS, 1, 1),

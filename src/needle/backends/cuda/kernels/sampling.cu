@@ -3,18 +3,28 @@
 // sample_{dt}: one group of SAMPLE_THREADS threads per row of logits. The filters keep
 // tokens by value thresholds found without sorting: top-k by a radix select of the k-th
 // largest order-preserving key (four passes of 8-bit digits, counting), top-p by the same
-// select weighted by probability mass, min-p by comparing with the largest probability. The
-// draw is the first token, in vocabulary order, whose running kept mass exceeds u times the
-// total, u from a 32-bit hash of (seed, position): each thread sums a contiguous chunk, a
-// group-wide scan finds the chunk, and its thread walks it. Temperature 0 takes the first
-// maximum. When the row's scaled logits fit in shared memory they are computed once and
-// every later pass reads them there. No host sync: a captured decode step samples in place.
+// select weighted by probability mass, min-p by comparing with the largest probability.
+// Masses are fixed point (probability relative to the largest, times 2^24, in integers), so
+// sums are exact and the same in every run. The draw is the first token, in vocabulary
+// order, whose running kept mass exceeds u times the total, u from a 32-bit hash of
+// (seed, position): each thread sums a contiguous chunk, a group-wide scan finds the chunk,
+// and its thread walks it. Temperature 0 takes the first maximum.
+//
+// Histogram updates are aggregated per warp (__match_any_sync, then one atomic per distinct
+// bin): the first digit of float keys is the sign and exponent, which most of a vocabulary
+// shares, and plain atomics on one bin serialized a 32k-token row (0.28 ms per token on an
+// H100, docs/cuda_notes.md). When the row's scaled logits fit in shared memory they are
+// computed once and kept there, padded one word in 32 so that a thread's contiguous chunk
+// meets no bank conflicts. No host sync: a captured decode step samples in place.
 #include "common.cuh"
 
 struct SampleParams { i64 rows, vocab, cached; };
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+#define FIXED_ONE 16777216.0f  // 2^24: probability 1 (the largest) in fixed point
+
+typedef unsigned long long u64s;  // what atomicAdd and the shuffles take for 64 bits
 
 // order-preserving key of a float: larger floats give larger unsigned keys
 __device__ __forceinline__ u32 order_key(float z) {
@@ -22,50 +32,81 @@ __device__ __forceinline__ u32 order_key(float z) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__device__ __forceinline__ float uniform24(u32 seed, u32 position) {
+__device__ __forceinline__ u32 uniform24(u32 seed, u32 position) {
   u32 x = seed * 0x9E3779B9u + position * 0x85EBCA6Bu + 0x632BE5ABu;
   x ^= x >> 16;
   x *= 0x85EBCA6Bu;
   x ^= x >> 13;
   x *= 0xC2B2AE35u;
   x ^= x >> 16;
-  return (float)(x >> 8) * (1.0f / 16777216.0f);
+  return x >> 8;
 }
 
+__device__ __forceinline__ u32 fixed(float w) { return (u32)(w * FIXED_ONE + 0.5f); }
+__device__ __forceinline__ int padded(int i) { return i + (i >> 5); }
+
 struct SampleShared {
-  float red[SAMPLE_WARPS];
+  float redf[SAMPLE_WARPS];
   int redi[SAMPLE_WARPS];
-  u32 count[256];
-  float mass[256];
-  float scan[SAMPLE_THREADS];
+  u64s red64[SAMPLE_WARPS];
+  u64s bins[256];
+  u64s total;
   u32 digit;
-  float need;
-  u32 remaining;
+  u64s need;
   int token;
   int last_kept;
 };
 
-__device__ __forceinline__ float block_sum(float v, SampleShared& s) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) s.red[warp] = v;
-  __syncthreads();
-  float t = lane < SAMPLE_WARPS ? s.red[lane] : 0.f;
-  return warp_sum(t);  // every warp computes the same total
-}
+__device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
+__device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
 
 __device__ __forceinline__ float block_max(float v, SampleShared& s) {
   v = warp_max(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
-  if (lane == 0) s.red[warp] = v;
+  if (lane_id() == 0) s.redf[warp_id()] = v;
   __syncthreads();
-  float t = lane < SAMPLE_WARPS ? s.red[lane] : neg_inf<float>();
-  return warp_max(t);
+  float t = lane_id() < SAMPLE_WARPS ? s.redf[lane_id()] : neg_inf<float>();
+  return warp_max(t);  // every warp computes the same result
 }
 
-// the first index of the largest value (ties and the whole block: the smallest index)
+__device__ __forceinline__ u64s warp_sum64(u64s v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ u64s block_sum64(u64s v, SampleShared& s) {
+  v = warp_sum64(v);
+  __syncthreads();
+  if (lane_id() == 0) s.red64[warp_id()] = v;
+  __syncthreads();
+  return warp_sum64(lane_id() < SAMPLE_WARPS ? s.red64[lane_id()] : 0ull);
+}
+
+// inclusive prefix sum over the group, in thread order
+__device__ __forceinline__ u64s block_inclusive_scan64(u64s v, SampleShared& s) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    u64s up = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane_id() >= o) v += up;
+  }
+  __syncthreads();
+  if (lane_id() == 31) s.red64[warp_id()] = v;
+  __syncthreads();
+  if (warp_id() == 0) {
+    u64s t = lane_id() < SAMPLE_WARPS ? s.red64[lane_id()] : 0ull;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      u64s up = __shfl_up_sync(0xffffffffu, t, o);
+      if (lane_id() >= o) t += up;
+    }
+    if (lane_id() < SAMPLE_WARPS) s.red64[lane_id()] = t;
+  }
+  __syncthreads();
+  return v + (warp_id() > 0 ? s.red64[warp_id() - 1] : 0ull);
+}
+
+// the first index of the largest value (ties and the whole group: the smallest index)
 __device__ __forceinline__ int block_argmax(float v, int i, SampleShared& s) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -73,12 +114,11 @@ __device__ __forceinline__ int block_argmax(float v, int i, SampleShared& s) {
     int oi = __shfl_xor_sync(0xffffffffu, i, o);
     if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
-  if (lane == 0) { s.red[warp] = v; s.redi[warp] = i; }
+  if (lane_id() == 0) { s.redf[warp_id()] = v; s.redi[warp_id()] = i; }
   __syncthreads();
-  v = lane < SAMPLE_WARPS ? s.red[lane] : neg_inf<float>();
-  i = lane < SAMPLE_WARPS ? s.redi[lane] : 0x7fffffff;
+  v = lane_id() < SAMPLE_WARPS ? s.redf[lane_id()] : neg_inf<float>();
+  i = lane_id() < SAMPLE_WARPS ? s.redi[lane_id()] : 0x7fffffff;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     float ov = __shfl_xor_sync(0xffffffffu, v, o);
@@ -88,78 +128,85 @@ __device__ __forceinline__ int block_argmax(float v, int i, SampleShared& s) {
   return i;
 }
 
+// bins[bin] += amount for the lanes with ``active``, one atomic per distinct bin of a warp.
+// Every lane of the warp must call it (the loops below give all lanes the same trip count).
+__device__ __forceinline__ void bin_add(u64s* bins, u32 bin, u32 amount, bool active) {
+  const unsigned lanes = __ballot_sync(0xffffffffu, active);
+  if (!active) return;
+  const unsigned peers = __match_any_sync(lanes, bin);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const u32 sum = __reduce_add_sync(peers, amount);  // <= 32 * 2^24: fits 32 bits
+  if (lane_id() == __ffs(peers) - 1) atomicAdd(&bins[bin], (u64s)sum);
+#else
+  atomicAdd(&bins[bin], (u64s)amount);
+#endif
+}
+
+// Warp 0 finds the digit d, from the top, where the running sum of bins reaches s.need,
+// and leaves in s.need what is still needed inside bin d.
+__device__ __forceinline__ void select_digit(SampleShared& s) {
+  if (warp_id() != 0) return;
+  const int lane = lane_id();
+  u64s local = 0;
+#pragma unroll
+  for (int j = 0; j < 8; j++) local += s.bins[255 - 8 * lane - j];  // lane 0: the top bins
+  u64s incl = local;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    u64s up = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += up;
+  }
+  const u64s before = incl - local, need = s.need;
+  const unsigned reach = __ballot_sync(0xffffffffu, incl >= need);
+  const int first = reach ? __ffs(reach) - 1 : 31;  // need beyond the total: the last bins
+  if (lane == first) {
+    u64s acc = before;
+    int d = 255 - 8 * lane - 7;
+    for (int j = 0; j < 8; j++) {
+      const int b = 255 - 8 * lane - j;
+      if (acc + s.bins[b] >= need) { d = b; break; }
+      acc += s.bins[b];
+    }
+    s.digit = (u32)d;
+    s.need = need > acc ? need - acc : 1;
+  }
+}
+
 // One row's scaled, penalized logits: z_i = penalized(logit_i) / temperature.
 template <class T> struct Row {
   const T* logits;
   b8* seen;
   float penalty, temperature;
-  const float* cache;  // the z values in shared memory, or null
+  const float* cache;  // the z values in shared memory (padded), or null
   __device__ __forceinline__ float raw(int i) const {
     float l = (float)load(logits[i]);
     if (penalty != 1.f && seen[i]) l = l > 0.f ? l / penalty : l * penalty;
     return l;
   }
-  __device__ __forceinline__ float z(int i) const { return cache ? cache[i] : raw(i) / temperature; }
+  __device__ __forceinline__ float z(int i) const {
+    return cache ? cache[padded(i)] : raw(i) / temperature;
+  }
 };
 
-// The key of the k-th largest z (radix select, 8 bits a pass).
-template <class T>
-__device__ __forceinline__ u32 kth_key(const Row<T>& row, int vocab, u32 k, SampleShared& s) {
+// The key of the cut: of the k-th largest z (by counts), or the largest key whose z and the
+// larger ones hold at least s.need of fixed-point mass (by mass); keys below ``floor_key``
+// take no part.
+template <class T, bool BY_MASS>
+__device__ __forceinline__ u32 radix_select(const Row<T>& row, int vocab, float zmax,
+                                            u32 floor_key, SampleShared& s) {
   u32 prefix = 0, mask = 0;
-  if (threadIdx.x == 0) s.remaining = k;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    if (threadIdx.x < 256) s.count[threadIdx.x] = 0;
+    if (threadIdx.x < 256) s.bins[threadIdx.x] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
-      u32 key = order_key(row.z(i));
-      if ((key & mask) == prefix) atomicAdd(&s.count[(key >> shift) & 255u], 1u);
+    for (int i0 = 0; i0 < vocab; i0 += SAMPLE_THREADS) {
+      const int i = i0 + threadIdx.x;
+      float z = i < vocab ? row.z(i) : neg_inf<float>();
+      const u32 key = order_key(z);
+      const bool take = i < vocab && key >= floor_key && (key & mask) == prefix;
+      bin_add(s.bins, (key >> shift) & 255u, BY_MASS ? fixed(expf(z - zmax)) : 1u, take);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      u32 left = s.remaining, d = 0;
-      for (int b = 255; b >= 0; b--) {
-        if (s.count[b] >= left) { d = (u32)b; break; }
-        left -= s.count[b];
-      }
-      s.digit = d;
-      s.remaining = left;
-    }
-    __syncthreads();
-    prefix |= s.digit << shift;
-    mask |= 255u << shift;
-  }
-  return prefix;
-}
-
-// The largest key t with mass(key >= t, key >= floor_key) >= need: top-p's cut.
-template <class T>
-__device__ __forceinline__ u32 mass_key(const Row<T>& row, int vocab, float zmax, u32 floor_key, float need,
-                        SampleShared& s) {
-  u32 prefix = 0, mask = 0;
-  if (threadIdx.x == 0) s.need = need;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    if (threadIdx.x < 256) s.mass[threadIdx.x] = 0.f;
-    __syncthreads();
-    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
-      float z = row.z(i);
-      u32 key = order_key(z);
-      if (key >= floor_key && (key & mask) == prefix)
-        atomicAdd(&s.mass[(key >> shift) & 255u], expf(z - zmax));
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float left = s.need, acc = 0.f;
-      int d = -1, lowest = 0;
-      for (int b = 255; b >= 0; b--) {
-        if (s.mass[b] <= 0.f) continue;
-        lowest = b;
-        if (acc + s.mass[b] >= left) { d = b; break; }
-        acc += s.mass[b];
-      }
-      if (d < 0) d = lowest;  // rounding left the target unmet: keep down to the last bin
-      s.digit = (u32)d;
-      s.need = left - acc;
-    }
+    select_digit(s);
     __syncthreads();
     prefix |= s.digit << shift;
     mask |= 255u << shift;
@@ -168,10 +215,12 @@ __device__ __forceinline__ u32 mass_key(const Row<T>& row, int vocab, float zmax
 }
 
 template <class T>
-__device__ __forceinline__ void sample_row(const T* __restrict__ logits, const float* __restrict__ prm,
-                           const int* __restrict__ seeds, const int* __restrict__ positions,
-                           b8* __restrict__ seen, int* __restrict__ out, const SampleParams& p,
-                           float* zcache) {
+__device__ __forceinline__ void sample_row(const T* __restrict__ logits,
+                                           const float* __restrict__ prm,
+                                           const int* __restrict__ seeds,
+                                           const int* __restrict__ positions,
+                                           b8* __restrict__ seen, int* __restrict__ out,
+                                           const SampleParams& p, float* zcache) {
   __shared__ SampleShared s;
   const i64 r = blockIdx.x;
   const int vocab = (int)p.vocab;
@@ -194,7 +243,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, const f
   float zmax = neg_inf<float>();
   for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
     float z = row.raw(i) / row.temperature;
-    if (p.cached) zcache[i] = z;
+    if (p.cached) zcache[padded(i)] = z;
     zmax = fmaxf(zmax, z);
   }
   zmax = block_max(zmax, s);  // (its barriers also publish the cache)
@@ -202,46 +251,46 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, const f
   const u32 k = (u32)q[1];
   const float top_p = q[2], min_p = q[3];
   u32 cut = 0;
-  if (k > 0 && k < (u32)vocab) cut = kth_key(row, vocab, k, s);
+  if (k > 0 && k < (u32)vocab) {
+    if (threadIdx.x == 0) s.need = k;
+    cut = radix_select<T, false>(row, vocab, zmax, 0u, s);
+  }
   if (top_p < 1.f) {
-    float total = 0.f;
+    u64s total = 0;
     for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
       float z = row.z(i);
-      if (order_key(z) >= cut) total += expf(z - zmax);
+      if (order_key(z) >= cut) total += fixed(expf(z - zmax));
     }
-    total = block_sum(total, s);
-    cut = mass_key(row, vocab, zmax, cut, top_p * total, s);
+    total = block_sum64(total, s);
+    if (threadIdx.x == 0) s.need = (u64s)ceil((double)top_p * (double)total);
+    cut = radix_select<T, true>(row, vocab, zmax, cut, s);
   }
   // each thread's contiguous chunk: its kept mass, then a scan over the group
   const int chunk = (vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
   const int begin = min(vocab, (int)threadIdx.x * chunk), end = min(vocab, begin + chunk);
-  float mine = 0.f;
+  u64s mine = 0;
   int last = -1;
   for (int i = begin; i < end; i++) {
     float z = row.z(i), w = expf(z - zmax);
-    if (order_key(z) >= cut && w >= min_p) { mine += w; last = i; }
+    if (order_key(z) >= cut && w >= min_p) { mine += fixed(w); last = i; }
   }
   if (threadIdx.x == 0) { s.token = 0x7fffffff; s.last_kept = -1; }
-  s.scan[threadIdx.x] = mine;
   __syncthreads();
   if (last >= 0) atomicMax(&s.last_kept, last);
-  for (int o = 1; o < SAMPLE_THREADS; o <<= 1) {  // inclusive scan (Hillis-Steele)
-    float add = threadIdx.x >= o ? s.scan[threadIdx.x - o] : 0.f;
-    __syncthreads();
-    s.scan[threadIdx.x] += add;
-    __syncthreads();
-  }
-  const float total = s.scan[SAMPLE_THREADS - 1];
-  const float target = uniform24((u32)seeds[r], (u32)positions[r]) * total;
-  const float before = s.scan[threadIdx.x] - mine;
-  if (mine > 0.f && before <= target && target < before + mine) {
-    float run = before;
+  const u64s incl = block_inclusive_scan64(mine, s);
+  if (threadIdx.x == SAMPLE_THREADS - 1) s.total = incl;
+  __syncthreads();
+  const double target = (double)uniform24((u32)seeds[r], (u32)positions[r]) *
+                        (1.0 / 16777216.0) * (double)s.total;
+  const u64s before = incl - mine;
+  if (mine > 0 && (double)before <= target && target < (double)incl) {
+    u64s run = before;
     int found = last;
     for (int i = begin; i < end; i++) {
       float z = row.z(i), w = expf(z - zmax);
       if (order_key(z) >= cut && w >= min_p) {
-        run += w;
-        if (run > target) { found = i; break; }
+        run += fixed(w);
+        if ((double)run > target) { found = i; break; }
       }
     }
     atomicMin(&s.token, found);
