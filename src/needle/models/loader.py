@@ -25,9 +25,9 @@ from .generation_config import GenerationConfig
 from .tokenizer import load_tokenizer
 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
-# dtypes of the kernels inference uses besides the model's: token ids and positions, argmax
-# indices, masks, and float32 where logits or scores are kept at full precision
-INFERENCE_DTYPES = ("float32", "int32", "int64", "bool")
+# dtypes of the kernels inference uses besides the model's: token ids, positions and argmax
+# indices (the backend knows which of its kernels those need)
+INFERENCE_DTYPES = ("int32", "int64")
 DEFAULT_MAX_SEQ_LEN = 4096
 
 
@@ -69,7 +69,7 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
         checkpoint.info(name, shape)
     memory.check_fits(memory.estimate(cfg, dtype, max_seq_len), device, max_seq_len, dtype)
     if has(device.backend, "precompile"):  # compile kernels while the weights load
-        device.backend.precompile(INFERENCE_DTYPES + (dtype,))
+        device.backend.precompile((dtype,) + INFERENCE_DTYPES)
     read = 0
 
     def weights(name: str, shape: tuple[int, ...]) -> nd.NDArray:
