@@ -418,6 +418,21 @@ def test_fused_decode_is_one_launch(dtype):
     assert relerr(fused, want) < (2e-2 if dtype == "bfloat16" else 1e-4)
 
 
+@gpu
+def test_precompile_then_use():
+    """Capability precompile: inference's shards of a dtype start compiling on threads;
+    the kernels then run (their lookups wait for their own compiles)."""
+    be = DEV.backend
+    units = be.precompile(["float16", "int32"])
+    assert all(u.endswith((":f16", ":i32")) for u in units)
+    assert not any(u.startswith("optim") for u in units)
+    assert [u for u in units if u.endswith(":i32")] in ([], ["elementwise:i32"])
+    be.wait_precompiled()
+    x = on(RNG.standard_normal((64, 64)).astype(np.float32), "float16")
+    assert relerr((x @ x).numpy().astype(np.float64), x.numpy().astype(np.float64) @
+                  x.numpy().astype(np.float64)) < 2e-3
+
+
 # --- TMA GEMM (gemm_tma.cu, tuning "tma": Hopper) ------------------------------------------
 def _has_tma() -> bool:
     return DEV.enabled() and DEV.backend.tuning.tma
