@@ -338,8 +338,9 @@ class Tensor(Value):
         return -self + other
 
     def __rtruediv__(self, other):
-        if isinstance(other, numbers.Number):
-            return ops.mul_scalar(ops.power_scalar(self, -1), other)
+        if isinstance(other, numbers.Number):  # true division: integers give float32
+            other = Tensor(nd.full(self.shape, other, dtype=dtypes.floating(self.dtype),
+                                   device=self.device), requires_grad=False)
         return ops.divide(self._other(other), self)
 
     def __rpow__(self, other):

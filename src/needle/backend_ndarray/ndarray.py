@@ -76,12 +76,28 @@ def _normalize_axes(axis, ndim: int) -> tuple[int, ...]:
     for ax in axes:
         if not isinstance(ax, numbers.Integral):
             raise AxisError(f"axis must be an int, got {ax!r}")
-        if not -ndim <= ax < builtins.max(ndim, 1):
+        if not -ndim <= ax < ndim:
             raise AxisError(f"axis {ax} is out of range for an array of {ndim} dimensions")
-        out.append(int(ax) % builtins.max(ndim, 1))
+        out.append(int(ax) % ndim)
     if len(set(out)) != len(out):
         raise AxisError(f"repeated axis in {axis!r}")
     return tuple(out)
+
+
+_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+
+
+def _integer_dtype(array: np.ndarray) -> str:
+    """needle's dtype for numpy integers, holding every value exactly: int32 for 8-32 bit
+    signed and 8-16 bit unsigned data, int64 for int64 and uint32, int64 for uint64 whose
+    values fit it (larger ones are refused rather than wrapped)."""
+    kind, size = array.dtype.kind, array.dtype.itemsize
+    if size < 4 or (kind == "i" and size == 4):
+        return "int32"
+    if kind == "u" and size == 8 and array.size and int(array.max()) >= 2**63:
+        raise DTypeError(f"uint64 value {int(array.max())} does not fit needle's int64 (the "
+                         "widest integer dtype); convert the data first")
+    return "int64"
 
 
 class NDArray:
@@ -109,7 +125,7 @@ class NDArray:
             if array.dtype.kind == "f" and array.dtype not in (np.float16, np.float32):
                 dtype = "float32" if array.dtype == np.float64 else dtypes.canonical(array.dtype)
             elif array.dtype.kind in "iu":
-                dtype = "int64" if array.dtype.itemsize == 8 else "int32"
+                dtype = _integer_dtype(array)
             else:
                 dtype = dtypes.canonical(array.dtype)
         dtype = dtypes.canonical(dtype)
@@ -298,7 +314,11 @@ class NDArray:
         """A view with ``new_shape`` when the strides allow one, else a compact copy."""
         if isinstance(new_shape, numbers.Integral):
             new_shape = (new_shape,)
-        new_shape = list(new_shape)
+        try:
+            new_shape = [operator.index(d) for d in new_shape]
+        except TypeError:
+            raise ShapeError(f"reshape needs a shape (an int or a tuple of ints), got "
+                             f"{new_shape!r}") from None
         if new_shape.count(-1) > 1:
             raise ShapeError(f"only one dimension can be -1 in reshape, got {tuple(new_shape)}")
         if -1 in new_shape:
@@ -378,10 +398,14 @@ class NDArray:
 
     def pad(self, axes) -> NDArray:
         """Zero-pad: ``axes`` gives (before, after) for each dimension."""
-        axes = tuple(tuple(p) for p in axes)
-        if len(axes) != self.ndim or any(len(p) != 2 or min(p) < 0 for p in axes):
+        try:
+            axes = tuple(tuple(operator.index(x) for x in p) for p in axes)
+        except TypeError:
+            axes = None
+        if axes is None or len(axes) != self.ndim or any(len(p) != 2 or min(p) < 0
+                                                          for p in axes):
             raise ShapeError(f"pad needs a (before, after) pair of non-negative ints for each of "
-                             f"the {self.ndim} dimensions, got {axes}")
+                             f"the {self.ndim} dimensions, e.g. {((0, 0),) * self.ndim}")
         out = self._empty_like(tuple(d + a + b for d, (a, b) in zip(self._shape, axes)))
         out.fill(0)
         out[tuple(slice(a, a + d) for d, (a, _) in zip(self._shape, axes))] = self
@@ -441,6 +465,10 @@ class NDArray:
 
     def __setitem__(self, idxs, other) -> None:
         view = self._parse_index(idxs)
+        if view.size and any(s == 0 and d > 1 for d, s in zip(view.shape, view.strides)):
+            raise ShapeError(f"cannot write through a broadcast view (shape {self.shape}, "
+                             f"strides {self.strides}): its elements share memory, so the "
+                             "write would land in one place; write into a .compact() copy")
         if isinstance(other, NDArray):
             self._check_device(other)
             src = other.astype(self.dtype)
@@ -551,27 +579,38 @@ class NDArray:
     # backend functions accept ``out`` equal to an input (element i is read before it is
     # written). Otherwise NotImplemented makes Python fall back to ``a = a + b``.
     def _inplace(self, other, name: str, dtype_rule=dtypes.arithmetic):
+        """``a op= b`` updates a's elements, as in numpy and PyTorch: its shape and dtype
+        stay (a result that would change them is an error, never a silent rebinding), and a
+        view's update reaches the array it views."""
         dt = self._handle.dtype
-        if not self._is_plain() or dtype_rule(dt) != dt:
-            return NotImplemented
+        if isinstance(other, (list, tuple, np.ndarray)):
+            other = NDArray(np.asarray(other), device=self.device)
         if type(other) is NDArray:
-            if dtypes.promote(dt, other.dtype) != dt:
-                return NotImplemented
             self._check_device(other)
-            try:
-                b = other.astype(dt).broadcast_to(self._shape)
-            except ShapeError:
-                return NotImplemented
+            result_dt = dtype_rule(dtypes.promote(dt, other.dtype))
+            shape = broadcast_shapes(self._shape, other._shape)
+        elif isinstance(other, (numbers.Number, np.generic)):
+            result_dt = dtype_rule(dtypes.promote_scalar(dt, other))
+            shape = self._shape
+        else:
+            return NotImplemented
+        if shape != self._shape:
+            raise ShapeError(f"in-place {name} cannot change the array's shape: {self._shape} "
+                             f"with {other.shape} broadcasts to {shape}")
+        if result_dt != dt:
+            raise DTypeError(f"in-place {name} of a {dt} array would give {result_dt}, which "
+                             f"it cannot hold; write a = a {_SYMBOL[name]} b instead")
+        if not self._is_plain():  # a view: compute, then write through it
+            self[...] = self._binary(other, name)
+            return self
+        if type(other) is NDArray:
+            b = other.astype(dt).broadcast_to(self._shape)
             b = b if b._is_plain() else b.compact()
             getattr(self._be, "ewise_" + name)(self._handle, b._handle, self._handle)
-            return self
-        if isinstance(other, (numbers.Number, np.generic)):
-            if dtypes.promote_scalar(dt, other) != dt:
-                return NotImplemented
+        else:
             value = float(other) if dtypes.is_floating(dt) else int(other)
             getattr(self._be, "scalar_" + name)(self._handle, value, self._handle)
-            return self
-        return NotImplemented
+        return self
 
     def __iadd__(self, other):
         return self._inplace(other, "add")
@@ -731,7 +770,9 @@ class NDArray:
         axes = _normalize_axes(axis, self.ndim)
         count = _prod(self._shape[i] for i in axes)
         src = self if dtypes.is_floating(self.dtype) else self.astype("float32")
-        return src.sum(axis, keepdims) / builtins.max(count, 1)
+        if count == 0:  # numpy: the mean of nothing is NaN
+            return src.sum(axis, keepdims) * float("nan")
+        return src.sum(axis, keepdims) / count
 
     # --- matmul --------------------------------------------------------------------------
     def __matmul__(self, other: NDArray) -> NDArray:
@@ -756,7 +797,9 @@ class NDArray:
             raise ShapeError(f"matmul: inner dimensions differ, {self.shape} @ {other.shape} "
                              f"({n} != {n2})")
         batch_shape = broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        if b.ndim == 2 and a.ndim > 2:  # (..., m, n) @ (n, p): one big matrix product
+        if _prod(batch_shape) * m * p == 0 or n == 0:  # nothing to read, or sums of nothing
+            out = zeros(batch_shape + (m, p), dtype=dt, device=self.device)
+        elif b.ndim == 2 and a.ndim > 2:  # (..., m, n) @ (n, p): one big matrix product
             a2 = a.reshape((-1, n)) if a.is_compact() else a.compact().reshape((-1, n))
             out = a2._matmul2d(b).reshape(batch_shape + (m, p))
         else:
@@ -1050,7 +1093,12 @@ def concatenate(arrays, axis: int = 0) -> NDArray:
     arrays = list(arrays)
     if not arrays:
         raise ShapeError("concatenate needs at least one array")
+    if not all(isinstance(a, NDArray) for a in arrays):
+        raise DTypeError("concatenate takes NDArrays")
     first = arrays[0]
+    if any(a.ndim == 0 for a in arrays):
+        raise ShapeError("concatenate needs arrays of at least one dimension (0-d arrays have "
+                         "no axis to join along); use stack for scalars")
     axis = _normalize_axes(axis, first.ndim)[0]
     for a in arrays:
         first._check_device(a)

@@ -143,7 +143,9 @@ def summation(a, axes=None, keepdims: bool = False):
 
 def mean(a, axes=None, keepdims: bool = False):
     count = prod(a.shape[i] for i in normalize_axes(axes, a.ndim))
-    return summation(a, axes, keepdims) / (count or 1)
+    # the mean of nothing is NaN, as in numpy and PyTorch
+    return summation(a, axes, keepdims) / count if count else summation(a, axes, keepdims) * \
+        float("nan")
 
 
 class Max(TensorOp):
