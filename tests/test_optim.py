@@ -119,7 +119,7 @@ def test_step_builds_no_graph_and_skips_missing_grads():
 def test_bad_arguments():
     with pytest.raises(NeedleError, match="empty"):
         optim.SGD([], lr=0.1)
-    with pytest.raises(NeedleError, match="learning rate"):
+    with pytest.raises(NeedleError, match="lr must be in"):
         optim.SGD([ndl.Tensor([1.0])], lr=-1)
 
 

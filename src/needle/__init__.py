@@ -4,6 +4,8 @@ from . import autograd, backend_ndarray, data, init, nn, ops, optim
 from .autograd import Tensor, TensorTuple, enable_grad, grad, is_grad_enabled, no_grad
 from .backend_ndarray import all_devices, cpu, cpu_numpy, cuda, default_device, metal
 from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
     AxisError,
     DataFormatError,
     DeviceError,

@@ -31,7 +31,7 @@ import numpy as np
 
 from . import backend_ndarray as nd
 from .backend_ndarray import dtypes
-from .backend_ndarray.device import Device, default_device
+from .backend_ndarray.device import Device, as_device, default_device
 from .errors import GradientError, ShapeError
 
 LAZY_MODE = False
@@ -169,8 +169,7 @@ class TensorTupleOp(Op):
 
 def _to_ndarray(data, device: Device | str | None, dtype) -> nd.NDArray:
     """``data`` as an NDArray on ``device`` with ``dtype``, copying only when they differ."""
-    if isinstance(device, str):
-        device = nd.device_from_name(device)
+    device = as_device(device)
     if isinstance(data, nd.NDArray):
         same_device = device is None or device == data.device
         if same_device and (dtype is None or dtypes.canonical(dtype) == data.dtype):
@@ -261,8 +260,7 @@ class Tensor(Value):
 
     def to(self, device: Device | str) -> Tensor:
         """This tensor on ``device`` (differentiable; the same tensor when already there)."""
-        if isinstance(device, str):
-            device = nd.device_from_name(device)
+        device = as_device(device)
         return self if device == self.device else ops.to_device(self, device)
 
     def astype(self, dtype) -> Tensor:

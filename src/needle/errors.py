@@ -58,3 +58,13 @@ class GenerationError(NeedleError, ValueError):
 
 class DataFormatError(NeedleError, ValueError):
     """A dataset file is missing, malformed or inconsistent, or its reader is not installed."""
+
+
+class ArgumentError(NeedleError, ValueError):
+    """An argument has a value the function cannot accept (a size <= 0, a rate outside its
+    range, NaN); the message names the argument."""
+
+
+class ArgumentTypeError(NeedleError, TypeError):
+    """An argument is of the wrong kind (a string where a number goes, a non-Module in a
+    Sequential); the message names the argument."""

@@ -18,9 +18,10 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 
+from . import checks
 from .autograd import Tensor
 from .backend_ndarray import NDArray, adam_update, empty, sgd_update, state_dtype, zeros
-from .errors import ModelFormatError, NeedleError
+from .errors import ArgumentError, ArgumentTypeError, ModelFormatError, NeedleError
 
 __all__ = ["SGD", "Adam", "AdamW", "CosineDecay", "LinearWarmup", "LRScheduler", "Optimizer",
            "clip_grad_norm"]
@@ -41,12 +42,22 @@ class Optimizer:
     buffers: tuple[str, ...] = ()
 
     def __init__(self, params: Iterable[Tensor], lr: float):
-        self.params: list[Tensor] = list(dict.fromkeys(params))  # once each, in order
+        where = type(self).__name__
+        if isinstance(params, Tensor):
+            raise ArgumentTypeError(f"{where}: params must be an iterable of Tensors (e.g. "
+                                    "model.parameters()), not one Tensor")
+        try:
+            self.params: list[Tensor] = list(dict.fromkeys(params))  # once each, in order
+        except TypeError:
+            raise ArgumentTypeError(f"{where}: params must be an iterable of Tensors, got "
+                                    f"{type(params).__name__}") from None
         if not self.params:
-            raise NeedleError("the optimizer got an empty parameter list")
-        if lr < 0:
-            raise NeedleError(f"learning rate must be >= 0, got {lr}")
-        self.lr = lr
+            raise ArgumentError(f"{where}: the parameter list is empty")
+        for i, p in enumerate(self.params):
+            if not isinstance(p, Tensor):
+                raise ArgumentTypeError(f"{where}: params[{i}] is a {type(p).__name__}, not a "
+                                        "Tensor (pass model.parameters())")
+        self.lr = checks.number(lr, "lr", where, 0.0)
         self.step_count = 0
         self.state: list[dict[str, NDArray]] = [{} for _ in self.params]
 
@@ -85,12 +96,25 @@ class Optimizer:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict`` saved from an optimizer of the same type and parameters."""
+        if not isinstance(state, dict) or not {"type", "step", "state"} <= set(state):
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ModelFormatError(f"load_state_dict needs what Optimizer.state_dict() returns "
+                                   f"(a dict with 'type', 'step', 'hyper', 'state'), got {keys}")
+        if not isinstance(state["state"], dict) or not isinstance(state.get("hyper", {}), dict):
+            raise ModelFormatError("optimizer state: 'state' and 'hyper' must be dicts")
         if state.get("type") != type(self).__name__:
             raise ModelFormatError(f"optimizer state is for {state.get('type')!r}, this is "
                                    f"{type(self).__name__}")
         new_state: list[dict[str, NDArray]] = [{} for _ in self.params]
         for key, buffers in state.get("state", {}).items():
-            i = int(key)
+            try:
+                i = int(key)
+            except (TypeError, ValueError):
+                raise ModelFormatError(f"optimizer state has an entry {key!r}, not a "
+                                       "parameter index") from None
+            if not isinstance(buffers, dict):
+                raise ModelFormatError(f"optimizer state of parameter {i} must be a dict of "
+                                       f"buffers, got {type(buffers).__name__}")
             if not 0 <= i < len(self.params):
                 raise ModelFormatError(f"optimizer state has an entry for parameter {i}, but "
                                        f"this optimizer has {len(self.params)} parameters")
@@ -102,11 +126,16 @@ class Optimizer:
                     raise ModelFormatError(f"optimizer buffer {name!r} of parameter {i} has "
                                            f"shape {array.shape}, the parameter {w.shape}")
                 new_state[i][name] = array
-        self.state = new_state
-        self.step_count = int(state.get("step", 0))
+        hyper = {}
         for name, value in state.get("hyper", {}).items():
             if name in self.hyper:
-                setattr(self, name, value)
+                if name != "nesterov":
+                    checks.number(value, name, f"{type(self).__name__} state")
+                hyper[name] = value
+        step = checks.integer(state["step"], "step", f"{type(self).__name__} state", 0)
+        self.state, self.step_count = new_state, step
+        for name, value in hyper.items():
+            setattr(self, name, value)
 
 
 class SGD(Optimizer):
@@ -120,8 +149,10 @@ class SGD(Optimizer):
     def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
         super().__init__(params, lr)
-        self.momentum, self.dampening = momentum, dampening
-        self.weight_decay, self.nesterov = weight_decay, nesterov
+        self.momentum = checks.number(momentum, "momentum", "SGD", 0.0)
+        self.dampening = checks.probability(dampening, "dampening", "SGD")
+        self.weight_decay = checks.number(weight_decay, "weight_decay", "SGD", 0.0)
+        self.nesterov = bool(nesterov)
 
     def _update(self, i, w, g):
         u = None
@@ -146,7 +177,11 @@ class Adam(Optimizer):
     def __init__(self, params, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 0.0):
         super().__init__(params, lr)
-        self.beta1, self.beta2, self.eps, self.weight_decay = beta1, beta2, eps, weight_decay
+        where = type(self).__name__
+        self.beta1 = checks.number(beta1, "beta1", where, 0.0, 1.0, high_open=True)
+        self.beta2 = checks.number(beta2, "beta2", where, 0.0, 1.0, high_open=True)
+        self.eps = checks.number(eps, "eps", where, 0.0)
+        self.weight_decay = checks.number(weight_decay, "weight_decay", where, 0.0)
 
     def _update(self, i, w, g):
         state = self.state[i]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from needle import data, init
-from needle.errors import ShapeError
+from needle.errors import ArgumentError, ShapeError
 
 
 def make_dataset(n=10, transforms=None):
@@ -60,7 +60,7 @@ def test_plain_sequences_and_custom_datasets():
 
 
 def test_errors():
-    with pytest.raises(ShapeError):
+    with pytest.raises(ArgumentError, match="batch_size must be >= 1"):
         data.DataLoader(make_dataset(), batch_size=0)
     with pytest.raises(ShapeError, match="length"):
         data.ArrayDataset(np.zeros(3), np.zeros(4))

@@ -4,6 +4,7 @@
 from .device import (
                      Device,
                      all_devices,
+                     as_device,
                      cpu,
                      cpu_numpy,
                      cuda,
@@ -46,7 +47,7 @@ from .updates import adam_update, sgd_update, state_dtype
 
 __all__ = [
     "ALL_DTYPES", "Device", "NDArray", "adam_update", "add_rmsnorm", "all_devices", "array",
-    "attention", "attention_decode",
+    "as_device", "attention", "attention_decode",
     "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
     "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",
     "max", "maximum", "metal", "minimum", "ones", "promote", "reshape", "sample", "scatter_add",

@@ -142,7 +142,7 @@ def cpu() -> Device:
 
 def cuda(i: int = 0) -> Device:
     """NVIDIA GPU number ``i`` (CUDA driver API, kernels compiled by NVRTC)."""
-    if not isinstance(i, int) or i < 0:
+    if not isinstance(i, int) or isinstance(i, bool) or i < 0:
         raise DeviceError(f"cuda device index must be a non-negative int, got {i!r}")
     return _get("cuda", i)
 
@@ -162,6 +162,24 @@ def all_devices() -> list[Device]:
         count = 1
     devices[1:1] = [cuda(i) for i in range(count)]
     return devices
+
+
+def as_device(device) -> Device | None:
+    """Whatever names a device, as a Device: a Device, a name ('cpu', 'cuda:1', 'auto'), an
+    int (``device=0`` is cuda:0, as in PyTorch) or None (left to the caller's default). A
+    device that cannot run here raises DeviceError with the reason."""
+    if device is None or isinstance(device, Device):
+        return device
+    if isinstance(device, str):
+        dev = device_from_name(device)
+    elif isinstance(device, int) and not isinstance(device, bool):
+        dev = cuda(device)
+    else:
+        raise DeviceError(f"device must be a Device, a name such as 'cpu' or 'cuda:0', or a "
+                          f"CUDA index, got {device!r}")
+    if not dev.enabled():
+        raise DeviceError(f"device {dev.name} is not available: {dev.reason}")
+    return dev
 
 
 def device_from_name(name: str) -> Device:

@@ -26,7 +26,7 @@ from ..errors import (
     ShapeError,
 )
 from . import dtypes
-from .device import Device, cpu_numpy, default_device
+from .device import Device, as_device, cpu_numpy, default_device
 
 _prod = lambda xs: reduce(operator.mul, xs, 1)  # noqa: E731
 
@@ -106,6 +106,7 @@ class NDArray:
     __slots__ = ("_shape", "_strides", "_offset", "_device", "_handle", "__weakref__")
 
     def __init__(self, other, device: Device | None = None, dtype=None):
+        device = as_device(device)
         if isinstance(other, NDArray):
             device = device or other.device
             src = other.astype(dtypes.canonical(dtype)) if dtype is not None else other

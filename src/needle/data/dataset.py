@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .. import init
+from .. import checks, init
 from ..autograd import Tensor
 from ..backend_ndarray import NDArray, default_device
 from ..errors import IndexOutOfRangeError, ShapeError
@@ -57,6 +57,10 @@ class ArrayDataset(Dataset):
         if not arrays:
             raise ShapeError("ArrayDataset needs at least one array")
         self.arrays = tuple(np.asarray(a) for a in arrays)
+        for i, a in enumerate(self.arrays):
+            if a.ndim == 0:
+                raise ShapeError(f"ArrayDataset: array {i} is a scalar; every array needs a "
+                                 "first (sample) axis")
         lengths = {len(a) for a in self.arrays}
         if len(lengths) != 1:
             raise ShapeError(f"ArrayDataset arrays differ in length: "
@@ -85,8 +89,9 @@ class DataLoader:
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
                  drop_last: bool = False, seed: int | None = None, device=None):
-        if batch_size < 1:
-            raise ShapeError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = checks.positive(batch_size, "batch_size", "DataLoader")
+        if seed is not None:
+            checks.integer(seed, "seed", "DataLoader")
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import init
+from .. import checks, init
 from ..errors import ShapeError
 
 
@@ -38,7 +38,7 @@ class RandomFlipHorizontal(Transform):
 
     def __init__(self, p: float = 0.5, seed: int | None = None):
         super().__init__(seed)
-        self.p = p
+        self.p = checks.probability(p, "p", "RandomFlipHorizontal")
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
         _check_images(images, "RandomFlipHorizontal")
@@ -56,8 +56,7 @@ class RandomCrop(Transform):
 
     def __init__(self, padding: int = 3, seed: int | None = None):
         super().__init__(seed)
-        if padding < 0:
-            raise ShapeError(f"RandomCrop padding must be >= 0, got {padding}")
+        checks.integer(padding, "padding", "RandomCrop", 0)
         self.padding = padding
 
     def __call__(self, images: np.ndarray) -> np.ndarray:

@@ -13,11 +13,19 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .. import init, ops
+from .. import backend_ndarray as nd
+from .. import checks, init, ops
 from ..autograd import Tensor
 from ..backend_ndarray import NDArray
 from ..backend_ndarray.dtypes import is_floating
-from ..errors import ModelFormatError, ShapeError
+from ..backends.api import has
+from ..errors import (
+    ArgumentTypeError,
+    DTypeError,
+    IndexOutOfRangeError,
+    ModelFormatError,
+    ShapeError,
+)
 
 
 class Parameter(Tensor):
@@ -182,6 +190,8 @@ class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype="float32"):
         super().__init__()
+        in_features = checks.positive(in_features, "in_features", "nn.Linear")
+        out_features = checks.positive(out_features, "out_features", "nn.Linear")
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(init.kaiming_uniform(in_features, out_features, device=device,
                                                      dtype=dtype))
@@ -231,6 +241,10 @@ class GELU(Module):
 class Sequential(Module):
     def __init__(self, *layers: Module):
         super().__init__()
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Module):
+                raise ArgumentTypeError(f"nn.Sequential: layer {i} is a {type(layer).__name__}"
+                                        f" ({layer!r}), not an nn.Module")
         self.layers = list(layers)
 
     def forward(self, x):
@@ -247,10 +261,36 @@ class SoftmaxLoss(Module):
         if tuple(y.shape) != tuple(logits.shape[:-1]):
             raise ShapeError(f"SoftmaxLoss: labels of shape {tuple(y.shape)} do not match "
                              f"logits of shape {logits.shape}")
+        poison = _check_labels(y, classes)
         rows = logits if logits.ndim == 2 else ops.reshape(logits, (-1, classes))
         labels = y if len(y.shape) == 1 else ops.reshape(y, (-1,))
         hot = init.one_hot(classes, labels, device=logits.device, dtype=logits.dtype)
-        return ops.softmax_cross_entropy(rows, hot)
+        loss = ops.softmax_cross_entropy(rows, hot)
+        return loss if poison is None else loss + poison
+
+
+def _check_labels(y, classes: int):
+    """Labels must be integer class ids in [0, classes). Where the labels are in host memory
+    they are checked now (an error); on a GPU reading them back would stall the device, so
+    instead a NaN is added to the loss when any is out of range (the loss is not a wrong
+    finite number). Returns that NaN-or-zero term, or None."""
+    labels = y.realize_cached_data() if isinstance(y, Tensor) else y
+    if not isinstance(labels, NDArray):
+        labels = nd.array(np.asarray(labels))
+    if is_floating(labels.dtype) or labels.dtype == "bool":
+        raise DTypeError(f"SoftmaxLoss: labels must be integer class ids (int32 or int64), "
+                         f"got {labels.dtype}")
+    if not labels.size:
+        return None
+    if has(labels.device.backend, "host_memory"):
+        lo, hi = labels.min().item(), labels.max().item()
+        if lo < 0 or hi >= classes:
+            raise IndexOutOfRangeError(f"SoftmaxLoss: label {lo if lo < 0 else hi} is not a "
+                                       f"class id in 0..{classes - 1}")
+        return None
+    bad = (nd.where(labels < 0, 1, 0) + nd.where(labels >= classes, 1, 0)).sum()
+    return Tensor(nd.where(bad > 0, float("nan"), 0.0).astype("float32"),
+                  requires_grad=False)
 
 
 class _BatchNorm(Module):
@@ -263,6 +303,10 @@ class _BatchNorm(Module):
     def __init__(self, dim: int, eps: float = 1e-5, momentum: float = 0.1, device=None,
                  dtype="float32"):
         super().__init__()
+        where = type(self).__name__
+        dim = checks.positive(dim, "dim", where)
+        eps = checks.number(eps, "eps", where, 0.0, low_open=True)
+        momentum = checks.probability(momentum, "momentum", where)
         self.dim, self.eps, self.momentum = dim, eps, momentum
         self.weight = Parameter(init.ones(dim, device=device, dtype=dtype))
         self.bias = Parameter(init.zeros(dim, device=device, dtype=dtype))
@@ -280,6 +324,10 @@ class _BatchNorm(Module):
         axes = tuple(i for i in range(x.ndim) if i != 1)
         if self.training:
             count = x.size // self.dim
+            if count == 0:
+                raise ShapeError(f"{type(self).__name__}: a training batch needs at least one "
+                                 f"sample (input shape {x.shape}); its statistics would be NaN "
+                                 "and the running averages lost")
             mean = ops.summation(x, axes) / count
             centred = x - ops.broadcast_to(ops.reshape(mean, shape), x.shape)
             var = ops.summation(centred * centred, axes) / count
@@ -335,9 +383,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5):
         super().__init__()
-        if not 0 <= p <= 1:
-            raise ShapeError(f"Dropout probability must be in [0, 1], got {p}")
-        self.p = p
+        self.p = checks.probability(p, "p", "nn.Dropout")
 
     def forward(self, x):
         if not self.training or self.p == 0:

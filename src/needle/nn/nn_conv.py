@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .. import init, ops
+from .. import checks, init, ops
 from ..errors import ShapeError
 from .nn_basic import Module, Parameter
 
@@ -20,9 +20,11 @@ class Conv(Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
                  padding: int | None = None, bias: bool = True, device=None, dtype="float32"):
         super().__init__()
-        if kernel_size < 1 or stride < 1:
-            raise ShapeError(f"Conv needs kernel_size >= 1 and stride >= 1, got {kernel_size} "
-                             f"and {stride}")
+        for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
+                            ("kernel_size", kernel_size), ("stride", stride)):
+            checks.positive(value, name, "nn.Conv")
+        if padding is not None:
+            checks.integer(padding, "padding", "nn.Conv", 0)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size, self.stride = kernel_size, stride
         self.padding = kernel_size // 2 if padding is None else padding

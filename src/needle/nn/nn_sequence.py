@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from .. import init, ops
+from .. import checks, init, ops
 from ..errors import ShapeError
 from .nn_basic import Module, Parameter
 
@@ -27,6 +27,8 @@ class _Cell(Module):
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None,
                  dtype="float32"):
         super().__init__()
+        checks.positive(input_size, "input_size", type(self).__name__)
+        checks.positive(hidden_size, "hidden_size", type(self).__name__)
         self.input_size, self.hidden_size = input_size, hidden_size
         width, k = self.gates * hidden_size, 1 / math.sqrt(hidden_size)
         self.W_ih = _uniform((input_size, width), k, device, dtype)
@@ -87,6 +89,7 @@ class RNN(Module):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  bias: bool = True, nonlinearity: str = "tanh", device=None, dtype="float32"):
         super().__init__()
+        checks.positive(num_layers, "num_layers", type(self).__name__)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.rnn_cells = [RNNCell(input_size if i == 0 else hidden_size, hidden_size, bias,
                                   nonlinearity, device, dtype) for i in range(num_layers)]
@@ -114,6 +117,7 @@ class LSTM(Module):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  bias: bool = True, device=None, dtype="float32"):
         super().__init__()
+        checks.positive(num_layers, "num_layers", type(self).__name__)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.lstm_cells = [LSTMCell(input_size if i == 0 else hidden_size, hidden_size, bias,
                                     device, dtype) for i in range(num_layers)]
@@ -143,6 +147,8 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype="float32"):
         super().__init__()
+        checks.positive(num_embeddings, "num_embeddings", "nn.Embedding")
+        checks.positive(embedding_dim, "embedding_dim", "nn.Embedding")
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = Parameter(init.randn(num_embeddings, embedding_dim, device=device,
                                            dtype=dtype))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ops
+from .. import checks, ops
 from ..autograd import Tensor
 from ..backend_ndarray import NDArray
 from ..errors import ShapeError
@@ -32,6 +32,9 @@ class MultiHeadAttention(Module):
                  dtype="float32"):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        dim = checks.positive(dim, "dim", "nn.MultiHeadAttention")
+        num_heads = checks.positive(num_heads, "num_heads", "nn.MultiHeadAttention")
+        num_kv_heads = checks.positive(num_kv_heads, "num_kv_heads", "nn.MultiHeadAttention")
         if dim % num_heads or num_heads % num_kv_heads:
             raise ShapeError(f"MultiHeadAttention needs dim ({dim}) divisible by num_heads "
                              f"({num_heads}) and num_heads by num_kv_heads ({num_kv_heads})")

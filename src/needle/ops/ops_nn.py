@@ -30,8 +30,11 @@ from .ops_shape import (
 
 
 def _pair(v, what: str) -> tuple[int, int]:
-    pair = (v, v) if isinstance(v, int) else tuple(v)
-    if len(pair) != 2 or not all(isinstance(x, int) for x in pair):
+    try:
+        pair = (v, v) if isinstance(v, int) else tuple(v)
+    except TypeError:
+        pair = ()
+    if len(pair) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair):
         raise ShapeError(f"conv {what} must be an int or a pair of ints, got {v!r}")
     return pair
 

@@ -22,10 +22,14 @@ def normalize_axes(axes, ndim: int) -> tuple[int, ...]:
     if isinstance(axes, numbers.Integral):
         axes = (axes,)
     out = []
+    try:
+        axes = tuple(axes)
+    except TypeError:
+        raise AxisError(f"axes must be an int or a sequence of ints, got {axes!r}") from None
     for a in axes:
-        if not -ndim <= a < (ndim or 1):
-            raise AxisError(f"axis {a} is out of range for a tensor of {ndim} dimensions")
-        out.append(int(a) % (ndim or 1))
+        if not isinstance(a, numbers.Integral) or not -ndim <= a < ndim:
+            raise AxisError(f"axis {a!r} is out of range for a tensor of {ndim} dimensions")
+        out.append(int(a) % ndim)
     return tuple(sorted(out))
 
 
@@ -89,7 +93,13 @@ class Transpose(TensorOp):
     """Swap two axes (needle's transpose): the last two unless ``axes`` names others."""
 
     def __init__(self, axes: tuple[int, int] | None = None):
-        self.axes = (-2, -1) if axes is None else tuple(axes)
+        try:
+            self.axes = (-2, -1) if axes is None else tuple(axes)
+        except TypeError:
+            self.axes = ()
+        if not all(isinstance(a, numbers.Integral) for a in self.axes):
+            raise AxisError(f"transpose swaps two axes, given as a pair of ints (default the "
+                            f"last two), got {axes!r}")
         if len(self.axes) != 2:
             raise ShapeError(f"transpose swaps two axes, got {axes!r}; use permute for more")
 
