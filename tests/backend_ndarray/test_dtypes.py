@@ -10,7 +10,7 @@ import needle.backend_ndarray as nd
 from needle.backend_ndarray import dtypes
 from needle.errors import DTypeError
 
-from ..conftest import check_unsupported_dtype
+from ..conftest import check_unsupported_dtype, supports
 from .compare import on
 
 ORDER = ("bool", "int32", "int64", "float16", "bfloat16", "float32", "float64")
@@ -118,3 +118,30 @@ def test_numpy_dtypes_and_sizes():
 def test_promote_scalar_rejects_non_numbers():
     with pytest.raises(DTypeError, match="str"):
         dtypes.promote_scalar("float32", "1")
+
+
+@pytest.mark.parametrize("src", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("dst", ["int32", "int64"])
+def test_float_to_int_is_one_rule_on_every_device(device, src, dst):
+    """docs/dtypes.md: truncate toward zero, saturate at the integer's range, NaN gives 0 —
+    the same on every backend (they disagreed: INT_MIN on the CPUs, saturation on GPUs)."""
+    if not supports(device, src):
+        return
+    info = np.iinfo(dst)
+    values = np.array([np.nan, np.inf, -np.inf, 3.7, -3.7, 0.0, -0.0, 1e30, -1e30, 2.0**40,
+                       -2.0**40, 65504.0])
+    x = nd.array(values.astype(np.float64), device=device, dtype=src)
+    got = x.astype(dst).numpy()
+    host = x.numpy().astype(np.float64)
+    want = np.where(np.isnan(host), 0, np.clip(np.trunc(np.nan_to_num(host, posinf=1e300,
+                                                                       neginf=-1e300)),
+                                                 -2.0**(info.bits - 1), 2.0**(info.bits - 1)))
+    want = [info.max if w >= 2.0**(info.bits - 1) else int(w) for w in want]
+    assert got.tolist() == want
+
+
+def test_integer_arithmetic_wraps_on_every_device(device):
+    """docs/dtypes.md: integer overflow wraps (two's complement), as numpy arrays do."""
+    big = nd.array(np.array([2**31 - 1, -2**31], np.int32), device=device)
+    np.testing.assert_array_equal((big + 1).numpy(), [-2**31, -2**31 + 1])
+    np.testing.assert_array_equal((big * 2).numpy(), [-2, 0])

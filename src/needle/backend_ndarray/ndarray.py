@@ -132,8 +132,9 @@ class NDArray:
         dtype = dtypes.canonical(dtype)
         device = device or default_device()
         out = NDArray.make(array.shape, device=device, dtype=dtype)
-        device.backend.from_numpy(np.ascontiguousarray(array, dtype=dtypes.to_numpy_dtype(dtype)),
-                                  out._handle)
+        with np.errstate(over="ignore"):  # floats beyond a narrower dtype become inf: the rule
+            host = np.ascontiguousarray(array, dtype=dtypes.to_numpy_dtype(dtype))
+        device.backend.from_numpy(host, out._handle)
         self._init(out)
 
     def _init(self, other: NDArray) -> None:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .core import Array, _f, _store
+from .core import _HALF, Array, _f, _store
 
 # --- elementwise ------------------------------------------------------------------------
 
@@ -90,9 +90,26 @@ ewise_gelu = _unary(_gelu)
 
 
 def ewise_cast(a: Array, out: Array) -> None:
-    """Convert ``a`` to ``out.dtype`` (floats to ints truncate toward zero)."""
+    """Convert ``a`` to ``out.dtype``. Floats to ints truncate toward zero and saturate at
+    the integer's range, NaN giving 0 (docs/dtypes.md: the rule of every backend); to bool,
+    nonzero (NaN included) is true; float overflow gives inf."""
+    if a.array.dtype.kind == "f" or a.array.dtype == _HALF[1]:
+        if out.array.dtype.kind == "i":
+            out.array[:] = _saturating_int(a.array.astype(np.float64), out.array.dtype)
+            return
     with np.errstate(invalid="ignore", over="ignore"):  # overflow to inf is the contract
         out.array[:] = a.array.astype(out.array.dtype)
+
+
+def _saturating_int(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    info = np.iinfo(dtype)
+    limit = float(-int(info.min))  # 2^31 or 2^63, exact in float64
+    out = np.zeros(x.shape, dtype)
+    inside = (x >= -limit) & (x < limit)  # NaN is neither: stays 0
+    out[inside] = np.trunc(x[inside]).astype(dtype)
+    out[x >= limit] = info.max
+    out[x < -limit] = info.min
+    return out
 
 
 def where(cond: Array, a: Array, b: Array, out: Array) -> None:

@@ -109,12 +109,15 @@ inline uint16_t f32_to_bf16(float f) {
 
 uint16_t f64_to_f16(double d);  // one rounding, as numpy's double->half cast
 
-// numpy's float -> int conversion on x86: truncate toward zero; NaN and out-of-range values
-// give the most negative integer.
+// needle's float -> int conversion, the same on every backend (docs/dtypes.md): truncate
+// toward zero, saturate at the integer's range, NaN gives 0 (what GPUs' conversions do).
 template <class I, class F> inline I float_to_int(F x) {
   constexpr F lim = -(F)std::numeric_limits<I>::min();  // 2^31 or 2^63, exact in F
-  return (x >= -lim && x < lim) ? (I)x : std::numeric_limits<I>::min();
-}  // one rounding, as numpy's double->half cast
+  if (x != x) return 0;
+  if (x >= lim) return std::numeric_limits<I>::max();
+  if (x < -lim) return std::numeric_limits<I>::min();
+  return (I)x;
+}
 
 // Load a storage value as its compute type, and store a compute value (rounding once).
 inline float load(f16 x) { return f16_to_f32(x.bits); }

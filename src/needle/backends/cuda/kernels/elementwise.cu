@@ -123,9 +123,26 @@ template <class T, class Op> struct CompareScalar {
 template <class T, class Op> struct Arith1 {
   __device__ T operator()(T a) const { return store<T>(Op()(load(a))); }
 };
+// floats to integers follow needle's rule on every backend (docs/dtypes.md): truncate toward
+// zero, saturate at the integer's range, NaN gives 0
+template <class I, class F> __device__ __forceinline__ I float_to_int(F x) {
+  const F lim = sizeof(I) == 4 ? (F)2147483648.0 : (F)9223372036854775808.0;
+  if (x != x) return 0;
+  if (x >= lim) return sizeof(I) == 4 ? (I)0x7fffffff : (I)0x7fffffffffffffffll;
+  if (x < -lim) return sizeof(I) == 4 ? (I)0x80000000 : (I)0x8000000000000000ull;
+  return (I)x;
+}
+template <class C> struct IsFloat { static const bool value = false; };
+template <> struct IsFloat<float> { static const bool value = true; };
+template <> struct IsFloat<double> { static const bool value = true; };
+
 template <class From, class To> struct Cast {
   __device__ To operator()(From a) const {
-    return store<To>((typename Acc<To>::type)load(a));
+    typedef typename Acc<To>::type C;
+    const auto v = load(a);
+    if (IsFloat<decltype(v)>::value && !IsFloat<C>::value)
+      return store<To>(float_to_int<C>(v));
+    return store<To>((C)v);
   }
 };
 template <class From> struct Cast<From, b8> {

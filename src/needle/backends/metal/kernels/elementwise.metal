@@ -169,10 +169,29 @@ kernel void unary(device const T* a [[buffer(0)]], device T* out [[buffer(1)]],
   GRID_STRIDE(i, p.n) { out[i] = store<T>(Op()(load(a[i]))); }
 }
 
+// A compute value converted to a storage type. Floats to integers follow needle's rule on
+// every backend (docs/dtypes.md): truncate toward zero, saturate, NaN gives 0.
+template <class To, class C>
+inline To convert(C v) {
+  return store<To>(typename Acc<To>::type(v));
+}
+template <>
+inline int convert<int, float>(float v) {
+  return v != v ? 0 : v >= 2147483648.0f ? 2147483647 : v < -2147483648.0f ? int(0x80000000)
+                                                                          : int(v);
+}
+template <>
+inline long convert<long, float>(float v) {
+  return v != v ? 0
+         : v >= 9223372036854775808.0f ? long(0x7fffffffffffffff)
+         : v < -9223372036854775808.0f ? long(0x8000000000000000)
+                                       : long(v);
+}
+
 template <class From, class To>
 kernel void cast(device const From* a [[buffer(0)]], device To* out [[buffer(1)]],
                  constant NParams& p [[buffer(2)]], GRID_ARGS) {
-  GRID_STRIDE(i, p.n) { out[i] = store<To>(typename Acc<To>::type(load(a[i]))); }
+  GRID_STRIDE(i, p.n) { out[i] = convert<To>(load(a[i])); }
 }
 
 // to bool: nonzero (NaN included) is true
