@@ -38,3 +38,19 @@ def test_demo_rejects_bad_arguments(tmp_path):
         demo.main(["--epochs", "0", "--out", str(tmp_path)])
     with pytest.raises(ndl.DeviceError, match="unknown device"):
         demo.main(["--device", "tpu", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("lr", ["nan", "inf", "-1", "0"])
+def test_demo_rejects_a_learning_rate_that_cannot_train(tmp_path, capsys, lr):
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--lr", lr, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--lr must be a finite number > 0" in capsys.readouterr().err
+
+
+def test_demo_that_diverges_exits_nonzero(tmp_path, capsys):
+    code = demo.main(["--lr", "1e30", "--epochs", "1", "--device", "cpu_numpy", "--out",
+                      str(tmp_path), "--no-progress"])
+    assert code == 1
+    assert "training diverged" in capsys.readouterr().err
+    assert not (tmp_path / "model.safetensors").exists()

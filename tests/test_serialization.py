@@ -3,14 +3,17 @@ atomic writes, and errors that name the broken file."""
 
 import json
 import os
+import signal
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import needle as ndl
 import needle.backend_ndarray as nd
-from needle.errors import ModelFormatError
+from needle.errors import ArgumentError, ModelFormatError
 
 
 def sample_state(device):
@@ -62,6 +65,7 @@ def test_readable_by_safetensors_and_back(tmp_path):
 
 def test_atomic_replace_leaves_no_temp_files(tmp_path):
     path = tmp_path / "sub" / "ck.safetensors"
+    path.parent.mkdir()
     ndl.save({"a": np.ones(3)}, path)
     ndl.save({"a": np.zeros(3)}, path)
     assert os.listdir(path.parent) == ["ck.safetensors"]
@@ -124,3 +128,79 @@ def test_corrupt_files(tmp_path):
         ndl.load(path)
     with pytest.raises(ModelFormatError, match="does not exist"):
         ndl.load(tmp_path / "missing.safetensors")
+
+
+def test_save_does_not_create_directories(tmp_path):
+    with pytest.raises(ArgumentError, match="does not exist; create it first"):
+        ndl.save({"a": np.ones(3)}, tmp_path / "missing" / "ck.safetensors")
+    assert not (tmp_path / "missing").exists()
+    with pytest.raises(ArgumentError, match="is a directory"):
+        ndl.save({"a": np.ones(3)}, tmp_path)
+
+
+def test_save_removes_temp_files_of_dead_writers(tmp_path):
+    path = tmp_path / "ck.safetensors"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    stale = tmp_path / f".ck.safetensors.{int(dead.stdout)}.abc123.tmp"
+    stale.write_bytes(b"x" * 1000)
+    live = tmp_path / f".ck.safetensors.{os.getppid()}.def456.tmp"  # a live writer's temp
+    live.write_bytes(b"y")
+    other = tmp_path / f".other.safetensors.{int(dead.stdout)}.abc.tmp"
+    other.write_bytes(b"z")
+    ndl.save({"a": np.ones(3)}, path)
+    assert sorted(os.listdir(tmp_path)) == sorted([path.name, live.name, other.name])
+
+
+def test_save_killed_midway_leaves_temp_that_next_save_removes(tmp_path):
+    path = tmp_path / "ck.safetensors"
+    code = ("import needle as ndl, numpy as np, os, signal\n"
+            "import needle.serialization as s\n"
+            "real = s._host\n"
+            "def host(x):\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "s._host = host\n"
+            f"ndl.save({{'a': np.ones(1000)}}, {str(path)!r})\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert result.returncode == -signal.SIGKILL
+    assert any(name.endswith(".tmp") for name in os.listdir(tmp_path))
+    ndl.save({"a": np.zeros(2)}, path)
+    assert os.listdir(tmp_path) == [path.name]
+
+
+def _rewrite_header(path, edit):
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = edit(raw[8:8 + n])
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + raw[8 + n:])
+
+
+def test_flipped_byte_in_tree_key_is_an_error_not_a_silent_flat_dict(tmp_path):
+    path = tmp_path / "ck.safetensors"
+    ndl.save({"model": {"w": np.ones(3, dtype="float32")}, "epoch": 3}, path)
+    _rewrite_header(path, lambda h: h.replace(b"needle.tree", b"needle.trfe"))
+    with pytest.raises(ModelFormatError, match="needle.tree metadata entry is missing"):
+        ndl.load(path, nd.cpu_numpy())
+
+
+def test_header_nested_100000_deep_is_a_format_error(tmp_path):
+    path = tmp_path / "deep.safetensors"
+    header = b"[" * 100_000 + b"]" * 100_000
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    with pytest.raises(ModelFormatError, match="nests too deeply"):
+        ndl.load(path, nd.cpu_numpy())
+    ndl.save({"a": np.ones(1)}, tmp_path / "ok.safetensors")
+    deep = b'"' + b'[' * 100_000 + b']' * 100_000 + b'"'
+    _rewrite_header(tmp_path / "ok.safetensors",
+                    lambda h: h.replace(b'"needle.format"', b'"x":' + deep + b',"needle.format"'))
+    with pytest.raises(ModelFormatError, match="nests too deeply"):
+        ndl.load(tmp_path / "ok.safetensors", nd.cpu_numpy())
+
+
+def test_fractional_shape_in_header_is_an_error(tmp_path):
+    path = tmp_path / "ck.safetensors"
+    ndl.save({"a": np.ones(2, dtype="float32")}, path)
+    _rewrite_header(path, lambda h: h.replace(b'"shape":[2]', b'"shape":[2.7]'))
+    with pytest.raises(ModelFormatError, match="malformed header entry"):
+        ndl.load(path, nd.cpu_numpy())

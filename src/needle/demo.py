@@ -8,6 +8,7 @@ The last line printed is ``test accuracy: 0.97`` (two decimals).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -70,8 +71,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="directory for model.safetensors and curves.png")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     args = parser.parse_args(argv)
-    if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
-        parser.error("--epochs and --batch-size must be >= 1 and --lr > 0")
+    if args.epochs < 1 or args.batch_size < 1:
+        parser.error("--epochs and --batch-size must be >= 1")
+    if not (math.isfinite(args.lr) and args.lr > 0):  # `nan <= 0` is False: test positively
+        parser.error(f"--lr must be a finite number > 0, got {args.lr}")
     return args
 
 
@@ -111,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in (("train loss", total_loss / seen), ("test loss", test_loss),
                            ("train acc", correct / seen), ("test acc", test_acc)):
             history[key].append(value)
+        if not math.isfinite(total_loss):
+            bar.close()
+            print(f"error: training diverged in epoch {epoch} (the loss is {total_loss}); "
+                  "try a smaller --lr", file=sys.stderr)
+            return 1
         bar.write(f"epoch {epoch}: train loss {total_loss / seen:.4f}, test loss "
                   f"{test_loss:.4f}, test accuracy {test_acc:.4f}", file=sys.stderr)
 

@@ -22,13 +22,14 @@ import os
 import struct
 import tempfile
 from collections.abc import Mapping
+from glob import escape as glob_escape
 from pathlib import Path
 
 import numpy as np
 
 from .backend_ndarray import NDArray, default_device
 from .backend_ndarray.dtypes import canonical, to_numpy_dtype
-from .errors import DTypeError, ModelFormatError
+from .errors import ArgumentError, DTypeError, ModelFormatError
 
 __all__ = ["load", "save"]
 
@@ -36,6 +37,10 @@ _ST_DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64":
               "int32": "I32", "int64": "I64", "bool": "BOOL"}
 _NEEDLE_DTYPES = {v: k for k, v in _ST_DTYPES.items()}
 _TREE_KEY = "needle.tree"
+# Written beside the tree since format 1: a file that has it but lacks the tree was written by
+# needle and damaged (a flipped byte in the tree's key would otherwise load as a flat dict and
+# silently drop every non-tensor value).
+_FORMAT_KEY, _FORMAT = "needle.format", "1"
 _MAX_HEADER = 100 * 2**20  # the safetensors reference implementation's limit
 _TENSOR, _VALUE = "tensor", "value"
 
@@ -64,7 +69,7 @@ def _flatten(obj, path: tuple[str, ...], tensors: dict, values: dict, where: str
     if not path:
         raise ModelFormatError(f"cannot save {where}: a checkpoint must be a dict, "
                                f"got {type(obj).__name__}")
-    if key in tensors or key in values or key == _TREE_KEY:
+    if key in tensors or key in values or key in (_TREE_KEY, _FORMAT_KEY):
         raise ModelFormatError(f"cannot save {where}: two entries flatten to the key {key!r}; "
                                "rename one of them")
     if _is_array(obj):
@@ -85,7 +90,8 @@ def save(state: Mapping, path: str | os.PathLike) -> None:
     tensors: dict = {}
     values: dict[str, str] = {}
     tree = _flatten(state, (), tensors, values, str(path))
-    header: dict = {"__metadata__": {**values, _TREE_KEY: json.dumps(tree)}}
+    header: dict = {"__metadata__": {**values, _TREE_KEY: json.dumps(tree),
+                                     _FORMAT_KEY: _FORMAT}}
     offset = 0
     for key, array in tensors.items():
         try:
@@ -100,8 +106,10 @@ def save(state: Mapping, path: str | os.PathLike) -> None:
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _check_directory(path)
+    _remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path, os.getpid()), suffix=".tmp",
+                               dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(struct.pack("<Q", len(blob)))
@@ -120,6 +128,42 @@ def save(state: Mapping, path: str | os.PathLike) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _check_directory(path: Path) -> None:
+    """Refuse to invent directories: a typo in a path should not scatter checkpoints."""
+    if path.is_dir():
+        raise ArgumentError(f"cannot save to {path}: it is a directory; give a file name such "
+                            "as model.safetensors")
+    if not path.parent.is_dir():
+        raise ArgumentError(f"cannot save to {path}: the directory {path.parent} does not "
+                            "exist; create it first (e.g. Path(...).mkdir(parents=True))")
+
+
+def _temp_prefix(path: Path, pid: int) -> str:
+    """Temp files carry their writer's pid, so a later save can tell a dead writer's leftover
+    from a save in progress in another process."""
+    return f".{path.name}.{pid}."
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Delete temp files left by writers of ``path`` that died mid-save (killed, power loss)."""
+    for temp in path.parent.glob(f".{glob_escape(path.name)}.*.tmp"):
+        pid_text = temp.name[len(path.name) + 2:].split(".", 1)[0]
+        if pid_text.isdigit() and not _process_alive(int(pid_text)):
+            temp.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # someone else's live process, or a platform that cannot tell: keep it
+    return True
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -159,6 +203,9 @@ def read_header(path: Path) -> tuple[dict, int, int]:
         raise ModelFormatError(f"checkpoint {path} is a directory, not a file") from None
     try:
         header = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ModelFormatError(f"{path}: the safetensors header nests too deeply to be a "
+                               "safetensors header; the file is corrupt") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelFormatError(f"{path}: the safetensors header is not valid JSON ({e}); "
                                "the file is corrupt") from None
@@ -175,8 +222,8 @@ def _check_entries(path: Path, header: dict, data_len: int) -> dict[str, tuple]:
             continue
         try:
             dtype = _NEEDLE_DTYPES.get(info["dtype"])
-            shape = tuple(int(d) for d in info["shape"])
-            begin, end = (int(o) for o in info["data_offsets"])
+            shape = tuple(_header_int(d) for d in info["shape"])
+            begin, end = (_header_int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise ModelFormatError(f"{path}: tensor {name!r} has a malformed header entry "
                                    f"{info!r}") from None
@@ -198,6 +245,13 @@ def _check_entries(path: Path, header: dict, data_len: int) -> dict[str, tuple]:
         raise ModelFormatError(f"{path}: the tensors need {position} bytes of data but the file "
                                f"holds {data_len}; the file is truncated or corrupt")
     return entries
+
+
+def _header_int(value) -> int:
+    """A non-negative integer from a header; a float such as 2.7 is an error, not truncated."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(value)
+    return value
 
 
 def _unflatten(tree, path: tuple[str, ...], arrays: dict, values: dict, where: Path):
@@ -232,12 +286,20 @@ def load(path: str | os.PathLike, device=None) -> dict:
             arrays[name] = NDArray(host, device=device, dtype=dtype)
         del data
     if _TREE_KEY not in metadata:
+        if _FORMAT_KEY in metadata:
+            raise ModelFormatError(f"{path} was written by needle but its {_TREE_KEY} metadata "
+                                   "entry is missing; the file is corrupt (its tensors can be "
+                                   "read with safetensors, its other values are lost)")
         return arrays
+    own = (_TREE_KEY, _FORMAT_KEY)
     try:
         tree = json.loads(metadata[_TREE_KEY])
-        values = {k: json.loads(v) for k, v in metadata.items() if k != _TREE_KEY}
+        values = {k: json.loads(v) for k, v in metadata.items() if k not in own}
+        if not isinstance(tree, dict):
+            raise ModelFormatError(f"{path}: the needle.tree metadata is not a JSON object")
+        return _unflatten(tree, (), arrays, values, path)
     except (TypeError, json.JSONDecodeError) as e:
         raise ModelFormatError(f"{path}: needle metadata is not valid JSON ({e})") from None
-    if not isinstance(tree, dict):
-        raise ModelFormatError(f"{path}: the needle.tree metadata is not a JSON object")
-    return _unflatten(tree, (), arrays, values, path)
+    except RecursionError:
+        raise ModelFormatError(f"{path}: the needle metadata nests too deeply; the file is "
+                               "corrupt") from None
