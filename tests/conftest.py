@@ -35,7 +35,18 @@ def _install_metal_emulator() -> None:
     emulator.install()
 
 
+def _share_cores_between_workers() -> None:
+    """pytest-xdist starts one process per worker, each with its own OpenMP team: give each
+    worker its share of the cores instead of a full team each (set before cpu() loads)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if workers.isdigit() and int(workers) > 1 and "OMP_NUM_THREADS" not in os.environ:
+        from needle.backends.cpu.threads import available_cpus
+
+        os.environ["OMP_NUM_THREADS"] = str(max(1, available_cpus() // int(workers)))
+
+
 _install_metal_emulator()  # before the first enabled() call caches metal()'s state
+_share_cores_between_workers()
 
 import needle.backend_ndarray as nd  # noqa: E402
 from needle.errors import DTypeError  # noqa: E402

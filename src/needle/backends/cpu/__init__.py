@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from ...errors import DeviceError
+from . import threads
 
 CAPABILITIES = frozenset({"host_memory"})  # backends/api.py names what each one promises
 
@@ -18,6 +19,7 @@ def load(index: int = 0) -> ModuleType:
     """The backend module, or DeviceError saying why the extension cannot be used here."""
     if index != 0:
         raise DeviceError(f"the cpu device has only index 0, got {index}")
+    threads.configure()  # before the import loads the OpenMP runtime, which reads it once
     try:
         from . import _cpu
     except ModuleNotFoundError as e:
