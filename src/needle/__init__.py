@@ -1,7 +1,15 @@
 """needle: a small deep-learning framework over CPUs, NVIDIA GPUs and Apple GPUs."""
 
 from . import autograd, backend_ndarray, data, init, nn, ops, optim
-from .autograd import Tensor, TensorTuple, enable_grad, grad, is_grad_enabled, no_grad
+from .autograd import (
+    Tensor,
+    TensorTuple,
+    enable_grad,
+    grad,
+    is_grad_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 from .backend_ndarray import all_devices, cpu, cpu_numpy, cuda, default_device, metal
 from .errors import (
     ArgumentError,

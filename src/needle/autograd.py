@@ -13,19 +13,22 @@ that requires a gradient. Gradients accumulate over repeated uses and over backw
 What gets recorded:
 
 * grad mode: inside ``no_grad()`` ops record no graph and their results do not require
-  grad (a process-wide switch, as in needle; not per thread).
+  grad. The switch is per thread, as in PyTorch: a thread generating under ``no_grad`` does
+  not stop another thread from recording, and every new thread starts with grad enabled.
 * ``create_graph`` (an argument of ``backward`` and ``grad``): by default the backward pass
   itself runs under ``no_grad`` so that stored gradients do not keep the forward graph
   alive; pass ``create_graph=True`` to differentiate the gradients again.
-* ``LAZY_MODE`` (module global, as in needle): when true, ops build the graph without
-  computing; data is computed when first asked for (``realize_cached_data``).
+* ``LAZY_MODE`` (module global, as in the needle course, which sets
+  ``autograd.LAZY_MODE = True``): when true, ops build the graph without computing; data is
+  computed when first asked for (``realize_cached_data``). It is a debugging switch, read
+  once per op, and is left process-wide so that the course's assignment keeps working.
 """
 
 from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import Iterator
+import threading
 
 import numpy as np
 
@@ -35,32 +38,69 @@ from .backend_ndarray.device import Device, as_device, default_device
 from .errors import ArgumentTypeError, GradientError, ShapeError
 
 LAZY_MODE = False
-_grad_enabled = True
 
 
-@contextlib.contextmanager
-def _grad_mode(enabled: bool) -> Iterator[None]:
-    global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, enabled
-    try:
-        yield
-    finally:
-        _grad_enabled = previous
+class _ThreadState(threading.local):
+    """Autograd state private to each thread; a new thread sees the class defaults."""
+
+    grad_enabled: bool = True
 
 
-def no_grad():
+_state = _ThreadState()
+
+
+class _GradMode(contextlib.ContextDecorator):
+    """Set this thread's grad mode for a block (or a decorated function) and restore the
+    previous mode on the way out, exceptions included."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._previous: list[bool] = []  # a stack, so one object may be re-entered
+
+    def __enter__(self) -> None:
+        self._previous.append(_state.grad_enabled)
+        _state.grad_enabled = self.enabled
+
+    def __exit__(self, *exc_info) -> bool:
+        _state.grad_enabled = self._previous.pop()
+        return False
+
+
+def _grad_mode(enabled: bool) -> _GradMode:
+    return _GradMode(enabled)
+
+
+def no_grad() -> _GradMode:
     """Context manager (and decorator) in which ops record no graph: for inference and for
-    updating parameters in optimizers."""
-    return _grad_mode(False)
+    updating parameters in optimizers. Affects only the calling thread."""
+    return _GradMode(False)
 
 
-def enable_grad():
-    """Context manager (and decorator) that turns graph recording back on inside ``no_grad``."""
-    return _grad_mode(True)
+def enable_grad() -> _GradMode:
+    """Context manager (and decorator) that turns graph recording back on inside ``no_grad``
+    (in the calling thread)."""
+    return _GradMode(True)
 
 
 def is_grad_enabled() -> bool:
-    return _grad_enabled
+    """Whether ops called from this thread record a graph."""
+    return _state.grad_enabled
+
+
+class set_grad_enabled:  # noqa: N801 (PyTorch's name: a function or a context manager)
+    """Turn graph recording on or off for the calling thread, now; used in a ``with``
+    block, the previous mode comes back at its end (as ``torch.set_grad_enabled``)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._previous = _state.grad_enabled
+        _state.grad_enabled = bool(enabled)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info) -> bool:
+        _state.grad_enabled = self._previous
+        return False
 
 
 class Op:
@@ -94,7 +134,7 @@ class Value:
     def _init(self, op: Op | None, inputs: list[Value], *, cached_data=None,
               requires_grad: bool | None = None) -> None:
         if requires_grad is None:
-            requires_grad = _grad_enabled and any(x.requires_grad for x in inputs)
+            requires_grad = _state.grad_enabled and any(x.requires_grad for x in inputs)
         self.op = op
         self.inputs = inputs
         self.cached_data = cached_data
