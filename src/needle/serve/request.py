@@ -65,7 +65,9 @@ class Request:
     id: int = field(default_factory=lambda: next(_ids))
     output: list[int] = field(default_factory=list)
     text: str = ""
+    held: int = 0  # characters of text not yet emitted (a possible start of a stop string)
     finish_reason: str | None = None
+    error: str | None = None
     events: queue.Queue = field(default_factory=queue.Queue)
     arrived: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
