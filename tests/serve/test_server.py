@@ -15,7 +15,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
-from needle.serve import Engine  # noqa: E402
+from needle.serve import Engine, RequestParams  # noqa: E402
 from needle.serve.server import Server  # noqa: E402
 
 KEY = "test-key"
@@ -178,22 +178,33 @@ def test_bad_requests_get_openai_errors(running, client):
     assert _wait_idle(running.engine)
 
 
-def test_too_large_for_the_pool_is_413_and_queue_limit_is_429(model):
+def test_too_large_for_the_pool_is_413(model):
     page = Engine(model, max_seqs=1).cache.page_bytes(model.config, 16, model.dtype)
-    server = Running(model, max_seqs=1, kv_memory=2 * page, max_queue=1)
+    server = Running(model, max_seqs=1, kv_memory=2 * page)
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
-        with pytest.raises(openai.APIStatusError) as e:
+        with pytest.raises(openai.APIStatusError, match="KV pages") as e:
             client.completions.create(model=NAME, prompt="x", max_tokens=100)
         assert e.value.status_code == 413
-        # one running, one waiting; the third is over the queue limit
-        streams = [client.completions.create(model=NAME, prompt="x", max_tokens=20,
-                                             stream=True, extra_body={"ignore_eos": True})
-                   for _ in range(2)]
+    finally:
+        server.stop()
+
+
+def test_over_the_queue_limit_is_429(model):
+    server = Running(model, max_seqs=1, max_queue=1)
+    try:
+        # one long request runs and one waits (submitted straight to the engine, so both are
+        # in place before the HTTP request arrives): the next is over the queue limit
+        long = RequestParams(max_tokens=250, ignore_eos=True)
+        held = [server.engine.submit([3, 4], long)]
+        while not server.engine.scheduler.running:  # admitted by the engine's thread
+            time.sleep(0.001)
+        held.append(server.engine.submit([3, 4], long))
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
         with pytest.raises(openai.RateLimitError, match="retry later"):
             client.completions.create(model=NAME, prompt="x", max_tokens=20)
-        for s in streams:
-            s.close()
+        for r in held:
+            server.engine.cancel(r)
         assert _wait_idle(server.engine)
     finally:
         server.stop()
