@@ -49,18 +49,60 @@ def check_supported(model) -> None:
             "longer than its window")
 
 
-def forward(model, cache: PagedKVCache, batch: StepBatch) -> NDArray:
-    """Logits (R, vocab) of the tokens at ``batch.logit_rows``, after writing every token's
-    key and value into the pool."""
-    cfg, tr, dev = model.config, model.transformer, model.device
+class DeviceBatch:
+    """A StepBatch's arrays on the device, all int32 views of one buffer (so one upload
+    refreshes them): tokens (1, T), positions, seq_of, slots, logit rows (T,) and block
+    tables (T, max_pages). A captured step keeps one and the host rewrites it each step."""
+
+    def __init__(self, tokens: int, max_pages: int, device):
+        self.t, self.max_pages = tokens, max_pages
+        self.packed = nd.zeros((tokens * (5 + max_pages),), "int32", device)
+        part = [self.packed[i * tokens:(i + 1) * tokens] for i in range(5)]
+        self.tokens = part[0].reshape((1, tokens))
+        self.positions, self.seq_of, self.slots, self.rows = part[1:]
+        self.tables = self.packed[5 * tokens:].reshape((tokens, max_pages))
+
+    @staticmethod
+    def pack(batch: StepBatch, tokens: int, max_pages: int) -> np.ndarray:
+        """The host image of the buffer for ``batch`` padded to ``tokens`` tokens and rows
+        and ``max_pages`` columns: padding tokens write nowhere (slot -1) and read position
+        0 of row 0."""
+        n, rows = len(batch.tokens), len(batch.logit_rows)
+        out = np.zeros(tokens * (5 + max_pages), np.int32)
+        cols = (batch.tokens, batch.positions, batch.seq_of)
+        for i, col in enumerate(cols):
+            out[i * tokens:i * tokens + n] = col
+        out[3 * tokens:4 * tokens] = -1
+        out[3 * tokens:3 * tokens + n] = batch.slots
+        out[4 * tokens:4 * tokens + rows] = batch.logit_rows
+        tables = -np.ones((tokens, max_pages), np.int32)
+        s, p = batch.block_tables.shape
+        tables[:s, :p] = batch.block_tables
+        out[5 * tokens:] = tables.reshape(-1)
+        return out
+
+    def load(self, batch: StepBatch) -> None:
+        host = self.pack(batch, self.t, self.max_pages)
+        self.packed[...] = nd.array(host, device=self.packed.device)
+
+
+def upload(batch: StepBatch, device) -> DeviceBatch:
+    """A DeviceBatch of exactly the batch's size."""
+    out = DeviceBatch(len(batch.tokens), batch.block_tables.shape[1], device)
+    out.load(batch)
+    return out
+
+
+def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> NDArray:
+    """Logits (logit_rows, vocab) of the tokens at ``batch.rows[:logit_rows]``, after
+    writing every token's key and value into the pool. Reads nothing on the host, so a
+    backend can capture it (``captured.py``)."""
+    cfg, tr = model.config, model.transformer
     w = tr.weights
-    t = len(batch.tokens)
+    t = batch.t
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    ids = nd.array(batch.tokens.astype(np.int32)[None, :], device=dev)
-    positions = nd.array(batch.positions.astype(np.int32), device=dev)
-    seq_of = nd.array(batch.seq_of.astype(np.int32), device=dev)
-    slots = nd.array(batch.slots.astype(np.int32), device=dev)
-    tables = nd.array(batch.block_tables.astype(np.int32), device=dev)
+    ids, positions, seq_of = batch.tokens, batch.positions, batch.seq_of
+    slots, tables = batch.slots, batch.tables
     cos, sin = tr.rope.cos.take(positions), tr.rope.sin.take(positions)  # (T, d / 2)
     x = tr._embed(ids)  # (1, T, hidden)
     for i, layer in enumerate(w.layers):
@@ -85,6 +127,6 @@ def forward(model, cache: PagedKVCache, batch: StepBatch) -> NDArray:
         if layer.post_mlp_norm is not None:
             m = m.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
         x = x + m
-    rows = nd.array(batch.logit_rows.astype(np.int32), device=dev)
+    rows = batch.rows if logit_rows == t else batch.rows[:logit_rows]
     last = x.reshape((t, x.shape[-1])).take(rows)  # (R, hidden)
     return tr._logits(last.rmsnorm(w.final_norm, cfg.rms_norm_eps))

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..backend_ndarray import NDArray
 from ..errors import GenerationError, NeedleError
 from ..models.generate import prompt_ids
 from ..models.sampling import Sampler
 from ..models.tokenizer import StreamDecoder
 from . import batch as batch_step
+from .captured import DecodeGraphs
 from .pages import PagedKVCache
 from .request import Request, RequestParams, TokenEvent
 from .scheduler import Scheduler, Work
@@ -61,6 +61,8 @@ class Engine:
             raise GenerationError(f"max_batch_tokens ({max_batch_tokens}) must exceed max_seqs "
                                   f"({max_seqs}), or prompts could never be read")
         self.scheduler = Scheduler(self.cache.pool, max_seqs, max_batch_tokens, max_queue)
+        self.graphs = DecodeGraphs(model, self.cache,
+                                   self.cache.pool.pages_for(model.max_seq_len))
         self.metrics = EngineMetrics()
         self._lock = threading.Condition()
         self._incoming: deque[Request] = deque()
@@ -132,8 +134,7 @@ class Engine:
             return 0
         start = time.perf_counter()
         try:
-            logits = batch_step.forward(self.model, self.cache, self._batch(work))
-            tokens = self._choose(logits, [w for w in work if w.samples])
+            tokens = self._run(work)
         except Exception as e:  # noqa: BLE001 - every request of the step learns why
             with self._lock:
                 for w in work:
@@ -225,9 +226,9 @@ class Engine:
         n = len(request.prompt)
         return request.prompt[position] if position < n else request.output[position - n]
 
-    def _batch(self, work: list[Work]) -> batch_step.StepBatch:
+    def _batch(self, work: list[Work], max_pages: int | None = None) -> batch_step.StepBatch:
         tokens, positions, seq_of, slots, rows = [], [], [], [], []
-        max_pages = max(len(w.request.table.pages) for w in work)
+        max_pages = max_pages or max(len(w.request.table.pages) for w in work)
         tables = -np.ones((len(work), max_pages), np.int32)
         for i, w in enumerate(work):
             table = w.request.table
@@ -242,14 +243,24 @@ class Engine:
         return batch_step.StepBatch(np.array(tokens), np.array(positions), np.array(seq_of),
                                     np.array(slots), tables, np.array(rows))
 
-    @staticmethod
-    def _choose(logits: NDArray, sampling: list[Work]) -> list[int]:
-        """The next token of each sampling row: argmax on the device when every row is
-        greedy, else each row drawn on the host by its request's Sampler."""
-        if all(w.request.sampler.greedy for w in sampling):
-            return [int(t) for t in logits.argmax(axis=-1).numpy().reshape(-1)]
-        host = logits.numpy()
-        return [w.request.sampler(host[i], w.request.length) for i, w in enumerate(sampling)]
+    def _run(self, work: list[Work]) -> list[int]:
+        """One batched step; the next token of each sampling row: the argmax (on the
+        device) when every row is greedy, else each row drawn on the host by its request's
+        Sampler. Decode-only steps replay a captured step where the backend can."""
+        sampling = [w for w in work if w.samples]
+        greedy = all(w.request.sampler.greedy for w in sampling)
+        if self.graphs.enabled and len(sampling) == len(work) == sum(w.count for w in work) \
+                and self.graphs.bucket(len(work)) is not None:
+            out = self.graphs.run(self._batch(work, self.graphs.max_pages), greedy)
+        else:
+            batch = self._batch(work)
+            logits = batch_step.forward(self.model, self.cache,
+                                        batch_step.upload(batch, self.model.device),
+                                        len(batch.logit_rows))
+            out = logits.argmax(axis=-1).numpy().reshape(-1) if greedy else logits.numpy()
+        if greedy:
+            return [int(t) for t in out]
+        return [w.request.sampler(out[i], w.request.length) for i, w in enumerate(sampling)]
 
     def _append(self, r: Request, token: int) -> None:
         """Add a chosen token; emit it with its text; finish the request if it stops."""
