@@ -31,11 +31,11 @@ def _free_port() -> int:
 class Running:
     """A uvicorn server on a thread, stopped (drained) at the end."""
 
-    def __init__(self, model, **engine_options):
+    def __init__(self, model, name=NAME, api_key=KEY, **engine_options):
         self.engine = Engine(model, **engine_options)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(Server(self.engine, NAME, KEY).app, host="127.0.0.1",
+        config = uvicorn.Config(Server(self.engine, name, api_key).app, host="127.0.0.1",
                                 port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
