@@ -111,7 +111,8 @@ def quantize(w: np.ndarray, bits: int, group_size: int | None = None,
     """Round-to-nearest quantization of a float matrix (n, k): (qweight, scales, offsets).
 
     ``group_size`` None means one group per row (int8's per-output-channel scales).
-    Symmetric: scale = max|w| / 127 (int8) or / 8 (int4: values -8..7, stored u = q + 8);
+    Symmetric: scale = max|w| / 127 (int8) or / 7 (int4: values -7..7, stored u = q + 8, so
+    the error is at most half a step everywhere);
     asymmetric (int4 only): the group's [min, max] mapped onto 0..15, offset = min.
     """
     w = np.asarray(w, np.float32)
@@ -128,7 +129,7 @@ def quantize(w: np.ndarray, bits: int, group_size: int | None = None,
     blocks = padded.reshape(n, groups, spec.group_size)
     if symmetric:
         amax = np.abs(blocks).max(axis=2)
-        top = 127.0 if bits == 8 else 8.0
+        top = 127.0 if bits == 8 else 7.0
         scales = (amax / top).astype(np.float32)
         safe = np.where(scales == 0, 1.0, scales)[:, :, None]
         lo, hi = (-127, 127) if bits == 8 else (-8, 7)
