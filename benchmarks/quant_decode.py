@@ -140,6 +140,77 @@ def _measure(cfg, device, fmt, tokens: int, prefill: int):
     return made / decode_s, streamed, prefill / prefill_s
 
 
+# one decoder layer's matrices of TinyLlama-1.1B (n, k): fused qkv, o, fused gate/up, down
+LAYER_SHAPES = [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]
+
+
+def _timed(device, op, reps: int = 20, rounds: int = 5) -> float:
+    """Seconds per op: ``reps`` calls captured once (where the backend can) and replayed."""
+    from needle.backends.api import has
+
+    backend = device.backend
+    op()
+    device.synchronize()
+    if has(backend, "graphs"):
+        with backend.capture() as graph:
+            for _ in range(reps):
+                op()
+        run = graph.replay
+    else:
+        def run():
+            for _ in range(reps):
+                op()
+    run()
+    device.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        run()
+        device.synchronize()
+        best = min(best, (time.perf_counter() - start) / reps)
+    return best
+
+
+def _product(x, w):
+    from needle import backend_ndarray as nd
+
+    if isinstance(w, nd.QuantizedMatrix):
+        return lambda: nd.quant_matmul(x, w)
+    wt = w.transpose()
+    return lambda: x @ wt
+
+
+def kernel_table(device, copy: float, quick: bool) -> None:
+    """Matrix-vector (decode) and 512-row (prefill) products of each layer shape: bf16 against
+    each quantized format; GB/s counts the bytes of the weights as stored (packed)."""
+    from needle import backend_ndarray as nd
+
+    shapes = [(64, 256), (256, 64)] if quick else LAYER_SHAPES
+    rng = np.random.default_rng(0)
+    print(f"\n{'shape (n, k)':<14} {'format':<27} {'matvec us':>9} {'GB/s':>6} {'% copy':>7} "
+          f"{'x bf16':>7} {'512-row us':>10} {'/ bf16':>7}")
+    for n, k in shapes:
+        xv = nd.array(rng.standard_normal((1, k)).astype(np.float32), device=device,
+                      dtype="bfloat16")
+        xm = nd.array(rng.standard_normal((512, k)).astype(np.float32), device=device,
+                      dtype="bfloat16")
+        base = base_mm = None
+        for name, fmt in VARIANTS.items():
+            if fmt is None:
+                w = nd.array(_bf16(f"w{n}x{k}", (n, k)), device=device, dtype="bfloat16")
+                nbytes = n * k * 2
+            else:
+                w = _Source(None, device, fmt)(f"model.layers.0.w{n}x{k}", (n, k))
+                nbytes = w.nbytes
+            t = _timed(device, _product(xv, w))
+            t_mm = _timed(device, _product(xm, w), reps=5, rounds=3)
+            base = base or t
+            base_mm = base_mm or t_mm
+            print(f"{f'({n}, {k})':<14} {name:<27} {t * 1e6:9.1f} {nbytes / t / 1e9:6.0f} "
+                  f"{100 * nbytes / t / copy:6.0f}% {base / t:7.2f} {t_mm * 1e6:10.1f} "
+                  f"{t_mm / base_mm:7.2f}", flush=True)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default=None)
@@ -147,19 +218,25 @@ def main(argv=None) -> None:
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", nargs="*", default=None, help="variant names to run")
+    parser.add_argument("--kernels", action="store_true", help="also time each layer matrix")
+    parser.add_argument("--no-decode", action="store_true", help="skip the whole-model runs")
     args = parser.parse_args(argv)
     from needle import backend_ndarray as nd
 
     device = nd.device_from_name(args.device) if args.device else nd.default_device()
     cfg = _config(args.quick)
     copy = _copy_bandwidth(device)
+    if args.kernels:
+        kernel_table(device, copy, args.quick)
     rows = []
     for name, fmt in VARIANTS.items():
-        if args.only and name not in args.only:
+        if args.no_decode or (args.only and name not in args.only):
             continue
         tps, streamed, prefill = _measure(cfg, device, fmt, args.tokens, args.prefill)
         rows.append((name, tps, streamed, prefill))
         print(f"  {name}: {tps:.1f} tok/s", flush=True)
+    if not rows:
+        return
     base = next((r[1] for r in rows if r[0] == "bf16"), None)
     base_pf = next((r[3] for r in rows if r[0] == "bf16"), None)
     print(f"\ndevice {device.name}; copy bandwidth {copy / 1e9:.0f} GB/s (read + write)")

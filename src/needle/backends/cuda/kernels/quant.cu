@@ -1,9 +1,11 @@
 // Weight-only quantized matrices (docs/quantization.md; numpy_ref/quant.py is the reference).
 //  * qmv{8,4}_{f16,bf16,f32}: out (m, n) = x (m, k) @ W.T for small m (decoding), one warp per
-//    QMV_ROWS rows of W. Bandwidth-bound: each lane issues QMV_UNROLL x QMV_ROWS independent
-//    16-byte loads of packed weights (bypassing L1, so x stays there) before using any; values
-//    become floats in registers (a byte_perm into the mantissa of 2^23, minus 2^23), are dotted
-//    with x, and each 16-byte chunk's dot is scaled once (chunks never straddle a group).
+//    QMV_ROWS rows of W, grid.y over the m rows of x. Bandwidth-bound: each lane issues
+//    QMV_UNROLL x QMV_ROWS independent 16-byte loads of packed weights (bypassing L1) before
+//    using any; values become floats in registers (a byte_perm into the mantissa of 2^23 and
+//    one subtraction: 3 instructions a value with the FMA), are dotted with x staged as float
+//    in shared memory, and each 16-byte chunk's dot is scaled once (chunks never straddle a
+//    group).
 //  * dequant{8,4}_{f16,bf16,f32}: W (n, k) in the activation dtype, for prefill products
 //    (the generic GPU backend then runs the dtype's GEMM).
 #include "common.cuh"
@@ -15,11 +17,14 @@
 #define QMV_UNROLL 4
 #endif
 
-struct QuantParams { i64 m, n, k, words, groups, group, has_offsets; };
+// staged: 1 for the fast path (gpu/quant.py decides); group_shift: log2 of the chunks per
+// group when that is a power of two (30 for one group per row), else -1
+struct QuantParams { i64 m, n, k, words, groups, group, has_offsets, staged, group_shift; };
 
-// Byte j (0..3) of `v` as a float: the byte placed in the low mantissa bits of 2^23.
-template <int J> __device__ __forceinline__ float byte_f(u32 v) {
-  return __uint_as_float(__byte_perm(v, 0x4B00u, 0x5440u | J)) - 8388608.0f;
+// Byte j (0..3) of `v` as a float minus `bias`: the byte placed in the low mantissa bits of
+// 2^23, then one subtraction of 2^23 + bias (exact: both are integers below 2^24).
+template <int J> __device__ __forceinline__ float byte_f(u32 v, float magic) {
+  return __uint_as_float(__byte_perm(v, 0x4B00u, 0x5440u | J)) - magic;
 }
 
 // The stored value of element j of a row (slow path: any k and group).
@@ -28,112 +33,106 @@ template <int BITS> __device__ __forceinline__ float value_at(const u32* row, i6
   return (float)((row[j >> 3] >> ((j & 7) * 4)) & 15u);
 }
 
-template <class T, int E> __device__ __forceinline__ void load_x(const T* x, float (&xf)[E]) {
-  constexpr int V = 16 / sizeof(T);
-  const Vec<T, V>* xv = reinterpret_cast<const Vec<T, V>*>(x);
-#pragma unroll
-  for (int i = 0; i < E / V; i++) {
-    const Vec<T, V> v = xv[i];
-#pragma unroll
-    for (int e = 0; e < V; e++) xf[i * V + e] = load(v.v[e]);
-  }
-}
-
-// sum_e x[e] * stored value e of a 16-byte chunk (int4: nibbles 0..15; int8: signed bytes).
-template <int BITS, int E>
-__device__ __forceinline__ float chunk_dot(const uint4& w, const float (&xf)[E]) {
+// sum_e x[e] * value e of a 16-byte chunk, x[e] read from the staged layout (float4 j of the
+// chunk at xs[j * stride]). Values: int8 q; int4 u - 8 (symmetric) or u (with offsets).
+template <int BITS>
+__device__ __forceinline__ float chunk_dot(const uint4& w, const float4* xs, int stride,
+                                           float magic) {
   const u32 words[4] = {w.x, w.y, w.z, w.w};
   float d0 = 0.f, d1 = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; i++) {
-    if (BITS == 4) {
+    if (BITS == 4) {  // word i: elements 8i..8i+7; element 8i + 2j in lo byte j, +1 in hi byte j
       const u32 lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
-      const float* xs = xf + 8 * i;  // element 8i + 2j is lo byte j, 8i + 2j + 1 hi byte j
-      d0 = fmaf(xs[0], byte_f<0>(lo), d0); d1 = fmaf(xs[1], byte_f<0>(hi), d1);
-      d0 = fmaf(xs[2], byte_f<1>(lo), d0); d1 = fmaf(xs[3], byte_f<1>(hi), d1);
-      d0 = fmaf(xs[4], byte_f<2>(lo), d0); d1 = fmaf(xs[5], byte_f<2>(hi), d1);
-      d0 = fmaf(xs[6], byte_f<3>(lo), d0); d1 = fmaf(xs[7], byte_f<3>(hi), d1);
+      const float4 a = xs[(2 * i) * stride], c = xs[(2 * i + 1) * stride];
+      d0 = fmaf(a.x, byte_f<0>(lo, magic), d0); d1 = fmaf(a.y, byte_f<0>(hi, magic), d1);
+      d0 = fmaf(a.z, byte_f<1>(lo, magic), d0); d1 = fmaf(a.w, byte_f<1>(hi, magic), d1);
+      d0 = fmaf(c.x, byte_f<2>(lo, magic), d0); d1 = fmaf(c.y, byte_f<2>(hi, magic), d1);
+      d0 = fmaf(c.z, byte_f<3>(lo, magic), d0); d1 = fmaf(c.w, byte_f<3>(hi, magic), d1);
     } else {
       const u32 u = words[i] ^ 0x80808080u;  // signed byte q -> q + 128
-      const float* xs = xf + 4 * i;
-      d0 = fmaf(xs[0], byte_f<0>(u) - 128.0f, d0); d1 = fmaf(xs[1], byte_f<1>(u) - 128.0f, d1);
-      d0 = fmaf(xs[2], byte_f<2>(u) - 128.0f, d0); d1 = fmaf(xs[3], byte_f<3>(u) - 128.0f, d1);
+      const float4 a = xs[i * stride];
+      d0 = fmaf(a.x, byte_f<0>(u, magic), d0); d1 = fmaf(a.y, byte_f<1>(u, magic), d1);
+      d0 = fmaf(a.z, byte_f<2>(u, magic), d0); d1 = fmaf(a.w, byte_f<3>(u, magic), d1);
     }
   }
   return d0 + d1;
 }
 
-// A chunk's dot and x-sum -> its contribution: s * dot (+ b * xsum), int4 symmetric
-// s * (dot - 8 * xsum).
-template <int BITS>
-__device__ __forceinline__ float scaled(float dot, float xsum, float s, const float* b, i64 at) {
-  if (b) return fmaf(s, dot, b[at] * xsum);
-  return BITS == 4 ? s * fmaf(-8.0f, xsum, dot) : s * dot;
-}
-
+// Fast path (params.staged): k a multiple of the 16-byte chunk's E values, groups whole
+// chunks. The group first stages x (as float) in shared memory, transposed so that float4 j
+// of chunk c sits at [j][c]: the 32 lanes of a warp read 32 neighbouring chunks without bank
+// conflicts; with offsets, each chunk's x-sum too (the offset term is b * sum(x)).
 template <class T, int BITS>
-__device__ __forceinline__ void qmv(const T* __restrict__ x, const u32* __restrict__ q,
-                                    const float* __restrict__ s, const float* __restrict__ b,
-                                    T* __restrict__ out, const QuantParams& p) {
-  constexpr int R = QMV_ROWS, U = QMV_UNROLL, E = 128 / BITS;  // E: elements per chunk
+__device__ __forceinline__ void qmv_staged(const T* __restrict__ x, const u32* __restrict__ q,
+                                           const float* __restrict__ s,
+                                           const float* __restrict__ b, T* __restrict__ out,
+                                           const QuantParams& p, float* smem) {
+  constexpr int R = QMV_ROWS, U = QMV_UNROLL, E = 128 / BITS;
+  const int k = (int)p.k, chunks = k / E, threads = blockDim.x * blockDim.y;
+  const int tid = threadIdx.y * 32 + threadIdx.x, lane = threadIdx.x;
+  float4* xs = reinterpret_cast<float4*>(smem);  // [E / 4][chunks]
+  float* xsum = smem + k;                          // [chunks]
+  for (int e = tid; e < k; e += threads) {
+    const int c = e / E, r = e - c * E;
+    smem[((r >> 2) * chunks + c) * 4 + (r & 3)] = load(x[e]);
+  }
+  __syncthreads();
+  const bool offsets = p.has_offsets != 0;
+  if (offsets) {
+    for (int c = tid; c < chunks; c += threads) {
+      float t = 0.f;
+#pragma unroll
+      for (int j = 0; j < E / 4; j++) {
+        const float4 v = xs[j * chunks + c];
+        t += (v.x + v.y) + (v.z + v.w);
+      }
+      xsum[c] = t;
+    }
+    __syncthreads();
+  }
   const i64 row0 = ((i64)blockIdx.x * blockDim.y + threadIdx.y) * R;
   if (row0 >= p.n) return;
-  const int lane = threadIdx.x;
-  x += (i64)blockIdx.y * p.k;
-  out += (i64)blockIdx.y * p.n;
-  if (!p.has_offsets) b = nullptr;
-  i64 rows[R];
+  const uint4* qrow[R];
+  const float* srow[R];
+  const float* brow[R];
 #pragma unroll
-  for (int i = 0; i < R; i++) rows[i] = row0 + i < p.n ? row0 + i : row0;  // dup: no write
+  for (int i = 0; i < R; i++) {
+    const i64 r = row0 + i < p.n ? row0 + i : row0;  // a duplicate row is read, not written
+    qrow[i] = reinterpret_cast<const uint4*>(q + r * p.words);
+    srow[i] = s + r * p.groups;
+    brow[i] = offsets ? b + r * p.groups : s;
+  }
+  const int shift = (int)p.group_shift, per_group = (int)(p.group / E);
+  const float magic = BITS == 8 ? 8388736.0f : (offsets ? 8388608.0f : 8388616.0f);
   float acc[R];
 #pragma unroll
   for (int i = 0; i < R; i++) acc[i] = 0.f;
-  const bool vec = p.k % E == 0 && p.group % E == 0 && aligned16(q) && aligned16(x);
-  if (vec) {
-    const i64 chunks = p.k / E, per_row = p.words / 4;
-    const uint4* qv = reinterpret_cast<const uint4*>(q);
-    for (i64 c0 = lane; c0 < chunks; c0 += 32 * U) {
-      uint4 w[U][R];
+  for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+    uint4 w[U][R];
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        const i64 c = c0 + 32 * u;
+    for (int u = 0; u < U; u++) {
+      const int c = c0 + 32 * u;
 #pragma unroll
-        for (int i = 0; i < R; i++) {
-          if (c < chunks) {
-            const uint4* ptr = qv + rows[i] * per_row + c;
-            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(w[u][i].x), "=r"(w[u][i].y), "=r"(w[u][i].z), "=r"(w[u][i].w)
-                         : "l"(ptr));
-          }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const i64 c = c0 + 32 * u;
-        if (c >= chunks) break;
-        float xf[E];
-        load_x<T, E>(x + c * E, xf);
-        float xsum = 0.f;
-#pragma unroll
-        for (int e = 0; e < E; e++) xsum += xf[e];
-        const i64 g = c * E / p.group;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-          const i64 at = rows[i] * p.groups + g;
-          acc[i] += scaled<BITS>(chunk_dot<BITS, E>(w[u][i], xf), xsum, s[at], b, at);
+      for (int i = 0; i < R; i++) {
+        if (c < chunks) {
+          asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                       : "=r"(w[u][i].x), "=r"(w[u][i].y), "=r"(w[u][i].z), "=r"(w[u][i].w)
+                       : "l"(qrow[i] + c));
         }
       }
     }
-  } else {
-    for (i64 j = lane; j < p.k; j += 32) {
-      const float xj = load(x[j]);
-      const i64 g = j / p.group;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int c = c0 + 32 * u;
+      if (c >= chunks) break;
+      const int g = shift >= 0 ? c >> shift : c / per_group;
+      const float xs_c = offsets ? xsum[c] : 0.f;
 #pragma unroll
       for (int i = 0; i < R; i++) {
-        const i64 at = rows[i] * p.groups + g;
-        const float v = value_at<BITS>(q + rows[i] * p.words, j);
-        const float w = b ? fmaf(v, s[at], b[at]) : (BITS == 4 ? v - 8.0f : v) * s[at];
-        acc[i] = fmaf(xj, w, acc[i]);
+        const float dot = chunk_dot<BITS>(w[u][i], xs + c, chunks, magic);
+        acc[i] = offsets ? fmaf(srow[i][g], dot, fmaf(brow[i][g], xs_c, acc[i]))
+                         : fmaf(srow[i][g], dot, acc[i]);
       }
     }
   }
@@ -141,6 +140,37 @@ __device__ __forceinline__ void qmv(const T* __restrict__ x, const u32* __restri
   for (int i = 0; i < R; i++) {
     const float total = warp_sum(acc[i]);
     if (lane == 0 && row0 + i < p.n) out[row0 + i] = store<T>(total);
+  }
+}
+
+// Any shape: lanes over the elements of R rows, values unpacked one at a time.
+template <class T, int BITS>
+__device__ __forceinline__ void qmv_any(const T* __restrict__ x, const u32* __restrict__ q,
+                                        const float* __restrict__ s, const float* __restrict__ b,
+                                        T* __restrict__ out, const QuantParams& p) {
+  constexpr int R = QMV_ROWS;
+  const i64 row0 = ((i64)blockIdx.x * blockDim.y + threadIdx.y) * R;
+  if (row0 >= p.n) return;
+  const bool offsets = p.has_offsets != 0;
+  float acc[R];
+#pragma unroll
+  for (int i = 0; i < R; i++) acc[i] = 0.f;
+  for (i64 j = threadIdx.x; j < p.k; j += 32) {
+    const float xj = load(x[j]);
+    const i64 g = j / p.group;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+      const i64 r = row0 + i < p.n ? row0 + i : row0;
+      const i64 at = r * p.groups + g;
+      const float v = value_at<BITS>(q + r * p.words, j);
+      const float w = offsets ? fmaf(v, s[at], b[at]) : (BITS == 4 ? v - 8.0f : v) * s[at];
+      acc[i] = fmaf(xj, w, acc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; i++) {
+    const float total = warp_sum(acc[i]);
+    if (threadIdx.x == 0 && row0 + i < p.n) out[row0 + i] = store<T>(total);
   }
 }
 
@@ -174,7 +204,12 @@ __device__ __forceinline__ void dequant(const u32* __restrict__ q, const float* 
                                               const float* __restrict__ b, T* __restrict__ out, \
                                               QuantParams p) {                                  \
     pdl_entry();                                                                                \
-    qmv<T, BITS>(x, q, s, b, out, p);                                                           \
+    extern __shared__ __align__(16) float qmv_smem[];                                           \
+    const i64 m = blockIdx.y;                                                                   \
+    if (p.staged)                                                                               \
+      qmv_staged<T, BITS>(x + m * p.k, q, s, b, out + m * p.n, p, qmv_smem);                    \
+    else                                                                                        \
+      qmv_any<T, BITS>(x + m * p.k, q, s, b, out + m * p.n, p);                                 \
   }                                                                                             \
   extern "C" __global__ void dequant##BITS##_##SFX(const u32* __restrict__ q,                   \
                                                   const float* __restrict__ s,                  \

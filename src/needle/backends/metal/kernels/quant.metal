@@ -8,7 +8,7 @@ using namespace metal;
 #define QMV_ROWS 2  // rows of W per simd-group (gpu/quant.py's QMV_ROWS)
 
 struct QuantParams {
-  long m, n, k, words, groups, group, has_offsets;
+  long m, n, k, words, groups, group, has_offsets, staged, group_shift;  // staged: CUDA only
 };
 
 // Element e of a packed word as its stored value (int8: signed byte; int4: nibble 0..15).
