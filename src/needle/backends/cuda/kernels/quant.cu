@@ -14,7 +14,7 @@
 #define QMV_ROWS 2
 #endif
 #ifndef QMV_UNROLL
-#define QMV_UNROLL 4
+#define QMV_UNROLL 6  // chunks a lane requests at once per row: all of a 5632-wide int4 row
 #endif
 
 // staged: 1 for the fast path (gpu/quant.py decides); group_shift: log2 of the chunks per
@@ -71,6 +71,37 @@ __device__ __forceinline__ void qmv_staged(const T* __restrict__ x, const u32* _
   constexpr int R = QMV_ROWS, U = QMV_UNROLL, E = 128 / BITS;
   const int k = (int)p.k, chunks = k / E, threads = blockDim.x * blockDim.y;
   const int tid = threadIdx.y * 32 + threadIdx.x, lane = threadIdx.x;
+  const bool offsets = p.has_offsets != 0;
+  const i64 row0 = ((i64)blockIdx.x * blockDim.y + threadIdx.y) * R;
+  const bool active = row0 < p.n;
+  const uint4* qrow[R];
+  const float* srow[R];
+  const float* brow[R];
+#pragma unroll
+  for (int i = 0; i < R; i++) {
+    const i64 r = row0 + i < p.n ? row0 + i : (active ? row0 : 0);  // duplicates: never written
+    qrow[i] = reinterpret_cast<const uint4*>(q + r * p.words);
+    srow[i] = s + r * p.groups;
+    brow[i] = offsets ? b + r * p.groups : s;
+  }
+  // The first U chunks of each row are requested before x is staged, so the two latencies
+  // overlap (a 2048-wide int4 row is 2 chunks a lane: the whole matrix is in flight at once).
+  uint4 w[U][R];
+  auto fetch = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int c = c0 + 32 * u;
+#pragma unroll
+      for (int i = 0; i < R; i++) {
+        if (active && c < chunks) {
+          asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                       : "=r"(w[u][i].x), "=r"(w[u][i].y), "=r"(w[u][i].z), "=r"(w[u][i].w)
+                       : "l"(qrow[i] + c));
+        }
+      }
+    }
+  };
+  fetch(lane);
   float4* xs = reinterpret_cast<float4*>(smem);  // [E / 4][chunks]
   float* xsum = smem + k;                          // [chunks]
   for (int e = tid; e < k; e += threads) {
@@ -78,7 +109,6 @@ __device__ __forceinline__ void qmv_staged(const T* __restrict__ x, const u32* _
     smem[((r >> 2) * chunks + c) * 4 + (r & 3)] = load(x[e]);
   }
   __syncthreads();
-  const bool offsets = p.has_offsets != 0;
   if (offsets) {
     for (int c = tid; c < chunks; c += threads) {
       float t = 0.f;
@@ -91,37 +121,14 @@ __device__ __forceinline__ void qmv_staged(const T* __restrict__ x, const u32* _
     }
     __syncthreads();
   }
-  const i64 row0 = ((i64)blockIdx.x * blockDim.y + threadIdx.y) * R;
-  if (row0 >= p.n) return;
-  const uint4* qrow[R];
-  const float* srow[R];
-  const float* brow[R];
-#pragma unroll
-  for (int i = 0; i < R; i++) {
-    const i64 r = row0 + i < p.n ? row0 + i : row0;  // a duplicate row is read, not written
-    qrow[i] = reinterpret_cast<const uint4*>(q + r * p.words);
-    srow[i] = s + r * p.groups;
-    brow[i] = offsets ? b + r * p.groups : s;
-  }
+  if (!active) return;
   const int shift = (int)p.group_shift, per_group = (int)(p.group / E);
   const float magic = BITS == 8 ? 8388736.0f : (offsets ? 8388608.0f : 8388616.0f);
   float acc[R];
 #pragma unroll
   for (int i = 0; i < R; i++) acc[i] = 0.f;
   for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
-    uint4 w[U][R];
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int c = c0 + 32 * u;
-#pragma unroll
-      for (int i = 0; i < R; i++) {
-        if (c < chunks) {
-          asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                       : "=r"(w[u][i].x), "=r"(w[u][i].y), "=r"(w[u][i].z), "=r"(w[u][i].w)
-                       : "l"(qrow[i] + c));
-        }
-      }
-    }
+    if (c0 != lane) fetch(c0);
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int c = c0 + 32 * u;
@@ -174,26 +181,37 @@ __device__ __forceinline__ void qmv_any(const T* __restrict__ x, const u32* __re
   }
 }
 
-// One thread per packed word: its 4 (int8) or 8 (int4) elements of W, in out's dtype.
+// One thread per packed word: its 4 (int8) or 8 (int4) elements of W, in out's dtype, stored
+// with one vector store where the row's length allows (8 bf16 from an int4 word: 16 bytes).
 template <class T, int BITS>
 __device__ __forceinline__ void dequant(const u32* __restrict__ q, const float* __restrict__ s,
                                         const float* __restrict__ b, T* __restrict__ out,
                                         const QuantParams& p) {
   constexpr int PER = 32 / BITS;
-  if (!p.has_offsets) b = nullptr;
+  const bool offsets = p.has_offsets != 0;
+  const bool vec = p.k % PER == 0;
   const i64 total = p.n * p.words;
   for (i64 t = global_thread(); t < total; t += grid_threads()) {
     const i64 r = t / p.words, j0 = (t - r * p.words) * PER;
     const u32 word = q[t];
+    const float* sr = s + r * p.groups;
+    const float* br = offsets ? b + r * p.groups : s;
+    Vec<T, PER> v;
 #pragma unroll
     for (int e = 0; e < PER; e++) {
       const i64 j = j0 + e;
-      if (j >= p.k) break;
-      const i64 at = r * p.groups + j / p.group;
+      const i64 g = (j < p.k ? j : j0) / p.group;
       const u32 bitsv = (word >> (e * BITS)) & ((1u << BITS) - 1u);
-      const float v = BITS == 8 ? (float)(signed char)bitsv : (float)bitsv;
-      const float w = b ? fmaf(v, s[at], b[at]) : (BITS == 4 ? v - 8.0f : v) * s[at];
-      out[r * p.k + j] = store<T>(w);
+      const float x = BITS == 8 ? (float)(signed char)bitsv : (float)bitsv;
+      v.v[e] = store<T>(offsets ? fmaf(x, sr[g], br[g]) : (BITS == 4 ? x - 8.0f : x) * sr[g]);
+    }
+    T* dst = out + r * p.k + j0;
+    if (vec) {
+      *reinterpret_cast<Vec<T, PER>*>(dst) = v;
+    } else {
+#pragma unroll
+      for (int e = 0; e < PER; e++)
+        if (j0 + e < p.k) dst[e] = v.v[e];
     }
   }
 }
