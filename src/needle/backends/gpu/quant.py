@@ -17,8 +17,8 @@ from .base import GpuBase
 
 # quant.cu's QuantParams: m, n, k, words, groups, group, offsets, staged, group_shift
 QUANT = struct.Struct("9q")
-QMV_ROWS = 4  # rows of W per warp (quant.cu's and quant.metal's QMV_ROWS)
-QMV_WARPS = 2  # warps per group: small groups, so that 2048 rows still span every SM
+QMV_ROWS = 2  # rows of W per warp (quant.cu's QMV_ROWS)
+QMV_WARPS = 4  # warps per group
 QMV_MAX_M = 8
 _ACTIVATIONS = ("float16", "bfloat16", "float32")
 

@@ -11,10 +11,10 @@
 #include "common.cuh"
 
 #ifndef QMV_ROWS
-#define QMV_ROWS 4  // rows of W per warp: each chunk of x read from shared memory serves 4
+#define QMV_ROWS 2
 #endif
 #ifndef QMV_UNROLL
-#define QMV_UNROLL 2  // chunks a lane requests at once per row (x QMV_ROWS loads in flight)
+#define QMV_UNROLL 6  // chunks a lane requests at once per row: all of a 5632-wide int4 row
 #endif
 
 // staged: 1 for the fast path (gpu/quant.py decides); group_shift: log2 of the chunks per
@@ -33,26 +33,27 @@ template <int BITS> __device__ __forceinline__ float value_at(const u32* row, i6
   return (float)((row[j >> 3] >> ((j & 7) * 4)) & 15u);
 }
 
-// sum_e x[e] * value e of a 16-byte chunk (x in registers, shared by the warp's rows).
-// Values: int8 q; int4 u - 8 (symmetric) or u (with offsets), by the choice of `magic`.
-template <int BITS, int E>
-__device__ __forceinline__ float chunk_dot(const uint4& w, const float (&xf)[E], float magic) {
+// sum_e x[e] * value e of a 16-byte chunk, x[e] read from the staged layout (float4 j of the
+// chunk at xs[j * stride]). Values: int8 q; int4 u - 8 (symmetric) or u (with offsets).
+template <int BITS>
+__device__ __forceinline__ float chunk_dot(const uint4& w, const float4* xs, int stride,
+                                           float magic) {
   const u32 words[4] = {w.x, w.y, w.z, w.w};
   float d0 = 0.f, d1 = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; i++) {
     if (BITS == 4) {  // word i: elements 8i..8i+7; element 8i + 2j in lo byte j, +1 in hi byte j
       const u32 lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
-      const float* a = xf + 8 * i;
-      d0 = fmaf(a[0], byte_f<0>(lo, magic), d0); d1 = fmaf(a[1], byte_f<0>(hi, magic), d1);
-      d0 = fmaf(a[2], byte_f<1>(lo, magic), d0); d1 = fmaf(a[3], byte_f<1>(hi, magic), d1);
-      d0 = fmaf(a[4], byte_f<2>(lo, magic), d0); d1 = fmaf(a[5], byte_f<2>(hi, magic), d1);
-      d0 = fmaf(a[6], byte_f<3>(lo, magic), d0); d1 = fmaf(a[7], byte_f<3>(hi, magic), d1);
+      const float4 a = xs[(2 * i) * stride], c = xs[(2 * i + 1) * stride];
+      d0 = fmaf(a.x, byte_f<0>(lo, magic), d0); d1 = fmaf(a.y, byte_f<0>(hi, magic), d1);
+      d0 = fmaf(a.z, byte_f<1>(lo, magic), d0); d1 = fmaf(a.w, byte_f<1>(hi, magic), d1);
+      d0 = fmaf(c.x, byte_f<2>(lo, magic), d0); d1 = fmaf(c.y, byte_f<2>(hi, magic), d1);
+      d0 = fmaf(c.z, byte_f<3>(lo, magic), d0); d1 = fmaf(c.w, byte_f<3>(hi, magic), d1);
     } else {
       const u32 u = words[i] ^ 0x80808080u;  // signed byte q -> q + 128
-      const float* a = xf + 4 * i;
-      d0 = fmaf(a[0], byte_f<0>(u, magic), d0); d1 = fmaf(a[1], byte_f<1>(u, magic), d1);
-      d0 = fmaf(a[2], byte_f<2>(u, magic), d0); d1 = fmaf(a[3], byte_f<3>(u, magic), d1);
+      const float4 a = xs[i * stride];
+      d0 = fmaf(a.x, byte_f<0>(u, magic), d0); d1 = fmaf(a.y, byte_f<1>(u, magic), d1);
+      d0 = fmaf(a.z, byte_f<2>(u, magic), d0); d1 = fmaf(a.w, byte_f<3>(u, magic), d1);
     }
   }
   return d0 + d1;
@@ -134,15 +135,9 @@ __device__ __forceinline__ void qmv_staged(const T* __restrict__ x, const u32* _
       if (c >= chunks) break;
       const int g = shift >= 0 ? c >> shift : c / per_group;
       const float xs_c = offsets ? xsum[c] : 0.f;
-      float xf[E];  // the chunk's x, read from shared memory once for the warp's R rows
-#pragma unroll
-      for (int j = 0; j < E / 4; j++) {
-        const float4 v = xs[j * chunks + c];
-        xf[4 * j] = v.x; xf[4 * j + 1] = v.y; xf[4 * j + 2] = v.z; xf[4 * j + 3] = v.w;
-      }
 #pragma unroll
       for (int i = 0; i < R; i++) {
-        const float dot = chunk_dot<BITS, E>(w[u][i], xf, magic);
+        const float dot = chunk_dot<BITS>(w[u][i], xs + c, chunks, magic);
         acc[i] = offsets ? fmaf(srow[i][g], dot, fmaf(brow[i][g], xs_c, acc[i]))
                          : fmaf(srow[i][g], dot, acc[i]);
       }

@@ -1,11 +1,11 @@
 // Weight-only quantized matrices (docs/quantization.md; numpy_ref/quant.py is the reference).
-//  * qmv{8,4}_{f16,bf16,f32}: out (m, n) = x (m, k) @ W.T for small m, a simd-group per 4 rows
+//  * qmv{8,4}_{f16,bf16,f32}: out (m, n) = x (m, k) @ W.T for small m, a simd-group per 2 rows
 //    of W; each lane reads whole packed words (4 or 8 values) and dequantizes them in registers.
 //  * dequant{8,4}_{f16,bf16,f32}: W (n, k) in the activation dtype, for prefill products.
 #include <metal_stdlib>
 using namespace metal;
 
-#define QMV_ROWS 4  // rows of W per simd-group (gpu/quant.py's QMV_ROWS)
+#define QMV_ROWS 2  // rows of W per simd-group (gpu/quant.py's QMV_ROWS)
 
 struct QuantParams {
   long m, n, k, words, groups, group, has_offsets, staged, group_shift;  // staged: CUDA only
@@ -35,7 +35,7 @@ kernel void qmv(device const T* x [[buffer(0)]], device const uint* q [[buffer(1
   const int PER = 32 / BITS;
   const bool off = p.has_offsets != 0;
   device const T* xr = x + long(group.y) * p.k;
-  for (long i = 0; i < QMV_ROWS; i++) {  // the generic GPU launch gives each simd-group 4 rows
+  for (long i = 0; i < QMV_ROWS; i++) {  // the generic GPU launch gives each simd-group 2 rows
     const long r = (long(group.x) * tpg.y + tid.y) * QMV_ROWS + i;
     if (r >= p.n) return;  // the whole simd-group
     device const uint* row = q + r * p.words;
