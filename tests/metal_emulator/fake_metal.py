@@ -19,6 +19,7 @@ keeps Metal's observable contract where the backend could get it wrong:
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -50,6 +51,12 @@ MAX_THREADS_PER_GROUP = 1024
 MAX_THREADGROUP_MEMORY = 32 * 1024
 SIMD_WIDTH = 32
 MAX_SET_BYTES = 4096
+GUARD_BYTES = 256 * 1024  # unused address space on each side of a buffer (bounds checks)
+
+# Not part of Metal: tells needle's queue that it may say how many bytes of each bound buffer a
+# dispatch may use (``needleSetArgumentLength_atIndex_``), which Metal's API cannot carry. The
+# pool hands out blocks of a size class, so without it the bounds check would see the block.
+NEEDLE_EMULATOR = True
 
 
 class MetalValidationError(AssertionError):
@@ -138,10 +145,15 @@ class _Contents:
 class _Buffer:
     def __init__(self, device: _Device, length: int):
         self._device = device
-        # page-aligned like a real MTLBuffer; 0xff so that reading unwritten memory shows
-        raw = np.full(length + 4096, 0xFF, dtype=np.uint8)
-        start = (-raw.ctypes.data) % 4096
-        self._memory = raw[start:start + length]
+        # page-aligned like a real MTLBuffer, inside guard bands of address space no other
+        # buffer uses (untouched pages cost nothing), so that an overrun is seen as one;
+        # 0xff so that reading unwritten memory shows
+        span = GUARD_BYTES + (length + 4095) // 4096 * 4096 + GUARD_BYTES
+        self._map = mmap.mmap(-1, span)
+        whole = np.frombuffer(self._map, dtype=np.uint8)
+        self.extent = (whole.ctypes.data, whole.ctypes.data + span)
+        self._memory = whole[GUARD_BYTES:GUARD_BYTES + length]
+        self._memory[:] = 0xFF
         self._length = length
         device._allocated += length
         weakref.finalize(self, device._release, length)
@@ -192,10 +204,10 @@ class _PipelineState:
     def staticThreadgroupMemoryLength(self) -> int:
         return 0
 
-    def run(self, buffers, tg_lengths, groups, threads) -> str | None:
+    def run(self, buffers, bounds, tg_lengths, groups, threads) -> str | None:
         f = self._function
         return f._library._compiled.run(f._name, buffers, tg_lengths, groups, threads,
-                                        SIMD_WIDTH)
+                                        SIMD_WIDTH, bounds=bounds)
 
 
 # ---- command submission ----------------------------------------------------------------------
@@ -220,6 +232,7 @@ class _ComputeEncoder(_Encoder):
         super().__init__(command_buffer)
         self._pipeline: _PipelineState | None = None
         self._buffers: dict[int, int] = {}
+        self._bounds: dict[int, tuple[int, int, int]] = {}  # (length, allocation start, end)
         self._keep: dict[int, object] = {}  # what a bound index keeps alive, as Metal retains
         self._tg: dict[int, int] = {}
 
@@ -232,7 +245,17 @@ class _ComputeEncoder(_Encoder):
         if not 0 <= offset <= buffer.length():
             raise MetalValidationError(f"offset {offset} outside a buffer of {buffer.length()}")
         self._buffers[index] = buffer.address(offset)
+        self._bounds[index] = (buffer.length() - offset, *buffer.extent)
         self._keep[index] = buffer
+
+    def needleSetArgumentLength_atIndex_(self, length: int, index: int) -> None:
+        """Not Metal: the bytes of the buffer bound at ``index`` the dispatch may use."""
+        self._check_open()
+        bound, lo, hi = self._bounds[index]
+        if not 0 <= length <= bound:
+            raise MetalValidationError(f"argument length {length} beyond the {bound} bytes bound "
+                                       f"at index {index}")
+        self._bounds[index] = (length, lo, hi)
 
     def setBytes_length_atIndex_(self, data: bytes, length: int, index: int) -> None:
         self._check_open()
@@ -240,6 +263,7 @@ class _ComputeEncoder(_Encoder):
             raise MetalValidationError(f"setBytes of {length} bytes (the limit is 4 KiB)")
         copy = np.frombuffer(bytes(data[:length]) + bytes(16), dtype=np.uint8).copy()
         self._buffers[index] = copy.ctypes.data
+        self._bounds[index] = (length, copy.ctypes.data, copy.ctypes.data + copy.nbytes)
         self._keep[index] = copy
 
     def setThreadgroupMemoryLength_atIndex_(self, length: int, index: int) -> None:
@@ -262,7 +286,7 @@ class _ComputeEncoder(_Encoder):
             raise MetalValidationError(f"{sum(self._tg.values())} bytes of threadgroup memory "
                                        f"exceed {MAX_THREADGROUP_MEMORY}")
         self._cb._commands.append(("dispatch", self._pipeline, dict(self._buffers),
-                                   dict(self._keep), dict(self._tg), g, t))
+                                   dict(self._bounds), dict(self._keep), dict(self._tg), g, t))
 
 
 class _BlitEncoder(_Encoder):
@@ -330,8 +354,8 @@ class _CommandBuffer:
                 _, src, so, dst, do, size = cmd
                 dst._memory[do:do + size] = src._memory[so:so + size]
                 continue
-            _, pipeline, buffers, _keep, tg, groups, threads = cmd
-            message = pipeline.run(buffers, tg, groups, threads)
+            _, pipeline, buffers, bounds, _keep, tg, groups, threads = cmd
+            message = pipeline.run(buffers, bounds, tg, groups, threads)
             if message:
                 self._error = NSError("MTLCommandBufferErrorDomain", MTLCommandBufferErrorInternal,
                                       f"Execution of the command buffer was aborted due to an "

@@ -52,6 +52,8 @@ POSITIONS = {
 _SYNC = re.compile(r"\b(threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _HOST_NAME = re.compile(r'template\s*\[\[\s*host_name\s*\(\s*((?:"[^"]*"\s*)+)\)\s*\]\]')
+# every load and store of kernel code calls the emulator's access hooks (emulator_checks.h)
+CHECK_FLAGS = ["-fsanitize-coverage=func,trace-loads,trace-stores"]
 FAST_MATH_FLAGS = ["-ffinite-math-only", "-fno-signed-zeros", "-freciprocal-math",
                    "-fassociative-math", "-fno-trapping-math", "-ffp-contract=fast"]
 
@@ -70,6 +72,7 @@ class Param:
     index: int  # binding index (-1 for positions)
     by_ref: bool  # a buffer bound to a reference parameter
     position: str = ""  # the position attribute
+    name: str = ""  # the parameter's name (error messages)
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,8 @@ def _parse_param(text: str, kernel: str) -> Param:
         raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: parameter '{text}' needs exactly "
                               "one attribute ([[buffer(i)]], [[threadgroup(i)]] or a position)")
     name, index = attrs[0]
+    idents = re.findall(r"[A-Za-z_]\w*", declarator)
+    pname = idents[-1] if idents else ""
     if name in ("buffer", "threadgroup"):
         idx = int(index)
         if not 0 <= idx < MAX_BINDINGS:
@@ -226,9 +231,9 @@ def _parse_param(text: str, kernel: str) -> Param:
         if not by_ref and "*" not in declarator:
             raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: buffer parameter '{text}' "
                                   "must be a pointer or a reference")
-        return Param(name, idx, by_ref and name == "buffer")
+        return Param(name, idx, by_ref and name == "buffer", "", pname)
     if name in POSITIONS:
-        return Param("position", -1, False, name)
+        return Param("position", -1, False, name, pname)
     raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: attribute [[{name}]] is not "
                           "supported by the emulator")
 
@@ -317,22 +322,55 @@ def rewrite(expanded: str) -> str:
     text = _HOST_NAME.sub("template", expanded)
     text = re.sub(r"\[\[\s*kernel\s*\]\]", "", text)
     text = re.sub(r"\[\[\s*threadgroup\s*\(", "[[threadgroup_index(", text)
-    # a threadgroup variable declared in a function body is shared by the threads of a
-    # threadgroup: one threadgroup at a time runs per OS thread, so thread_local storage is it
-    # (pointers and references into threadgroup memory are ordinary locals)
-    def variable(m: re.Match) -> str:
-        declarator = re.match(r"[^;=\[(]*", text[m.end():]).group(0)
-        if "*" in declarator or "&" in declarator:
-            return m.group(0)
-        return m.group(1) + "static thread_local"
+    return _threadgroup_variables(text)
 
-    return re.sub(r"([;{}](?:\s|\n#[^\n]*)*)threadgroup\b", variable, text)
+
+_TG_STATEMENT = re.compile(r"([;{}](?:\s|\n#[^\n]*)*)threadgroup\b")
+
+
+def _threadgroup_variables(text: str) -> str:
+    """``threadgroup T a[N], b[M];`` in a function body, as references into the threadgroup
+    arena of the emulator (emu::tg_static): shared by the threads of a threadgroup, bounds- and
+    race-checked like dynamic threadgroup memory. Pointers and references into threadgroup memory
+    are ordinary locals and keep the address-space qualifier."""
+    out, pos, site = [], 0, 0
+    for m in _TG_STATEMENT.finditer(text):
+        if m.start() < pos:
+            continue
+        end = text.index(";", m.end())
+        declaration = text[m.end():end]
+        head = declaration.split("[", 1)[0]  # array sizes may multiply
+        if "*" in head or "&" in head or "=" in declaration:
+            continue
+        declarators = _split_params(declaration)
+        first = re.match(r"(.*?)([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)$", declarators[0], re.S)
+        if first is None:
+            raise MSLCompileError(f"{SOURCE_NAME}: cannot read threadgroup declaration "
+                                  f"'{declaration.strip()}'")
+        type_ = first.group(1).strip()
+        pieces = []
+        for d in declarators:
+            dm = re.match(r"\s*(?:.*?\s)?([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)$", d, re.S)
+            name, dims = dm.group(1), dm.group(2).strip()
+            full = f"{type_} {dims}" if dims else type_
+            pieces.append(f"{type_} (&{name}){dims} = *reinterpret_cast<{type_} (*){dims}>("
+                          f"::emu::tg_static({site}, sizeof({full}), alignof({type_}), "
+                          f"\"{name}\"))")
+            site += 1
+        out.append(text[pos:m.start()] + m.group(1) + "; ".join(pieces))
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def translation_unit(expanded: str, kernels: list[Kernel]) -> str:
     parts = ["#include <metal_stdlib>", "namespace msl {", rewrite(expanded),
              '# 1 "<emulator trampolines>"']
     for i, k in enumerate(kernels):
+        names = {"buffer": ["nullptr"] * MAX_BINDINGS, "threadgroup": ["nullptr"] * MAX_BINDINGS}
+        for p in k.params:
+            if p.kind in names:
+                names[p.kind][p.index] = f'"{p.name}"'
         args = []
         for p in k.params:
             if p.kind == "position":
@@ -343,12 +381,15 @@ def translation_unit(expanded: str, kernels: list[Kernel]) -> str:
                 cls = "RefArg" if p.by_ref else "PtrArg"
                 args.append(f"emu::{cls}{{d->buffers[{p.index}]}}")
         parts.append(
+            f"static const emu::Names needle_emu_names_{i} = {{{{{', '.join(names['buffer'])}}}, "
+            f"{{{', '.join(names['threadgroup'])}}}}};")
+        parts.append(
             f"static void needle_emu_body_{i}(const emu::Dispatch* d, void* const* tg, "
             f"const emu::ThreadIds& t) {{\n  (void)d; (void)tg; (void)t;\n"
             f"  {k.call}({', '.join(args)});\n}}\n"
             f'extern "C" int needle_emu_kernel_{i}(emu::Dispatch* d) {{\n'
             f"  return emu::dispatch(d, needle_emu_body_{i}, {str(k.synchronises).lower()}, "
-            f'"{k.name}");\n}}')
+            f'"{k.name}", &needle_emu_names_{i});\n}}')
     parts.append("}  // namespace msl")
     return "\n".join(parts) + "\n"
 
@@ -374,11 +415,15 @@ def check(source: str, flags: list[str] | None = None) -> None:
 
 class _Dispatch(ctypes.Structure):
     _fields_ = [("buffers", ctypes.c_void_p * MAX_BINDINGS),
+                ("lengths", ctypes.c_uint64 * MAX_BINDINGS),
+                ("extent_lo", ctypes.c_uint64 * MAX_BINDINGS),
+                ("extent_hi", ctypes.c_uint64 * MAX_BINDINGS),
                 ("tg_lengths", ctypes.c_uint64 * MAX_BINDINGS),
                 ("groups", ctypes.c_uint32 * 3),
                 ("threads", ctypes.c_uint32 * 3),
                 ("simd_width", ctypes.c_uint32),
                 ("workers", ctypes.c_uint32),
+                ("checks", ctypes.c_uint32),
                 ("error", ctypes.c_char * 1024)]
 
 
@@ -399,6 +444,26 @@ def default_workers() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
+CHECK_BOUNDS = 1
+CHECK_RACES = 2
+_CHECK_NAMES = {"bounds": CHECK_BOUNDS, "races": CHECK_RACES}
+
+
+def default_checks() -> int:
+    """The memory checks dispatches run with: ``NEEDLE_METAL_EMULATOR_CHECKS`` is a comma list
+    of ``bounds`` and ``races`` (default both), or ``none``."""
+    env = os.environ.get("NEEDLE_METAL_EMULATOR_CHECKS", "bounds,races").strip().lower()
+    mask = 0
+    for word in filter(None, (w.strip() for w in env.split(","))):
+        if word == "none":
+            continue
+        if word not in _CHECK_NAMES:
+            raise ValueError(f"NEEDLE_METAL_EMULATOR_CHECKS: unknown check {word!r}; use "
+                             "'bounds', 'races', both comma-separated, or 'none'")
+        mask |= _CHECK_NAMES[word]
+    return mask
+
+
 class Library:
     """A compiled MSL source: its kernels, runnable on host memory."""
 
@@ -415,8 +480,15 @@ class Library:
 
     def run(self, name: str, buffers: dict[int, int], tg_lengths: dict[int, int],
             groups: tuple[int, int, int], threads: tuple[int, int, int],
-            simd_width: int = 32, workers: int | None = None) -> str | None:
-        """Run one dispatch; the error message, or None when it succeeded."""
+            simd_width: int = 32, workers: int | None = None,
+            bounds: dict[int, tuple[int, int, int]] | None = None,
+            checks: int | None = None) -> str | None:
+        """Run one dispatch; the error message, or None when it succeeded.
+
+        ``bounds[i]`` is (bytes the kernel may use from ``buffers[i]``, start, end of the
+        allocation around it): what the bounds check knows of buffer ``i`` (unchecked without).
+        ``checks`` is a mask of CHECK_BOUNDS and CHECK_RACES (default: ``default_checks()``).
+        """
         kernel = self.kernels[name]
         missing = [i for i in kernel.buffers if not buffers.get(i)]
         if missing:
@@ -428,6 +500,9 @@ class Library:
         d = _Dispatch()
         for i, ptr in buffers.items():
             d.buffers[i] = ptr
+        for i, (length, lo, hi) in (bounds or {}).items():
+            d.lengths[i], d.extent_lo[i], d.extent_hi[i] = length, lo, hi
+        d.checks = default_checks() if checks is None else checks
         for i, n in tg_lengths.items():
             d.tg_lengths[i] = n
         d.groups[:] = groups
@@ -441,7 +516,8 @@ class Library:
 
 def build(source: str, fast_math: bool = False) -> Library:
     """Compile ``source`` into a library (cached on disk by content), or MSLCompileError."""
-    flags = ["-O2", "-fPIC", "-shared", "-pthread", "-w"] + (FAST_MATH_FLAGS if fast_math else [])
+    flags = ["-O2", "-fPIC", "-shared", "-pthread", "-w"] + CHECK_FLAGS + \
+        (FAST_MATH_FLAGS if fast_math else [])
     if os.environ.get("NEEDLE_METAL_EMULATOR_UCONTEXT") == "1":
         flags.append("-DNEEDLE_EMU_UCONTEXT")
     digest = hashlib.sha256()

@@ -99,6 +99,8 @@ class MetalQueue(Queue):
         self._in_flight: deque[tuple[int, object, list[str]]] = deque()
         self._seq = 0
         self._last = (0, None)
+        # tests/metal_emulator's fake Metal wants each argument's length (not a Metal API)
+        self._emulated = bool(getattr(self._api, "NEEDLE_EMULATOR", False))
         self.commit_every = 64
         self.max_in_flight = 8
 
@@ -198,6 +200,8 @@ class MetalQueue(Queue):
         enc.setComputePipelineState_(kernel.handle)
         for i, b in enumerate(buffers):
             enc.setBuffer_offset_atIndex_(b.handle, b.offset, i)
+            if self._emulated:  # the emulator checks bounds against the buffer, not its block
+                enc.needleSetArgumentLength_atIndex_(b.nbytes, i)
         if len(params) > MAX_SET_BYTES:
             blob = self.device.mtl.newBufferWithBytes_length_options_(
                 params, len(params), self._api.MTLResourceStorageModeShared)
