@@ -44,7 +44,8 @@ kernel void tg_overrun(device float* out [[buffer(0)]], uint t [[thread_index_in
   out[t] = buf[t];
 }
 
-kernel void dyn_overrun(device float* out [[buffer(0)]], threadgroup float* smem [[threadgroup(0)]],
+kernel void dyn_overrun(device float* out [[buffer(0)]],
+                        threadgroup float* smem [[threadgroup(0)]],
                         uint t [[thread_index_in_threadgroup]]) {
   smem[t + 4] = 1.0f;
   threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -53,7 +54,8 @@ kernel void dyn_overrun(device float* out [[buffer(0)]], threadgroup float* smem
 
 // read-after-write through threadgroup memory: racy without the barrier
 kernel void reverse_racy(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
-                         uint t [[thread_index_in_threadgroup]], uint n [[threads_per_threadgroup]]) {
+                         uint t [[thread_index_in_threadgroup]],
+                         uint n [[threads_per_threadgroup]]) {
   threadgroup float buf[256];
   buf[t] = x[t];
   out[t] = buf[n - 1 - t];
@@ -76,7 +78,8 @@ kernel void shift_racy(device float* out [[buffer(0)]], uint t [[thread_index_in
 // a threadgroup_barrier does. `stride` picks the partner: 1 (same simd-group) or 32 (the next).
 struct Partner { uint stride; uint sync; };
 kernel void simd_exchange(device float* out [[buffer(0)]], constant Partner& p [[buffer(1)]],
-                          uint t [[thread_index_in_threadgroup]], uint n [[threads_per_threadgroup]]) {
+                          uint t [[thread_index_in_threadgroup]],
+                          uint n [[threads_per_threadgroup]]) {
   threadgroup float buf[256];
   buf[t] = float(t);
   if (p.sync == 1) simdgroup_barrier(mem_flags::mem_threadgroup);
