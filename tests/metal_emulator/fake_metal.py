@@ -15,6 +15,11 @@ keeps Metal's observable contract where the backend could get it wrong:
   command buffer ``MTLCommandBufferStatusError`` with an ``NSError``, as a GPU fault does.
 * Fast math is on unless the options turn it off, as in Metal.
 * New buffers are filled with 0xff bytes (NaN, -1), so reading memory nobody wrote shows.
+* The emulated macOS release (``NEEDLE_METAL_EMULATOR_MACOS``, default 15.0) decides which
+  MSL versions compile (3.1 from macOS 14) and whether ``MTLCompileOptions`` has
+  ``setMathMode:`` (macOS 15); ``languageVersion`` sets ``__METAL_VERSION__`` and bfloat.
+* Command buffers, encoders and errors made with no ``objc.autorelease_pool()`` open are
+  counted in ``unpooled`` (on a Mac they would pile up).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from . import harness
+from . import fake_objc, harness
 
 MTLResourceStorageModeShared = 0
 MTLResourceStorageModeManaged = 1 << 4
@@ -43,6 +48,13 @@ MTLCommandBufferStatusError = 5
 MTLGPUFamilyApple7 = 1007
 MTLGPUFamilyApple8 = 1008
 MTLGPUFamilyApple9 = 1009
+
+MTLLanguageVersion2_4 = (2 << 16) + 4
+MTLLanguageVersion3_0 = 3 << 16
+MTLLanguageVersion3_1 = (3 << 16) + 1
+MTLMathModeSafe = 0
+MTLMathModeRelaxed = 1
+MTLMathModeFast = 2
 
 MTLLibraryErrorCompileFailure = 3
 MTLCommandBufferErrorInternal = 1
@@ -61,6 +73,40 @@ NEEDLE_EMULATOR = True
 
 class MetalValidationError(AssertionError):
     """What Metal's API validation would abort the process for."""
+
+
+# Objective-C objects created with no autorelease pool open, by class name
+unpooled: dict[str, int] = {}
+
+
+def _autoreleased(obj):
+    if fake_objc.depth() == 0:
+        name = type(obj).__name__
+        unpooled[name] = unpooled.get(name, 0) + 1
+    return obj
+
+
+def macos_version() -> tuple[int, int, int]:
+    """The macOS release the emulator pretends to be (``NEEDLE_METAL_EMULATOR_MACOS``)."""
+    text = os.environ.get("NEEDLE_METAL_EMULATOR_MACOS", "15.0")
+    parts = [int(p) for p in text.split(".")] + [0, 0]
+    return parts[0], parts[1], parts[2]
+
+
+class _OSVersion:
+    def __init__(self, major: int, minor: int, patch: int):
+        self.majorVersion, self.minorVersion, self.patchVersion = major, minor, patch
+
+
+class NSProcessInfo:
+    """Foundation's, which PyObjC's Metal module re-exports."""
+
+    @classmethod
+    def processInfo(cls):
+        return cls()
+
+    def operatingSystemVersion(self) -> _OSVersion:
+        return _OSVersion(*macos_version())
 
 
 class MTLSize:
@@ -117,8 +163,14 @@ class _ObjC:
 class MTLCompileOptions(_ObjC):
     def init(self):
         self._fast_math = True  # Metal's default
-        self._language_version = None
+        self._math_mode: int | None = None
+        self._language_version: int | None = None
         return self
+
+    def respondsToSelector_(self, selector: str) -> bool:
+        if selector in ("setMathMode:", "mathMode"):
+            return macos_version() >= (15, 0, 0)
+        return hasattr(self, selector.replace(":", "_"))
 
     def fastMathEnabled(self) -> bool:
         return self._fast_math
@@ -126,8 +178,38 @@ class MTLCompileOptions(_ObjC):
     def setFastMathEnabled_(self, on: bool) -> None:
         self._fast_math = bool(on)
 
+    def mathMode(self) -> int:
+        self._need_math_mode()
+        return self._math_mode if self._math_mode is not None else MTLMathModeFast
+
+    def setMathMode_(self, mode: int) -> None:
+        self._need_math_mode()
+        self._math_mode = int(mode)
+
+    def _need_math_mode(self) -> None:
+        if macos_version() < (15, 0, 0):
+            raise AttributeError("'MTLCompileOptions' object has no attribute 'setMathMode_' "
+                                 "(mathMode needs macOS 15)")
+
+    def languageVersion(self) -> int:
+        return self._language_version or MTLLanguageVersion3_1
+
     def setLanguageVersion_(self, version) -> None:
-        self._language_version = version
+        self._language_version = int(version)
+
+    def effective_fast_math(self) -> bool:
+        """mathMode wins over fastMathEnabled when both were set, as in Metal."""
+        if self._math_mode is not None:
+            return self._math_mode != MTLMathModeSafe
+        return self._fast_math
+
+    def msl(self) -> int:
+        """__METAL_VERSION__ of the chosen language version (the OS default when unset)."""
+        version = self._language_version
+        if version is None:
+            version = MTLLanguageVersion3_1 if macos_version() >= (14, 0, 0) \
+                else MTLLanguageVersion3_0
+        return 100 * (version >> 16) + 10 * (version & 0xFFFF)
 
 
 # ---- memory ----------------------------------------------------------------------------------
@@ -317,10 +399,10 @@ class _CommandBuffer:
         return self._open_encoder
 
     def computeCommandEncoder(self) -> _ComputeEncoder:
-        return self._new_encoder(_ComputeEncoder)
+        return _autoreleased(self._new_encoder(_ComputeEncoder))
 
     def blitCommandEncoder(self) -> _BlitEncoder:
-        return self._new_encoder(_BlitEncoder)
+        return _autoreleased(self._new_encoder(_BlitEncoder))
 
     def commit(self) -> None:
         if self._status != MTLCommandBufferStatusNotEnqueued:
@@ -339,7 +421,7 @@ class _CommandBuffer:
         return self._status
 
     def error(self) -> NSError | None:
-        return self._error
+        return None if self._error is None else _autoreleased(self._error)
 
     def GPUStartTime(self) -> float:
         return self._times[0]
@@ -375,7 +457,7 @@ class _CommandQueue:
         self._lock = threading.Lock()
 
     def commandBuffer(self) -> _CommandBuffer:
-        return _CommandBuffer(self)
+        return _autoreleased(_CommandBuffer(self))
 
     def _run_through(self, cb: _CommandBuffer) -> None:
         """Execute committed command buffers in order, up to and including ``cb``."""
@@ -435,9 +517,15 @@ class _Device:
         return buf
 
     def newLibraryWithSource_options_error_(self, source: str, options, error):
-        fast_math = True if options is None else options.fastMathEnabled()
+        options = options or MTLCompileOptions.new()
+        msl = options.msl()
+        if msl not in (240, 300, 310) or (msl == 310 and macos_version() < (14, 0, 0)):
+            return None, NSError("MTLLibraryErrorDomain", MTLLibraryErrorCompileFailure,
+                                 f"Invalid language version {msl / 100:.1f} for macOS "
+                                 f"{'.'.join(map(str, macos_version()))}")
         try:
-            compiled = harness.build(str(source), fast_math=fast_math)
+            compiled = harness.build(str(source), fast_math=options.effective_fast_math(),
+                                     msl=msl)
         except harness.MSLCompileError as e:
             return None, NSError("MTLLibraryErrorDomain", MTLLibraryErrorCompileFailure,
                                  f"Compilation failed: \n\n{e.log}")

@@ -97,7 +97,12 @@ def compiler() -> str:
     return os.environ.get("NEEDLE_METAL_EMULATOR_CXX", "clang++")
 
 
-def expand(source: str) -> str:
+def version_macros(msl: int) -> list[str]:
+    """What an MSL version predefines: ``__METAL_VERSION__``, and bfloat from 3.1."""
+    return [f"-D__METAL_VERSION__={msl}"] + (["-D__HAVE_BFLOAT__=1"] if msl >= 310 else [])
+
+
+def expand(source: str, msl: int = 310) -> str:
     """The source with its own macros expanded and comments removed (linemarkers kept)."""
     lines = ["" if re.match(r"\s*#\s*include\s*<metal_\w+>", ln) else ln
              for ln in source.split("\n")]
@@ -106,7 +111,7 @@ def expand(source: str) -> str:
         path.write_text("\n".join(lines))
         proc = subprocess.run(
             [compiler(), "-E", "-x", "c++", "-std=c++14", "-nostdinc", "-nostdinc++",
-             "-D__METAL_VERSION__=310", "-D__HAVE_BFLOAT__=1", SOURCE_NAME],
+             *version_macros(msl), SOURCE_NAME],
             cwd=tmp, capture_output=True, text=True)
     if proc.returncode:
         raise MSLCompileError(proc.stderr)
@@ -398,14 +403,16 @@ def base_flags() -> list[str]:
     return [compiler(), "-std=c++14", "-x", "c++", "-I", str(INCLUDE)]
 
 
-def check(source: str, flags: list[str] | None = None) -> None:
-    """Compile ``source`` as C++ against the shim without building anything (design §6, 1)."""
-    expanded = expand(source)
+def check(source: str, flags: list[str] | None = None, msl: int = 310) -> None:
+    """Compile ``source`` as C++ against the shim without building anything (design §6, 1),
+    as MSL version ``msl`` (300 or 310)."""
+    expanded = expand(source, msl)
     kernels = scan(expanded)
     with tempfile.TemporaryDirectory(prefix="needle-msl-") as tmp:
         path = Path(tmp) / "tu.cpp"
         path.write_text(translation_unit(expanded, kernels))
-        proc = subprocess.run(base_flags() + ["-fsyntax-only"] + (flags or []) + [str(path)],
+        proc = subprocess.run(base_flags() + [f"-DNEEDLE_EMU_MSL={msl}", "-fsyntax-only"]
+                              + (flags or []) + [str(path)],
                               capture_output=True, text=True)
     if proc.returncode:
         raise MSLCompileError(proc.stderr)
@@ -514,10 +521,11 @@ class Library:
         return d.error.decode(errors="replace") if failed else None
 
 
-def build(source: str, fast_math: bool = False) -> Library:
-    """Compile ``source`` into a library (cached on disk by content), or MSLCompileError."""
-    flags = ["-O2", "-fPIC", "-shared", "-pthread", "-w"] + CHECK_FLAGS + \
-        (FAST_MATH_FLAGS if fast_math else [])
+def build(source: str, fast_math: bool = False, msl: int = 310) -> Library:
+    """Compile ``source`` as MSL version ``msl`` into a library (cached on disk by content),
+    or MSLCompileError."""
+    flags = ["-O2", "-fPIC", "-shared", "-pthread", "-w", f"-DNEEDLE_EMU_MSL={msl}"] + \
+        CHECK_FLAGS + (FAST_MATH_FLAGS if fast_math else [])
     if os.environ.get("NEEDLE_METAL_EMULATOR_UCONTEXT") == "1":
         flags.append("-DNEEDLE_EMU_UCONTEXT")
     digest = hashlib.sha256()
@@ -531,7 +539,7 @@ def build(source: str, fast_math: bool = False) -> Library:
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent test processes build a source once
         if not (lib.exists() and meta.exists()):
-            expanded = expand(source)
+            expanded = expand(source, msl)
             kernels = scan(expanded)
             tu = root / f"{key}.{os.getpid()}.cpp"
             tu.write_text(translation_unit(expanded, kernels))
