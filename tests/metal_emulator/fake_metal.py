@@ -24,6 +24,7 @@ keeps Metal's observable contract where the backend could get it wrong:
 
 from __future__ import annotations
 
+import fnmatch
 import mmap
 import os
 import threading
@@ -271,11 +272,39 @@ class _Library:
         return _Function(self, name) if name in self._compiled.kernels else None
 
 
+# Per-pipeline thread limits for tests: fnmatch pattern of kernel names -> limit; the first
+# match wins, then NEEDLE_METAL_EMULATOR_MAX_THREADS, then the device's 1024.
+pipeline_limits: dict[str, int] = {}
+
+
+def thread_limit(kernel: str) -> int:
+    """maxTotalThreadsPerThreadgroup of ``kernel``'s pipeline. Real pipelines report less than
+    the device's 1024 when a kernel needs many registers; tests choose per pipeline, through
+    ``pipeline_limits`` or ``NEEDLE_METAL_EMULATOR_MAX_THREADS`` (a number for every pipeline,
+    or ``pattern=N,...`` with fnmatch patterns of kernel names, e.g. ``matmul_*=128,*=512``)."""
+    rules = list(pipeline_limits.items())
+    env = os.environ.get("NEEDLE_METAL_EMULATOR_MAX_THREADS", "").strip()
+    if env and "=" not in env:
+        rules.append(("*", int(env)))
+    elif env:
+        for rule in env.split(","):
+            pattern, _, value = rule.partition("=")
+            rules.append((pattern.strip(), int(value)))
+    for pattern, limit in rules:
+        if fnmatch.fnmatchcase(kernel, pattern):
+            if not SIMD_WIDTH <= limit <= MAX_THREADS_PER_GROUP or limit % SIMD_WIDTH:
+                raise ValueError(f"pipeline limit {limit} for {kernel}: use a multiple of "
+                                 f"{SIMD_WIDTH} up to {MAX_THREADS_PER_GROUP}")
+            return limit
+    return MAX_THREADS_PER_GROUP
+
+
 class _PipelineState:
     def __init__(self, function: _Function):
         self._function = function
-        self._max_threads = int(os.environ.get("NEEDLE_METAL_EMULATOR_MAX_THREADS",
-                                               MAX_THREADS_PER_GROUP))
+        self._max_threads = thread_limit(function.name())
+        # the kernel's own `threadgroup` variables, as Metal's compiler sizes them
+        self._static = function._library._compiled.static_bytes[function.name()]
 
     def maxTotalThreadsPerThreadgroup(self) -> int:
         return self._max_threads
@@ -284,7 +313,7 @@ class _PipelineState:
         return SIMD_WIDTH
 
     def staticThreadgroupMemoryLength(self) -> int:
-        return 0
+        return self._static
 
     def run(self, buffers, bounds, tg_lengths, groups, threads) -> str | None:
         f = self._function
@@ -364,9 +393,10 @@ class _ComputeEncoder(_Encoder):
             raise MetalValidationError(
                 f"threadsPerThreadgroup {t} exceeds the pipeline's "
                 f"maxTotalThreadsPerThreadgroup {self._pipeline.maxTotalThreadsPerThreadgroup()}")
-        if sum(self._tg.values()) > MAX_THREADGROUP_MEMORY:
-            raise MetalValidationError(f"{sum(self._tg.values())} bytes of threadgroup memory "
-                                       f"exceed {MAX_THREADGROUP_MEMORY}")
+        used = sum(self._tg.values()) + self._pipeline.staticThreadgroupMemoryLength()
+        if used > MAX_THREADGROUP_MEMORY:
+            raise MetalValidationError(f"{used} bytes of threadgroup memory (dynamic and the "
+                                       f"pipeline's static) exceed {MAX_THREADGROUP_MEMORY}")
         self._cb._commands.append(("dispatch", self._pipeline, dict(self._buffers),
                                    dict(self._bounds), dict(self._keep), dict(self._tg), g, t))
 

@@ -81,6 +81,10 @@ class Kernel:
     call: str  # the C++ function to call, e.g. "binary<float, Add>"
     params: tuple[Param, ...]
     synchronises: bool
+    # static threadgroup memory: a C++ constant expression, inside `template <tparams>` for
+    # template kernels (the kernel's own `threadgroup` variables; MSL allows them nowhere else)
+    static_bytes: str = "0"
+    tparams: str = ""
 
     @property
     def buffers(self) -> list[int]:
@@ -283,17 +287,20 @@ def scan(expanded: str) -> list[Kernel]:
         name, params = sig
         definitions.setdefault(name, []).append(body)
         if is_kernel and header.lstrip().startswith("template"):
-            templates[name] = (params, body)
+            lt = header.index("<")
+            tparams = header[lt + 1:_angle_end(header, lt) - 1]
+            templates[name] = (params, body, tparams)
         elif is_kernel:
-            kernels.append(_kernel(name, name, params, body + params, definitions))
+            kernels.append(_kernel(name, name, params, body + params, definitions, body))
     for host_name, statement in instantiations:
         target = _instantiated(statement)
         if target is None or target[0] not in templates:
             raise MSLCompileError(f"{SOURCE_NAME}: cannot tell which kernel template "
                                   f"host_name(\"{host_name}\") instantiates")
         name, args = target
-        params, body = templates[name]
-        kernels.append(_kernel(host_name, f"{name}<{args}>", params, body + args, definitions))
+        params, body, tparams = templates[name]
+        kernels.append(_kernel(host_name, f"{name}<{args}>", params, body + args, definitions,
+                               body, tparams))
     names = [k.name for k in kernels]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
@@ -301,9 +308,12 @@ def scan(expanded: str) -> list[Kernel]:
     return kernels
 
 
-def _kernel(name: str, call: str, params: str, reach: str, definitions) -> Kernel:
+def _kernel(name: str, call: str, params: str, reach: str, definitions, body: str,
+            tparams: str = "") -> Kernel:
     parsed = tuple(_parse_param(p, name) for p in _split_params(params))
-    return Kernel(name, call, parsed, _reaches_sync(reach, definitions))
+    sizes = [f"sizeof({type_} {dims})" for _, type_, _, dims in _tg_declarations("{" + body)]
+    return Kernel(name, call, parsed, _reaches_sync(reach, definitions),
+                  " + ".join(["0"] + sizes), tparams)
 
 
 def _reaches_sync(text: str, definitions: dict[str, list[str]]) -> bool:
@@ -333,15 +343,10 @@ def rewrite(expanded: str) -> str:
 _TG_STATEMENT = re.compile(r"([;{}](?:\s|\n#[^\n]*)*)threadgroup\b")
 
 
-def _threadgroup_variables(text: str) -> str:
-    """``threadgroup T a[N], b[M];`` in a function body, as references into the threadgroup
-    arena of the emulator (emu::tg_static): shared by the threads of a threadgroup, bounds- and
-    race-checked like dynamic threadgroup memory. Pointers and references into threadgroup memory
-    are ordinary locals and keep the address-space qualifier."""
-    out, pos, site = [], 0, 0
+def _tg_declarations(text: str):
+    """(match, type, name, array dimensions) of each ``threadgroup`` variable declared at
+    statement level in ``text`` (pointers and references into threadgroup memory excluded)."""
     for m in _TG_STATEMENT.finditer(text):
-        if m.start() < pos:
-            continue
         end = text.index(";", m.end())
         declaration = text[m.end():end]
         head = declaration.split("[", 1)[0]  # array sizes may multiply
@@ -353,17 +358,36 @@ def _threadgroup_variables(text: str) -> str:
             raise MSLCompileError(f"{SOURCE_NAME}: cannot read threadgroup declaration "
                                   f"'{declaration.strip()}'")
         type_ = first.group(1).strip()
-        pieces = []
         for d in declarators:
             dm = re.match(r"\s*(?:.*?\s)?([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)$", d, re.S)
-            name, dims = dm.group(1), dm.group(2).strip()
-            full = f"{type_} {dims}" if dims else type_
-            pieces.append(f"{type_} (&{name}){dims} = *reinterpret_cast<{type_} (*){dims}>("
-                          f"::emu::tg_static({site}, sizeof({full}), alignof({type_}), "
-                          f"\"{name}\"))")
-            site += 1
-        out.append(text[pos:m.start()] + m.group(1) + "; ".join(pieces))
-        pos = end
+            yield m, type_, dm.group(1), dm.group(2).strip()
+
+
+def _threadgroup_variables(text: str) -> str:
+    """``threadgroup T a[N], b[M];`` in a function body, as references into the threadgroup
+    arena of the emulator (emu::tg_static): shared by the threads of a threadgroup, bounds- and
+    race-checked like dynamic threadgroup memory. Pointers and references into threadgroup memory
+    are ordinary locals and keep the address-space qualifier."""
+    out, pos, site = [], 0, 0
+    current, pieces = None, []
+
+    def flush():
+        end = text.index(";", current.end())
+        out.append(text[pos:current.start()] + current.group(1) + "; ".join(pieces))
+        return end
+
+    for m, type_, name, dims in _tg_declarations(text):
+        if current is not None and m.start() != current.start():
+            pos = flush()
+            pieces = []
+        current = m
+        full = f"{type_} {dims}" if dims else type_
+        pieces.append(f"{type_} (&{name}){dims} = *reinterpret_cast<{type_} (*){dims}>("
+                      f"::emu::tg_static({site}, sizeof({full}), alignof({type_}), "
+                      f"\"{name}\"))")
+        site += 1
+    if current is not None:
+        pos = flush()
     out.append(text[pos:])
     return "".join(out)
 
@@ -395,6 +419,13 @@ def translation_unit(expanded: str, kernels: list[Kernel]) -> str:
             f'extern "C" int needle_emu_kernel_{i}(emu::Dispatch* d) {{\n'
             f"  return emu::dispatch(d, needle_emu_body_{i}, {str(k.synchronises).lower()}, "
             f'"{k.name}", &needle_emu_names_{i});\n}}')
+        args = k.call[k.call.index("<"):] if k.tparams else ""
+        parts.append(
+            (f"template <{k.tparams}> struct needle_emu_static_{i} {{ static constexpr "
+             f"unsigned long bytes = {k.static_bytes}; }};\n" if k.tparams else "")
+            + f'extern "C" unsigned long needle_emu_static_bytes_{i}() {{ return '
+            + (f"needle_emu_static_{i}{args}::bytes" if k.tparams else k.static_bytes)
+            + "; }")
     parts.append("}  // namespace msl")
     return "\n".join(parts) + "\n"
 
@@ -478,11 +509,15 @@ class Library:
         self._dll = ctypes.CDLL(str(path))
         self.kernels = {k.name: k for k in kernels}
         self._entry = {}
+        self.static_bytes: dict[str, int] = {}  # per kernel, as Metal's pipelines report it
         for i, k in enumerate(kernels):
             fn = getattr(self._dll, f"needle_emu_kernel_{i}")
             fn.argtypes = [ctypes.POINTER(_Dispatch)]
             fn.restype = ctypes.c_int
             self._entry[k.name] = fn
+            size = getattr(self._dll, f"needle_emu_static_bytes_{i}")
+            size.restype = ctypes.c_ulong
+            self.static_bytes[k.name] = (int(size()) + 15) // 16 * 16
         self._lock = threading.Lock()
 
     def run(self, name: str, buffers: dict[int, int], tg_lengths: dict[int, int],
@@ -556,9 +591,10 @@ def build(source: str, fast_math: bool = False, msl: int = 310) -> Library:
 
 def _to_json(k: Kernel) -> dict:
     return {"name": k.name, "call": k.call, "synchronises": k.synchronises,
-            "params": [[p.kind, p.index, p.by_ref, p.position] for p in k.params]}
+            "params": [[p.kind, p.index, p.by_ref, p.position, p.name] for p in k.params],
+            "static_bytes": k.static_bytes, "tparams": k.tparams}
 
 
 def _from_json(d: dict) -> Kernel:
     return Kernel(d["name"], d["call"], tuple(Param(*p) for p in d["params"]),
-                  d["synchronises"])
+                  d["synchronises"], d["static_bytes"], d["tparams"])
