@@ -34,6 +34,7 @@ TESTS = {
     "matmul.metal": ["tests/backend_ndarray/test_matmul.py", "tests/backends/test_metal.py",
                      "tests/backend_ndarray/test_transformer_ops.py"],
     "nn.metal": ["tests/backend_ndarray/test_transformer_ops.py",
+                 "tests/backend_ndarray/test_decode_ops.py",
                  "tests/backends/test_attention_head_dims.py", "tests/backends/test_metal.py",
                  "tests/backend_ndarray/test_conformance.py"],
     "reduce.metal": ["tests/backend_ndarray/test_reductions.py",

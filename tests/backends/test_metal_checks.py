@@ -88,6 +88,17 @@ kernel void simd_exchange(device float* out [[buffer(0)]], constant Partner& p [
   out[t] = buf[partner];
 }
 
+// lanes 16-31 leave before the simdgroup_barrier: it releases when they finish, and still
+// orders the memory of the lanes that wait in it
+kernel void early_exit(device float* out [[buffer(0)]], uint t [[thread_index_in_threadgroup]],
+                       uint lane [[thread_index_in_simdgroup]]) {
+  threadgroup float buf[32];
+  if (lane >= 16) return;
+  buf[t] = float(t);
+  simdgroup_barrier(mem_flags::mem_threadgroup);
+  out[t] = buf[t ^ 1];
+}
+
 // every thread of every threadgroup stores to one device word
 kernel void device_racy(device float* out [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
   out[0] = float(gid);
@@ -259,6 +270,12 @@ def test_simdgroup_barrier_orders_only_its_simd_group(mtl, library, stride, sync
         t = np.arange(64)
         partner = (t & ~31) | ((t + stride) & 31) if stride < 32 else (t + stride) % 64
         np.testing.assert_array_equal(_array(out), partner)
+
+
+def test_simdgroup_barrier_completed_by_finished_lanes_still_orders(mtl, library):
+    out = _floats(mtl, 32)
+    assert _dispatch(mtl, library, "early_exit", [out], threads=(32, 1, 1)) is None
+    np.testing.assert_array_equal(_array(out)[:16], np.arange(16) ^ 1)
 
 
 def test_device_word_written_by_two_threadgroups_is_a_race(mtl, library):

@@ -183,6 +183,7 @@ struct Fiber {
 
 struct SimdGroup {
   uint32_t arrived = 0, gen = 0, live = 0;
+  uint32_t mem = 0;  // mem_flags of the simdgroup_barrier being gathered (0: a function)
   uint32_t mask[2] = {0, 0};  // lanes that deposited a value, per generation parity
   alignas(16) unsigned char slots[2][32][kSlotBytes];
 };
@@ -288,10 +289,14 @@ inline void release_threadgroup(Worker& w, uint32_t mem) {
   w.check.barrier(mem);
 }
 
-inline void release_simd(SimdGroup& s) {
+// Release simd-group `index` of worker `w`; a simdgroup_barrier orders memory for its lanes.
+inline void release_simd(Worker& w, uint32_t index) {
+  SimdGroup& s = w.simd[index];
   s.arrived = 0;
   ++s.gen;
   s.mask[s.gen & 1] = 0;
+  if (s.mem) w.check.simd_barrier(index, s.mem);
+  s.mem = 0;
 }
 
 // threadgroup_barrier(): wait until every thread of the threadgroup arrives.
@@ -334,9 +339,9 @@ inline const unsigned char (*simd_exchange(const T& value, uint32_t& mask,
   const uint32_t parity = s.gen & 1;
   std::memcpy(s.slots[parity][f.ids.lane], &value, sizeof(T));
   s.mask[parity] |= 1u << f.ids.lane;
+  s.mem |= mem;
   if (++s.arrived == s.live) {
-    release_simd(s);
-    if (mem) w->check.simd_barrier(f.ids.simdgroup, mem);
+    release_simd(*w, f.ids.simdgroup);
   } else {
     f.wait = kAtSimdBarrier;
     f.gen = s.gen;
@@ -365,7 +370,7 @@ inline void fiber_entry(void* arg) {
   // reached by every thread of the threadgroup (MSL), so finishing never releases one.
   SimdGroup& s = w.simd[f->ids.simdgroup];
   --s.live;
-  if (s.arrived > 0 && s.arrived == s.live) release_simd(s);
+  if (s.arrived > 0 && s.arrived == s.live) release_simd(w, f->ids.simdgroup);
   switch_away(w);  // never resumed
   std::abort();
 }
@@ -427,6 +432,7 @@ inline void run_fibers(Worker& w, const uint32_t group[3]) {
   const uint32_t simdgroups = (count + d->simd_width - 1) / d->simd_width;
   for (uint32_t s = 0; s < simdgroups; ++s) {
     w.simd[s].arrived = 0;
+    w.simd[s].mem = 0;
     w.simd[s].mask[0] = w.simd[s].mask[1] = 0;
     w.simd[s].live = s + 1 < simdgroups ? d->simd_width : count - s * d->simd_width;
   }
