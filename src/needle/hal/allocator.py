@@ -16,6 +16,8 @@ still holds stay out of the shared pool until the graph is dropped.
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,6 +49,18 @@ class MemoryStats:
     misses: int
 
 
+def _locked(method):
+    """Run ``method`` holding the allocator's lock: threads allocate and free concurrently
+    (a buffer is freed by whichever thread drops its last reference)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with (self if isinstance(self, Allocator) else self.allocator).lock:
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 class Pool:
     """Free blocks by size class. The allocator's default pool, or a capture's private one."""
 
@@ -56,10 +70,12 @@ class Pool:
         self.free: dict[int, list] = {}
         self.closed = False
 
+    @_locked
     def take(self, capacity: int):
         blocks = self.free.get(capacity)
         return blocks.pop() if blocks else None
 
+    @_locked
     def give_back(self, handle, capacity: int) -> None:
         alloc = self.allocator
         alloc._in_use -= capacity
@@ -68,6 +84,7 @@ class Pool:
         else:
             self.free.setdefault(capacity, []).append(handle)
 
+    @_locked
     def empty(self) -> None:
         """Return every cached block of this pool to the device."""
         free, self.free = self.free, {}
@@ -94,6 +111,7 @@ class Allocator:
         self._pool = self._default
         self._pools: list[Pool] = [self._default]
         self._in_use = self._reserved = self._peak = self._hits = self._misses = 0
+        self.lock = threading.RLock()
 
     # --- backend hooks -------------------------------------------------------------------
     def _allocate_raw(self, nbytes: int):
@@ -109,6 +127,7 @@ class Allocator:
         raise NotImplementedError
 
     # --- the pool ------------------------------------------------------------------------
+    @_locked
     def allocate(self, nbytes: int) -> Buffer:
         """A buffer of at least ``nbytes`` bytes, from the pool when a block is cached."""
         start = time.perf_counter() if trace.enabled else 0.0
@@ -150,6 +169,7 @@ class Allocator:
         self._reserved -= capacity
         self._free_raw(handle)
 
+    @_locked
     def empty_cache(self) -> None:
         """Return every cached (unused) block to the device."""
         for pool in list(self._pools):

@@ -17,6 +17,8 @@ queue implements only the hardware's part: the ``_``-prefixed methods below.
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -31,6 +33,17 @@ from .executable import Kernel
 from .profiler import Profiler
 
 
+def locked(method):
+    """Run ``method`` holding its queue's lock (see ``Queue.lock``)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 class Queue:
     """In-order device work on ``self.device``. Backends implement every method that
     raises NotImplementedError below."""
@@ -38,8 +51,13 @@ class Queue:
     def __init__(self):
         self.profiler: Profiler | None = None
         self.capturing: CommandBuffer | None = None
+        # Threads may share a device (one trains while another generates): the public
+        # methods hold this lock (@locked), so an open command buffer or encoder is never
+        # used by one thread while another ends it. Re-entrant: methods call each other.
+        self.lock = threading.RLock()
 
     # --- launches --------------------------------------------------------------------------
+    @locked
     def dispatch(self, kernel: Kernel, groups: tuple[int, int, int],
                  threads: tuple[int, int, int], buffers: Sequence[Buffer],
                  params: bytes = b"", shared_bytes: int = 0, raw_args=()) -> None:
@@ -78,6 +96,7 @@ class Queue:
         raise NotImplementedError
 
     # --- copies ----------------------------------------------------------------------------
+    @locked
     def copy_from_host(self, dst: Buffer, dst_offset: int, src: np.ndarray) -> None:
         """Enqueue a copy of the contiguous array ``src`` to ``dst`` at ``dst_offset`` bytes.
         ``src`` may be reused as soon as this returns."""
@@ -91,6 +110,7 @@ class Queue:
             return
         self._upload(dst, dst_offset, src)
 
+    @locked
     def copy_to_host(self, src: Buffer, src_offset: int, dst: np.ndarray) -> None:
         """Copy ``dst.nbytes`` bytes from ``src`` at ``src_offset`` into the contiguous
         array ``dst``, after all queued work; returns when the data is there."""
@@ -102,6 +122,7 @@ class Queue:
             return
         self._download(src, src_offset, dst)
 
+    @locked
     def copy_to_host_later(self, src: Buffer, src_offset: int,
                            nbytes: int) -> Callable[[], np.ndarray]:
         """Start reading ``nbytes`` bytes of ``src`` at ``src_offset``, after all queued work,
@@ -112,6 +133,7 @@ class Queue:
         self.copy_to_host(src, src_offset, out)
         return lambda: out
 
+    @locked
     def copy(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int,
              nbytes: int) -> None:
         """Enqueue a device-to-device copy (recorded, while capturing)."""
@@ -144,6 +166,7 @@ class Queue:
                               "before replay() and read outputs after it")
 
     # --- waiting ---------------------------------------------------------------------------
+    @locked
     def synchronize(self) -> None:
         """Block until all queued work has finished; raise if any of it failed."""
         if self.capturing is not None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from ...errors import DeviceError, KernelLaunchError
 from ...hal import CommandBuffer, Event, Queue
+from ...hal.queue import locked
 from .driver import check, cu, error_text
 
 _SLOTS = 64
@@ -211,6 +212,7 @@ class CudaQueue(Queue):
                   "cuMemcpyDtoHAsync", KernelLaunchError)
         self.synchronize()
 
+    @locked
     def copy_to_host_later(self, src, src_offset: int, nbytes: int):
         """Small reads (a sampled token) go through a ring of page-locked slots: an
         asynchronous copy there plus an event, so the host waits for this copy only, not for

@@ -25,6 +25,7 @@ import numpy as np
 
 from ...errors import DeviceError, KernelLaunchError
 from ...hal import CommandBuffer, Event, Queue
+from ...hal.queue import locked
 
 MAX_SET_BYTES = 4096  # setBytes limit; larger params go in a buffer
 
@@ -75,11 +76,12 @@ class MetalCapture(CommandBuffer):
     def replay(self) -> None:
         if self.closed:
             raise DeviceError("this recording is closed")
-        for kind, args in self.commands:
-            if kind == "dispatch":
-                self._queue._encode_dispatch(*args)
-            else:
-                self._queue._encode_copy(*args)
+        with self._queue.lock:
+            for kind, args in self.commands:
+                if kind == "dispatch":
+                    self._queue._encode_dispatch(*args)
+                else:
+                    self._queue._encode_copy(*args)
 
     def describe(self) -> str:
         return f"recording of {len(self.commands)} commands"
@@ -127,6 +129,7 @@ class MetalQueue(Queue):
             self._encoder.endEncoding()
             self._encoder, self._encoder_kind = None, ""
 
+    @locked
     def commit(self) -> None:
         """Send the open command buffer to the GPU (does not wait)."""
         if self._cb is None:
@@ -144,6 +147,7 @@ class MetalQueue(Queue):
         while len(self._in_flight) > self.max_in_flight:
             self._wait_oldest()
 
+    @locked
     def last_committed(self) -> tuple[int, object]:
         return self._last
 
@@ -160,15 +164,18 @@ class MetalQueue(Queue):
             raise KernelLaunchError(f"a Metal command buffer on {self.device.name} failed: "
                                     f"{text}. It ran {len(names)} dispatch(es): {shown}")
 
+    @locked
     def wait_through(self, seq: int) -> None:
         """Wait for every command buffer committed up to number ``seq``; raise if one failed."""
         while self._in_flight and self._in_flight[0][0] <= seq:
             self._wait_oldest()
 
+    @locked
     def reached(self, seq: int) -> bool:
         done = (self._api.MTLCommandBufferStatusCompleted, self._api.MTLCommandBufferStatusError)
         return all(cb.status() in done for s, cb, _ in self._in_flight if s <= seq)
 
+    @locked
     def idle(self) -> bool:
         """True when no work is open or in flight (the host may touch any buffer)."""
         return self._cb is None and not self._in_flight

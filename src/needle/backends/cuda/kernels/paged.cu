@@ -51,20 +51,19 @@ __device__ void attend(const T* __restrict__ q, const T* __restrict__ kp,
   __shared__ C ps[THREADS];
   __shared__ i64 slot_s[THREADS];
   __shared__ C red[THREADS / 32];
-  __shared__ int bad;
   const i64 t = blockIdx.x, h = blockIdx.y, D = p.head_dim;
   const i64 kh = h / (p.q_heads / p.kv_heads), row = p.kv_heads * D;
   const int tid = threadIdx.x;
   const i64 pos = positions[t];
   const int* table = tables + (i64)seq_of[t] * p.max_pages;
   T* o = out + (t * p.q_heads + h) * D;
-  if (tid == 0) bad = pos < 0 || pos / p.page_size >= p.max_pages;
-  __syncthreads();
+  // every thread checks the position itself, then its share of the block table, and
+  // __syncthreads_or tells all (no shared flag written by several threads at once)
+  bool bad = pos < 0 || pos / p.page_size >= p.max_pages;
   if (!bad)
     for (i64 j = tid; j <= pos / p.page_size; j += THREADS)
-      if (table[j] < 0 || table[j] >= p.num_pages) bad = 1;
-  __syncthreads();
-  if (bad) {  // kernels cannot raise: NaN, as numpy_ref gives
+      if (table[j] < 0 || table[j] >= p.num_pages) bad = true;
+  if (__syncthreads_or(bad)) {  // kernels cannot raise: NaN, as numpy_ref gives
     for (i64 i = tid; i < D; i += THREADS) o[i] = store<T>(C(0) / C(0));
     return;
   }

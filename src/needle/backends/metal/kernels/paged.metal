@@ -59,20 +59,21 @@ kernel void paged_attention(device const T* q [[buffer(0)]], device const T* kp 
   threadgroup float ps[PAGED_THREADS];
   threadgroup long slot_s[PAGED_THREADS];
   threadgroup float red[PAGED_THREADS];
-  threadgroup int bad;
   const long t = long(group.x), h = long(group.y), D = p.head_dim;
   const long kh = h / (p.q_heads / p.kv_heads), row = p.kv_heads * D;
   const int ti = int(tid.x);
   const long pos = long(positions[t]);
   device const int* table = tables + long(seq_of[t]) * p.max_pages;
   device T* o = out + (t * p.q_heads + h) * D;
-  if (ti == 0) bad = (pos < 0 || pos / p.page_size >= p.max_pages) ? 1 : 0;
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (bad == 0)
+  // every thread checks the position itself, then its share of the block table; one
+  // reduction tells all (a shared flag written by whichever thread finds a bad page would be
+  // written by several threads at once: a race, even when they write the same value)
+  bool bad_here = pos < 0 || pos / p.page_size >= p.max_pages;
+  if (!bad_here)
     for (long j = ti; j <= pos / p.page_size; j += PAGED_THREADS)
-      if (table[j] < 0 || table[j] >= p.num_pages) bad = 1;
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (bad != 0) {  // kernels cannot raise: NaN, as numpy_ref gives
+      if (table[j] < 0 || table[j] >= p.num_pages) bad_here = true;
+  if (paged_reduce<true>(bad_here ? 1.0f : 0.0f, red, ti) != 0.0f) {
+    // kernels cannot raise: NaN, as numpy_ref gives
     for (long i = ti; i < D; i += PAGED_THREADS) o[i] = store<T>(NAN);
     return;
   }
