@@ -332,8 +332,13 @@ class Tensor(Value):
 
     # --- operators -----------------------------------------------------------------------
     def _other(self, other) -> Tensor:
-        return other if isinstance(other, Tensor) else Tensor(other, device=self.device,
-                                                              requires_grad=False)
+        """The other operand as a tensor on this device: numpy arrays keep their dtype,
+        Python lists take this tensor's dtype within their kind (as scalars do)."""
+        if isinstance(other, Tensor):
+            return other
+        if isinstance(other, (list, tuple, np.ndarray)):
+            other = self.realize_cached_data()._operand(other, isinstance(other, np.ndarray))
+        return Tensor(other, device=self.device, requires_grad=False)
 
     def __add__(self, other):
         if isinstance(other, numbers.Number):

@@ -333,9 +333,11 @@ class _BatchNorm(Module):
             var = ops.summation(centred * centred, axes) / count
             m = self.momentum  # running averages are updated on the arrays, off the graph
             unbiased = var.realize_cached_data() * (count / max(count - 1, 1))
+            keep = self.running_mean.dtype  # buffers keep their dtype whatever x's (PyTorch)
             self.running_mean.data = (self.running_mean.realize_cached_data() * (1 - m)
-                                      + mean.realize_cached_data() * m)
-            self.running_var.data = self.running_var.realize_cached_data() * (1 - m) + unbiased * m
+                                      + mean.realize_cached_data() * m).astype(keep)
+            self.running_var.data = (self.running_var.realize_cached_data() * (1 - m)
+                                     + unbiased * m).astype(keep)
         else:
             mean, var = self.running_mean, self.running_var
             centred = x - ops.broadcast_to(ops.reshape(mean, shape), x.shape)
