@@ -98,13 +98,16 @@ def test_course_divide_scalar_backward_in_float64():
         out_grad = rng.standard_normal((5, 4))
         (ops.divide_scalar(t, scalar) * ndl.Tensor(out_grad, device=device)).sum().backward()
         eps = 1e-6
+
+        def f(v, scalar=scalar, out_grad=out_grad):
+            out = ops.divide_scalar(ndl.Tensor(v, device=device), scalar).numpy()
+            return float((out * out_grad).sum())
+
         numeric = np.empty_like(x)
         for i in range(x.size):
             plus, minus = x.copy(), x.copy()
             plus.flat[i] += eps
             minus.flat[i] -= eps
-            f = (lambda v: float((ops.divide_scalar(ndl.Tensor(v, device=device), scalar)
-                                  .numpy() * out_grad).sum()))
             numeric.flat[i] = (f(plus) - f(minus)) / (2 * eps)
         np.testing.assert_allclose(t.grad.numpy(), numeric, rtol=1e-5, atol=1e-6,
                                    err_msg=f"seed {seed}")
