@@ -38,6 +38,8 @@ from .backend_ndarray.device import Device, as_device, default_device
 from .errors import GradientError, ShapeError
 
 LAZY_MODE = False
+TENSOR_COUNTER = 0  # graph nodes alive now (the course's live counter; read it, never set it)
+_counter_lock = threading.RLock()  # re-entrant: a __del__ may run while the lock is held
 
 
 class _ThreadState(threading.local):
@@ -133,12 +135,21 @@ class Value:
 
     def _init(self, op: Op | None, inputs: list[Value], *, cached_data=None,
               requires_grad: bool | None = None) -> None:
+        global TENSOR_COUNTER
         if requires_grad is None:
             requires_grad = _state.grad_enabled and any(x.requires_grad for x in inputs)
+        with _counter_lock:
+            TENSOR_COUNTER += 1
         self.op = op
         self.inputs = inputs
         self.cached_data = cached_data
         self.requires_grad = requires_grad
+
+    def __del__(self) -> None:
+        global TENSOR_COUNTER
+        if hasattr(self, "op"):  # counted only once _init ran
+            with _counter_lock:
+                TENSOR_COUNTER -= 1
 
     def realize_cached_data(self):
         """The node's value, computing it (and its inputs') on first use."""
@@ -496,6 +507,29 @@ def _reverse_topo_order(root: Value) -> list[Value]:
         stack.append((node, True))
         stack.extend((x, False) for x in node.inputs if x.requires_grad and id(x) not in visited)
     order.reverse()
+    return order
+
+
+def find_topo_sort(node_list: list[Value]) -> list[Value]:
+    """Every node the nodes of ``node_list`` depend on, each after all of its inputs, in the
+    order a depth-first post-order walk visits them (the needle course's function; needle's
+    own backward walks only the nodes that require grad)."""
+    order: list[Value] = []
+    visited: set[int] = set()
+    for root in node_list:
+        stack: list[tuple[Value, int]] = [(root, 0)]  # (node, next input to visit)
+        while stack:
+            node, k = stack.pop()
+            if k == 0 and id(node) in visited:
+                continue
+            if k < len(node.inputs):
+                stack.append((node, k + 1))
+                if id(node.inputs[k]) not in visited:
+                    stack.append((node.inputs[k], 0))
+                continue
+            if id(node) not in visited:
+                visited.add(id(node))
+                order.append(node)
     return order
 
 

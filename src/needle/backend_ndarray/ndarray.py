@@ -25,7 +25,7 @@ from ..errors import (
     OutOfMemoryError,
     ShapeError,
 )
-from . import dtypes
+from . import course, dtypes
 from .device import Device, as_device, cpu_numpy, default_device
 
 _prod = lambda xs: reduce(operator.mul, xs, 1)  # noqa: E731
@@ -387,6 +387,16 @@ class NDArray:
     @property
     def T(self) -> NDArray:  # noqa: N802
         return self.transpose()
+
+    # the needle course's names (backend_ndarray/course.py)
+    @property
+    def flat(self) -> course.FlatView:
+        """Row-major element access, as numpy's ``flat``: ``a.flat[i] += eps`` updates a."""
+        return course.FlatView(self)
+
+    def process_slice(self, sl: slice, dim: int) -> slice:
+        """``sl`` with explicit start, stop and step for axis ``dim``."""
+        return course.process_slice(self.shape, sl, dim)
 
     def broadcast_to(self, new_shape) -> NDArray:
         new_shape = _check_shape(new_shape)
