@@ -36,6 +36,7 @@ from . import backend_ndarray as nd
 from .backend_ndarray import dtypes
 from .backend_ndarray.device import Device, as_device, default_device
 from .errors import GradientError, ShapeError
+from .tensor_methods import MaxResult, TensorMethods, axes_and_keepdims
 
 LAZY_MODE = False
 TENSOR_COUNTER = 0  # graph nodes alive now (the course's live counter; read it, never set it)
@@ -229,7 +230,7 @@ def _to_ndarray(data, device: Device | str | None, dtype) -> nd.NDArray:
     return nd.NDArray(data, device=device or default_device(), dtype=dtype)
 
 
-class Tensor(Value):
+class Tensor(Value, TensorMethods):
     """An n-dimensional array that records the operations applied to it.
 
     ``data`` may be a Tensor, NDArray, numpy array, nested list or scalar. Floats default
@@ -430,14 +431,21 @@ class Tensor(Value):
         return ops.getitem(self, index)
 
     # --- method forms of ops ---------------------------------------------------------------
-    def sum(self, axes=None, keepdims: bool = False) -> Tensor:
-        return ops.summation(self, axes, keepdims)
+    # sum/mean/max take needle's axes=/keepdims= or PyTorch's dim=/keepdim=
+    def sum(self, axes=None, keepdims: bool = False, *, dim=None, keepdim=None) -> Tensor:
+        return ops.summation(self, *axes_and_keepdims(axes, keepdims, dim, keepdim, "sum"))
 
-    def mean(self, axes=None, keepdims: bool = False) -> Tensor:
-        return ops.mean(self, axes, keepdims)
+    def mean(self, axes=None, keepdims: bool = False, *, dim=None, keepdim=None) -> Tensor:
+        return ops.mean(self, *axes_and_keepdims(axes, keepdims, dim, keepdim, "mean"))
 
-    def max(self, axes=None, keepdims: bool = False) -> Tensor:
-        return ops.max(self, axes, keepdims)
+    def max(self, axes=None, keepdims: bool = False, *, dim=None, keepdim=None):
+        """The maximum over ``axes`` (a Tensor). Called PyTorch's way, ``max(dim=d)`` gives
+        PyTorch's (values, indices) pair."""
+        axes, keepdims = axes_and_keepdims(axes, keepdims, dim, keepdim, "max")
+        values = ops.max(self, axes, keepdims)
+        if dim is None:
+            return values
+        return MaxResult(values, self.argmax(dim, keepdims))
 
     def reshape(self, *shape) -> Tensor:
         return ops.reshape(self, shape[0] if len(shape) == 1 and not isinstance(

@@ -77,6 +77,7 @@ from .ops_nn import (
 from .ops_shape import (
                              BroadcastTo,
                              Cast,
+                             Clone,
                              Dilate,
                              Flip,
                              GetItem,
@@ -91,6 +92,7 @@ from .ops_shape import (
                              UnDilate,
                              broadcast_to,
                              cast,
+                             clone,
                              dilate,
                              flip,
                              getitem,
@@ -120,7 +122,8 @@ from .ops_tuple import (
 )
 
 __all__ = [
-    "GELU", "AddScalar", "BroadcastTo", "Cast", "Concatenate", "Conv", "Dilate", "DivScalar",
+    "GELU", "AddScalar", "BroadcastTo", "Cast", "Clone", "Concatenate", "Conv", "Dilate",
+    "DivScalar",
     "EWiseAdd", "EWiseDiv", "EWiseMul", "EWisePow", "EWiseSub", "Embedding", "EmbeddingBackward",
     "Exp", "Flip", "GetItem", "LayerNorm", "Log", "LogSoftmax", "LogSumExp", "MakeTensorTuple",
     "MatMul", "Max", "Maximum", "MaximumScalar", "MulScalar", "Negate", "Pad", "Permute",
@@ -128,7 +131,7 @@ __all__ = [
     "SetItemIntoZeros", "SiLU", "Sigmoid", "SiluMul", "Softmax", "SoftmaxCrossEntropy", "Split",
     "Sqrt", "Stack",
     "Summation", "Tanh", "ToDevice", "Transpose", "TupleGetItem", "UnDilate", "Where", "add",
-    "add_scalar", "broadcast_to", "cast", "concatenate", "conv", "dilate", "divide",
+    "add_scalar", "broadcast_to", "cast", "clone", "concatenate", "conv", "dilate", "divide",
     "divide_scalar", "embedding", "exp", "flip", "gelu", "getitem", "layernorm", "log",
     "log_softmax", "logsoftmax", "logsumexp", "make_tuple", "match_input", "matmul", "max",
     "maximum", "mean",
