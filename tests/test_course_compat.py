@@ -302,3 +302,12 @@ def test_corpus_batchify_get_batch(tmp_path):
     np.testing.assert_array_equal(target.numpy(), batches[1:4].reshape(-1))
     data, _ = ndl.data.get_batch(ndl.data.batchify(corpus.train, 2), 0, bptt=3)
     assert data.dtype == "int64"
+
+
+def test_embedding_takes_the_courses_float_ids():
+    emb = ndl.nn.Embedding(10, 4)
+    ids = np.array([[1, 2], [9, 0]])
+    np.testing.assert_array_equal(emb(ndl.Tensor(ids.astype(np.float32))).numpy(),
+                                  emb(ndl.Tensor(ids)).numpy())
+    with pytest.raises(TypeError, match="whole numbers"):
+        emb(ndl.Tensor(np.array([1.5], np.float32)))
