@@ -24,6 +24,7 @@ SETTINGS = {
     "spinning wait (OMP_WAIT_POLICY=active)": {"OMP_WAIT_POLICY": "active"},
     "one thread (OMP_NUM_THREADS=1)": {"OMP_NUM_THREADS": "1"},
 }
+SHORT = dict(zip(("default", "spin", "one"), SETTINGS))
 BUSY_LOOP = "while True: pass"
 
 
@@ -99,9 +100,12 @@ def main() -> int:
                         help="busy processes for the loaded column (default: one per core)")
     parser.add_argument("--timeout", type=float, default=60,
                         help="seconds after which a run is stopped and reported as inf / 0")
+    parser.add_argument("--settings", default="default,spin,one",
+                        help="comma-separated subset of: default, spin, one")
     args = parser.parse_args()
+    chosen = [SHORT[s] for s in args.settings.split(",")]
     rows = []
-    for name, extra in SETTINGS.items():
+    for name, extra in ((n, SETTINGS[n]) for n in chosen):
         for busy in (0, args.busy):
             with busy_processes(busy):
                 demo = statistics.median(demo_seconds_or_timeout(extra, args.timeout)

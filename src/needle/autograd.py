@@ -35,7 +35,7 @@ import numpy as np
 from . import backend_ndarray as nd
 from .backend_ndarray import dtypes
 from .backend_ndarray.device import Device, as_device, default_device
-from .errors import GradientError, ShapeError
+from .errors import ArgumentTypeError, GradientError, ShapeError
 from .tensor_methods import MaxResult, TensorMethods, axes_and_keepdims
 
 LAZY_MODE = False
@@ -209,14 +209,24 @@ class TensorOp(Op):
     """An op whose output is a Tensor."""
 
     def __call__(self, *args) -> Tensor:
-        return Tensor.make_from_op(self, list(args))
+        return Tensor.make_from_op(self, _inputs(self, args))
 
 
 class TensorTupleOp(Op):
     """An op whose output is a TensorTuple."""
 
     def __call__(self, *args) -> TensorTuple:
-        return TensorTuple.make_from_op(self, list(args))
+        return TensorTuple.make_from_op(self, _inputs(self, args))
+
+
+def _inputs(op: Op, args: tuple) -> list[Value]:
+    """The op's inputs, which must be graph values: a number or a list here would otherwise
+    fail deep inside with an AttributeError."""
+    for i, x in enumerate(args):
+        if not isinstance(x, Value):
+            raise ArgumentTypeError(f"{type(op).__name__}: input {i} must be a Tensor, got "
+                                    f"{type(x).__name__}; wrap it in ndl.Tensor(...)")
+    return list(args)
 
 
 def _to_ndarray(data, device: Device | str | None, dtype) -> nd.NDArray:
@@ -348,6 +358,10 @@ class Tensor(Value, TensorMethods):
         Python lists take this tensor's dtype within their kind (as scalars do)."""
         if isinstance(other, Tensor):
             return other
+        if not isinstance(other, (numbers.Number, np.generic, np.ndarray, nd.NDArray, list,
+                                  tuple)):
+            raise ArgumentTypeError(f"the other operand must be a Tensor, a number or an array, "
+                                    f"got {type(other).__name__}")
         if isinstance(other, (list, tuple, np.ndarray)):
             other = self.realize_cached_data()._operand(other, isinstance(other, np.ndarray))
         return Tensor(other, device=self.device, requires_grad=False)
@@ -573,6 +587,11 @@ def grad(output: Tensor, inputs: list[Tensor], out_grad: Tensor | None = None,
     With ``create_graph=True`` the results are graphs themselves: differentiate them again
     for higher-order derivatives.
     """
+    if not isinstance(output, Tensor):
+        raise ArgumentTypeError(f"grad: output must be a Tensor, got {type(output).__name__}")
+    if not isinstance(inputs, (list, tuple)) or not all(isinstance(x, Tensor) for x in inputs):
+        raise ArgumentTypeError("grad: inputs must be a list of Tensors, got "
+                                f"{inputs!r:.80}")
     if not output.requires_grad:
         raise GradientError("grad() of a tensor that does not require grad")
     if out_grad is None:

@@ -42,3 +42,18 @@ def number(value, name: str, where: str, low: float | None = None, high: float |
 
 def probability(value, name: str, where: str) -> float:
     return number(value, name, where, 0.0, 1.0)
+
+
+def int_tuple(value, name: str, where: str) -> tuple[int, ...]:
+    """``value`` (an int or a sequence of ints) as a tuple of ints; what the ints may be is left
+    to the caller (reshape accepts -1, an axis list may be negative)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return (int(value),)
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ArgumentTypeError(f"{where}: {name} must be a tuple of ints, got {value!r}") from None
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in items):
+        raise ArgumentTypeError(f"{where}: {name} must be a tuple of ints, got {value!r}")
+    return tuple(int(v) for v in items)
+

@@ -82,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = device_from_name(args.device)
     device.backend  # noqa: B018 -- raises DeviceError with the reason if it is disabled
+    try:  # before training, so that a bad --out does not cost a training run
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"needle demo: error: --out {args.out}: cannot create the directory ({e.strerror})",
+              file=sys.stderr)
+        return 2
     init.manual_seed(args.seed)
     train_loader = DataLoader(DigitsDataset(train=True), batch_size=args.batch_size,
                               shuffle=True, seed=args.seed, device=device)
@@ -122,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         bar.write(f"epoch {epoch}: train loss {total_loss / seen:.4f}, test loss "
                   f"{test_loss:.4f}, test accuracy {test_acc:.4f}", file=sys.stderr)
 
-    args.out.mkdir(parents=True, exist_ok=True)
     save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": args.epochs,
           "test_accuracy": history["test acc"][-1], "seed": args.seed},
          args.out / "model.safetensors")

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from . import checks
 from .autograd import Tensor
 from .backend_ndarray import NDArray, adam_update, empty, sgd_update, state_dtype, zeros
-from .errors import ArgumentError, ArgumentTypeError, ModelFormatError, NeedleError
+from .errors import ArgumentError, ArgumentTypeError, ModelFormatError
 
 __all__ = ["SGD", "Adam", "AdamW", "CosineDecay", "LinearWarmup", "LRScheduler", "Optimizer",
            "clip_grad_norm"]
@@ -149,10 +149,15 @@ class SGD(Optimizer):
     def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
         super().__init__(params, lr)
-        self.momentum = checks.number(momentum, "momentum", "SGD", 0.0)
+        # momentum >= 1 makes the buffer grow without bound (PyTorch allows it; needle refuses)
+        self.momentum = checks.number(momentum, "momentum", "SGD", 0.0, 1.0, high_open=True)
         self.dampening = checks.probability(dampening, "dampening", "SGD")
         self.weight_decay = checks.number(weight_decay, "weight_decay", "SGD", 0.0)
         self.nesterov = bool(nesterov)
+        if self.nesterov and (self.momentum == 0 or self.dampening != 0):
+            raise ArgumentError("SGD: nesterov=True needs a momentum > 0 and dampening=0 (as in "
+                                f"PyTorch), got momentum={self.momentum}, "
+                                f"dampening={self.dampening}")
 
     def _update(self, i, w, g):
         u = None
@@ -211,6 +216,11 @@ def clip_grad_norm(params: Iterable[Tensor], max_norm: float, eps: float = 1e-6)
     scale ``min(1, max_norm / (norm + eps))`` is computed there, so clipping never waits
     for the device.
     """
+    if isinstance(params, Tensor) or not isinstance(params, Iterable):
+        raise ArgumentTypeError(f"clip_grad_norm: params must be an iterable of Tensors (e.g. "
+                                f"model.parameters()), got {type(params).__name__}")
+    max_norm = checks.number(max_norm, "max_norm", "clip_grad_norm", 0.0, low_open=True)
+    eps = checks.number(eps, "eps", "clip_grad_norm", 0.0)
     grads = _grads(params)
     if not grads:
         return Tensor(0.0, requires_grad=False)
@@ -234,6 +244,9 @@ class LRScheduler:
     """
 
     def __init__(self, optimizer: Optimizer):
+        if not isinstance(optimizer, Optimizer):
+            raise ArgumentTypeError(f"{type(self).__name__}: optimizer must be an Optimizer, "
+                                    f"got {type(optimizer).__name__}")
         self.optimizer = optimizer
         self.base_lr = optimizer.lr
         self.last_step = 0
@@ -260,9 +273,7 @@ class LinearWarmup(LRScheduler):
     then stays there."""
 
     def __init__(self, optimizer: Optimizer, warmup_steps: int):
-        if warmup_steps < 1:
-            raise NeedleError(f"warmup_steps must be >= 1, got {warmup_steps}")
-        self.warmup_steps = warmup_steps
+        self.warmup_steps = checks.positive(warmup_steps, "warmup_steps", "LinearWarmup")
         super().__init__(optimizer)
 
     def lr_at(self, step: int) -> float:
@@ -275,9 +286,12 @@ class CosineDecay(LRScheduler):
 
     def __init__(self, optimizer: Optimizer, total_steps: int, warmup_steps: int = 0,
                  min_lr: float = 0.0):
-        if not 0 <= warmup_steps < total_steps:
-            raise NeedleError(f"need 0 <= warmup_steps < total_steps, got {warmup_steps} and "
-                             f"{total_steps}")
+        total_steps = checks.positive(total_steps, "total_steps", "CosineDecay")
+        warmup_steps = checks.integer(warmup_steps, "warmup_steps", "CosineDecay", 0)
+        if warmup_steps >= total_steps:
+            raise ArgumentError(f"CosineDecay: warmup_steps must be < total_steps, got "
+                                f"{warmup_steps} and {total_steps}")
+        min_lr = checks.number(min_lr, "min_lr", "CosineDecay", 0.0)
         self.total_steps, self.warmup_steps, self.min_lr = total_steps, warmup_steps, min_lr
         super().__init__(optimizer)
 

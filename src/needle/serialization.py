@@ -29,7 +29,7 @@ import numpy as np
 
 from .backend_ndarray import NDArray, default_device
 from .backend_ndarray.dtypes import canonical, to_numpy_dtype
-from .errors import ArgumentError, DTypeError, ModelFormatError
+from .errors import ArgumentError, ArgumentTypeError, DTypeError, ModelFormatError
 
 __all__ = ["load", "save"]
 
@@ -84,9 +84,16 @@ def _flatten(obj, path: tuple[str, ...], tensors: dict, values: dict, where: str
     return _VALUE
 
 
+def _path(path, where: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArgumentTypeError(f"{where}: path must be a str or os.PathLike, got "
+                                f"{type(path).__name__}")
+    return Path(path)
+
+
 def save(state: Mapping, path: str | os.PathLike) -> None:
     """Write the (nested) dict ``state`` to ``path`` as a safetensors file, atomically."""
-    path = Path(path)
+    path = _path(path, "save")
     tensors: dict = {}
     values: dict[str, str] = {}
     tree = _flatten(state, (), tensors, values, str(path))
@@ -271,7 +278,7 @@ def load(path: str | os.PathLike, device=None) -> dict:
     Arrays come back as NDArrays on ``device`` (default: ``default_device()``), plain values
     as the Python objects that were saved, in the nesting that was saved.
     """
-    path = Path(path)
+    path = _path(path, "load")
     header, start, data_len = read_header(path)
     entries = _check_entries(path, header, data_len)
     metadata = header.get("__metadata__") or {}

@@ -42,6 +42,7 @@ from .ndarray import (
                      where,
                      zeros,
 )
+from .paged import paged_attention, paged_write
 from .sampling import sample
 from .updates import adam_update, sgd_update, state_dtype
 
@@ -50,6 +51,7 @@ __all__ = [
     "as_device", "attention", "attention_decode",
     "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
     "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",
-    "max", "maximum", "metal", "minimum", "ones", "promote", "reshape", "sample", "scatter_add",
+    "max", "maximum", "metal", "minimum", "ones",
+    "paged_attention", "paged_write", "promote", "reshape", "sample", "scatter_add",
     "sgd_update", "sqrt", "stack", "state_dtype", "sum", "tanh", "transpose", "where", "zeros",
 ]

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..backends.api import has
 from ..errors import (
+    ArgumentTypeError,
     AxisError,
     DeviceError,
     DTypeError,
@@ -491,7 +492,9 @@ class NDArray:
 
     def __setitem__(self, idxs, other) -> None:
         view = self._parse_index(idxs)
-        if view.size and any(s == 0 and d > 1 for d, s in zip(view.shape, view.strides)):
+        # an array with a broadcast axis is read-only (as in numpy): its elements share memory,
+        # so a write to one row would silently change the others, even through a sub-view
+        if view.size and any(s == 0 and d > 1 for d, s in zip(self.shape, self.strides)):
             raise ShapeError(f"cannot write through a broadcast view (shape {self.shape}, "
                              f"strides {self.strides}): its elements share memory, so the "
                              "write would land in one place; write into a .compact() copy")
@@ -678,10 +681,19 @@ class NDArray:
         return self._unary("abs", dtypes.arithmetic)
 
     def maximum(self, other):
-        return self._binary(other, "maximum", dtypes.arithmetic)
+        return self._named_binary(other, "maximum")
 
     def minimum(self, other):
-        return self._binary(other, "minimum", dtypes.arithmetic)
+        return self._named_binary(other, "minimum")
+
+    def _named_binary(self, other, name: str) -> NDArray:
+        """A binary op called by name: unlike an operator it has no reflected fallback, so an
+        operand of the wrong kind is an error here, not ``NotImplemented``."""
+        out = self._binary(other, name, dtypes.arithmetic)
+        if out is NotImplemented:
+            raise ArgumentTypeError(f"{name}: the other operand must be an NDArray, a number "
+                                    f"or a sequence of numbers, not {type(other).__name__}")
+        return out
 
     def __eq__(self, other):  # type: ignore[override]
         return self._binary(other, "eq", out_dtype="bool")

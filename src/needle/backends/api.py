@@ -39,6 +39,8 @@ CAPABILITIES = {
     "precompile": "precompile(dtypes) starts compiling the kernels of those dtypes in parallel "
                   "(returns at once; a kernel's first use waits for its own compile); "
                   "wait_precompiled() waits for them all",
+    "paged_attention": "paged_write() and paged_attention(): a KV cache in fixed-size pages "
+                       "read through per-sequence block tables (numpy_ref/paged.py)",
 }
 # Names kept for capabilities that are planned but that no backend declares yet.
 RESERVED_CAPABILITIES = ("int8", "int4", "paged_attention")
@@ -165,6 +167,16 @@ class Precompile(Protocol):
     def wait_precompiled(self) -> None: ...
 
 
+class PagedAttention(Protocol):
+    def paged_write(self, k: Array, v: Array, slots: Array, key_pages: Array,
+                    value_pages: Array, tokens: int, row: int, num_slots: int) -> None: ...
+    def paged_attention(self, q: Array, key_pages: Array, value_pages: Array,
+                        block_tables: Array, seq_of: Array, positions: Array, out: Array,
+                        tokens: int, q_heads: int, kv_heads: int, head_dim: int,
+                        page_size: int, max_pages: int, num_pages: int,
+                        scale: float) -> None: ...
+
+
 class _Marker(Protocol):
     """Capabilities that promise behaviour of required functions, not new functions."""
 
@@ -173,7 +185,7 @@ CAPABILITY_PROTOCOLS: dict[str, type] = {
     "graphs": GraphCapture, "profiling": Profiling, "memory_stats": MemoryStats,
     "async_read": AsyncRead, "dlpack": DLPackExchange, "host_memory": HostMemory,
     "bf16_tensor_cores": _Marker, "fused_decode": _Marker, "sampling": Sampling,
-    "precompile": Precompile,
+    "precompile": Precompile, "paged_attention": PagedAttention,
 }
 
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from .. import checks, init
 from ..autograd import Tensor
-from ..backend_ndarray import NDArray, default_device
-from ..errors import IndexOutOfRangeError, ShapeError
+from ..backend_ndarray import NDArray, as_device, default_device
+from ..errors import ArgumentTypeError, IndexOutOfRangeError, ShapeError
 
 
 def stack_samples(dataset, indices: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -78,7 +78,11 @@ class ArrayDataset(Dataset):
         return len(self.arrays[0])
 
     def get_batch(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
-        indices = np.asarray(indices, dtype=np.int64)
+        try:
+            indices = np.asarray(indices, dtype=np.int64)
+        except (TypeError, ValueError):
+            raise ArgumentTypeError(f"dataset index must be an int or an array of ints, got "
+                                    f"{indices!r:.60}") from None
         n = len(self)
         if indices.size and (indices.min() < -n or indices.max() >= n):
             raise IndexOutOfRangeError(f"dataset index out of range for {n} samples")
@@ -108,6 +112,11 @@ class DataLoader:
                  drop_last: bool = False, seed: int | None = None, device=None,
                  num_workers: int = 0, prefetch_factor: int = 2):
         batch_size = checks.positive(batch_size, "batch_size", "DataLoader")
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise ArgumentTypeError(f"DataLoader: dataset must be a Dataset (or any object with "
+                                    f"__len__ and __getitem__), got {type(dataset).__name__}")
+        if device is not None:
+            device = as_device(device)
         if seed is not None:
             checks.integer(seed, "seed", "DataLoader")
         self.num_workers = checks.integer(num_workers, "num_workers", "DataLoader", 0)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import checks
 from ..autograd import Tensor
 from ..backend_ndarray import NDArray, default_device
 from ..backend_ndarray.dtypes import canonical, to_numpy_dtype
-from ..errors import DataFormatError, ShapeError
+from ..errors import ArgumentError, DataFormatError, ShapeError
 
 EOS = "<eos>"
 
@@ -43,12 +44,16 @@ class TextCorpus:
     def __init__(self, path: str | Path, dictionary: Dictionary | None = None,
                  max_lines: int | None = None):
         path = Path(path)
+        if max_lines is not None:
+            max_lines = checks.integer(max_lines, "max_lines", "TextCorpus", 0)
         self.dictionary = dictionary if dictionary is not None else Dictionary()
         try:
             with open(path, encoding="utf-8") as f:
                 lines = list(itertools.islice(f, max_lines))
         except FileNotFoundError:
             raise DataFormatError(f"text file {path} does not exist") from None
+        except IsADirectoryError:
+            raise DataFormatError(f"path {path} is a directory; pass a text file") from None
         except UnicodeDecodeError as e:
             raise DataFormatError(f"{path} is not UTF-8 text ({e})") from None
         add = self.dictionary.add_word
@@ -81,9 +86,11 @@ def batchify(ids: np.ndarray, batch_size: int, device=None, dtype=None) -> np.nd
     is a numpy array (of ``dtype`` when given); ``device`` is accepted for the course's
     signature and used by ``get_batch``, which makes the Tensors.
     """
-    if batch_size < 1:
-        raise ShapeError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = checks.positive(batch_size, "batch_size", "batchify")
     rows = len(ids) // batch_size
+    if rows == 0:
+        raise ArgumentError(f"batchify: batch_size {batch_size} is larger than the {len(ids)} "
+                            "ids to cut; use a smaller batch_size")
     out = np.asarray(ids[:rows * batch_size]).reshape(batch_size, rows).T.copy()
     return out if dtype is None else out.astype(to_numpy_dtype(canonical(dtype)))
 
@@ -93,6 +100,8 @@ def get_batch(batches: np.ndarray, i: int, bptt: int, device=None,
     """Inputs rows ``i .. i+bptt`` (shape (seq, batch)) and the next ids as targets
     (shape (seq * batch,)), as Tensors on ``device`` (int64 unless ``dtype`` says otherwise:
     the course passes float32 ids)."""
+    i = checks.integer(i, "i", "get_batch")
+    bptt = checks.positive(bptt, "bptt", "get_batch")
     if not 0 <= i < len(batches) - 1:
         raise ShapeError(f"get_batch: row {i} leaves no target in {len(batches)} rows")
     seq = min(bptt, len(batches) - 1 - i)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks, init
-from ..errors import ShapeError
+from ..errors import ArgumentError, ArgumentTypeError, ShapeError
 
 
 def _check_images(x: np.ndarray, name: str) -> None:
@@ -84,10 +84,10 @@ class Normalize(Transform):
 
     def __init__(self, mean, std):
         super().__init__()
-        self.mean = np.asarray(mean, np.float32).reshape(-1, 1, 1)
-        self.std = np.asarray(std, np.float32).reshape(-1, 1, 1)
-        if (self.std <= 0).any():
-            raise ShapeError(f"Normalize std must be positive, got {std}")
+        self.mean = _floats(mean, "mean").reshape(-1, 1, 1)
+        self.std = _floats(std, "std").reshape(-1, 1, 1)
+        if not (self.std > 0).all():
+            raise ArgumentError(f"Normalize: std must be positive, got {std}")
 
     def batch(self, images: np.ndarray) -> np.ndarray:
         channels = images.shape[1]
@@ -95,3 +95,15 @@ class Normalize(Transform):
             raise ShapeError(f"Normalize has {len(self.mean)} means and {len(self.std)} stds "
                              f"for images of {channels} channels")
         return ((images - self.mean) / self.std).astype(images.dtype, copy=False)
+
+
+def _floats(value, name: str) -> np.ndarray:
+    """A scalar or per-channel list of finite numbers as float32."""
+    try:
+        out = np.asarray(value, np.float32)
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(f"Normalize: {name} must be a number or one number per channel, "
+                                f"got {value!r}") from None
+    if not np.isfinite(out).all():
+        raise ArgumentError(f"Normalize: {name} must be finite, got {value!r}")
+    return out

@@ -96,7 +96,8 @@ class ModelConfig:
             architecture=name, vocab_size=f.positive("vocab_size"), hidden_size=hidden,
             intermediate_size=f.positive("intermediate_size"), num_layers=layers,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-            rms_norm_eps=f.get("rms_norm_eps", float, 1e-6),
+            rms_norm_eps=_positive_float(f.get("rms_norm_eps", float, 1e-6), "rms_norm_eps",
+                                         source),
             rope=read_rope(raw, 10000.0, head_dim, source),
             max_position_embeddings=f.positive("max_position_embeddings", 2048),
             tie_word_embeddings=f.get("tie_word_embeddings", bool,
@@ -268,7 +269,22 @@ def _attn_scale(f: _Fields, arch: Architecture, head_dim: int) -> float:
     return head_dim ** -0.5
 
 
+def _positive_float(value: float, name: str, source: str) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise ModelFormatError(f"{source}: {name} must be a positive number, got {value}")
+    return value
+
+
+# the compute dtype a config names; float64 checkpoints run in float32, "auto" means the
+# weights' dtype (float32 until the weights say otherwise)
+_CONFIG_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
+                  "float64": "float32", "auto": "float32"}
+
+
 def _dtype(raw: dict) -> str:
-    name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-    return {"float32": "float32", "float16": "float16",
-            "bfloat16": "bfloat16"}.get(str(name).removeprefix("torch."), "float32")
+    key = "dtype" if raw.get("dtype") else "torch_dtype"
+    name = str(raw.get(key) or "float32").removeprefix("torch.")
+    if name not in _CONFIG_DTYPES:
+        raise ModelFormatError(f"config.json: {key} {name!r} is not a dtype needle runs in; "
+                               f"use one of {', '.join(_CONFIG_DTYPES)}")
+    return _CONFIG_DTYPES[name]

@@ -93,7 +93,7 @@ def stream(model, prompt, max_new_tokens: int | None = None, temperature=None, t
     params = gen.sampling(temperature, top_k, top_p, min_p, repetition_penalty, seed)
     sampler = Sampler(params.temperature, params.top_k, params.top_p, params.seed,
                       min_p=params.min_p, repetition_penalty=params.repetition_penalty)
-    stop_ids = frozenset(gen.eos_token_ids if stop is None else (int(s) for s in stop))
+    stop_ids = frozenset(gen.eos_token_ids if stop is None else _stop_ids(stop))
     stats = stats if stats is not None else GenerationStats()
     if max_new_tokens == 0:
         return
@@ -145,6 +145,9 @@ def generate(model, prompt, max_new_tokens: int | None = None, temperature=None,
              stats: GenerationStats | None = None, *, min_p=None,
              repetition_penalty=None) -> list[int]:
     """The new token ids as a list; ``callback(token)`` is called as each one is made."""
+    if callback is not None and not callable(callback):
+        raise GenerationError(f"callback must be callable (called with each new token id), "
+                              f"got {type(callback).__name__}")
     out = []
     for token in stream(model, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
                         stats, min_p=min_p, repetition_penalty=repetition_penalty):
@@ -152,3 +155,14 @@ def generate(model, prompt, max_new_tokens: int | None = None, temperature=None,
         if callback is not None:
             callback(token)
     return out
+
+
+def _stop_ids(stop) -> list[int]:
+    """``stop`` as token ids: an iterable of ints (``()`` never stops early)."""
+    try:
+        ids = list(stop)
+    except TypeError:
+        raise GenerationError(f"stop must be a list of token ids, got {stop!r}") from None
+    if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in ids):
+        raise GenerationError(f"stop must be a list of token ids (ints), got {stop!r}")
+    return [int(s) for s in ids]

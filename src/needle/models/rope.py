@@ -84,6 +84,9 @@ def read_rope(raw: dict, theta_default: float, head_dim: int, source: str) -> Ro
     if not isinstance(params, dict):
         raise ModelFormatError(f"{source}: rope_scaling must be an object, got {params!r}")
     theta = params.get("rope_theta", raw.get("rope_theta", theta_default))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (
+            math.isfinite(theta) and theta > 0):
+        raise ModelFormatError(f"{source}: rope_theta must be a positive number, got {theta!r}")
     kind = params.get("rope_type", params.get("type", "default"))
     kind = "longrope" if kind == "su" else kind  # Phi-3's first name for it
     if kind not in ROPE_TYPES:

@@ -9,7 +9,7 @@ that assign what they own in ``__init__``. Names are the attribute paths joined 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -150,6 +150,10 @@ class Module:
         Shapes must match; values are converted to each parameter's device and dtype.
         Nothing is changed unless everything fits.
         """
+        if not isinstance(state, Mapping):
+            raise ArgumentTypeError(f"load_state_dict: state_dict must be a mapping of names to "
+                                    f"arrays (from state_dict() or ndl.load), got "
+                                    f"{type(state).__name__}")
         targets = self._named_state()
         if strict:
             missing = [k for k in targets if k not in state]
@@ -220,6 +224,12 @@ class Linear(Module):
                                         dtype=dtype)) if bias else None
 
     def forward(self, x):
+        if not isinstance(x, Tensor):
+            raise ArgumentTypeError(f"nn.Linear: the input must be a Tensor, got "
+                                    f"{type(x).__name__}")
+        if not x.shape or x.shape[-1] != self.in_features:
+            raise ShapeError(f"nn.Linear: the input's last dimension must be in_features="
+                             f"{self.in_features}, got input of shape {x.shape}")
         y = x @ self.weight
         return y + self.bias if self.bias is not None else y
 
@@ -232,6 +242,8 @@ class Flatten(Module):
     """(N, ...) -> (N, product of the rest)."""
 
     def forward(self, x):
+        if not x.shape:
+            raise ShapeError("nn.Flatten: the input needs a batch dimension, got a 0-d tensor")
         return ops.reshape(x, (x.shape[0], -1))
 
 
@@ -284,6 +296,9 @@ class SoftmaxLoss(Module):
     """Mean cross-entropy of ``logits`` (..., classes) against integer labels (...)."""
 
     def forward(self, logits, y):
+        if not isinstance(y, Tensor):
+            raise ArgumentTypeError(f"SoftmaxLoss: the labels must be an integer Tensor, got "
+                                    f"{type(y).__name__}")
         classes = logits.shape[-1]
         if tuple(y.shape) != tuple(logits.shape[:-1]):
             raise ShapeError(f"SoftmaxLoss: labels of shape {tuple(y.shape)} do not match "
@@ -386,7 +401,8 @@ class LayerNorm1d(Module):
 
     def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype="float32"):
         super().__init__()
-        self.dim, self.eps = dim, eps
+        self.dim = checks.positive(dim, "dim", "nn.LayerNorm1d")
+        self.eps = checks.number(eps, "eps", "nn.LayerNorm1d", 0.0, low_open=True)
         self.weight = Parameter(init.ones(dim, device=device, dtype=dtype))
         self.bias = Parameter(init.zeros(dim, device=device, dtype=dtype))
 
@@ -399,7 +415,8 @@ class RMSNorm(Module):
 
     def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype="float32"):
         super().__init__()
-        self.dim, self.eps = dim, eps
+        self.dim = checks.positive(dim, "dim", "nn.RMSNorm")
+        self.eps = checks.number(eps, "eps", "nn.RMSNorm", 0.0, low_open=True)
         self.weight = Parameter(init.ones(dim, device=device, dtype=dtype))
 
     def forward(self, x):
@@ -428,6 +445,8 @@ class Residual(Module):
 
     def __init__(self, fn: Module):
         super().__init__()
+        if not isinstance(fn, Module):
+            raise ArgumentTypeError(f"nn.Residual: fn must be a Module, got {type(fn).__name__}")
         self.fn = fn
 
     def forward(self, x):

@@ -74,6 +74,7 @@ class TransformerLayer(Module):
                  num_kv_heads: int | None = None, dropout: float = 0.0, causal: bool = True,
                  device=None, dtype="float32"):
         super().__init__()
+        checks.positive(hidden_size, "hidden_size", "nn.TransformerLayer")
         self.attn_norm = LayerNorm1d(dim, device=device, dtype=dtype)
         self.attn = MultiHeadAttention(dim, num_heads, num_kv_heads, causal, dropout,
                                        device=device, dtype=dtype)
@@ -99,6 +100,8 @@ class Transformer(Module):
                  causal: bool = True, max_len: int = 2048, batch_first: bool = False,
                  device=None, dtype="float32"):
         super().__init__()
+        checks.positive(num_layers, "num_layers", "nn.Transformer")
+        checks.positive(max_len, "max_len", "nn.Transformer")
         self.batch_first, self.max_len = batch_first, max_len
         self.position = Embedding(max_len, embedding_size, device=device, dtype=dtype)
         self.layers = [TransformerLayer(embedding_size, num_heads, hidden_size, num_kv_heads,

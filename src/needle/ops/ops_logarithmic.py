@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .. import backend_ndarray as nd
 from ..autograd import TensorOp
+from ..errors import ShapeError
 from .ops_mathematic import exp
 from .ops_shape import broadcast_to, kept_shape, normalize_axes, reshape, summation
 
@@ -81,6 +82,11 @@ class SoftmaxCrossEntropy(TensorOp):
     """
 
     def compute(self, logits, target):
+        if logits.ndim != 2 or target.shape != logits.shape:
+            raise ShapeError(f"softmax_cross_entropy needs (rows, classes) logits and a target of "
+                             f"the same shape (probabilities, e.g. one-hot labels), got logits "
+                             f"{logits.shape} and target {target.shape}; for integer labels "
+                             "use nn.SoftmaxLoss")
         # x / -rows is -(x / rows) exactly: the loss the unfused formula gives, bit for bit
         return (logits.log_softmax() * target).sum() / -logits.shape[0]
 

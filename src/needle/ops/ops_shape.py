@@ -11,8 +11,9 @@ import numbers
 from math import prod
 
 from .. import backend_ndarray as nd
+from .. import checks
 from ..autograd import Tensor, TensorOp
-from ..errors import AxisError, ShapeError
+from ..errors import ArgumentTypeError, AxisError, ShapeError
 
 
 def normalize_axes(axes, ndim: int) -> tuple[int, ...]:
@@ -60,7 +61,7 @@ def match_input(grad: Tensor, like: Tensor) -> Tensor:
 
 class Reshape(TensorOp):
     def __init__(self, shape):
-        self.shape = tuple(shape)
+        self.shape = checks.int_tuple(shape, "shape", "ops.reshape")
 
     def compute(self, a):
         return a.reshape(self.shape)
@@ -116,7 +117,7 @@ def transpose(a, axes=None):
 
 class BroadcastTo(TensorOp):
     def __init__(self, shape):
-        self.shape = tuple(shape)
+        self.shape = checks.int_tuple(shape, "shape", "ops.broadcast_to")
 
     def compute(self, a):
         return a.broadcast_to(self.shape)
@@ -217,7 +218,11 @@ class Pad(TensorOp):
     """Zero padding: ``axes`` gives (before, after) for every dimension."""
 
     def __init__(self, axes):
-        self.axes = tuple(tuple(p) for p in axes)
+        try:
+            self.axes = tuple(tuple(p) for p in axes)
+        except TypeError:
+            raise ArgumentTypeError("ops.pad: axes must give a (before, after) pair for every "
+                                    f"dimension, e.g. ((0, 0), (1, 1)), got {axes!r}") from None
 
     def compute(self, a):
         return a.pad(self.axes)
@@ -257,8 +262,7 @@ class Dilate(TensorOp):
     factor ``dilation + 1``, as in needle)."""
 
     def __init__(self, axes, dilation: int):
-        if dilation < 0:
-            raise ShapeError(f"dilation must be >= 0, got {dilation}")
+        dilation = checks.integer(dilation, "dilation", "ops.dilate", 0)
         self.axes, self.dilation = axes, dilation
 
     def compute(self, a):
@@ -280,8 +284,7 @@ class UnDilate(TensorOp):
     """Keep every ``dilation + 1``-th element along ``axes``: the inverse of Dilate."""
 
     def __init__(self, axes, dilation: int):
-        if dilation < 0:
-            raise ShapeError(f"dilation must be >= 0, got {dilation}")
+        dilation = checks.integer(dilation, "dilation", "ops.dilate", 0)
         self.axes, self.dilation = axes, dilation
 
     def compute(self, a):

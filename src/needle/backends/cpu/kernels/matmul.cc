@@ -10,6 +10,7 @@
 // to fp32 while packing and rounded once when C is stored; integers multiply in unsigned
 // arithmetic (wrapping as numpy's). One large matrix is shared by all threads (packing and
 // tiles handed out dynamically); a batch of small ones gives each thread whole matrices.
+#include <cmath>
 #include <nanobind/stl/optional.h>
 
 #include <optional>
@@ -237,12 +238,11 @@ void gemm_blocked(int64_t m, int64_t n, int64_t p, const SA* a, int64_t ars, int
 // then the B panels of a block, then (row group, column range) tiles of C, each handed out
 // dynamically so that a thread the OS preempts delays one item rather than half the product.
 template <class T, class SA, class SB>
-void gemm_team(int64_t m, int64_t n, int64_t p, const SA* a, int64_t ars, int64_t acs,
+void gemm_team(int nt, int64_t m, int64_t n, int64_t p, const SA* a, int64_t ars, int64_t acs,
                const SB* b, int64_t brs, int64_t bcs, T* c, int64_t ldc) {
   using Cfg = Config<T>;
   constexpr int MR = Cfg::MR, NR = Cfg::NR;
   if (n == 0) return zero_rows(c, m, p, ldc);
-  const int nt = max_threads();
   T* const pa = pack_buffer<T>(2, (size_t)std::min(m + MR, Cfg::MB) * Cfg::KC);
   T* const pb = pack_buffer<T>(3, (size_t)Cfg::KC * (Cfg::NC + NR));
 #ifdef _OPENMP
@@ -384,15 +384,20 @@ template <class S> void matmul_kernel(const void* a_, const void* b_, void* out_
     return;
   }
 
-  // Many or small matrices: one matrix per work item. Few large ones: all threads on each.
+  // Many or small matrices: one matrix per work item. Few large ones: a team on each, of one
+  // thread per kTeamFlops of work at most: waking a sleeping thread (the passive wait policy,
+  // threads.py) costs about as much as a few hundred thousand flops, and on a busy machine
+  // every thread of the team may be the one the OS has descheduled.
+  constexpr double kTeamFlops = 4e6;
   const double flops = 2.0 * (double)m * (double)n * (double)p;
-  const bool per_matrix = nt == 1 || g.batch >= 2 * nt || flops < 4e6;
+  const int team_nt = (int)std::min<double>(nt, std::floor(flops / kTeamFlops));
+  const bool per_matrix = team_nt < 2 || g.batch >= 2 * nt;
   auto one = [&](int64_t bi, bool team) {
     const S* ab = a + bi * g.stride_a;
     const S* bb = b + bi * g.stride_b;
     S* ob = out + bi * m * p;
     auto run = [&](gemm_t<S>* c) {
-      if (team) gemm_team<T>(m, n, p, ab, ars, acs, bb, brs, bcs, c, p);
+      if (team) gemm_team<T>(team_nt, m, n, p, ab, ars, acs, bb, brs, bcs, c, p);
       else gemm_blocked<T>(m, n, p, ab, ars, acs, bb, brs, bcs, c, p);
     };
     if constexpr (direct) {

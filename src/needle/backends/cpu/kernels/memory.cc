@@ -191,13 +191,15 @@ void parallel_for(int64_t n, int64_t grain, FnRef<int64_t, int64_t> f) {
 }
 
 void parallel_items(int64_t n, int64_t cost, FnRef<int64_t> f) {
-  if (n <= 1 || n * cost < (int64_t(1) << 15) || max_threads() <= 1) {
+  // no more threads than items, nor than work for (a thread per 2^15 elements touched)
+  const int64_t nt = std::min<int64_t>({(int64_t)max_threads(), n, n * cost >> 15});
+  if (nt <= 1) {
     for (int64_t i = 0; i < n; ++i) f(i);
     return;
   }
 #ifdef _OPENMP
   ExceptionGuard guard;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for num_threads((int)nt) schedule(dynamic, 1)
   for (int64_t i = 0; i < n; ++i) guard.run([&] { f(i); });
   guard.rethrow();
 #endif

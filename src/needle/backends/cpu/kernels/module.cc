@@ -4,6 +4,7 @@
 
 namespace needle {
 void bind_optim(nb::module_& m);  // optim.cc
+void bind_paged(nb::module_& m);  // paged.cc
 }
 
 NB_MODULE(_cpu, m) {
@@ -21,4 +22,5 @@ NB_MODULE(_cpu, m) {
   needle::bind_matmul(m);
   needle::bind_nn(m);
   needle::bind_optim(m);
+  needle::bind_paged(m);
 }
