@@ -13,7 +13,7 @@ from ...errors import DeviceError
 from . import threads
 
 # backends/api.py names what each one promises
-CAPABILITIES = frozenset({"host_memory", "paged_attention"})
+CAPABILITIES = frozenset({"host_memory", "paged_attention", "int8", "int4"})
 
 
 def load(index: int = 0) -> ModuleType:
