@@ -211,6 +211,26 @@ def test_tensor_counter_counts_live_tensors():
     assert autograd.TENSOR_COUNTER == before
 
 
+def test_tensor_counter_exact_under_threads():
+    import threading
+
+    gc.collect()
+    before = autograd.TENSOR_COUNTER
+
+    def churn():
+        for _ in range(300):
+            x = ndl.Tensor(np.ones(2))
+            (x * 2.0 + x).sum()
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    gc.collect()
+    assert autograd.TENSOR_COUNTER == before
+
+
 def test_tensor_counter_flat_over_training_steps():
     """What the course's hw2 checks: training does not leak graph nodes."""
     model = ndl.nn.Sequential(ndl.nn.Linear(4, 8), ndl.nn.ReLU(), ndl.nn.Linear(8, 2))
