@@ -19,7 +19,7 @@ def tensor(device, x, **kw):
 def test_construction_dtypes_and_devices(device):
     assert ndl.Tensor([1, 2], device=device).dtype == "int64"
     assert ndl.Tensor([1.5, 2.0], device=device).dtype == "float32"
-    assert ndl.Tensor(np.zeros(3), device=device).dtype == "float32"
+    assert ndl.Tensor(np.zeros(3, np.float32), device=device).dtype == "float32"
     assert ndl.Tensor(2.5, device=device).shape == ()
     assert ndl.Tensor([True], device=device).dtype == "bool"
     x = ndl.Tensor([[1, 2, 3]], device=device, dtype="float16")

@@ -28,6 +28,20 @@ from .errors import (
     OutOfMemoryError,
     ShapeError,
 )
+from .factories import (  # PyTorch-named creation functions (docs/compat.md)
+    arange,
+    cat,
+    full,
+    full_like,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    tensor,
+    zeros,
+    zeros_like,
+)
 from .ops import *  # noqa: F403
 from .serialization import load, save
 

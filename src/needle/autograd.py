@@ -36,8 +36,11 @@ from . import backend_ndarray as nd
 from .backend_ndarray import dtypes
 from .backend_ndarray.device import Device, as_device, default_device
 from .errors import ArgumentTypeError, GradientError, ShapeError
+from .tensor_methods import MaxResult, TensorMethods, axes_and_keepdims
 
 LAZY_MODE = False
+TENSOR_COUNTER = 0  # graph nodes alive now (the course's live counter; read it, never set it)
+_counter_lock = threading.RLock()  # re-entrant: a __del__ may run while the lock is held
 
 
 class _ThreadState(threading.local):
@@ -133,12 +136,21 @@ class Value:
 
     def _init(self, op: Op | None, inputs: list[Value], *, cached_data=None,
               requires_grad: bool | None = None) -> None:
+        global TENSOR_COUNTER
         if requires_grad is None:
             requires_grad = _state.grad_enabled and any(x.requires_grad for x in inputs)
+        with _counter_lock:
+            TENSOR_COUNTER += 1
         self.op = op
         self.inputs = inputs
         self.cached_data = cached_data
         self.requires_grad = requires_grad
+
+    def __del__(self) -> None:
+        global TENSOR_COUNTER
+        if hasattr(self, "op"):  # counted only once _init ran
+            with _counter_lock:
+                TENSOR_COUNTER -= 1
 
     def realize_cached_data(self):
         """The node's value, computing it (and its inputs') on first use."""
@@ -228,7 +240,7 @@ def _to_ndarray(data, device: Device | str | None, dtype) -> nd.NDArray:
     return nd.NDArray(data, device=device or default_device(), dtype=dtype)
 
 
-class Tensor(Value):
+class Tensor(Value, TensorMethods):
     """An n-dimensional array that records the operations applied to it.
 
     ``data`` may be a Tensor, NDArray, numpy array, nested list or scalar. Floats default
@@ -342,12 +354,16 @@ class Tensor(Value):
 
     # --- operators -----------------------------------------------------------------------
     def _other(self, other) -> Tensor:
+        """The other operand as a tensor on this device: numpy arrays keep their dtype,
+        Python lists take this tensor's dtype within their kind (as scalars do)."""
         if isinstance(other, Tensor):
             return other
         if not isinstance(other, (numbers.Number, np.generic, np.ndarray, nd.NDArray, list,
                                   tuple)):
             raise ArgumentTypeError(f"the other operand must be a Tensor, a number or an array, "
                                     f"got {type(other).__name__}")
+        if isinstance(other, (list, tuple, np.ndarray)):
+            other = self.realize_cached_data()._operand(other, isinstance(other, np.ndarray))
         return Tensor(other, device=self.device, requires_grad=False)
 
     def __add__(self, other):
@@ -429,14 +445,21 @@ class Tensor(Value):
         return ops.getitem(self, index)
 
     # --- method forms of ops ---------------------------------------------------------------
-    def sum(self, axes=None, keepdims: bool = False) -> Tensor:
-        return ops.summation(self, axes, keepdims)
+    # sum/mean/max take needle's axes=/keepdims= or PyTorch's dim=/keepdim=
+    def sum(self, axes=None, keepdims: bool = False, *, dim=None, keepdim=None) -> Tensor:
+        return ops.summation(self, *axes_and_keepdims(axes, keepdims, dim, keepdim, "sum"))
 
-    def mean(self, axes=None, keepdims: bool = False) -> Tensor:
-        return ops.mean(self, axes, keepdims)
+    def mean(self, axes=None, keepdims: bool = False, *, dim=None, keepdim=None) -> Tensor:
+        return ops.mean(self, *axes_and_keepdims(axes, keepdims, dim, keepdim, "mean"))
 
-    def max(self, axes=None, keepdims: bool = False) -> Tensor:
-        return ops.max(self, axes, keepdims)
+    def max(self, axes=None, keepdims: bool = False, *, dim=None, keepdim=None):
+        """The maximum over ``axes`` (a Tensor). Called PyTorch's way, ``max(dim=d)`` gives
+        PyTorch's (values, indices) pair."""
+        axes, keepdims = axes_and_keepdims(axes, keepdims, dim, keepdim, "max")
+        values = ops.max(self, axes, keepdims)
+        if dim is None:
+            return values
+        return MaxResult(values, self.argmax(dim, keepdims))
 
     def reshape(self, *shape) -> Tensor:
         return ops.reshape(self, shape[0] if len(shape) == 1 and not isinstance(
@@ -506,6 +529,29 @@ def _reverse_topo_order(root: Value) -> list[Value]:
         stack.append((node, True))
         stack.extend((x, False) for x in node.inputs if x.requires_grad and id(x) not in visited)
     order.reverse()
+    return order
+
+
+def find_topo_sort(node_list: list[Value]) -> list[Value]:
+    """Every node the nodes of ``node_list`` depend on, each after all of its inputs, in the
+    order a depth-first post-order walk visits them (the needle course's function; needle's
+    own backward walks only the nodes that require grad)."""
+    order: list[Value] = []
+    visited: set[int] = set()
+    for root in node_list:
+        stack: list[tuple[Value, int]] = [(root, 0)]  # (node, next input to visit)
+        while stack:
+            node, k = stack.pop()
+            if k == 0 and id(node) in visited:
+                continue
+            if k < len(node.inputs):
+                stack.append((node, k + 1))
+                if id(node.inputs[k]) not in visited:
+                    stack.append((node.inputs[k], 0))
+                continue
+            if id(node) not in visited:
+                visited.add(id(node))
+                order.append(node)
     return order
 
 

@@ -98,7 +98,7 @@ def test_normalize_and_dataset_transforms():
     with pytest.raises(ShapeError):
         norm(np.ones((1, 3, 2, 2), np.float32))
     with pytest.raises(ShapeError, match="N, C, H, W"):
-        norm(np.ones((3, 2, 2), np.float32))
+        norm(np.ones((3, 2), np.float32))  # (3-D is one (H, W, C) image)
     ds = make_dataset(transforms=[data.Normalize(10.0, 2.0), data.RandomFlipHorizontal(p=1.0)])
     x, _ = ds[0]
     np.testing.assert_allclose(x, ((np.arange(4.0).reshape(1, 2, 2) - 10) / 2)[..., ::-1])

@@ -14,6 +14,10 @@ backend binary functions always see inputs of one dtype):
 5. Transcendental functions (exp, log, sqrt, rsqrt, sin, cos, tanh, sigmoid, silu, gelu)
    of integers or bools compute in float32.
 6. Comparisons give bool.
+
+Data given without a dtype (``NDArray(x)``, ``Tensor(x)``): a numpy array keeps its dtype,
+float64 included (as ``torch.tensor`` does; on a device without float64 it becomes float32);
+Python floats become float32, Python ints int64. A list operand of an op follows rule 2.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from ..errors import (
     OutOfMemoryError,
     ShapeError,
 )
-from . import dtypes
+from . import course, dtypes
 from .device import Device, as_device, cpu_numpy, default_device
 
 _prod = lambda xs: reduce(operator.mul, xs, 1)  # noqa: E731
@@ -101,6 +101,24 @@ def _integer_dtype(array: np.ndarray) -> str:
     return "int64"
 
 
+def _inferred_dtype(array: np.ndarray, typed: bool, device: Device) -> str:
+    """The dtype of data given without one, as ``torch.tensor`` infers it: a numpy array
+    (``typed``) keeps its dtype, float64 included; Python floats (lists, scalars) give
+    float32. A device without float64 (Metal) holds a float64 array as float32."""
+    if array.dtype.kind == "f" and array.dtype not in (np.float16, np.float32):
+        if array.dtype != np.float64:
+            return dtypes.canonical(array.dtype)
+        return "float64" if typed and _holds_float64(device) else "float32"
+    if array.dtype.kind in "iu":
+        return _integer_dtype(array)
+    return dtypes.canonical(array.dtype)
+
+
+def _holds_float64(device: Device) -> bool:
+    held = getattr(getattr(device.backend, "device", None), "dtypes", None)
+    return held is None or "float64" in held
+
+
 class NDArray:
     """A strided n-dimensional array of one dtype on one device."""
 
@@ -123,15 +141,11 @@ class NDArray:
         if array.dtype.kind not in "biuf" and array.dtype != dtypes.to_numpy_dtype("bfloat16"):
             raise DTypeError(f"numpy data of dtype {array.dtype} is not supported; use numbers "
                              f"(bool, int or float)")
-        if dtype is None:
-            if array.dtype.kind == "f" and array.dtype not in (np.float16, np.float32):
-                dtype = "float32" if array.dtype == np.float64 else dtypes.canonical(array.dtype)
-            elif array.dtype.kind in "iu":
-                dtype = _integer_dtype(array)
-            else:
-                dtype = dtypes.canonical(array.dtype)
-        dtype = dtypes.canonical(dtype)
         device = device or default_device()
+        if dtype is None:
+            dtype = _inferred_dtype(array, typed=isinstance(other, (np.ndarray, np.generic)),
+                                    device=device)
+        dtype = dtypes.canonical(dtype)
         out = NDArray.make(array.shape, device=device, dtype=dtype)
         with np.errstate(over="ignore"):  # floats beyond a narrower dtype become inf: the rule
             host = np.ascontiguousarray(array, dtype=dtypes.to_numpy_dtype(dtype))
@@ -375,6 +389,16 @@ class NDArray:
     def T(self) -> NDArray:  # noqa: N802
         return self.transpose()
 
+    # the needle course's names (backend_ndarray/course.py)
+    @property
+    def flat(self) -> course.FlatView:
+        """Row-major element access, as numpy's ``flat``: ``a.flat[i] += eps`` updates a."""
+        return course.FlatView(self)
+
+    def process_slice(self, sl: slice, dim: int) -> slice:
+        """``sl`` with explicit start, stop and step for axis ``dim``."""
+        return course.process_slice(self.shape, sl, dim)
+
     def broadcast_to(self, new_shape) -> NDArray:
         new_shape = _check_shape(new_shape)
         if len(new_shape) < self.ndim:
@@ -536,14 +560,32 @@ class NDArray:
             getattr(self._be, "scalar_" + name)(a._handle, value, out._handle)
             return out
         if isinstance(other, (list, tuple, np.ndarray)):
-            return self._binary(NDArray(np.asarray(other), device=self.device), name,
+            return self._binary(self._operand(other, isinstance(other, np.ndarray)), name,
                                 dtype_rule, out_dtype)
         return NotImplemented
+
+    def _operand(self, other, typed: bool) -> NDArray:
+        """A list, tuple or numpy operand as an array on this device. A ``typed`` one (a
+        numpy array) keeps its dtype and promotes by rule 1; Python numbers follow the scalar
+        rule 2 (the array's dtype wins within its kind), so a float64 array is never combined
+        with its operand rounded through float32."""
+        host = np.asarray(other)
+        if typed or host.dtype.kind not in "biuf":
+            return NDArray(host, device=self.device)
+        sample = {"b": True, "i": 0, "u": 0, "f": 0.0}[host.dtype.kind]
+        dt = dtypes.promote_scalar(self.dtype, sample)
+        if dt == "int32" and host.size and host.dtype.kind in "iu" and not (
+                -2**31 <= int(host.min()) and int(host.max()) < 2**31):
+            dt = _integer_dtype(host)  # ints beyond int32 widen rather than wrap
+        return NDArray(host, device=self.device, dtype=dt)
 
     def _rbinary(self, other, name):
         if isinstance(other, (numbers.Number, np.generic)):
             return full(self.shape, other, dtype=dtypes.promote_scalar(self.dtype, other),
                         device=self.device)._binary(self, name, dtypes.arithmetic)
+        if isinstance(other, (list, tuple, np.ndarray)):
+            return self._operand(other, isinstance(other, np.ndarray))._binary(
+                self, name, dtypes.arithmetic)
         return NotImplemented
 
     def __add__(self, other):
@@ -574,6 +616,9 @@ class NDArray:
         if isinstance(other, (numbers.Number, np.generic)):
             return full(self.shape, other, dtype=dtypes.floating(self.dtype),
                         device=self.device)._binary(self, "div", dtypes.floating)
+        if isinstance(other, (list, tuple, np.ndarray)):
+            return self._operand(other, isinstance(other, np.ndarray))._binary(
+                self, "div", dtypes.floating)
         return NotImplemented
 
     def __rpow__(self, other):
@@ -588,8 +633,8 @@ class NDArray:
         stay (a result that would change them is an error, never a silent rebinding), and a
         view's update reaches the array it views."""
         dt = self._handle.dtype
-        if isinstance(other, (list, tuple, np.ndarray)):
-            other = NDArray(np.asarray(other), device=self.device)
+        if isinstance(other, (list, tuple, np.ndarray)):  # within its kind, as in PyTorch
+            other = self._operand(other, typed=False)
         if type(other) is NDArray:
             self._check_device(other)
             result_dt = dtype_rule(dtypes.promote(dt, other.dtype))

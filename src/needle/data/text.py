@@ -11,6 +11,7 @@ import numpy as np
 from .. import checks
 from ..autograd import Tensor
 from ..backend_ndarray import NDArray, default_device
+from ..backend_ndarray.dtypes import canonical, to_numpy_dtype
 from ..errors import ArgumentError, DataFormatError, ShapeError
 
 EOS = "<eos>"
@@ -63,29 +64,49 @@ class TextCorpus:
         return len(self.ids)
 
 
-def batchify(ids: np.ndarray, batch_size: int) -> np.ndarray:
+class Corpus:
+    """The needle course's corpus (hw4): ``base_dir/train.txt`` and ``base_dir/test.txt`` read
+    with one shared ``dictionary``; ``train`` and ``test`` are their id streams."""
+
+    def __init__(self, base_dir: str | Path, max_lines: int | None = None):
+        self.dictionary = Dictionary()
+        self.train = self.tokenize(Path(base_dir) / "train.txt", max_lines)
+        self.test = self.tokenize(Path(base_dir) / "test.txt", max_lines)
+
+    def tokenize(self, path: str | Path, max_lines: int | None = None) -> np.ndarray:
+        """The ids of ``path``'s words (new words join the dictionary)."""
+        return TextCorpus(path, self.dictionary, max_lines).ids
+
+
+def batchify(ids: np.ndarray, batch_size: int, device=None, dtype=None) -> np.ndarray:
     """Cut the id stream into ``batch_size`` equal columns: shape (n // batch_size, batch_size).
 
     Column j continues the text of column j in the previous row, so a model's hidden state
-    can be carried from one ``get_batch`` to the next. Leftover ids are dropped.
+    can be carried from one ``get_batch`` to the next. Leftover ids are dropped. The result
+    is a numpy array (of ``dtype`` when given); ``device`` is accepted for the course's
+    signature and used by ``get_batch``, which makes the Tensors.
     """
     batch_size = checks.positive(batch_size, "batch_size", "batchify")
     rows = len(ids) // batch_size
     if rows == 0:
         raise ArgumentError(f"batchify: batch_size {batch_size} is larger than the {len(ids)} "
                             "ids to cut; use a smaller batch_size")
-    return np.asarray(ids[:rows * batch_size]).reshape(batch_size, rows).T.copy()
+    out = np.asarray(ids[:rows * batch_size]).reshape(batch_size, rows).T.copy()
+    return out if dtype is None else out.astype(to_numpy_dtype(canonical(dtype)))
 
 
-def get_batch(batches: np.ndarray, i: int, bptt: int, device=None) -> tuple[Tensor, Tensor]:
+def get_batch(batches: np.ndarray, i: int, bptt: int, device=None,
+              dtype=None) -> tuple[Tensor, Tensor]:
     """Inputs rows ``i .. i+bptt`` (shape (seq, batch)) and the next ids as targets
-    (shape (seq * batch,)), as int64 Tensors on ``device``."""
+    (shape (seq * batch,)), as Tensors on ``device`` (int64 unless ``dtype`` says otherwise:
+    the course passes float32 ids)."""
     i = checks.integer(i, "i", "get_batch")
     bptt = checks.positive(bptt, "bptt", "get_batch")
     if not 0 <= i < len(batches) - 1:
         raise ShapeError(f"get_batch: row {i} leaves no target in {len(batches)} rows")
     seq = min(bptt, len(batches) - 1 - i)
     device = device or default_device()
-    data = NDArray(batches[i:i + seq], device=device, dtype="int64")
-    target = NDArray(batches[i + 1:i + 1 + seq].reshape(-1), device=device, dtype="int64")
+    dtype = "int64" if dtype is None else canonical(dtype)
+    data = NDArray(batches[i:i + seq], device=device, dtype=dtype)
+    target = NDArray(batches[i + 1:i + 1 + seq].reshape(-1), device=device, dtype=dtype)
     return Tensor(data, requires_grad=False), Tensor(target, requires_grad=False)

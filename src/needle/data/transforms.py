@@ -2,8 +2,9 @@
 
 Transforms take and return a batch of images shaped (N, C, H, W) as numpy arrays (the layout
 ``nn.Conv`` takes), so a DataLoader batch is transformed in a few array operations rather
-than one Python call per image. Random transforms draw from their own generator (``seed=``)
-or from ``needle.init``'s, which ``needle.init.manual_seed`` resets.
+than one Python call per image. Given one image shaped (H, W, C) (the needle course's
+convention), a transform returns one image of that shape. Random transforms draw from their
+own generator (``seed=``) or from ``needle.init``'s, which ``needle.init.manual_seed`` resets.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from ..errors import ArgumentError, ArgumentTypeError, ShapeError
 
 def _check_images(x: np.ndarray, name: str) -> None:
     if x.ndim != 4:
-        raise ShapeError(f"{name} takes a batch of images shaped (N, C, H, W), got {x.shape}")
+        raise ShapeError(f"{name} takes a batch of images shaped (N, C, H, W) or one image "
+                         f"shaped (H, W, C), got {x.shape}")
 
 
 class Transform:
-    """A function of a batch of images; random ones keep a generator."""
+    """A function of a batch of images; random ones keep a generator. Subclasses define
+    ``batch`` on (N, C, H, W); calling a transform also takes one (H, W, C) image."""
 
     def __init__(self, seed: int | None = None):
         self._generator = np.random.default_rng(seed) if seed is not None else None
@@ -30,6 +33,13 @@ class Transform:
         return self._generator or init.default_generator()
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
+        images = np.asarray(images)
+        if images.ndim == 3:  # one (H, W, C) image: a batch of one in (N, C, H, W)
+            return self.batch(images.transpose(2, 0, 1)[None])[0].transpose(1, 2, 0)
+        _check_images(images, type(self).__name__)
+        return self.batch(images)
+
+    def batch(self, images: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
 
@@ -40,8 +50,7 @@ class RandomFlipHorizontal(Transform):
         super().__init__(seed)
         self.p = checks.probability(p, "p", "RandomFlipHorizontal")
 
-    def __call__(self, images: np.ndarray) -> np.ndarray:
-        _check_images(images, "RandomFlipHorizontal")
+    def batch(self, images: np.ndarray) -> np.ndarray:
         flip = self.rng.random(len(images)) < self.p
         out = images.copy()
         out[flip] = images[flip][..., ::-1]
@@ -59,8 +68,7 @@ class RandomCrop(Transform):
         checks.integer(padding, "padding", "RandomCrop", 0)
         self.padding = padding
 
-    def __call__(self, images: np.ndarray) -> np.ndarray:
-        _check_images(images, "RandomCrop")
+    def batch(self, images: np.ndarray) -> np.ndarray:
         n, _, h, w = images.shape
         p = self.padding
         padded = np.pad(images, ((0, 0), (0, 0), (p, p), (p, p)))
@@ -81,8 +89,7 @@ class Normalize(Transform):
         if not (self.std > 0).all():
             raise ArgumentError(f"Normalize: std must be positive, got {std}")
 
-    def __call__(self, images: np.ndarray) -> np.ndarray:
-        _check_images(images, "Normalize")
+    def batch(self, images: np.ndarray) -> np.ndarray:
         channels = images.shape[1]
         if len(self.mean) not in (1, channels) or len(self.std) not in (1, channels):
             raise ShapeError(f"Normalize has {len(self.mean)} means and {len(self.std)} stds "

@@ -61,6 +61,26 @@ class Module:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
+    # --- printing, as PyTorch prints a model -----------------------------------------------
+    def extra_repr(self) -> str:
+        """The settings shown between the parentheses: by default the module's public int,
+        float, bool and str attributes (layers override this where that says too little)."""
+        return ", ".join(f"{k}={v!r}" for k, v in vars(self).items()
+                         if not k.startswith("_") and k != "training"
+                         and isinstance(v, (bool, int, float, str)))
+
+    def _repr_children(self) -> Iterator[tuple[str, Module]]:
+        return self.named_children()
+
+    def __repr__(self) -> str:
+        children = [f"({name}): " + repr(m).replace("\n", "\n  ")
+                    for name, m in self._repr_children()]
+        extra = self.extra_repr()
+        if not children:
+            return f"{type(self).__name__}({extra})"
+        lines = ([extra] if extra else []) + children
+        return f"{type(self).__name__}(\n  " + "\n  ".join(lines) + "\n)"
+
     # --- what a module owns ------------------------------------------------------------
     def register_buffer(self, name: str, value: Tensor) -> None:
         """Keep ``value`` as state that is saved and moved with the module but not trained
@@ -213,6 +233,10 @@ class Linear(Module):
         y = x @ self.weight
         return y + self.bias if self.bias is not None else y
 
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
+
 
 class Flatten(Module):
     """(N, ...) -> (N, product of the rest)."""
@@ -258,6 +282,9 @@ class Sequential(Module):
                 raise ArgumentTypeError(f"nn.Sequential: layer {i} is a {type(layer).__name__}"
                                         f" ({layer!r}), not an nn.Module")
         self.layers = list(layers)
+
+    def _repr_children(self) -> Iterator[tuple[str, Module]]:
+        return ((str(i), layer) for i, layer in enumerate(self.layers))
 
     def forward(self, x):
         for layer in self.layers:
@@ -348,9 +375,11 @@ class _BatchNorm(Module):
             var = ops.summation(centred * centred, axes) / count
             m = self.momentum  # running averages are updated on the arrays, off the graph
             unbiased = var.realize_cached_data() * (count / max(count - 1, 1))
+            keep = self.running_mean.dtype  # buffers keep their dtype whatever x's (PyTorch)
             self.running_mean.data = (self.running_mean.realize_cached_data() * (1 - m)
-                                      + mean.realize_cached_data() * m)
-            self.running_var.data = self.running_var.realize_cached_data() * (1 - m) + unbiased * m
+                                      + mean.realize_cached_data() * m).astype(keep)
+            self.running_var.data = (self.running_var.realize_cached_data() * (1 - m)
+                                     + unbiased * m).astype(keep)
         else:
             mean, var = self.running_mean, self.running_var
             centred = x - ops.broadcast_to(ops.reshape(mean, shape), x.shape)

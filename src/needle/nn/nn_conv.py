@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import checks, init, ops
-from ..errors import ShapeError
+from ..errors import ArgumentError, ShapeError
 from .nn_basic import Module, Parameter
 
 
@@ -46,3 +46,43 @@ class Conv(Module):
         if self.bias is not None:
             out = out + self.bias
         return ops.permute(out, (0, 3, 1, 2))
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, bias={self.bias is not None}")
+
+
+def _square(value, name: str) -> int:
+    """An int, or a pair of equal ints (needle's convolution has square kernels)."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2 or value[0] != value[1]:
+            raise ArgumentError(f"nn.Conv2d: {name}={value!r}: needle's convolution takes one "
+                                "size for both axes (an int or a pair of equal ints)")
+        value = value[0]
+    return value
+
+
+class Conv2d(Conv):
+    """PyTorch's ``nn.Conv2d`` signature over needle's Conv: NCHW in and out, ``padding=0``
+    by default (needle's Conv pads "same"), ``padding="same"`` or ``"valid"`` accepted.
+
+    The weight keeps needle's layout (kernel, kernel, in_channels, out_channels); a PyTorch
+    weight (out, in, kh, kw) loads as ``torch_weight.permute(2, 3, 1, 0)``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1,
+                 padding=0, bias: bool = True, device=None, dtype="float32"):
+        kernel_size = _square(kernel_size, "kernel_size")
+        stride = _square(stride, "stride")
+        if padding == "valid":
+            padding = 0
+        elif padding == "same":
+            if stride != 1 or not isinstance(kernel_size, int) or kernel_size % 2 == 0:
+                raise ArgumentError("nn.Conv2d: padding='same' needs stride 1 and an odd "
+                                    f"kernel_size, got stride={stride}, "
+                                    f"kernel_size={kernel_size}")
+            padding = kernel_size // 2
+        else:
+            padding = _square(padding, "padding")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, bias,
+                         device, dtype)

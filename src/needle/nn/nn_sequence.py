@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import checks, init, ops
-from ..errors import ShapeError
+from ..autograd import Tensor
+from ..backend_ndarray.dtypes import is_floating
+from ..errors import DTypeError, ShapeError
 from .nn_basic import Module, Parameter
 
 
@@ -154,4 +158,16 @@ class Embedding(Module):
                                            dtype=dtype))
 
     def forward(self, ids):
+        if isinstance(ids, Tensor) and is_floating(ids.dtype):
+            ids = _whole_ids(ids)
         return ops.embedding(self.weight, ids)
+
+
+def _whole_ids(ids: Tensor) -> Tensor:
+    """Float ids (the needle course's language model passes float32 batches) as int64,
+    when every one is a whole number; anything else is an error, never a silent rounding."""
+    host = ids.numpy()
+    if not np.all(np.isfinite(host) & (host == np.round(host))):
+        raise DTypeError(f"nn.Embedding: ids must be whole numbers, got {ids.dtype} values "
+                         "with fractions; pass integer ids")
+    return Tensor(host.astype(np.int64), device=ids.device, requires_grad=False)

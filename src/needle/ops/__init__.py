@@ -7,6 +7,7 @@ from .ops_logarithmic import (
                              Softmax,
                              SoftmaxCrossEntropy,
                              log_softmax,
+                             logsoftmax,
                              logsumexp,
                              softmax,
                              softmax_cross_entropy,
@@ -76,6 +77,7 @@ from .ops_nn import (
 from .ops_shape import (
                              BroadcastTo,
                              Cast,
+                             Clone,
                              Dilate,
                              Flip,
                              GetItem,
@@ -90,6 +92,7 @@ from .ops_shape import (
                              UnDilate,
                              broadcast_to,
                              cast,
+                             clone,
                              dilate,
                              flip,
                              getitem,
@@ -119,7 +122,8 @@ from .ops_tuple import (
 )
 
 __all__ = [
-    "GELU", "AddScalar", "BroadcastTo", "Cast", "Concatenate", "Conv", "Dilate", "DivScalar",
+    "GELU", "AddScalar", "BroadcastTo", "Cast", "Clone", "Concatenate", "Conv", "Dilate",
+    "DivScalar",
     "EWiseAdd", "EWiseDiv", "EWiseMul", "EWisePow", "EWiseSub", "Embedding", "EmbeddingBackward",
     "Exp", "Flip", "GetItem", "LayerNorm", "Log", "LogSoftmax", "LogSumExp", "MakeTensorTuple",
     "MatMul", "Max", "Maximum", "MaximumScalar", "MulScalar", "Negate", "Pad", "Permute",
@@ -127,9 +131,10 @@ __all__ = [
     "SetItemIntoZeros", "SiLU", "Sigmoid", "SiluMul", "Softmax", "SoftmaxCrossEntropy", "Split",
     "Sqrt", "Stack",
     "Summation", "Tanh", "ToDevice", "Transpose", "TupleGetItem", "UnDilate", "Where", "add",
-    "add_scalar", "broadcast_to", "cast", "concatenate", "conv", "dilate", "divide",
+    "add_scalar", "broadcast_to", "cast", "clone", "concatenate", "conv", "dilate", "divide",
     "divide_scalar", "embedding", "exp", "flip", "gelu", "getitem", "layernorm", "log",
-    "log_softmax", "logsumexp", "make_tuple", "match_input", "matmul", "max", "maximum", "mean",
+    "log_softmax", "logsoftmax", "logsumexp", "make_tuple", "match_input", "matmul", "max",
+    "maximum", "mean",
     "mul_scalar", "multiply", "negate", "pad", "permute", "power", "power_scalar", "relu",
     "reshape", "rmsnorm", "rope", "scaled_dot_product_attention", "sigmoid", "silu", "silu_mul",
     "softmax", "softmax_cross_entropy", "split", "sqrt", "stack", "subtract", "sum_to_shape",

@@ -53,6 +53,9 @@ def log_softmax(a):
     return LogSoftmax()(a)
 
 
+logsoftmax = log_softmax  # the needle course's name (hw2: over the classes of (batch, classes))
+
+
 class Softmax(TensorOp):
     """exp(x) / sum(exp(x)) over the last axis."""
 

@@ -316,6 +316,20 @@ def cast(a, dtype):
     return Cast(dtype)(a)
 
 
+class Clone(TensorOp):
+    """A compact copy with its own storage; the gradient passes through (``Tensor.clone``)."""
+
+    def compute(self, a):
+        return a.copy()
+
+    def gradient(self, out_grad, node):
+        return out_grad
+
+
+def clone(a):
+    return Clone()(a)
+
+
 class ToDevice(TensorOp):
     """Copy to another device; the gradient goes back to the input's device."""
 
