@@ -103,5 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"needle serve: {name} on {model.device.name} ({model.dtype}); KV pool "
           f"{pool.num_pages} pages of {pool.page_size} positions; up to {args.max_seqs} "
           f"sequences; http://{args.host}:{args.port}/", file=sys.stderr)
-    serve(engine, name, args.host, args.port, args.api_key)
+    try:
+        serve(engine, name, args.host, args.port, args.api_key)
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        pass
+    print("needle serve: stopped (running answers were finished)", file=sys.stderr)
     return 0
