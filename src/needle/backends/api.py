@@ -43,7 +43,7 @@ CAPABILITIES = {
                        "read through per-sequence block tables (numpy_ref/paged.py)",
 }
 # Names kept for capabilities that are planned but that no backend declares yet.
-RESERVED_CAPABILITIES = ("int8", "int4", "paged_attention")
+RESERVED_CAPABILITIES = ("int8", "int4")
 
 
 @runtime_checkable
