@@ -53,7 +53,8 @@ def _port(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="needle serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="needle serve", description="An OpenAI-compatible server "
+                                "for a local language model (docs/serving.md).")
     p.add_argument("model_dir", metavar="MODEL_DIR", help="a Hugging Face checkpoint directory")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only)")
