@@ -144,11 +144,11 @@ class Engine:
         with self._lock:
             for w in work:
                 r = w.request
+                if w.start < len(r.prompt):  # a prompt chunk: its pages may be shared now
+                    r.prefilled = w.start + w.count
+                    self.scheduler.remember_prefix(r)
                 if not w.samples:
-                    r.prefilled += w.count
                     continue
-                if r.prefilled < len(r.prompt):
-                    r.prefilled = len(r.prompt)
                 self._append(r, tokens.pop(0))
                 produced += 1
         self.metrics.record_step(produced, time.perf_counter() - start)
