@@ -53,7 +53,8 @@ def _port(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="needle serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="needle serve", description="An OpenAI-compatible server "
+                                "for a local language model (docs/serving.md).")
     p.add_argument("model_dir", metavar="MODEL_DIR", help="a Hugging Face checkpoint directory")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only)")
@@ -103,5 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"needle serve: {name} on {model.device.name} ({model.dtype}); KV pool "
           f"{pool.num_pages} pages of {pool.page_size} positions; up to {args.max_seqs} "
           f"sequences; http://{args.host}:{args.port}/", file=sys.stderr)
-    serve(engine, name, args.host, args.port, args.api_key)
+    try:
+        serve(engine, name, args.host, args.port, args.api_key)
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        pass
+    print("needle serve: stopped (running answers were finished)", file=sys.stderr)
     return 0

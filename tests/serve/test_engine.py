@@ -112,14 +112,38 @@ def test_admission_control_queue_limit_and_too_large(model):
 def test_page_pool_bookkeeping():
     pool = PagePool(4, 2)
     pool.reserve(3)
-    pages = [pool.take(), pool.take()]
-    assert pool.stats().used == 2 and pool.stats().free == 1
-    assert not pool.can_reserve(2)
+    pages = [pool.take(), pool.take()]  # taking spends the promise
+    assert pool.stats().used == 2 and pool.stats().reserved == 3 and pool.stats().free == 1
+    assert not pool.can_reserve(2) and pool.can_reserve(1)
+    pool.share(pages[0])  # a second holder of a prompt page
     pool.give_back(pages)
+    assert pool.stats().used == 1  # the shared page stays until its last holder is done
+    pool.give_back(pages[:1])
     with pytest.raises(PagePoolError):
         pool.give_back(pages[:1])
-    pool.unreserve(3)
+    pool.unreserve(1)
     assert pool.stats().used == 0 and pool.stats().reserved == 0
+
+
+def test_identical_prompt_prefixes_share_pages(model):
+    engine = Engine(model, max_seqs=4, page_size=4)
+    system = list(range(10, 50))  # 40 tokens: 10 full pages
+    tails = [[60, 61, 62], [70, 71], [80]]
+    want = [model.generate(system + t, 8, temperature=0, stop=()) for t in tails]
+    first = engine.submit(system + tails[0], RequestParams(max_tokens=8, ignore_eos=True))
+    engine.step()  # its prompt is in the cache: the others find its pages
+    used_one = engine.cache.pool.stats().used
+    rest = [engine.submit(system + t, RequestParams(max_tokens=8, ignore_eos=True))
+            for t in tails[1:]]
+    engine.step()
+    assert rest[0].table.pages[:10] == first.table.pages[:10]
+    assert rest[1].table.pages[:10] == first.table.pages[:10]
+    assert engine.cache.pool.stats().used < 3 * used_one  # shared, not copied
+    engine.cancel(first)  # the shared pages outlive their first holder
+    engine.run_until_idle()
+    assert [r.output for r in rest] == want[1:]
+    stats = engine.cache.pool.stats()
+    assert stats.used == 0 and stats.reserved == 0
 
 
 def test_every_device_batches_like_generate(device, model_dir):

@@ -208,3 +208,25 @@ def test_over_the_queue_limit_is_429(model):
         assert _wait_idle(server.engine)
     finally:
         server.stop()
+
+
+def test_a_client_that_gives_up_on_a_plain_request_frees_it(model):
+    server = Running(model, max_seqs=1, max_queue=16)
+    try:
+        long = RequestParams(max_tokens=250, ignore_eos=True)
+        # the HTTP request waits behind these (seconds of decoding) until it is given up
+        blockers = [server.engine.submit([3, 4], long) for _ in range(6)]
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(server.url + "/v1/completions", timeout=0.3,
+                       headers={"Authorization": f"Bearer {KEY}"},
+                       json={"prompt": "x", "max_tokens": 20})
+        deadline = time.time() + 10
+        while server.engine.stats()["finished"].get("cancelled", 0) < 1:
+            assert time.time() < deadline, "the abandoned request was not cancelled"
+            time.sleep(0.02)
+        assert not blockers[-1].finished
+        for b in blockers:
+            server.engine.cancel(b)
+        assert _wait_idle(server.engine)
+    finally:
+        server.stop()

@@ -10,6 +10,7 @@ Only the rows that choose a next token reach the LM head. The per-layer steps ar
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,11 @@ class StepBatch:
     slots: np.ndarray  # (T,) pool slot each token's key and value go to
     block_tables: np.ndarray  # (S, max_pages), -1 past a sequence's pages
     logit_rows: np.ndarray  # (R,) tokens whose next-token logits are wanted
+    # Prompt chunks, after the decode tokens: (first token, count, slots of the sequence's
+    # positions 0..end). Their attention runs as one dense causal attention per chunk over
+    # the sequence's keys gathered from the pool (the fused, tensor-core kernel), not as a
+    # paged walk per token; an empty list sends every token through paged_attention.
+    chunks: list = dataclasses.field(default_factory=list)
 
 
 def check_supported(model) -> None:
@@ -61,6 +67,7 @@ class DeviceBatch:
         self.tokens = part[0].reshape((1, tokens))
         self.positions, self.seq_of, self.slots, self.rows = part[1:]
         self.tables = self.packed[5 * tokens:].reshape((tokens, max_pages))
+        self.chunks: list = []  # (first token, count, slots NDArray) of prompt chunks
 
     @staticmethod
     def pack(batch: StepBatch, tokens: int, max_pages: int) -> np.ndarray:
@@ -84,6 +91,9 @@ class DeviceBatch:
     def load(self, batch: StepBatch) -> None:
         host = self.pack(batch, self.t, self.max_pages)
         self.packed[...] = nd.array(host, device=self.packed.device)
+        dev = self.packed.device
+        self.chunks = [(first, count, nd.array(slots.astype(np.int32), device=dev))
+                       for first, count, slots in batch.chunks]
 
 
 def upload(batch: StepBatch, device) -> DeviceBatch:
@@ -101,8 +111,7 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
     w = tr.weights
     t = batch.t
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    ids, positions, seq_of = batch.tokens, batch.positions, batch.seq_of
-    slots, tables = batch.slots, batch.tables
+    ids, positions, slots = batch.tokens, batch.positions, batch.slots
     cos, sin = tr.rope.cos.take(positions), tr.rope.sin.take(positions)  # (T, d / 2)
     x = tr._embed(ids)  # (1, T, hidden)
     for i, layer in enumerate(w.layers):
@@ -116,8 +125,7 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
                     k.rmsnorm(layer.k_norm, cfg.rms_norm_eps))
         q, k = q.rope(cos, sin), k.rope(cos, sin)
         nd.paged_write(k.reshape((t, hkv, d)), v, slots, cache.keys[i], cache.values[i])
-        a = nd.paged_attention(q.reshape((t, hq, d)), cache.keys[i], cache.values[i], tables,
-                               seq_of, positions, cfg.attn_scale)
+        a = _attention(cfg, q.reshape((t, hq, d)), cache.keys[i], cache.values[i], batch)
         a = layer.o(a.reshape((1, t, hq * d)))
         if layer.post_attn_norm is not None:
             a = a.rmsnorm(layer.post_attn_norm, cfg.rms_norm_eps)
@@ -130,3 +138,29 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
     rows = batch.rows if logit_rows == t else batch.rows[:logit_rows]
     last = x.reshape((t, x.shape[-1])).take(rows)  # (R, hidden)
     return tr._logits(last.rmsnorm(w.final_norm, cfg.rms_norm_eps))
+
+
+def _attention(cfg, q: NDArray, keys: NDArray, values: NDArray, batch: DeviceBatch) -> NDArray:
+    """Attention of every token of the step (tokens, q_heads, d): the decode tokens (and
+    all of them when there are no prompt chunks) through their pages, each prompt chunk as
+    a dense causal attention over its sequence's keys and values gathered from the pool."""
+    if not batch.chunks:
+        return nd.paged_attention(q, keys, values, batch.tables, batch.seq_of,
+                                  batch.positions, cfg.attn_scale)
+    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    first = batch.chunks[0][0]
+    parts = []
+    if first:
+        parts.append(nd.paged_attention(q[:first], keys, values, batch.tables,
+                                        batch.seq_of[:first], batch.positions[:first],
+                                        cfg.attn_scale))
+    flat_k, flat_v = (x.reshape((x.shape[0] * x.shape[1], hkv * d)) for x in (keys, values))
+    heads_first = (0, 2, 1, 3)
+    for start, count, slots in batch.chunks:
+        length = slots.size  # positions 0..length-1; the chunk is the last `count` of them
+        k = flat_k.take(slots).reshape((1, length, hkv, d)).permute(heads_first)
+        v = flat_v.take(slots).reshape((1, length, hkv, d)).permute(heads_first)
+        qc = q[start:start + count].reshape((1, count, hq, d)).permute(heads_first)
+        out = nd.attention(qc, k, v, scale=cfg.attn_scale, causal=True)
+        parts.append(out.permute(heads_first).reshape((count, hq, d)))
+    return parts[0] if len(parts) == 1 else nd.concatenate(parts, axis=0)

@@ -144,11 +144,11 @@ class Engine:
         with self._lock:
             for w in work:
                 r = w.request
+                if w.start < len(r.prompt):  # a prompt chunk: its pages may be shared now
+                    r.prefilled = w.start + w.count
+                    self.scheduler.remember_prefix(r)
                 if not w.samples:
-                    r.prefilled += w.count
                     continue
-                if r.prefilled < len(r.prompt):
-                    r.prefilled = len(r.prompt)
                 self._append(r, tokens.pop(0))
                 produced += 1
         self.metrics.record_step(produced, time.perf_counter() - start)
@@ -226,13 +226,20 @@ class Engine:
         n = len(request.prompt)
         return request.prompt[position] if position < n else request.output[position - n]
 
-    def _batch(self, work: list[Work], max_pages: int | None = None) -> batch_step.StepBatch:
+    def _batch(self, work: list[Work], max_pages: int | None = None,
+               dense_prompts: bool = True) -> batch_step.StepBatch:
+        """The step's tokens laid end to end (decode tokens first, as the scheduler plans
+        them); prompt chunks marked for dense attention unless ``dense_prompts`` is off."""
         tokens, positions, seq_of, slots, rows = [], [], [], [], []
         max_pages = max_pages or max(len(w.request.table.pages) for w in work)
         tables = -np.ones((len(work), max_pages), np.int32)
+        chunks = []
         for i, w in enumerate(work):
             table = w.request.table
             tables[i, :len(table.pages)] = table.pages
+            if w.start < len(w.request.prompt) and dense_prompts:  # a chunk of the prompt
+                chunks.append((len(tokens), w.count,
+                               np.array([table.slot(p) for p in range(w.start + w.count)])))
             for p in range(w.start, w.start + w.count):
                 tokens.append(self._token_at(w.request, p))
                 positions.append(p)
@@ -241,7 +248,7 @@ class Engine:
             if w.samples:
                 rows.append(len(tokens) - 1)
         return batch_step.StepBatch(np.array(tokens), np.array(positions), np.array(seq_of),
-                                    np.array(slots), tables, np.array(rows))
+                                    np.array(slots), tables, np.array(rows), chunks)
 
     def _run(self, work: list[Work]) -> list[int]:
         """One batched step; the next token of each sampling row: the argmax (on the

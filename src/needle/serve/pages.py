@@ -11,7 +11,10 @@ finishes or is cancelled.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+
+import numpy as np
 
 from .. import backend_ndarray as nd
 from ..backend_ndarray.dtypes import ITEMSIZE
@@ -24,8 +27,8 @@ class PagePoolError(NeedleError):
 
 @dataclass(frozen=True)
 class PoolStats:
-    """Pages of the pool: in use (holding keys), reserved (promised to admitted sequences,
-    in use or not) and free to promise."""
+    """Pages of the pool: in use (holding keys; a shared page counts once), reserved (in
+    use, or promised to admitted sequences) and free to promise."""
 
     total: int
     used: int
@@ -38,8 +41,11 @@ class PoolStats:
 
 
 class PagePool:
-    """Free page ids and the count promised to admitted sequences. Not thread-safe: the
-    engine's step loop is its only user."""
+    """Free page ids, a reference count per page in use (a full page of prompt may be
+    shared by sequences whose prompts begin alike), and the pages promised to admitted
+    sequences but not yet taken. Invariant: free pages >= promised pages, so every
+    ``take`` of a promised page succeeds. Not thread-safe: the engine's step loop is its
+    only user."""
 
     def __init__(self, num_pages: int, page_size: int):
         if num_pages < 1 or page_size < 1:
@@ -47,67 +53,114 @@ class PagePool:
                                    f"position, got {num_pages} pages of {page_size}")
         self.num_pages, self.page_size = num_pages, page_size
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low ids first
-        self._reserved = 0
+        self._refs = [0] * num_pages
+        self._promised = 0
+        # prefix sharing: hash of the tokens of positions 0..end of a full prompt page ->
+        # that page, while some sequence holds it
+        self._prefix: dict[bytes, int] = {}
+        self._key_of: dict[int, bytes] = {}
 
     def pages_for(self, positions: int) -> int:
         return -(-positions // self.page_size)
 
     def can_reserve(self, pages: int) -> bool:
-        return self._reserved + pages <= self.num_pages
+        return self._promised + pages <= len(self._free)
 
     def reserve(self, pages: int) -> None:
         if not self.can_reserve(pages):
-            raise PagePoolError(f"cannot reserve {pages} pages: {self.num_pages - self._reserved}"
-                                " are free")
-        self._reserved += pages
+            raise PagePoolError(f"cannot reserve {pages} pages: "
+                                f"{len(self._free) - self._promised} are free")
+        self._promised += pages
 
     def unreserve(self, pages: int) -> None:
-        if pages > self._reserved:
+        if pages > self._promised:
             raise PagePoolError(f"cannot release {pages} reserved pages; only "
-                                f"{self._reserved} are reserved")
-        self._reserved -= pages
+                                f"{self._promised} are reserved")
+        self._promised -= pages
 
     def take(self) -> int:
         """One page id, from what a sequence reserved."""
-        if not self._free:
-            raise PagePoolError("no free page: take() beyond the reservations")
-        return self._free.pop()
+        if not self._free or not self._promised:
+            raise PagePoolError("no reserved page to take: take() beyond the reservations")
+        self._promised -= 1
+        page = self._free.pop()
+        self._refs[page] = 1
+        return page
+
+    def share(self, page: int) -> None:
+        """One more sequence holds ``page`` (a shared prompt page)."""
+        if self._refs[page] < 1:
+            raise PagePoolError(f"page {page} is not in use; it cannot be shared")
+        self._refs[page] += 1
 
     def give_back(self, pages: list[int]) -> None:
         for page in pages:
-            if not 0 <= page < self.num_pages or page in self._free:
+            if not 0 <= page < self.num_pages or self._refs[page] < 1:
                 raise PagePoolError(f"page {page} was not taken from this pool")
-            self._free.append(page)
+            self._refs[page] -= 1
+            if self._refs[page] == 0:
+                key = self._key_of.pop(page, None)
+                if key is not None:
+                    del self._prefix[key]
+                self._free.append(page)
+
+    # --- prefix sharing ----------------------------------------------------------------
+    def remember(self, key: bytes, page: int) -> None:
+        """``page`` now holds the keys and values of the prompt prefix ``key`` names."""
+        if key not in self._prefix and page not in self._key_of:
+            self._prefix[key], self._key_of[page] = page, key
+
+    def lookup(self, key: bytes) -> int | None:
+        return self._prefix.get(key)
 
     def stats(self) -> PoolStats:
-        return PoolStats(self.num_pages, self.num_pages - len(self._free), self._reserved,
-                         self.page_size)
+        used = self.num_pages - len(self._free)
+        return PoolStats(self.num_pages, used, used + self._promised, self.page_size)
 
 
 class BlockTable:
-    """One sequence's pages, in position order, and the pages it may still take."""
+    """One sequence's pages, in position order, and how many more it may take."""
 
-    def __init__(self, pool: PagePool, reserved_pages: int):
-        self.pool, self.pages, self.reserved = pool, [], reserved_pages
-        pool.reserve(reserved_pages)
+    def __init__(self, pool: PagePool, reserved_pages: int, shared: list[int] = ()):
+        """``shared``: pages of a prompt prefix other sequences already hold (they count
+        against ``reserved_pages`` without being taken)."""
+        self.pool, self.pages = pool, []
+        self.left = reserved_pages - len(shared)
+        pool.reserve(self.left)
+        for page in shared:
+            pool.share(page)
+            self.pages.append(page)
 
     def ensure(self, positions: int) -> None:
         """Take pages until positions 0..positions-1 have slots."""
         while len(self.pages) * self.pool.page_size < positions:
-            if len(self.pages) >= self.reserved:
-                raise PagePoolError(f"the sequence reserved {self.reserved} pages and needs "
-                                    "more")
+            if self.left <= 0:
+                raise PagePoolError("the sequence needs more pages than it reserved")
             self.pages.append(self.pool.take())
+            self.left -= 1
 
     def slot(self, position: int) -> int:
         size = self.pool.page_size
         return self.pages[position // size] * size + position % size
 
     def release(self) -> None:
-        """Every page back to the pool, and the reservation with them (idempotent)."""
+        """Every page back to the pool (shared ones once no one holds them), and the pages
+        promised but not taken (idempotent)."""
         self.pool.give_back(self.pages)
-        self.pool.unreserve(self.reserved)
-        self.pages, self.reserved = [], 0
+        self.pool.unreserve(self.left)
+        self.pages, self.left = [], 0
+
+
+def prefix_keys(tokens: list[int], page_size: int, pages: int) -> list[bytes]:
+    """Keys naming the first ``pages`` full pages of ``tokens``: page k's key is a chained
+    SHA-256 over every token of positions 0..(k+1)*page_size-1 (a page's keys and values
+    depend on all of them)."""
+    keys, digest = [], b""
+    for k in range(pages):
+        page = np.asarray(tokens[k * page_size:(k + 1) * page_size], np.int64).tobytes()
+        digest = hashlib.sha256(digest + page).digest()
+        keys.append(digest)
+    return keys
 
 
 class PagedKVCache:

@@ -72,6 +72,8 @@ class Request:
     arrived: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     prefilled: int = 0  # prompt positions already in the cache
+    prefix_keys: list | None = None  # keys of its full prompt pages (pages.prefix_keys)
+    remembered: int = 0  # full prompt pages offered for sharing so far
     table: object | None = None  # BlockTable once admitted
     sampler: Sampler | None = None
     listener: object | None = None  # called with each event (the server's loop hook)

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..errors import NeedleError
-from .pages import BlockTable, PagePool
+from .pages import BlockTable, PagePool, prefix_keys
 from .request import Request
 
 
@@ -70,13 +70,38 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_seqs:
             request = self.waiting[0]
             need = self.pages_needed(request)
-            if not self.pool.can_reserve(need):
+            shared = self._shared_prefix(request)
+            if not self.pool.can_reserve(need - len(shared)):
                 break  # first come, first served: later requests wait behind it
             self.waiting.popleft()
-            request.table = BlockTable(self.pool, need)
+            request.table = BlockTable(self.pool, need, shared)
+            request.prefilled = len(shared) * self.pool.page_size
             self.running.append(request)
             admitted.append(request)
         return admitted
+
+    def _shared_prefix(self, request: Request) -> list[int]:
+        """Pages other sequences hold with the same leading prompt tokens (whole pages; the
+        last prompt token is always computed, for its logits)."""
+        size = self.pool.page_size
+        if request.prefix_keys is None:
+            request.prefix_keys = prefix_keys(request.prompt, size,
+                                              (len(request.prompt) - 1) // size)
+        shared = []
+        for key in request.prefix_keys:
+            page = self.pool.lookup(key)
+            if page is None:
+                break
+            shared.append(page)
+        return shared
+
+    def remember_prefix(self, request: Request) -> None:
+        """Offer the request's full prompt pages written so far for sharing."""
+        size = self.pool.page_size
+        done = min(request.prefilled // size, len(request.prefix_keys or ()))
+        for k in range(request.remembered, done):
+            self.pool.remember(request.prefix_keys[k], request.table.pages[k])
+        request.remembered = max(request.remembered, done)
 
     def plan(self) -> list[Work]:
         """This step's work: one token per decoding sequence, then prompt chunks."""

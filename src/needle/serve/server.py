@@ -190,10 +190,11 @@ class Server:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            while (event := await events.get()).finish_reason is None:
-                pass
+            event = await self._final_event(request, events)
         finally:
             self.engine.cancel(submitted)  # a no-op once finished; frees pages on disconnect
+        if event is None:  # the client went away: nobody reads this
+            return JSONResponse({}, status_code=499)
         if event.finish_reason == "error":
             return _error(api.ApiError(500, f"generation failed: {event.error}",
                                        kind="server_error"))
@@ -201,6 +202,20 @@ class Server:
         reason = api.finish_reason(event.finish_reason)
         make = api.chat_completion if chat else api.completion
         return JSONResponse(make(rid, self.model_name, submitted.text, reason, u))
+
+    @staticmethod
+    async def _final_event(request: HttpRequest, events: asyncio.Queue) -> TokenEvent | None:
+        """The request's last event, or None as soon as the client disconnects (checked
+        twice a second while waiting: a non-streaming handler is not cancelled for it)."""
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return None
+                continue
+            if event.finish_reason is not None:
+                return event
 
     async def _sse(self, submitted: Request, events: asyncio.Queue, rid: str, chat: bool,
                    include_usage: bool):

@@ -1,0 +1,71 @@
+"""``needle serve`` as a process: it starts, answers, and on Ctrl-C (SIGINT) lets the
+running answer finish before it exits with status 0; bad options exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+from .test_server import _free_port  # noqa: E402
+
+
+def test_ctrl_c_drains_the_running_answer_then_exits(model_dir):
+    port = _free_port()
+    env = {**os.environ, "NEEDLE_CPU_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "needle.cli", "serve", str(model_dir),
+                             "--port", str(port), "--device", "cpu", "--max-seqs", "2",
+                             "--model-name", "tiny"], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, "the server did not start"
+            time.sleep(0.1)
+        body = {"model": "tiny", "prompt": "The quick brown", "max_tokens": 120,
+                "temperature": 0, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+        events = []
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            for line in lines:
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    break
+            proc.send_signal(signal.SIGINT)  # Ctrl-C mid-answer
+            events += [line[6:] for line in lines if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        usage = json.loads(events[-2])["usage"]
+        assert usage["completion_tokens"] == 120  # the answer was finished, not cut
+        assert proc.wait(timeout=30) == 0
+        assert "needle serve: tiny on cpu" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_bad_options_exit_2(model_dir, capsys):
+    from needle.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", str(model_dir), "--kv-memory", "lots"])
+    assert e.value.code == 2 and "is not a size" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", str(model_dir), "--port", "70000"])
+    assert "is not a port" in capsys.readouterr().err
