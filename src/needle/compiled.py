@@ -127,6 +127,7 @@ class StepRecorder:
         self.calls: list[tuple] = []  # ("record") the backend calls, in order
         self.segments: list = []
         self.host_calls = 0
+        self.graph_calls = 0  # work calls inside graph segments ("capture")
         self._paused = False
         self._capture = None  # the open capture context ("capture")
         self._staged: list = []  # ("capture") device copies of the previous call's uploads
@@ -201,11 +202,17 @@ class StepRecorder:
             self.segments.append(("host", replay_step))
             self._begin_graph()
             return True
+        params = getattr(owner, "params", [])
+        before = [id(p.realize_cached_data()._handle) for p in params]
         self._paused = True
         try:
             run()
         finally:
             self._paused = False
+        if before != [id(p.realize_cached_data()._handle) for p in params]:
+            self.not_capturable(f"{type(owner).__name__}.step() replaced the storage of a "
+                                "parameter (shared or non-contiguous parameters): the "
+                                "recorded forward pass would read the old one")
         if self.mode == "record":
             self.segments.append(("calls", self.calls))
             self.segments.append(("host", replay_step))
@@ -224,15 +231,22 @@ class StepRecorder:
 
     def _begin_graph(self) -> None:
         self._capture = self.backend.capture()
+        self._graph_start = len(self.log)
         self.segments.append(("graph", self._capture.__enter__()))
 
     def _end_graph(self, exc=None) -> None:
         cm, self._capture = self._capture, None
-        if cm is not None:
-            if exc is None:
-                cm.__exit__(None, None, None)
-            else:
-                cm.__exit__(type(exc), exc, exc.__traceback__)
+        if cm is None:
+            return
+        if exc is not None:
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+            return
+        cm.__exit__(None, None, None)
+        calls = len(self.log) - self._graph_start
+        if calls == 0:  # nothing after the optimizer: no graph to launch
+            self.segments.pop()[1].close()
+        else:
+            self.graph_calls += calls
 
     def finish(self) -> list:
         if self.mode == "record" and self.calls:
@@ -410,13 +424,12 @@ class CompiledStep:
             return out
         entry.segments = rec.finish()
         entry.graph_kernels = sum(getattr(cb, "kernels", 0) for kind, cb in entry.segments
-                                  if kind == "graph")
+                                  if kind == "graph") or rec.graph_calls
         entry.outputs = _map(out, lambda t: t.realize_cached_data()
                              if isinstance(t, Tensor) else t)
         if capture:  # nothing ran yet: the capture only recorded
             self._run_segments(entry)
-            return self._fresh_outputs(entry)
-        return out
+        return self._fresh_outputs(entry)  # later replays overwrite the recorded outputs
 
     def _check_same(self, rec: StepRecorder) -> None:
         prev = rec.previous
