@@ -153,3 +153,26 @@ def test_grad_scaler_skips_overflowing_fp16_step_and_backs_off():
     # the unscaled gradient is the true one: d(sum(x @ w))/dw = x^T 1
     expected = x.numpy().astype(np.float32).T @ np.ones((16, 4), np.float32)
     np.testing.assert_allclose(w.grad.numpy().astype(np.float32), expected, rtol=2e-2)
+
+
+def test_autocast_on_every_device(device):
+    rng = np.random.default_rng(2)
+    x = t(rng.standard_normal((2, 4, 8)), device=device, requires_grad=True)
+    w = t(rng.standard_normal((8, 8)), device=device, requires_grad=True)
+    with ndl.autocast("bfloat16"):
+        h = x @ w
+        q = ndl.reshape(h, (2, 1, 4, 8))
+        att = ndl.scaled_dot_product_attention(q, q, q, causal=True)
+        assert h.dtype == att.dtype == "bfloat16"
+        loss = ndl.mean(att * att)
+        assert loss.dtype == "float32"
+    loss.backward()
+    assert x.grad.dtype == w.grad.dtype == "float32"
+    # the same graph in float32: the bfloat16 gradient is close to it
+    x32 = t(x.numpy(), device=device, requires_grad=True)
+    w32 = t(w.numpy(), device=device, requires_grad=True)
+    q32 = ndl.reshape(x32 @ w32, (2, 1, 4, 8))
+    a32 = ndl.scaled_dot_product_attention(q32, q32, q32, causal=True)
+    ndl.mean(a32 * a32).backward()
+    ref = w32.grad.numpy()
+    assert np.abs(w.grad.numpy() - ref).max() < 0.05 * np.abs(ref).max()

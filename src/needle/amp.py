@@ -3,8 +3,9 @@
 Inside ``with ndl.autocast("bfloat16"):`` the ops of two lists change the dtype of their
 floating-point inputs before computing:
 
-* **low precision** (``matmul``, ``conv``): float32 inputs are cast to the autocast dtype, so
-  the product runs on the matrix units and its output has that dtype;
+* **low precision** (``matmul``, ``conv``, ``scaled_dot_product_attention``): float32
+  inputs are cast to the autocast dtype, so the product runs on the matrix units and its
+  output has that dtype;
 * **float32** (``summation``/``mean``, ``logsumexp``, ``softmax``, ``log_softmax``,
   ``softmax_cross_entropy``): float16/bfloat16 inputs are cast to float32, so reductions,
   normalisers and losses accumulate in float32.
@@ -75,7 +76,7 @@ def autocast_dtype() -> str | None:
 
 
 def low_precision_inputs(*tensors):
-    """The inputs of a matmul/conv: float32 tensors cast to the autocast dtype."""
+    """The inputs of a matmul/conv/attention: float32 tensors cast to the autocast dtype."""
     low = _state.dtype
     if low is None:
         return tensors

@@ -281,5 +281,6 @@ def _sum_groups(t: Tensor, kv_heads: int, group: int) -> Tensor:
 
 
 def scaled_dot_product_attention(q, k, v, causal: bool = False, scale: float | None = None):
+    q, k, v = low_precision_inputs(q, k, v)  # autocast (amp.py)
     return ScaledDotProductAttention(causal, scale)(q, k, v)
 
