@@ -179,3 +179,43 @@ def test_replay_copies_new_inputs_and_returns_fresh_outputs():
     for prod, total, a, b in results:  # earlier outputs were not overwritten by later calls
         np.testing.assert_array_equal(prod.numpy(), a * b + np.float32(1.0))
         np.testing.assert_allclose(total.numpy(), (a - b).sum(), rtol=1e-6)
+
+
+def test_new_parameter_storage_records_anew_and_errors_retry():
+    dev = ndl.cpu()
+    batches = _batches(8)
+    fn, model_c, opt_c, _ = _train(dev, True, batches[:4])
+    _, model_e, opt_e, _ = _train(dev, False, batches[:4])
+    # replace every parameter's storage (as loading a checkpoint does) on both sides
+    for pc, pe in zip(model_c.parameters(), model_e.parameters()):
+        pc.data = pe.data = ndl.Tensor(np.full(pc.shape, 0.01, np.float32), device=dev)
+    loss_fn = nn.SoftmaxLoss()
+
+    def eager(x, y):
+        opt_e.zero_grad()
+        loss = loss_fn(model_e(x), y)
+        loss.backward()
+        opt_e.step()
+        return loss
+
+    for x, y in batches[4:]:
+        assert float(fn(*_data(dev, x, y)).numpy()) == float(eager(*_data(dev, x, y)).numpy())
+    for pc, pe in zip(model_c.parameters(), model_e.parameters()):
+        np.testing.assert_array_equal(pc.numpy(), pe.numpy())
+    # a step that raises while being recorded is recorded on a later call
+    runs: list = []
+
+    def flaky(x):
+        out = (x * 2.0).sum()
+        runs.append(1)
+        if len(runs) == 2:  # the second watched call
+            raise ValueError("boom")
+        return out
+
+    fn2 = ndl.compile(flaky)
+    x = ndl.Tensor(np.ones(3, np.float32), device=dev, requires_grad=False)
+    assert float(fn2(x).numpy()) == 6.0
+    with pytest.raises(ValueError, match="boom"):
+        fn2(x)
+    assert [float(fn2(x).numpy()) for _ in range(3)] == [6.0] * 3
+    assert fn2.stats(x)["recorded"]

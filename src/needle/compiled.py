@@ -112,6 +112,9 @@ class _Entry:
     host_calls: int = 0  # backend calls per step made by host steps (optimizer)
     graph_kernels: int = 0
     keep: list = field(default_factory=list)  # staged uploads and other buffers to hold
+    device: object = None
+    last: object = None  # the recorder of the previous watched call
+    params: list = field(default_factory=list)  # (parameter, its buffer) the optimizer saw
 
 
 class StepRecorder:
@@ -127,6 +130,7 @@ class StepRecorder:
         self.calls: list[tuple] = []  # ("record") the backend calls, in order
         self.segments: list = []
         self.host_calls = 0
+        self.params: list = []  # (parameter, buffer handle) of the optimizers stepped
         self.graph_calls = 0  # work calls inside graph segments ("capture")
         self._paused = False
         self._capture = None  # the open capture context ("capture")
@@ -191,6 +195,8 @@ class StepRecorder:
         """Run ``owner``'s step now (probe, record) or at replay (capture); in the recording
         it becomes a host segment that restores the gradients it saw and calls ``run``."""
         grads = ([(p, p.grad) for p in owner.params] if hasattr(owner, "params") else [])
+        if self.mode != "probe":
+            self.params += [(p, p.realize_cached_data()._handle) for p, _ in grads]
 
         def replay_step():
             for p, g in grads:
@@ -311,20 +317,26 @@ class CompiledStep:
                 self._give_up(entry, "an input tensor requires grad: the recording treats "
                                      "inputs as data (pass requires_grad=False)")
             entry.device = device
+        if entry.reason is not None or step_hooks.recorder is not None:
+            return self.fn(*args, **kwargs)  # (inside another recording: part of its work)
         entry.calls += 1
-        if entry.reason is not None:
-            return self.fn(*args, **kwargs)
-        if entry.calls == 1:
-            out, rec = self._watch(entry, "probe", None, args, kwargs)
-            entry.last = rec
-            return out
-        if entry.calls == 2:
-            out, rec = self._watch(entry, "probe", None, args, kwargs)
-            entry.last = rec if entry.reason is None else None
-            return out
-        if entry.calls == 3:
+        if entry.calls > 3:
+            if all(p.cached_data is not None and p.cached_data._handle is h
+                   for p, h in entry.params):
+                return self._replay(entry, args, kwargs)
+            # a parameter got new storage (load_state_dict, .data = ...): record anew
+            self._close(entry)
+            del self._entries[key]
+            return self(*args, **kwargs)
+        try:
+            if entry.calls < 3:
+                out, rec = self._watch(entry, args, kwargs)
+                entry.last = rec if entry.reason is None else None  # (it holds arrays)
+                return out
             return self._record(entry, args, kwargs)
-        return self._replay(entry, args, kwargs)
+        except BaseException:
+            entry.calls -= 1  # the step raised: this stage again on the next call
+            raise
 
     def fallback_reason(self, *args, **kwargs) -> str | None:
         """Why the step runs eagerly for these arguments' signature (None: it replays, or
@@ -346,21 +358,28 @@ class CompiledStep:
                                     + len(_flat(e.outputs)) if graphs else e.eager_calls)}
 
     # --- passes ----------------------------------------------------------------------------
+    def _close(self, entry: _Entry) -> None:
+        for kind, item in entry.segments:
+            if kind == "graph":
+                item.close()
+        entry.segments, entry.inputs, entry.keep, entry.last = [], [], [], None
+
     def _give_up(self, entry: _Entry, reason: str) -> None:
         entry.reason = reason
-        entry.segments, entry.inputs, entry.keep, entry.last = [], [], [], None
+        self._close(entry)
         if self.warn:
             warnings.warn(f"ndl.compile({getattr(self.fn, '__name__', 'fn')}): running eagerly: "
                           f"{reason}", CompileFallbackWarning, stacklevel=3)
 
-    def _watch(self, entry, mode, previous, args, kwargs, call_args=None):
+    def _watch(self, entry, args, kwargs):
+        """Run the step eagerly, noting what it does (calls 1 and 2)."""
         device = entry.device
         real = device.backend
-        rec = StepRecorder(mode, real, previous)
+        rec = StepRecorder("probe", real)
         device._backend = _Proxy(real, rec)
         step_hooks.recorder = rec
         try:
-            out = self.fn(*(call_args or (args, kwargs))[0], **(call_args or (args, kwargs))[1])
+            out = self.fn(*args, **kwargs)
         finally:
             step_hooks.recorder = None
             device._backend = real
@@ -423,6 +442,7 @@ class CompiledStep:
             self._give_up(entry, rec.reason)
             return out
         entry.segments = rec.finish()
+        entry.params = rec.params
         entry.graph_kernels = sum(getattr(cb, "kernels", 0) for kind, cb in entry.segments
                                   if kind == "graph") or rec.graph_calls
         entry.outputs = _map(out, lambda t: t.realize_cached_data()
