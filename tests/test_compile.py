@@ -219,3 +219,28 @@ def test_new_parameter_storage_records_anew_and_errors_retry():
         fn2(x)
     assert [float(fn2(x).numpy()) for _ in range(3)] == [6.0] * 3
     assert fn2.stats(x)["recorded"]
+
+
+def test_other_threads_work_is_not_recorded():
+    import threading
+    dev = ndl.cpu()
+    other = ndl.Tensor(np.zeros(4, np.float32), device=dev)
+    other_opt = optim.SGD([other], lr=1.0)
+
+    def side_work():  # another thread's training step, run while the step is being recorded
+        other.grad = ndl.Tensor(np.ones(4, np.float32), device=dev, requires_grad=False)
+        other_opt.step()
+
+    def step(x):
+        worker = threading.Thread(target=side_work)
+        worker.start()
+        worker.join()
+        return (x * 3.0).sum()
+
+    fn = ndl.compile(step)
+    x = ndl.Tensor(np.ones(2, np.float32), device=dev, requires_grad=False)
+    outs = [float(fn(x).numpy()) for _ in range(6)]
+    assert outs == [6.0] * 6 and fn.stats(x)["recorded"]
+    # the side thread ran with the three calls that ran the body, never in a replay
+    np.testing.assert_array_equal(other.numpy(), np.full(4, -3.0, np.float32))
+    assert other_opt.step_count == 3

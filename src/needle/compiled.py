@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -81,11 +82,15 @@ class _Proxy:
         rec = self._rec
         if name in _WORK:
             def work(*args, **kwargs):
+                if threading.get_ident() != rec.thread:  # another thread's work: not ours
+                    return attr(*args, **kwargs)
                 return rec.work(name, attr, args, kwargs)
             setattr(self, name, work)
             return work
         if name in _HOST_READS:
             def read(*args, **kwargs):
+                if threading.get_ident() != rec.thread:
+                    return attr(*args, **kwargs)
                 rec.not_capturable(f"the step does {_HOST_READS[name]} ({name}); return the "
                                    "value from the step and read it after the call")
                 return attr(*args, **kwargs)
@@ -93,10 +98,15 @@ class _Proxy:
         return attr
 
     def Array(self, size, dtype="float32"):  # noqa: N802 -- the backend contract's name
-        return self._rec.allocated(self._real.Array(size, dtype))
+        array = self._real.Array(size, dtype)
+        if threading.get_ident() != self._rec.thread:
+            return array
+        return self._rec.allocated(array)
 
     def from_numpy(self, a, out):
-        self._rec.upload(a, out)
+        if threading.get_ident() != self._rec.thread:
+            return self._real.from_numpy(a, out)
+        return self._rec.upload(a, out)
 
 
 @dataclass
@@ -123,6 +133,7 @@ class StepRecorder:
 
     def __init__(self, mode: str, backend, previous: StepRecorder | None = None):
         self.mode, self.backend, self.previous = mode, backend, previous
+        self.thread = threading.get_ident()  # only this thread's calls are the step's
         self.log: list[tuple] = []  # (name, scalar arguments) of every work call
         self.uploads: list[np.ndarray] = []
         self.allocations: list = []  # strong refs: ids stay unique while we compare
@@ -194,6 +205,8 @@ class StepRecorder:
     def host_step(self, owner, run) -> bool:
         """Run ``owner``'s step now (probe, record) or at replay (capture); in the recording
         it becomes a host segment that restores the gradients it saw and calls ``run``."""
+        if threading.get_ident() != self.thread:
+            return False  # another thread's optimizer: it steps as usual
         grads = ([(p, p.grad) for p in owner.params] if hasattr(owner, "params") else [])
         if self.mode != "probe":
             self.params += [(p, p.realize_cached_data()._handle) for p, _ in grads]
@@ -318,7 +331,9 @@ class CompiledStep:
                                      "inputs as data (pass requires_grad=False)")
             entry.device = device
         if entry.reason is not None or step_hooks.recorder is not None:
-            return self.fn(*args, **kwargs)  # (inside another recording: part of its work)
+            # inside another recording (part of its work), or while another thread records
+            # (one recording at a time: the proxy stands in for the device's backend)
+            return self.fn(*args, **kwargs)
         entry.calls += 1
         if entry.calls > 3:
             if all(p.cached_data is not None and p.cached_data._handle is h
