@@ -1,5 +1,10 @@
 """Training case (issue 3): one step of an MLP, Adam, cross-entropy, against PyTorch.
 
+Four ways to run it (issue 13): ``needle`` eager, ``needle:compiled`` (the same step under
+``ndl.compile``: a recorded replay), ``torch`` eager and, on CUDA, ``torch:compile``
+(``torch.compile(step, mode="reduce-overhead")``: Inductor kernels in CUDA graphs, optimizer
+included).
+
 One step is what a training loop repeats: reset the gradients, forward, loss, backward, Adam
 update, then the device synchronize the runner adds. Both frameworks train the same shape of
 model from their own default initialisation on the same random batches (rotated, as real
@@ -30,7 +35,7 @@ def _batches(ctx: Context, widths: list[int], batch: int) -> list[tuple[np.ndarr
     return ctx.input_sets(make)
 
 
-def _needle_step(ctx: Context, widths: list[int], batches) -> Impl:
+def _needle_step(ctx: Context, widths: list[int], batches, compiled: bool = False) -> Impl:
     try:
         from needle import nn, optim
         from needle.autograd import Tensor
@@ -52,13 +57,16 @@ def _needle_step(ctx: Context, widths: list[int], batches) -> Impl:
         loss.backward()
         opt.step()
 
+    if compiled:
+        import needle as ndl
+        step = ndl.compile(step)
     inputs = [(Tensor(x, device=dev, requires_grad=False), Tensor(y, device=dev,
                                                                  requires_grad=False))
               for x, y in batches]
     return Impl(step, inputs)
 
 
-def _torch_step(ctx: Context, widths: list[int], batches) -> Impl:
+def _torch_step(ctx: Context, widths: list[int], batches, compiled: bool = False) -> Impl:
     fw = ctx.frameworks["torch"]
     torch = fw.torch
     layers = []
@@ -76,15 +84,20 @@ def _torch_step(ctx: Context, widths: list[int], batches) -> Impl:
         loss.backward()
         opt.step()
 
+    if compiled:
+        step = torch.compile(step, mode="reduce-overhead")
     return Impl(step, [(fw.put(x), fw.put(y, "int64")) for x, y in batches])
 
 
 def _mlp_step(ctx: Context) -> Bench:
     widths, batch = _sizes(ctx)
     batches = _batches(ctx, widths, batch)
-    impls = {"needle": _needle_step(ctx, widths, batches)}
+    impls = {"needle": _needle_step(ctx, widths, batches),
+             "needle:compiled": _needle_step(ctx, widths, batches, compiled=True)}
     if "torch" in ctx.frameworks:
         impls["torch"] = _torch_step(ctx, widths, batches)
+        if ctx.kind == "cuda":  # reduce-overhead means CUDA graphs
+            impls["torch:compile"] = _torch_step(ctx, widths, batches, compiled=True)
     weights = sum(a * b for a, b in zip(widths, widths[1:]))
     return Bench(impls, flops=6.0 * batch * weights, ceiling="matmul_float32", rtol=None)
 

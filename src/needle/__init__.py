@@ -1,6 +1,7 @@
 """needle: a small deep-learning framework over CPUs, NVIDIA GPUs and Apple GPUs."""
 
-from . import autograd, backend_ndarray, data, init, nn, ops, optim
+from . import amp, autograd, backend_ndarray, data, init, nn, ops, optim
+from .amp import autocast
 from .autograd import (
     Tensor,
     TensorTuple,
@@ -11,6 +12,7 @@ from .autograd import (
     set_grad_enabled,
 )
 from .backend_ndarray import all_devices, cpu, cpu_numpy, cuda, default_device, metal
+from .compiled import CompileFallbackWarning, compile  # noqa: A004 -- as torch.compile
 from .errors import (
     ArgumentError,
     ArgumentTypeError,

@@ -18,7 +18,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 
-from . import checks
+from . import checks, step_hooks
 from .autograd import Tensor
 from .backend_ndarray import NDArray, adam_update, empty, sgd_update, state_dtype, zeros
 from .errors import ArgumentError, ArgumentTypeError, ModelFormatError
@@ -62,6 +62,11 @@ class Optimizer:
         self.state: list[dict[str, NDArray]] = [{} for _ in self.params]
 
     def step(self) -> None:
+        if step_hooks.handled(self, self._step):  # ndl.compile replays it on the host
+            return
+        self._step()
+
+    def _step(self) -> None:
         self.step_count += 1
         arrays = [p.realize_cached_data() for p in self.params]
         sharing = Counter(id(w.handle) for w in arrays)
@@ -256,6 +261,11 @@ class LRScheduler:
         raise NotImplementedError
 
     def step(self) -> None:
+        if step_hooks.handled(self, self._step):
+            return
+        self._step()
+
+    def _step(self) -> None:
         self.last_step += 1
         self.optimizer.lr = self.lr_at(self.last_step)
 

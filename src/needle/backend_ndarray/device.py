@@ -72,6 +72,9 @@ class Device:
 
     @property
     def backend(self):
+        backend = self._backend
+        if backend is not None:  # the hot path: every array-API call asks
+            return backend
         self._load()
         if self._backend is None:
             raise DeviceError(f"device {self.name} is not available: {self._reason}")

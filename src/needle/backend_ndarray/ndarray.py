@@ -12,7 +12,7 @@ import builtins
 import math
 import numbers
 import operator
-from functools import reduce
+from functools import lru_cache, reduce
 
 import numpy as np
 
@@ -29,10 +29,34 @@ from ..errors import (
 from . import course, dtypes
 from .device import Device, as_device, cpu_numpy, default_device
 
-_prod = lambda xs: reduce(operator.mul, xs, 1)  # noqa: E731
+_prod_any = lambda xs: reduce(operator.mul, xs, 1)  # noqa: E731
+
+
+@lru_cache(maxsize=8192)
+def _prod_shape(shape: tuple) -> int:
+    return _prod_any(shape)
+
+
+def _prod(xs) -> int:
+    """The product of a shape: cached for tuples (every op asks it of the same few shapes;
+    issue 13's eager-overhead profile), computed for anything else."""
+    if type(xs) is tuple:
+        try:
+            return _prod_shape(xs)
+        except TypeError:  # unhashable entries: let the product raise its own error
+            pass
+    return _prod_any(xs)
 
 
 def _compact_strides(shape) -> tuple[int, ...]:
+    try:
+        return _compact_strides_of(shape if type(shape) is tuple else tuple(shape))
+    except TypeError:  # unhashable entries
+        return _compact_strides_of.__wrapped__(tuple(shape))
+
+
+@lru_cache(maxsize=8192)
+def _compact_strides_of(shape: tuple) -> tuple[int, ...]:
     stride, out = 1, []
     for dim in reversed(shape):
         out.append(stride)

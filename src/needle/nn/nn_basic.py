@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from .. import backend_ndarray as nd
-from .. import checks, init, ops
+from .. import checks, init, ops, step_hooks
 from ..autograd import Tensor
 from ..backend_ndarray import NDArray
 from ..backend_ndarray.dtypes import is_floating
@@ -324,7 +324,8 @@ def _check_labels(y, classes: int):
                          f"got {labels.dtype}")
     if not labels.size:
         return None
-    if has(labels.device.backend, "host_memory"):
+    # (not while ndl.compile records a step: a host read would make it uncapturable)
+    if has(labels.device.backend, "host_memory") and not step_hooks.recording():
         lo, hi = labels.min().item(), labels.max().item()
         if lo < 0 or hi >= classes:
             raise IndexOutOfRangeError(f"SoftmaxLoss: label {lo if lo < 0 else hi} is not a "

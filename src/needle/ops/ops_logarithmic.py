@@ -4,6 +4,7 @@ computed stably."""
 from __future__ import annotations
 
 from .. import backend_ndarray as nd
+from ..amp import float32_inputs
 from ..autograd import TensorOp
 from ..errors import ShapeError
 from .ops_mathematic import exp
@@ -35,6 +36,7 @@ class LogSumExp(TensorOp):
 
 
 def logsumexp(a, axes=None, keepdims: bool = False):
+    (a,) = float32_inputs(a)  # autocast (amp.py)
     return LogSumExp(axes, keepdims)(a)
 
 
@@ -50,6 +52,7 @@ class LogSoftmax(TensorOp):
 
 
 def log_softmax(a):
+    (a,) = float32_inputs(a)
     return LogSoftmax()(a)
 
 
@@ -68,6 +71,7 @@ class Softmax(TensorOp):
 
 
 def softmax(a):
+    (a,) = float32_inputs(a)
     return Softmax()(a)
 
 
@@ -99,4 +103,5 @@ class SoftmaxCrossEntropy(TensorOp):
 
 
 def softmax_cross_entropy(logits, target):
+    logits, target = float32_inputs(logits, target)
     return SoftmaxCrossEntropy()(logits, target)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from .. import backend_ndarray as nd
+from ..amp import low_precision_inputs
 from ..autograd import Tensor, TensorOp
 from .ops_shape import reshape, sum_to_shape, transpose
 
@@ -370,4 +371,5 @@ class MatMul(TensorOp):
 
 
 def matmul(a, b):
+    a, b = low_precision_inputs(a, b)  # autocast (amp.py)
     return MatMul()(a, b)

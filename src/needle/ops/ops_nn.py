@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from .. import backend_ndarray as nd
+from ..amp import low_precision_inputs
 from ..autograd import Tensor, TensorOp
 from ..errors import ShapeError
 from .ops_logarithmic import softmax
@@ -96,6 +97,7 @@ class Conv(TensorOp):
 
 
 def conv(x, w, stride=1, padding=0):
+    x, w = low_precision_inputs(x, w)  # autocast (amp.py)
     return Conv(stride, padding)(x, w)
 
 
@@ -279,5 +281,6 @@ def _sum_groups(t: Tensor, kv_heads: int, group: int) -> Tensor:
 
 
 def scaled_dot_product_attention(q, k, v, causal: bool = False, scale: float | None = None):
+    q, k, v = low_precision_inputs(q, k, v)  # autocast (amp.py)
     return ScaledDotProductAttention(causal, scale)(q, k, v)
 

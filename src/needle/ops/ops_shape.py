@@ -12,6 +12,7 @@ from math import prod
 
 from .. import backend_ndarray as nd
 from .. import checks
+from ..amp import float32_inputs
 from ..autograd import Tensor, TensorOp
 from ..errors import ArgumentTypeError, AxisError, ShapeError
 
@@ -149,6 +150,7 @@ class Summation(TensorOp):
 
 
 def summation(a, axes=None, keepdims: bool = False):
+    (a,) = float32_inputs(a)  # autocast (amp.py)
     return Summation(axes, keepdims)(a)
 
 
