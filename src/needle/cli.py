@@ -1,4 +1,5 @@
-"""The ``needle`` command: ``devices``, ``demo``, ``bench``, ``generate``, ``chat``, ``warmup``.
+"""The ``needle`` command: ``devices``, ``demo``, ``bench``, ``generate``, ``chat``, ``warmup``,
+``run``.
 
 Each subcommand's module is imported only when it runs, so ``needle devices`` works even
 where optional dependencies (scikit-learn, tokenizers, a GPU) are missing.
@@ -52,6 +53,7 @@ _COMMANDS = {
     "generate": ("needle.generate_cli", "generate text with a local language model"),
     "chat": ("needle.chat_cli", "chat with a local language model (one turn per line)"),
     "warmup": ("needle.warmup_cli", "compile a device's kernels ahead of use"),
+    "run": ("needle.distributed.launcher", "run N ranks of a script (distributed jobs)"),
 }
 
 

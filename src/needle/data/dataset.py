@@ -16,7 +16,7 @@ import numpy as np
 from .. import checks, init
 from ..autograd import Tensor
 from ..backend_ndarray import NDArray, as_device, default_device
-from ..errors import ArgumentTypeError, IndexOutOfRangeError, ShapeError
+from ..errors import ArgumentError, ArgumentTypeError, IndexOutOfRangeError, ShapeError
 
 
 def stack_samples(dataset, indices: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -89,11 +89,17 @@ class DataLoader:
     number ``epoch`` uses the order seeded by (seed, epoch), so setting ``loader.epoch``
     reproduces the order of any pass (for resuming training); without one, orders come from
     ``needle.init``'s generator. ``drop_last`` leaves out a final short batch.
+    A ``sampler`` (``needle.distributed.DistributedSampler``: ``indices(epoch)`` and
+    ``len``) chooses the samples and their order of each pass instead.
     """
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
-                 drop_last: bool = False, seed: int | None = None, device=None):
+                 drop_last: bool = False, seed: int | None = None, device=None,
+                 sampler=None):
         batch_size = checks.positive(batch_size, "batch_size", "DataLoader")
+        if sampler is not None and shuffle:
+            raise ArgumentError("DataLoader: the sampler orders the samples; pass shuffle to "
+                                "the sampler, not the DataLoader")
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise ArgumentTypeError(f"DataLoader: dataset must be a Dataset (or any object with "
                                     f"__len__ and __getitem__), got {type(dataset).__name__}")
@@ -107,13 +113,16 @@ class DataLoader:
         self.drop_last = drop_last
         self.seed = seed
         self.device = device
+        self.sampler = sampler
         self.epoch = 0
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = len(self.dataset) if self.sampler is None else len(self.sampler)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def _order(self) -> np.ndarray:
+        if self.sampler is not None:
+            return np.asarray(self.sampler.indices(self.epoch))
         n = len(self.dataset)
         if not self.shuffle:
             return np.arange(n)
