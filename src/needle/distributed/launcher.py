@@ -120,19 +120,25 @@ def _mpi_command(n: int, script_argv: list[str], env: dict[str, str]) -> list[st
             "needle.distributed.rank_main", *script_argv]
 
 
+def launch(n: int, python_args: list[str], backend: str = "auto", port: int | None = None,
+           timeout: float | None = None) -> int:
+    """Run ``python *python_args`` (a script and its arguments, or ``-m module ...``) as n
+    ranks; the exit status of the job."""
+    if n < 1:
+        raise DistributedError(f"the number of processes must be >= 1, got {n}")
+    backend = _auto_backend() if backend == "auto" else backend
+    env = dict(os.environ, **{BACKEND_VAR: backend})
+    if timeout is not None:
+        env[TIMEOUT_VAR] = str(timeout)
+    if backend == "mpi":
+        return subprocess.call(_mpi_command(n, python_args, env), env=env)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or _free_port()),
+               **{AUTHKEY_VAR: secrets.token_hex(16)})
+    return spawn(n, [sys.executable, *python_args], env)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.nproc < 1:
-        raise DistributedError(f"-n must be >= 1, got {args.nproc}")
     if not Path(args.script).is_file():
         raise DistributedError(f"{args.script} is not a file; pass the script every rank runs")
-    backend = _auto_backend() if args.backend == "auto" else args.backend
-    env = dict(os.environ, **{BACKEND_VAR: backend})
-    if args.timeout is not None:
-        env[TIMEOUT_VAR] = str(args.timeout)
-    script_argv = [args.script, *args.args]
-    if backend == "mpi":
-        return subprocess.call(_mpi_command(args.nproc, script_argv, env), env=env)
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port or _free_port()),
-               **{AUTHKEY_VAR: secrets.token_hex(16)})
-    return spawn(args.nproc, [sys.executable, *script_argv], env)
+    return launch(args.nproc, [args.script, *args.args], args.backend, args.port, args.timeout)

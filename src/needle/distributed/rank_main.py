@@ -14,13 +14,21 @@ def _rank() -> str:
     return os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "?"))
 
 
+def _run(argv: list[str]) -> None:
+    """Run ``script args`` or ``-m module args`` as the __main__ module."""
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
 def main() -> int:
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0
     try:
-        runpy.run_path(script, run_name="__main__")
+        _run(sys.argv[1:])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
