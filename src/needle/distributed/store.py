@@ -73,6 +73,13 @@ def authkey(addr: str, port: int) -> bytes:
     return hashlib.sha256(f"needle-store:{port}".encode()).digest()
 
 
+def _serve(server) -> None:
+    try:
+        server.serve_forever()
+    except SystemExit:  # how the manager's server loop ends, here in a thread of ours
+        pass
+
+
 class Store:
     """The job's store: ``Store.serve`` on rank 0, ``Store.connect`` on every rank."""
 
@@ -89,7 +96,7 @@ class Store:
         except OSError as e:
             raise DistributedError(f"rank 0 cannot serve the store on {addr}:{port}: {e}; "
                                    "choose a free MASTER_PORT") from None
-        threading.Thread(target=server.serve_forever, name="needle-store", daemon=True).start()
+        threading.Thread(target=_serve, args=(server,), name="needle-store", daemon=True).start()
         store = cls.connect(addr, port, timeout)
         store._server = server
         return store
@@ -146,6 +153,7 @@ class Store:
             time.sleep(0.02)
 
     def close(self) -> None:
+        self._proxy = None  # its finalizer tells the server, which must still be up
         if self._server is not None:
             self._server.stop_event.set()
             self._server = None
