@@ -66,3 +66,16 @@ def test_dataloader_follows_the_sampler_epoch_by_epoch():
         np.testing.assert_array_equal(seen, sampler.indices(epoch))
     with pytest.raises(ArgumentError, match="shuffle to the sampler"):
         DataLoader(data, sampler=sampler, shuffle=True)
+
+
+def test_bad_arguments_are_named():
+    from needle.errors import ArgumentTypeError
+
+    with pytest.raises(ArgumentTypeError, match="sampler must have indices"):
+        DataLoader(ArrayDataset(np.zeros((4, 1))), sampler=[0, 1])
+    with pytest.raises(ArgumentTypeError, match="dataset must be sized"):
+        DistributedSampler(iter([1, 2]), num_replicas=1, rank=0)
+    with pytest.raises(ArgumentTypeError, match="seed"):
+        DistributedSampler(range(3), num_replicas=1, rank=0, seed="a")
+    with pytest.raises(ArgumentTypeError, match="timeout"):
+        ndl.distributed.init_process_group(backend="mpi", timeout="soon")

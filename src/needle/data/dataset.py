@@ -97,6 +97,10 @@ class DataLoader:
                  drop_last: bool = False, seed: int | None = None, device=None,
                  sampler=None):
         batch_size = checks.positive(batch_size, "batch_size", "DataLoader")
+        if sampler is not None and not (hasattr(sampler, "indices") and hasattr(sampler,
+                                                                                "__len__")):
+            raise ArgumentTypeError(f"DataLoader: sampler must have indices(epoch) and len() "
+                                    f"(a DistributedSampler), got {type(sampler).__name__}")
         if sampler is not None and shuffle:
             raise ArgumentError("DataLoader: the sampler orders the samples; pass shuffle to "
                                 "the sampler, not the DataLoader")

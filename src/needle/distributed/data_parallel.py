@@ -13,9 +13,10 @@ goes on (to the optimizer step) without waiting.
 
 from __future__ import annotations
 
+from .. import checks
 from ..autograd import Tensor
 from ..backend_ndarray import NDArray, concatenate, zeros
-from ..errors import ArgumentError, ArgumentTypeError
+from ..errors import ArgumentTypeError
 from ..nn import Module
 from .collectives import all_reduce, broadcast
 from .group import group
@@ -37,8 +38,8 @@ class DistributedDataParallel(Module):
         if not isinstance(module, Module):
             raise ArgumentTypeError(f"DistributedDataParallel wraps an nn.Module, got "
                                     f"{type(module).__name__}")
-        if not bucket_mb > 0:
-            raise ArgumentError(f"bucket_mb must be > 0, got {bucket_mb}")
+        bucket_mb = checks.number(bucket_mb, "bucket_mb", "DistributedDataParallel", 0.0,
+                                  low_open=True)
         self.module = module
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.world_size = group().world_size

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .. import checks
 from ..backend_ndarray import Device, device_from_name
 from ..errors import DistributedError
 from .launch_env import LaunchEnv, read_launch_env
@@ -48,9 +49,7 @@ def _timeout(timeout: float | None) -> float:
             timeout = float(value)
         except ValueError:
             raise DistributedError(f"{TIMEOUT_VAR}={value!r} is not a number of seconds") from None
-    if not timeout > 0:
-        raise DistributedError(f"the timeout must be > 0 seconds, got {timeout}")
-    return float(timeout)
+    return checks.number(timeout, "timeout", "init_process_group", 0.0, low_open=True)
 
 
 def _choose_backend(backend: str | None, device: Device | None) -> str:

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from .. import checks
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ArgumentTypeError
 from .group import get_rank, get_world_size
 
 
@@ -26,6 +26,9 @@ class DistributedSampler:
     def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False):
         where = "DistributedSampler"
+        if not hasattr(dataset, "__len__"):
+            raise ArgumentTypeError(f"{where}: dataset must be sized (a Dataset, or anything "
+                                    f"with len()), got {type(dataset).__name__}")
         self.num_samples_total = len(dataset)
         self.num_replicas = checks.positive(get_world_size() if num_replicas is None
                                             else num_replicas, "num_replicas", where)
