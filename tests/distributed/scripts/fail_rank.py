@@ -1,4 +1,5 @@
-"""Rank 1 fails with status 3 at once; the others would run for a minute unless stopped.
+"""Rank 1 fails with status 3 (after 2 s, so that the others have printed their variables
+even on a busy machine); the others would run for a minute unless stopped.
 With "hang" as argument, rank 1 instead sleeps while rank 0 waits for it in an all_reduce
 (the group's timeout must end that wait)."""
 
@@ -19,5 +20,6 @@ if sys.argv[1:] == ["hang"]:
         time.sleep(60)
     dist.all_reduce(nd.array([1.0]))
 elif rank == 1:
+    time.sleep(2)
     sys.exit(3)
 time.sleep(60)
