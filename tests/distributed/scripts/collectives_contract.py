@@ -1,6 +1,7 @@
 """Run by test_collectives.py under `needle run -n 2 --backend mpi`: every collective's
 contract on every CPU device and the dtypes that matter, checked against numpy on every
-rank. Prints "ok <rank>" at the end; any failed check exits non-zero."""
+rank. Prints "ok <rank>" at the end; any failed check exits non-zero. Under
+`needle run -n 2 --backend nccl` (a machine of 2 GPUs) it checks each rank's cuda device."""
 
 import numpy as np
 
@@ -23,7 +24,8 @@ def host(dtype, a):
     return np.asarray(a, dtype=np.float64) if dtype != "bool" else a
 
 
-for device in (nd.cpu(), nd.cpu_numpy()):
+devices = (g.device,) if g.backend.name == "nccl" else (nd.cpu(), nd.cpu_numpy())
+for device in devices:
     for dtype in ("float32", "float64", "bfloat16", "float16", "int32", "int64"):
         inputs = [data(r, dtype) for r in range(world)]
         mine = inputs[rank]

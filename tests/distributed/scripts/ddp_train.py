@@ -14,10 +14,11 @@ from needle.data import ArrayDataset, DataLoader
 STEPS, SAMPLES, FEATURES, CLASSES = 4, 16, 6, 3
 
 
-def build_model(seed: int) -> nn.Module:
+def build_model(seed: int, device=None) -> nn.Module:
     ndl.init.manual_seed(seed)
-    return nn.Sequential(nn.Linear(FEATURES, 16, device=ndl.cpu()), nn.ReLU(),
-                         nn.Linear(16, CLASSES, device=ndl.cpu()))
+    device = device or ndl.cpu()
+    return nn.Sequential(nn.Linear(FEATURES, 16, device=device), nn.ReLU(),
+                         nn.Linear(16, CLASSES, device=device))
 
 
 def dataset() -> ArrayDataset:
@@ -47,13 +48,13 @@ def reference() -> nn.Module:
 def main(checkpoint: str) -> None:
     from needle import distributed as dist
 
-    dist.init_process_group()
-    model = dist.DistributedDataParallel(build_model(seed=100 + dist.get_rank()),
+    g = dist.init_process_group()
+    model = dist.DistributedDataParallel(build_model(100 + g.rank, g.device),
                                          bucket_mb=0.0005)  # several buckets
     assert len(model._buckets()) > 1
     opt = optim.Adam(model.parameters(), lr=0.05)
     sampler = dist.DistributedSampler(dataset(), shuffle=True, seed=3)
-    loader = DataLoader(dataset(), batch_size=SAMPLES // 2, sampler=sampler, device=ndl.cpu())
+    loader = DataLoader(dataset(), batch_size=SAMPLES // 2, sampler=sampler, device=g.device)
     for _ in range(STEPS):
         for x, y in loader:
             opt.zero_grad()
