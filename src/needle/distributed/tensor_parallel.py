@@ -93,6 +93,15 @@ class Slicer:
         return a  # embeddings, norms, the output head, row-parallel biases: whole
 
 
+def make_row_parallel(model: CausalLM) -> CausalLM:
+    """Make each layer's output and down projections all-reduce their partial sums (the
+    model already holds one rank's shards, on a config from ``shard_config``)."""
+    for layer in model.weights.layers:
+        layer.o = RowParallelProjection(layer.o.weight, layer.o.bias)
+        layer.down = RowParallelProjection(layer.down.weight, layer.down.bias)
+    return model
+
+
 def load_tensor_parallel(path: str | Path, dtype: str | None = None,
                          max_seq_len: int | None = None) -> CausalLM:
     """Load this rank's share of the model in ``path`` onto the process group's device.
@@ -133,9 +142,7 @@ def load_tensor_parallel(path: str | Path, dtype: str | None = None,
         device.synchronize()
     finally:
         checkpoint.close()
-    for layer in model.weights.layers:
-        layer.o = RowParallelProjection(layer.o.weight, layer.o.bias)
-        layer.down = RowParallelProjection(layer.down.weight, layer.down.bias)
+    make_row_parallel(model)
     model.load_stats = LoadStats(read, time.perf_counter() - start)
     model.generation_config = GenerationConfig.read(path, full.eos_token_ids)
     model.tokenizer = load_tokenizer(path)
