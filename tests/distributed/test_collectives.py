@@ -51,3 +51,10 @@ def test_single_process_group():
     finally:
         dist.destroy_process_group()
 
+
+
+@needs_mpi
+def test_checked_calls_catch_ranks_that_disagree():
+    job = run_job("mismatch.py", env={"NEEDLE_DIST_CHECK": "1"})
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert sorted(job.stdout.split("\n")[:2]) == ["caught 0", "caught 1"]

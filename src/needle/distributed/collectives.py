@@ -9,9 +9,14 @@ returns at once on the nccl backend (the work is queued on the device's stream).
 
 from __future__ import annotations
 
+import zlib
+
+import numpy as np
+
 from ..backend_ndarray import NDArray
-from ..errors import ArgumentError, ArgumentTypeError, DTypeError, ShapeError
-from .group import group
+from ..backend_ndarray import array as nd_array
+from ..errors import ArgumentError, ArgumentTypeError, DistributedError, DTypeError, ShapeError
+from .group import ProcessGroup, group
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
 
@@ -35,6 +40,24 @@ def _check_op(op: str, x: NDArray, what: str) -> str:
     return op
 
 
+def _agree(g: ProcessGroup, x: NDArray, *what) -> None:
+    """With the group's ``check`` on: the ranks exchange a digest of the call they are about
+    to make and all raise if any differs."""
+    if not g.check:
+        return
+    call = " ".join(map(str, what + (tuple(x.shape), x.dtype)))
+    digest = nd_array(np.array([zlib.crc32(call.encode())], np.int64), device=x.device)
+    every = NDArray.make((g.world_size, 1), device=x.device, dtype="int64")
+    g.backend.all_gather(digest, every)
+    digests = every.numpy()[:, 0]
+    others = [r for r in range(g.world_size) if digests[r] != digests[g.rank]]
+    if others:
+        raise DistributedError(f"rank {g.rank} calls {call}, but rank(s) "
+                               f"{', '.join(map(str, others))} call a different collective, op, "
+                               "shape or dtype; every rank must make the same calls in the "
+                               "same order")
+
+
 def _in_place(x: NDArray, run) -> NDArray:
     """Run ``run`` on x, or on a compact copy written back into x."""
     if x.is_compact():
@@ -51,6 +74,7 @@ def all_reduce(x: NDArray, op: str = "sum") -> NDArray:
     becomes the result. Returns ``x``."""
     _check_op(op, _check_array(x, "all_reduce"), "all_reduce")
     g = group()
+    _agree(g, x, "all_reduce", op)
     return _in_place(x, lambda a: g.backend.all_reduce(a, op))
 
 
@@ -59,6 +83,7 @@ def all_gather(x: NDArray) -> NDArray:
     r from rank r."""
     x = _check_array(x, "all_gather").compact()
     g = group()
+    _agree(g, x, "all_gather")
     out = NDArray.make((g.world_size,) + x.shape, device=x.device, dtype=x.dtype)
     g.backend.all_gather(x, out)
     return out
@@ -72,6 +97,7 @@ def reduce_scatter(x: NDArray, op: str = "sum") -> NDArray:
     if x.ndim == 0 or x.shape[0] % g.world_size:
         raise ShapeError(f"reduce_scatter: the first axis ({x.shape[0] if x.ndim else 'none'}"
                          f") must divide evenly among {g.world_size} ranks")
+    _agree(g, x, "reduce_scatter", op)
     x = x.compact()
     out = NDArray.make((x.shape[0] // g.world_size,) + x.shape[1:], device=x.device,
                        dtype=x.dtype)
@@ -86,6 +112,7 @@ def broadcast(x: NDArray, src: int = 0) -> NDArray:
     if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < g.world_size:
         raise ArgumentError(f"broadcast: src must be a rank in 0..{g.world_size - 1}, got "
                             f"{src!r}")
+    _agree(g, x, "broadcast", src)
     return _in_place(x, lambda a: g.backend.broadcast(a, src))
 
 

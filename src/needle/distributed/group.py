@@ -19,6 +19,7 @@ from .store import Store
 BACKENDS = ("nccl", "mpi")
 BACKEND_VAR = "NEEDLE_DIST_BACKEND"
 TIMEOUT_VAR = "NEEDLE_DIST_TIMEOUT"
+CHECK_VAR = "NEEDLE_DIST_CHECK"
 DEFAULT_TIMEOUT = 300.0
 
 
@@ -29,6 +30,7 @@ class ProcessGroup:
     device: Device
     store: Store | None
     timeout: float
+    check: bool = False  # before each collective, make sure every rank calls the same one
 
     @property
     def rank(self) -> int:
@@ -83,7 +85,8 @@ def _device(backend: str, device, env: LaunchEnv) -> Device:
 
 
 def init_process_group(backend: str | None = None, device: Device | str | None = None,
-                       timeout: float | None = None) -> ProcessGroup:
+                       timeout: float | None = None, check: bool | None = None
+                       ) -> ProcessGroup:
     """Join the job this process was launched into and return its group.
 
     ``backend``: "nccl" (cuda devices) or "mpi" (CPU arrays; processes started by mpiexec);
@@ -91,6 +94,10 @@ def init_process_group(backend: str | None = None, device: Device | str | None =
     ``device``: where this rank's arrays live (default cuda(LOCAL_RANK) for nccl, cpu() for
     mpi). ``timeout``: seconds any rank waits for the others (joining, a store key, a
     collective's completion in barrier/synchronize); default ``NEEDLE_DIST_TIMEOUT`` or 300.
+    ``check`` (default ``NEEDLE_DIST_CHECK=1``): before each collective the ranks compare
+    what they are about to call (collective, op, shape, dtype) and raise DistributedError
+    when they differ, instead of hanging or mixing unrelated data. It costs one small
+    all-gather and a host sync per collective: a debugging aid.
     """
     global _group
     if _group is not None:
@@ -111,7 +118,9 @@ def init_process_group(backend: str | None = None, device: Device | str | None =
 
         store = _join(env, timeout)
         impl = NcclBackend(env.rank, env.world_size, device, store, timeout)
-    _group = ProcessGroup(env, impl, device, store, timeout)
+    if check is None:
+        check = os.environ.get(CHECK_VAR) == "1"
+    _group = ProcessGroup(env, impl, device, store, timeout, bool(check))
     return _group
 
 
