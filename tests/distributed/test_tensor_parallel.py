@@ -27,17 +27,22 @@ MODELS = [("llama", {}), ("qwen2", {"num_key_value_heads": 2}), ("phi3", {}), ("
 
 
 @pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory):
-    dirs = []
-    for variant, overrides in MODELS:
-        directory = tmp_path_factory.mktemp(f"tp_{variant}")
-        build(variant, directory, **overrides)
-        dirs.append(directory)
-    return dirs
+def model_dir(tmp_path_factory):
+    """variant -> its checkpoint directory, written on first use."""
+    made = {}
+
+    def get(variant: str):
+        if variant not in made:
+            made[variant] = tmp_path_factory.mktemp(f"tp_{variant}")
+            build(variant, made[variant], **dict(MODELS)[variant])
+        return made[variant]
+
+    return get
 
 
 @needs_mpi
-def test_two_ranks_give_the_logits_and_tokens_of_one(model_dirs, tmp_path):
+def test_two_ranks_give_the_logits_and_tokens_of_one(model_dir, tmp_path):
+    model_dirs = [model_dir(variant) for variant, _ in MODELS]
     job = run_job("tp_logits.py", str(tmp_path), *map(str, model_dirs))
     assert job.returncode == 0, job.stdout + job.stderr
     for i, directory in enumerate(model_dirs):
@@ -48,11 +53,11 @@ def test_two_ranks_give_the_logits_and_tokens_of_one(model_dirs, tmp_path):
         assert got["tokens"].tolist() == model.generate(PROMPT, 6, temperature=0)
 
 
-def test_shards_are_disjoint_and_rebuild_the_matrices(model_dirs):
+def test_shards_are_disjoint_and_rebuild_the_matrices(model_dir):
     """Rank r's slices, put back together, are the checkpoint's matrices."""
     from needle.models.checkpoint import Checkpoint
 
-    directory = model_dirs[2]  # phi3: fused projections
+    directory = model_dir("phi3")  # fused projections
     cfg = ModelConfig.from_file(directory / "config.json")
     ckpt = Checkpoint(directory)
     shapes = cfg.tensor_shapes()
@@ -72,8 +77,11 @@ def test_shards_are_disjoint_and_rebuild_the_matrices(model_dirs):
     ckpt.close()
 
 
-def test_heads_must_divide(model_dirs):
-    cfg = ModelConfig.from_file(model_dirs[0] / "config.json")  # 4 heads, 2 KV heads
+def test_heads_must_divide():
+    cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                                 "intermediate_size": 128, "num_hidden_layers": 1,
+                                 "num_attention_heads": 4, "num_key_value_heads": 2,
+                                 "vocab_size": 32})
     assert shard_config(cfg, 2).num_kv_heads == 1
     with pytest.raises(ModelFormatError, match=r"attention heads \(4\) to divide evenly"):
         shard_config(cfg, 3)
