@@ -1,5 +1,5 @@
 """The ``needle`` command: ``devices``, ``demo``, ``bench``, ``generate``, ``chat``, ``warmup``,
-``run``.
+``serve``, ``quantize``, ``run``.
 
 Each subcommand's module is imported only when it runs, so ``needle devices`` works even
 where optional dependencies (scikit-learn, tokenizers, a GPU) are missing.
@@ -53,6 +53,8 @@ _COMMANDS = {
     "generate": ("needle.generate_cli", "generate text with a local language model"),
     "chat": ("needle.chat_cli", "chat with a local language model (one turn per line)"),
     "warmup": ("needle.warmup_cli", "compile a device's kernels ahead of use"),
+    "serve": ("needle.serve_cli", "an OpenAI-compatible server for a local language model"),
+    "quantize": ("needle.quantize_cli", "write an int8/int4 quantized copy of a model"),
     "run": ("needle.distributed.launcher", "run N ranks of a script (distributed jobs)"),
 }
 

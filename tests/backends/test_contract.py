@@ -33,10 +33,16 @@ CAPABILITY_TESTS = {
     "bf16_tensor_cores": ["backends/test_cuda.py::test_matmul_half_tensor_cores_and_fallback",
                           "backends/test_cuda.py::test_tensor_core_attention"],
     "fused_decode": ["backends/test_cuda.py::test_fused_decode_is_one_launch"],
+    "paged_attention": ["backend_ndarray/test_paged.py::test_paged_attention_matches_reference",
+                        "backend_ndarray/test_paged.py::test_paged_write_stores_rows_and_skips_padding"],
     "precompile": ["backends/test_cuda_compile.py::test_precompile_ahead_fills_the_disk_cache",
                    "backends/test_cuda.py::test_precompile_then_use"],
     "sampling": ["backend_ndarray/test_sampling.py::test_devices_match_the_reference",
                  "models/test_generate.py::test_sampled_tokens_are_the_same_on_every_device"],
+    "int8": ["backend_ndarray/test_quant.py::test_quant_matmul_matches_the_reference",
+             "backend_ndarray/test_quant.py::test_dequantize_matches_the_reference"],
+    "int4": ["backend_ndarray/test_quant.py::test_quant_matmul_matches_the_reference",
+             "models/test_quantize.py::test_quantized_checkpoint_loads_and_generates"],
 }
 
 
@@ -89,7 +95,7 @@ def test_every_capability_is_named_by_a_test_that_exists():
 def test_has_knows_every_name():
     backend = nd.cpu_numpy().backend
     assert api.has(backend, "host_memory") and not api.has(backend, "graphs")
-    assert not api.has(backend, "int4")  # reserved: no backend declares it yet
+    assert api.has(backend, "int4") and api.has(backend, "paged_attention")
     with pytest.raises(ValueError, match="unknown backend capability 'graph'"):
         api.has(backend, "graph")
 

@@ -34,10 +34,24 @@ def test_every_kernel_family_is_checked():
     assert {"elementwise", "layout", "reduce", "matmul", "nn", "optim"} <= set(FAMILIES)
 
 
+@pytest.mark.parametrize("msl", [300, 310])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_kernel_file_compiles_as_cpp(family):
-    """What Metal compiles (common.h + the family file) is valid C++ against the shim."""
-    harness.check(library_source(family), STRICT)
+def test_kernel_file_compiles_as_cpp(family, msl):
+    """What Metal compiles (common.h + the family file) is valid C++ against the shim, at MSL
+    3.0 (macOS 13: no bfloat) and 3.1 (macOS 14+)."""
+    harness.check(library_source(family), STRICT, msl=msl)
+
+
+def test_msl_3_0_has_no_bfloat():
+    source = "#include <metal_stdlib>\nusing namespace metal;\n" \
+             "kernel void k(device bfloat* out [[buffer(0)]]) { out[0] = bfloat(1.0f); }\n"
+    harness.check(source, msl=310)
+    with pytest.raises(harness.MSLCompileError, match="bfloat"):
+        harness.check(source, msl=300)
+    version = "#include <metal_stdlib>\n" \
+              "static_assert(__METAL_VERSION__ == 300, \"MSL 3.0\");\n" \
+              "#ifdef __HAVE_BFLOAT__\n#error bfloat at 3.0\n#endif\n"
+    harness.check(version, msl=300)
 
 
 def test_common_header_compiles_alone():

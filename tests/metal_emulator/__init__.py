@@ -5,6 +5,7 @@
 * ``harness``: turns an MSL source into a CPU shared library whose kernels run dispatches,
   threads of a threadgroup as cooperatively scheduled fibers where they synchronise.
 * ``fake_metal``: the subset of PyObjC's ``Metal`` module the backend calls, on the harness.
+* ``fake_objc``: PyObjC's ``objc.autorelease_pool``, counting open pools.
 
 ``install()`` puts ``fake_metal`` in ``sys.modules["Metal"]``, after which
 ``needle.metal().enabled()`` is true and the backend's own code runs unmodified. The harness
@@ -16,13 +17,15 @@ from __future__ import annotations
 import shutil
 import sys
 
-from . import fake_metal, harness
+from . import fake_metal, fake_objc, harness
 
 
 def install() -> None:
-    """Make ``import Metal`` give the emulator. Call before anything asks ``metal()``."""
+    """Make ``import Metal`` (and ``import objc``) give the emulator. Call before anything
+    asks ``metal()``."""
     if shutil.which(harness.compiler()) is None:
         raise RuntimeError(f"the Metal emulator needs a C++ compiler ({harness.compiler()}, "
                            "e.g. apt-get install clang); set NEEDLE_METAL_EMULATOR_CXX to use "
                            "another")
     sys.modules["Metal"] = fake_metal
+    sys.modules["objc"] = fake_objc

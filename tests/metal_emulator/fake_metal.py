@@ -15,10 +15,17 @@ keeps Metal's observable contract where the backend could get it wrong:
   command buffer ``MTLCommandBufferStatusError`` with an ``NSError``, as a GPU fault does.
 * Fast math is on unless the options turn it off, as in Metal.
 * New buffers are filled with 0xff bytes (NaN, -1), so reading memory nobody wrote shows.
+* The emulated macOS release (``NEEDLE_METAL_EMULATOR_MACOS``, default 15.0) decides which
+  MSL versions compile (3.1 from macOS 14) and whether ``MTLCompileOptions`` has
+  ``setMathMode:`` (macOS 15); ``languageVersion`` sets ``__METAL_VERSION__`` and bfloat.
+* Command buffers, encoders and errors made with no ``objc.autorelease_pool()`` open are
+  counted in ``unpooled`` (on a Mac they would pile up).
 """
 
 from __future__ import annotations
 
+import fnmatch
+import mmap
 import os
 import threading
 import time
@@ -26,7 +33,7 @@ import weakref
 
 import numpy as np
 
-from . import harness
+from . import fake_objc, harness
 
 MTLResourceStorageModeShared = 0
 MTLResourceStorageModeManaged = 1 << 4
@@ -43,6 +50,13 @@ MTLGPUFamilyApple7 = 1007
 MTLGPUFamilyApple8 = 1008
 MTLGPUFamilyApple9 = 1009
 
+MTLLanguageVersion2_4 = (2 << 16) + 4
+MTLLanguageVersion3_0 = 3 << 16
+MTLLanguageVersion3_1 = (3 << 16) + 1
+MTLMathModeSafe = 0
+MTLMathModeRelaxed = 1
+MTLMathModeFast = 2
+
 MTLLibraryErrorCompileFailure = 3
 MTLCommandBufferErrorInternal = 1
 
@@ -50,10 +64,50 @@ MAX_THREADS_PER_GROUP = 1024
 MAX_THREADGROUP_MEMORY = 32 * 1024
 SIMD_WIDTH = 32
 MAX_SET_BYTES = 4096
+GUARD_BYTES = 256 * 1024  # unused address space on each side of a buffer (bounds checks)
+
+# Not part of Metal: tells needle's queue that it may say how many bytes of each bound buffer a
+# dispatch may use (``needleSetArgumentLength_atIndex_``), which Metal's API cannot carry. The
+# pool hands out blocks of a size class, so without it the bounds check would see the block.
+NEEDLE_EMULATOR = True
 
 
 class MetalValidationError(AssertionError):
     """What Metal's API validation would abort the process for."""
+
+
+# Objective-C objects created with no autorelease pool open, by class name
+unpooled: dict[str, int] = {}
+
+
+def _autoreleased(obj):
+    if fake_objc.depth() == 0:
+        name = type(obj).__name__
+        unpooled[name] = unpooled.get(name, 0) + 1
+    return obj
+
+
+def macos_version() -> tuple[int, int, int]:
+    """The macOS release the emulator pretends to be (``NEEDLE_METAL_EMULATOR_MACOS``)."""
+    text = os.environ.get("NEEDLE_METAL_EMULATOR_MACOS", "15.0")
+    parts = [int(p) for p in text.split(".")] + [0, 0]
+    return parts[0], parts[1], parts[2]
+
+
+class _OSVersion:
+    def __init__(self, major: int, minor: int, patch: int):
+        self.majorVersion, self.minorVersion, self.patchVersion = major, minor, patch
+
+
+class NSProcessInfo:
+    """Foundation's, which PyObjC's Metal module re-exports."""
+
+    @classmethod
+    def processInfo(cls):
+        return cls()
+
+    def operatingSystemVersion(self) -> _OSVersion:
+        return _OSVersion(*macos_version())
 
 
 class MTLSize:
@@ -110,8 +164,14 @@ class _ObjC:
 class MTLCompileOptions(_ObjC):
     def init(self):
         self._fast_math = True  # Metal's default
-        self._language_version = None
+        self._math_mode: int | None = None
+        self._language_version: int | None = None
         return self
+
+    def respondsToSelector_(self, selector: str) -> bool:
+        if selector in ("setMathMode:", "mathMode"):
+            return macos_version() >= (15, 0, 0)
+        return hasattr(self, selector.replace(":", "_"))
 
     def fastMathEnabled(self) -> bool:
         return self._fast_math
@@ -119,8 +179,38 @@ class MTLCompileOptions(_ObjC):
     def setFastMathEnabled_(self, on: bool) -> None:
         self._fast_math = bool(on)
 
+    def mathMode(self) -> int:
+        self._need_math_mode()
+        return self._math_mode if self._math_mode is not None else MTLMathModeFast
+
+    def setMathMode_(self, mode: int) -> None:
+        self._need_math_mode()
+        self._math_mode = int(mode)
+
+    def _need_math_mode(self) -> None:
+        if macos_version() < (15, 0, 0):
+            raise AttributeError("'MTLCompileOptions' object has no attribute 'setMathMode_' "
+                                 "(mathMode needs macOS 15)")
+
+    def languageVersion(self) -> int:
+        return self._language_version or MTLLanguageVersion3_1
+
     def setLanguageVersion_(self, version) -> None:
-        self._language_version = version
+        self._language_version = int(version)
+
+    def effective_fast_math(self) -> bool:
+        """mathMode wins over fastMathEnabled when both were set, as in Metal."""
+        if self._math_mode is not None:
+            return self._math_mode != MTLMathModeSafe
+        return self._fast_math
+
+    def msl(self) -> int:
+        """__METAL_VERSION__ of the chosen language version (the OS default when unset)."""
+        version = self._language_version
+        if version is None:
+            version = MTLLanguageVersion3_1 if macos_version() >= (14, 0, 0) \
+                else MTLLanguageVersion3_0
+        return 100 * (version >> 16) + 10 * (version & 0xFFFF)
 
 
 # ---- memory ----------------------------------------------------------------------------------
@@ -138,10 +228,15 @@ class _Contents:
 class _Buffer:
     def __init__(self, device: _Device, length: int):
         self._device = device
-        # page-aligned like a real MTLBuffer; 0xff so that reading unwritten memory shows
-        raw = np.full(length + 4096, 0xFF, dtype=np.uint8)
-        start = (-raw.ctypes.data) % 4096
-        self._memory = raw[start:start + length]
+        # page-aligned like a real MTLBuffer, inside guard bands of address space no other
+        # buffer uses (untouched pages cost nothing), so that an overrun is seen as one;
+        # 0xff so that reading unwritten memory shows
+        span = GUARD_BYTES + (length + 4095) // 4096 * 4096 + GUARD_BYTES
+        self._map = mmap.mmap(-1, span)
+        whole = np.frombuffer(self._map, dtype=np.uint8)
+        self.extent = (whole.ctypes.data, whole.ctypes.data + span)
+        self._memory = whole[GUARD_BYTES:GUARD_BYTES + length]
+        self._memory[:] = 0xFF
         self._length = length
         device._allocated += length
         weakref.finalize(self, device._release, length)
@@ -177,11 +272,39 @@ class _Library:
         return _Function(self, name) if name in self._compiled.kernels else None
 
 
+# Per-pipeline thread limits for tests: fnmatch pattern of kernel names -> limit; the first
+# match wins, then NEEDLE_METAL_EMULATOR_MAX_THREADS, then the device's 1024.
+pipeline_limits: dict[str, int] = {}
+
+
+def thread_limit(kernel: str) -> int:
+    """maxTotalThreadsPerThreadgroup of ``kernel``'s pipeline. Real pipelines report less than
+    the device's 1024 when a kernel needs many registers; tests choose per pipeline, through
+    ``pipeline_limits`` or ``NEEDLE_METAL_EMULATOR_MAX_THREADS`` (a number for every pipeline,
+    or ``pattern=N,...`` with fnmatch patterns of kernel names, e.g. ``matmul_*=128,*=512``)."""
+    rules = list(pipeline_limits.items())
+    env = os.environ.get("NEEDLE_METAL_EMULATOR_MAX_THREADS", "").strip()
+    if env and "=" not in env:
+        rules.append(("*", int(env)))
+    elif env:
+        for rule in env.split(","):
+            pattern, _, value = rule.partition("=")
+            rules.append((pattern.strip(), int(value)))
+    for pattern, limit in rules:
+        if fnmatch.fnmatchcase(kernel, pattern):
+            if not SIMD_WIDTH <= limit <= MAX_THREADS_PER_GROUP or limit % SIMD_WIDTH:
+                raise ValueError(f"pipeline limit {limit} for {kernel}: use a multiple of "
+                                 f"{SIMD_WIDTH} up to {MAX_THREADS_PER_GROUP}")
+            return limit
+    return MAX_THREADS_PER_GROUP
+
+
 class _PipelineState:
     def __init__(self, function: _Function):
         self._function = function
-        self._max_threads = int(os.environ.get("NEEDLE_METAL_EMULATOR_MAX_THREADS",
-                                               MAX_THREADS_PER_GROUP))
+        self._max_threads = thread_limit(function.name())
+        # the kernel's own `threadgroup` variables, as Metal's compiler sizes them
+        self._static = function._library._compiled.static_bytes[function.name()]
 
     def maxTotalThreadsPerThreadgroup(self) -> int:
         return self._max_threads
@@ -190,12 +313,12 @@ class _PipelineState:
         return SIMD_WIDTH
 
     def staticThreadgroupMemoryLength(self) -> int:
-        return 0
+        return self._static
 
-    def run(self, buffers, tg_lengths, groups, threads) -> str | None:
+    def run(self, buffers, bounds, tg_lengths, groups, threads) -> str | None:
         f = self._function
         return f._library._compiled.run(f._name, buffers, tg_lengths, groups, threads,
-                                        SIMD_WIDTH)
+                                        SIMD_WIDTH, bounds=bounds)
 
 
 # ---- command submission ----------------------------------------------------------------------
@@ -220,6 +343,7 @@ class _ComputeEncoder(_Encoder):
         super().__init__(command_buffer)
         self._pipeline: _PipelineState | None = None
         self._buffers: dict[int, int] = {}
+        self._bounds: dict[int, tuple[int, int, int]] = {}  # (length, allocation start, end)
         self._keep: dict[int, object] = {}  # what a bound index keeps alive, as Metal retains
         self._tg: dict[int, int] = {}
 
@@ -232,7 +356,17 @@ class _ComputeEncoder(_Encoder):
         if not 0 <= offset <= buffer.length():
             raise MetalValidationError(f"offset {offset} outside a buffer of {buffer.length()}")
         self._buffers[index] = buffer.address(offset)
+        self._bounds[index] = (buffer.length() - offset, *buffer.extent)
         self._keep[index] = buffer
+
+    def needleSetArgumentLength_atIndex_(self, length: int, index: int) -> None:
+        """Not Metal: the bytes of the buffer bound at ``index`` the dispatch may use."""
+        self._check_open()
+        bound, lo, hi = self._bounds[index]
+        if not 0 <= length <= bound:
+            raise MetalValidationError(f"argument length {length} beyond the {bound} bytes bound "
+                                       f"at index {index}")
+        self._bounds[index] = (length, lo, hi)
 
     def setBytes_length_atIndex_(self, data: bytes, length: int, index: int) -> None:
         self._check_open()
@@ -240,6 +374,7 @@ class _ComputeEncoder(_Encoder):
             raise MetalValidationError(f"setBytes of {length} bytes (the limit is 4 KiB)")
         copy = np.frombuffer(bytes(data[:length]) + bytes(16), dtype=np.uint8).copy()
         self._buffers[index] = copy.ctypes.data
+        self._bounds[index] = (length, copy.ctypes.data, copy.ctypes.data + copy.nbytes)
         self._keep[index] = copy
 
     def setThreadgroupMemoryLength_atIndex_(self, length: int, index: int) -> None:
@@ -258,11 +393,12 @@ class _ComputeEncoder(_Encoder):
             raise MetalValidationError(
                 f"threadsPerThreadgroup {t} exceeds the pipeline's "
                 f"maxTotalThreadsPerThreadgroup {self._pipeline.maxTotalThreadsPerThreadgroup()}")
-        if sum(self._tg.values()) > MAX_THREADGROUP_MEMORY:
-            raise MetalValidationError(f"{sum(self._tg.values())} bytes of threadgroup memory "
-                                       f"exceed {MAX_THREADGROUP_MEMORY}")
+        used = sum(self._tg.values()) + self._pipeline.staticThreadgroupMemoryLength()
+        if used > MAX_THREADGROUP_MEMORY:
+            raise MetalValidationError(f"{used} bytes of threadgroup memory (dynamic and the "
+                                       f"pipeline's static) exceed {MAX_THREADGROUP_MEMORY}")
         self._cb._commands.append(("dispatch", self._pipeline, dict(self._buffers),
-                                   dict(self._keep), dict(self._tg), g, t))
+                                   dict(self._bounds), dict(self._keep), dict(self._tg), g, t))
 
 
 class _BlitEncoder(_Encoder):
@@ -293,10 +429,10 @@ class _CommandBuffer:
         return self._open_encoder
 
     def computeCommandEncoder(self) -> _ComputeEncoder:
-        return self._new_encoder(_ComputeEncoder)
+        return _autoreleased(self._new_encoder(_ComputeEncoder))
 
     def blitCommandEncoder(self) -> _BlitEncoder:
-        return self._new_encoder(_BlitEncoder)
+        return _autoreleased(self._new_encoder(_BlitEncoder))
 
     def commit(self) -> None:
         if self._status != MTLCommandBufferStatusNotEnqueued:
@@ -315,7 +451,7 @@ class _CommandBuffer:
         return self._status
 
     def error(self) -> NSError | None:
-        return self._error
+        return None if self._error is None else _autoreleased(self._error)
 
     def GPUStartTime(self) -> float:
         return self._times[0]
@@ -330,8 +466,8 @@ class _CommandBuffer:
                 _, src, so, dst, do, size = cmd
                 dst._memory[do:do + size] = src._memory[so:so + size]
                 continue
-            _, pipeline, buffers, _keep, tg, groups, threads = cmd
-            message = pipeline.run(buffers, tg, groups, threads)
+            _, pipeline, buffers, bounds, _keep, tg, groups, threads = cmd
+            message = pipeline.run(buffers, bounds, tg, groups, threads)
             if message:
                 self._error = NSError("MTLCommandBufferErrorDomain", MTLCommandBufferErrorInternal,
                                       f"Execution of the command buffer was aborted due to an "
@@ -351,7 +487,7 @@ class _CommandQueue:
         self._lock = threading.Lock()
 
     def commandBuffer(self) -> _CommandBuffer:
-        return _CommandBuffer(self)
+        return _autoreleased(_CommandBuffer(self))
 
     def _run_through(self, cb: _CommandBuffer) -> None:
         """Execute committed command buffers in order, up to and including ``cb``."""
@@ -411,9 +547,15 @@ class _Device:
         return buf
 
     def newLibraryWithSource_options_error_(self, source: str, options, error):
-        fast_math = True if options is None else options.fastMathEnabled()
+        options = options or MTLCompileOptions.new()
+        msl = options.msl()
+        if msl not in (240, 300, 310) or (msl == 310 and macos_version() < (14, 0, 0)):
+            return None, NSError("MTLLibraryErrorDomain", MTLLibraryErrorCompileFailure,
+                                 f"Invalid language version {msl / 100:.1f} for macOS "
+                                 f"{'.'.join(map(str, macos_version()))}")
         try:
-            compiled = harness.build(str(source), fast_math=fast_math)
+            compiled = harness.build(str(source), fast_math=options.effective_fast_math(),
+                                     msl=msl)
         except harness.MSLCompileError as e:
             return None, NSError("MTLLibraryErrorDomain", MTLLibraryErrorCompileFailure,
                                  f"Compilation failed: \n\n{e.log}")

@@ -52,6 +52,8 @@ POSITIONS = {
 _SYNC = re.compile(r"\b(threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _HOST_NAME = re.compile(r'template\s*\[\[\s*host_name\s*\(\s*((?:"[^"]*"\s*)+)\)\s*\]\]')
+# every load and store of kernel code calls the emulator's access hooks (emulator_checks.h)
+CHECK_FLAGS = ["-fsanitize-coverage=func,trace-loads,trace-stores"]
 FAST_MATH_FLAGS = ["-ffinite-math-only", "-fno-signed-zeros", "-freciprocal-math",
                    "-fassociative-math", "-fno-trapping-math", "-ffp-contract=fast"]
 
@@ -70,6 +72,7 @@ class Param:
     index: int  # binding index (-1 for positions)
     by_ref: bool  # a buffer bound to a reference parameter
     position: str = ""  # the position attribute
+    name: str = ""  # the parameter's name (error messages)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,10 @@ class Kernel:
     call: str  # the C++ function to call, e.g. "binary<float, Add>"
     params: tuple[Param, ...]
     synchronises: bool
+    # static threadgroup memory: a C++ constant expression, inside `template <tparams>` for
+    # template kernels (the kernel's own `threadgroup` variables; MSL allows them nowhere else)
+    static_bytes: str = "0"
+    tparams: str = ""
 
     @property
     def buffers(self) -> list[int]:
@@ -94,7 +101,12 @@ def compiler() -> str:
     return os.environ.get("NEEDLE_METAL_EMULATOR_CXX", "clang++")
 
 
-def expand(source: str) -> str:
+def version_macros(msl: int) -> list[str]:
+    """What an MSL version predefines: ``__METAL_VERSION__``, and bfloat from 3.1."""
+    return [f"-D__METAL_VERSION__={msl}"] + (["-D__HAVE_BFLOAT__=1"] if msl >= 310 else [])
+
+
+def expand(source: str, msl: int = 310) -> str:
     """The source with its own macros expanded and comments removed (linemarkers kept)."""
     lines = ["" if re.match(r"\s*#\s*include\s*<metal_\w+>", ln) else ln
              for ln in source.split("\n")]
@@ -103,7 +115,7 @@ def expand(source: str) -> str:
         path.write_text("\n".join(lines))
         proc = subprocess.run(
             [compiler(), "-E", "-x", "c++", "-std=c++14", "-nostdinc", "-nostdinc++",
-             "-D__METAL_VERSION__=310", "-D__HAVE_BFLOAT__=1", SOURCE_NAME],
+             *version_macros(msl), SOURCE_NAME],
             cwd=tmp, capture_output=True, text=True)
     if proc.returncode:
         raise MSLCompileError(proc.stderr)
@@ -218,6 +230,8 @@ def _parse_param(text: str, kernel: str) -> Param:
         raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: parameter '{text}' needs exactly "
                               "one attribute ([[buffer(i)]], [[threadgroup(i)]] or a position)")
     name, index = attrs[0]
+    idents = re.findall(r"[A-Za-z_]\w*", declarator)
+    pname = idents[-1] if idents else ""
     if name in ("buffer", "threadgroup"):
         idx = int(index)
         if not 0 <= idx < MAX_BINDINGS:
@@ -226,9 +240,9 @@ def _parse_param(text: str, kernel: str) -> Param:
         if not by_ref and "*" not in declarator:
             raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: buffer parameter '{text}' "
                                   "must be a pointer or a reference")
-        return Param(name, idx, by_ref and name == "buffer")
+        return Param(name, idx, by_ref and name == "buffer", "", pname)
     if name in POSITIONS:
-        return Param("position", -1, False, name)
+        return Param("position", -1, False, name, pname)
     raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: attribute [[{name}]] is not "
                           "supported by the emulator")
 
@@ -273,17 +287,20 @@ def scan(expanded: str) -> list[Kernel]:
         name, params = sig
         definitions.setdefault(name, []).append(body)
         if is_kernel and header.lstrip().startswith("template"):
-            templates[name] = (params, body)
+            lt = header.index("<")
+            tparams = header[lt + 1:_angle_end(header, lt) - 1]
+            templates[name] = (params, body, tparams)
         elif is_kernel:
-            kernels.append(_kernel(name, name, params, body + params, definitions))
+            kernels.append(_kernel(name, name, params, body + params, definitions, body))
     for host_name, statement in instantiations:
         target = _instantiated(statement)
         if target is None or target[0] not in templates:
             raise MSLCompileError(f"{SOURCE_NAME}: cannot tell which kernel template "
                                   f"host_name(\"{host_name}\") instantiates")
         name, args = target
-        params, body = templates[name]
-        kernels.append(_kernel(host_name, f"{name}<{args}>", params, body + args, definitions))
+        params, body, tparams = templates[name]
+        kernels.append(_kernel(host_name, f"{name}<{args}>", params, body + args, definitions,
+                               body, tparams))
     names = [k.name for k in kernels]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
@@ -291,9 +308,12 @@ def scan(expanded: str) -> list[Kernel]:
     return kernels
 
 
-def _kernel(name: str, call: str, params: str, reach: str, definitions) -> Kernel:
+def _kernel(name: str, call: str, params: str, reach: str, definitions, body: str,
+            tparams: str = "") -> Kernel:
     parsed = tuple(_parse_param(p, name) for p in _split_params(params))
-    return Kernel(name, call, parsed, _reaches_sync(reach, definitions))
+    sizes = [f"sizeof({type_} {dims})" for _, type_, _, dims in _tg_declarations("{" + body)]
+    return Kernel(name, call, parsed, _reaches_sync(reach, definitions),
+                  " + ".join(["0"] + sizes), tparams)
 
 
 def _reaches_sync(text: str, definitions: dict[str, list[str]]) -> bool:
@@ -317,22 +337,69 @@ def rewrite(expanded: str) -> str:
     text = _HOST_NAME.sub("template", expanded)
     text = re.sub(r"\[\[\s*kernel\s*\]\]", "", text)
     text = re.sub(r"\[\[\s*threadgroup\s*\(", "[[threadgroup_index(", text)
-    # a threadgroup variable declared in a function body is shared by the threads of a
-    # threadgroup: one threadgroup at a time runs per OS thread, so thread_local storage is it
-    # (pointers and references into threadgroup memory are ordinary locals)
-    def variable(m: re.Match) -> str:
-        declarator = re.match(r"[^;=\[(]*", text[m.end():]).group(0)
-        if "*" in declarator or "&" in declarator:
-            return m.group(0)
-        return m.group(1) + "static thread_local"
+    return _threadgroup_variables(text)
 
-    return re.sub(r"([;{}](?:\s|\n#[^\n]*)*)threadgroup\b", variable, text)
+
+_TG_STATEMENT = re.compile(r"([;{}](?:\s|\n#[^\n]*)*)threadgroup\b")
+
+
+def _tg_declarations(text: str):
+    """(match, type, name, array dimensions) of each ``threadgroup`` variable declared at
+    statement level in ``text`` (pointers and references into threadgroup memory excluded)."""
+    for m in _TG_STATEMENT.finditer(text):
+        end = text.index(";", m.end())
+        declaration = text[m.end():end]
+        head = declaration.split("[", 1)[0]  # array sizes may multiply
+        if "*" in head or "&" in head or "=" in declaration:
+            continue
+        declarators = _split_params(declaration)
+        first = re.match(r"(.*?)([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)$", declarators[0], re.S)
+        if first is None:
+            raise MSLCompileError(f"{SOURCE_NAME}: cannot read threadgroup declaration "
+                                  f"'{declaration.strip()}'")
+        type_ = first.group(1).strip()
+        for d in declarators:
+            dm = re.match(r"\s*(?:.*?\s)?([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)$", d, re.S)
+            yield m, type_, dm.group(1), dm.group(2).strip()
+
+
+def _threadgroup_variables(text: str) -> str:
+    """``threadgroup T a[N], b[M];`` in a function body, as references into the threadgroup
+    arena of the emulator (emu::tg_static): shared by the threads of a threadgroup, bounds- and
+    race-checked like dynamic threadgroup memory. Pointers and references into threadgroup memory
+    are ordinary locals and keep the address-space qualifier."""
+    out, pos, site = [], 0, 0
+    current, pieces = None, []
+
+    def flush():
+        end = text.index(";", current.end())
+        out.append(text[pos:current.start()] + current.group(1) + "; ".join(pieces))
+        return end
+
+    for m, type_, name, dims in _tg_declarations(text):
+        if current is not None and m.start() != current.start():
+            pos = flush()
+            pieces = []
+        current = m
+        full = f"{type_} {dims}" if dims else type_
+        pieces.append(f"{type_} (&{name}){dims} = *reinterpret_cast<{type_} (*){dims}>("
+                      f"::emu::tg_static({site}, sizeof({full}), alignof({type_}), "
+                      f"\"{name}\"))")
+        site += 1
+    if current is not None:
+        pos = flush()
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def translation_unit(expanded: str, kernels: list[Kernel]) -> str:
     parts = ["#include <metal_stdlib>", "namespace msl {", rewrite(expanded),
              '# 1 "<emulator trampolines>"']
     for i, k in enumerate(kernels):
+        names = {"buffer": ["nullptr"] * MAX_BINDINGS, "threadgroup": ["nullptr"] * MAX_BINDINGS}
+        for p in k.params:
+            if p.kind in names:
+                names[p.kind][p.index] = f'"{p.name}"'
         args = []
         for p in k.params:
             if p.kind == "position":
@@ -343,12 +410,22 @@ def translation_unit(expanded: str, kernels: list[Kernel]) -> str:
                 cls = "RefArg" if p.by_ref else "PtrArg"
                 args.append(f"emu::{cls}{{d->buffers[{p.index}]}}")
         parts.append(
+            f"static const emu::Names needle_emu_names_{i} = {{{{{', '.join(names['buffer'])}}}, "
+            f"{{{', '.join(names['threadgroup'])}}}}};")
+        parts.append(
             f"static void needle_emu_body_{i}(const emu::Dispatch* d, void* const* tg, "
             f"const emu::ThreadIds& t) {{\n  (void)d; (void)tg; (void)t;\n"
             f"  {k.call}({', '.join(args)});\n}}\n"
             f'extern "C" int needle_emu_kernel_{i}(emu::Dispatch* d) {{\n'
             f"  return emu::dispatch(d, needle_emu_body_{i}, {str(k.synchronises).lower()}, "
-            f'"{k.name}");\n}}')
+            f'"{k.name}", &needle_emu_names_{i});\n}}')
+        args = k.call[k.call.index("<"):] if k.tparams else ""
+        parts.append(
+            (f"template <{k.tparams}> struct needle_emu_static_{i} {{ static constexpr "
+             f"unsigned long bytes = {k.static_bytes}; }};\n" if k.tparams else "")
+            + f'extern "C" unsigned long needle_emu_static_bytes_{i}() {{ return '
+            + (f"needle_emu_static_{i}{args}::bytes" if k.tparams else k.static_bytes)
+            + "; }")
     parts.append("}  // namespace msl")
     return "\n".join(parts) + "\n"
 
@@ -357,14 +434,16 @@ def base_flags() -> list[str]:
     return [compiler(), "-std=c++14", "-x", "c++", "-I", str(INCLUDE)]
 
 
-def check(source: str, flags: list[str] | None = None) -> None:
-    """Compile ``source`` as C++ against the shim without building anything (design §6, 1)."""
-    expanded = expand(source)
+def check(source: str, flags: list[str] | None = None, msl: int = 310) -> None:
+    """Compile ``source`` as C++ against the shim without building anything (design §6, 1),
+    as MSL version ``msl`` (300 or 310)."""
+    expanded = expand(source, msl)
     kernels = scan(expanded)
     with tempfile.TemporaryDirectory(prefix="needle-msl-") as tmp:
         path = Path(tmp) / "tu.cpp"
         path.write_text(translation_unit(expanded, kernels))
-        proc = subprocess.run(base_flags() + ["-fsyntax-only"] + (flags or []) + [str(path)],
+        proc = subprocess.run(base_flags() + [f"-DNEEDLE_EMU_MSL={msl}", "-fsyntax-only"]
+                              + (flags or []) + [str(path)],
                               capture_output=True, text=True)
     if proc.returncode:
         raise MSLCompileError(proc.stderr)
@@ -374,11 +453,15 @@ def check(source: str, flags: list[str] | None = None) -> None:
 
 class _Dispatch(ctypes.Structure):
     _fields_ = [("buffers", ctypes.c_void_p * MAX_BINDINGS),
+                ("lengths", ctypes.c_uint64 * MAX_BINDINGS),
+                ("extent_lo", ctypes.c_uint64 * MAX_BINDINGS),
+                ("extent_hi", ctypes.c_uint64 * MAX_BINDINGS),
                 ("tg_lengths", ctypes.c_uint64 * MAX_BINDINGS),
                 ("groups", ctypes.c_uint32 * 3),
                 ("threads", ctypes.c_uint32 * 3),
                 ("simd_width", ctypes.c_uint32),
                 ("workers", ctypes.c_uint32),
+                ("checks", ctypes.c_uint32),
                 ("error", ctypes.c_char * 1024)]
 
 
@@ -399,6 +482,26 @@ def default_workers() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
+CHECK_BOUNDS = 1
+CHECK_RACES = 2
+_CHECK_NAMES = {"bounds": CHECK_BOUNDS, "races": CHECK_RACES}
+
+
+def default_checks() -> int:
+    """The memory checks dispatches run with: ``NEEDLE_METAL_EMULATOR_CHECKS`` is a comma list
+    of ``bounds`` and ``races`` (default both), or ``none``."""
+    env = os.environ.get("NEEDLE_METAL_EMULATOR_CHECKS", "bounds,races").strip().lower()
+    mask = 0
+    for word in filter(None, (w.strip() for w in env.split(","))):
+        if word == "none":
+            continue
+        if word not in _CHECK_NAMES:
+            raise ValueError(f"NEEDLE_METAL_EMULATOR_CHECKS: unknown check {word!r}; use "
+                             "'bounds', 'races', both comma-separated, or 'none'")
+        mask |= _CHECK_NAMES[word]
+    return mask
+
+
 class Library:
     """A compiled MSL source: its kernels, runnable on host memory."""
 
@@ -406,17 +509,28 @@ class Library:
         self._dll = ctypes.CDLL(str(path))
         self.kernels = {k.name: k for k in kernels}
         self._entry = {}
+        self.static_bytes: dict[str, int] = {}  # per kernel, as Metal's pipelines report it
         for i, k in enumerate(kernels):
             fn = getattr(self._dll, f"needle_emu_kernel_{i}")
             fn.argtypes = [ctypes.POINTER(_Dispatch)]
             fn.restype = ctypes.c_int
             self._entry[k.name] = fn
+            size = getattr(self._dll, f"needle_emu_static_bytes_{i}")
+            size.restype = ctypes.c_ulong
+            self.static_bytes[k.name] = (int(size()) + 15) // 16 * 16
         self._lock = threading.Lock()
 
     def run(self, name: str, buffers: dict[int, int], tg_lengths: dict[int, int],
             groups: tuple[int, int, int], threads: tuple[int, int, int],
-            simd_width: int = 32, workers: int | None = None) -> str | None:
-        """Run one dispatch; the error message, or None when it succeeded."""
+            simd_width: int = 32, workers: int | None = None,
+            bounds: dict[int, tuple[int, int, int]] | None = None,
+            checks: int | None = None) -> str | None:
+        """Run one dispatch; the error message, or None when it succeeded.
+
+        ``bounds[i]`` is (bytes the kernel may use from ``buffers[i]``, start, end of the
+        allocation around it): what the bounds check knows of buffer ``i`` (unchecked without).
+        ``checks`` is a mask of CHECK_BOUNDS and CHECK_RACES (default: ``default_checks()``).
+        """
         kernel = self.kernels[name]
         missing = [i for i in kernel.buffers if not buffers.get(i)]
         if missing:
@@ -428,6 +542,9 @@ class Library:
         d = _Dispatch()
         for i, ptr in buffers.items():
             d.buffers[i] = ptr
+        for i, (length, lo, hi) in (bounds or {}).items():
+            d.lengths[i], d.extent_lo[i], d.extent_hi[i] = length, lo, hi
+        d.checks = default_checks() if checks is None else checks
         for i, n in tg_lengths.items():
             d.tg_lengths[i] = n
         d.groups[:] = groups
@@ -439,9 +556,11 @@ class Library:
         return d.error.decode(errors="replace") if failed else None
 
 
-def build(source: str, fast_math: bool = False) -> Library:
-    """Compile ``source`` into a library (cached on disk by content), or MSLCompileError."""
-    flags = ["-O2", "-fPIC", "-shared", "-pthread", "-w"] + (FAST_MATH_FLAGS if fast_math else [])
+def build(source: str, fast_math: bool = False, msl: int = 310) -> Library:
+    """Compile ``source`` as MSL version ``msl`` into a library (cached on disk by content),
+    or MSLCompileError."""
+    flags = ["-O2", "-fPIC", "-shared", "-pthread", "-w", f"-DNEEDLE_EMU_MSL={msl}"] + \
+        CHECK_FLAGS + (FAST_MATH_FLAGS if fast_math else [])
     if os.environ.get("NEEDLE_METAL_EMULATOR_UCONTEXT") == "1":
         flags.append("-DNEEDLE_EMU_UCONTEXT")
     digest = hashlib.sha256()
@@ -455,7 +574,7 @@ def build(source: str, fast_math: bool = False) -> Library:
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent test processes build a source once
         if not (lib.exists() and meta.exists()):
-            expanded = expand(source)
+            expanded = expand(source, msl)
             kernels = scan(expanded)
             tu = root / f"{key}.{os.getpid()}.cpp"
             tu.write_text(translation_unit(expanded, kernels))
@@ -472,9 +591,10 @@ def build(source: str, fast_math: bool = False) -> Library:
 
 def _to_json(k: Kernel) -> dict:
     return {"name": k.name, "call": k.call, "synchronises": k.synchronises,
-            "params": [[p.kind, p.index, p.by_ref, p.position] for p in k.params]}
+            "params": [[p.kind, p.index, p.by_ref, p.position, p.name] for p in k.params],
+            "static_bytes": k.static_bytes, "tparams": k.tparams}
 
 
 def _from_json(d: dict) -> Kernel:
     return Kernel(d["name"], d["call"], tuple(Param(*p) for p in d["params"]),
-                  d["synchronises"])
+                  d["synchronises"], d["static_bytes"], d["tparams"])

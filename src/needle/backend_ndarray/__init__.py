@@ -42,14 +42,18 @@ from .ndarray import (
                      where,
                      zeros,
 )
+from .paged import paged_attention, paged_write
+from .quant import QuantizedMatrix, quant_matmul
 from .sampling import sample
 from .updates import adam_update, sgd_update, state_dtype
 
 __all__ = [
-    "ALL_DTYPES", "Device", "NDArray", "adam_update", "add_rmsnorm", "all_devices", "array",
+    "ALL_DTYPES", "Device", "NDArray", "QuantizedMatrix", "quant_matmul",
+    "adam_update", "add_rmsnorm", "all_devices", "array",
     "as_device", "attention", "attention_decode",
     "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
     "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",
-    "max", "maximum", "metal", "minimum", "ones", "promote", "reshape", "sample", "scatter_add",
+    "max", "maximum", "metal", "minimum", "ones",
+    "paged_attention", "paged_write", "promote", "reshape", "sample", "scatter_add",
     "sgd_update", "sqrt", "stack", "state_dtype", "sum", "tanh", "transpose", "where", "zeros",
 ]

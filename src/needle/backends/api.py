@@ -39,9 +39,13 @@ CAPABILITIES = {
     "precompile": "precompile(dtypes) starts compiling the kernels of those dtypes in parallel "
                   "(returns at once; a kernel's first use waits for its own compile); "
                   "wait_precompiled() waits for them all",
+    "paged_attention": "paged_write() and paged_attention(): a KV cache in fixed-size pages "
+                       "read through per-sequence block tables (numpy_ref/paged.py)",
+    "int8": "quant_matmul() and dequantize() of 8-bit packed weights (docs/quantization.md)",
+    "int4": "quant_matmul() and dequantize() of 4-bit packed weights (docs/quantization.md)",
 }
 # Names kept for capabilities that are planned but that no backend declares yet.
-RESERVED_CAPABILITIES = ("int8", "int4", "paged_attention")
+RESERVED_CAPABILITIES: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -165,6 +169,26 @@ class Precompile(Protocol):
     def wait_precompiled(self) -> None: ...
 
 
+class PagedAttention(Protocol):
+    def paged_write(self, k: Array, v: Array, slots: Array, key_pages: Array,
+                    value_pages: Array, tokens: int, row: int, num_slots: int) -> None: ...
+    def paged_attention(self, q: Array, key_pages: Array, value_pages: Array,
+                        block_tables: Array, seq_of: Array, positions: Array, out: Array,
+                        tokens: int, q_heads: int, kv_heads: int, head_dim: int,
+                        page_size: int, max_pages: int, num_pages: int,
+                        scale: float) -> None: ...
+
+
+class QuantizedWeights(Protocol):
+    """Packed weight-only quantized matrices (numpy_ref/quant.py defines both functions);
+    ``int8`` and ``int4`` share it and say which ``bits`` the backend accepts."""
+
+    def quant_matmul(self, x: Array, qweight: Array, scales: Array, offsets: Array | None,
+                     out: Array, m: int, n: int, k: int, bits: int, group_size: int) -> None: ...
+    def dequantize(self, qweight: Array, scales: Array, offsets: Array | None, out: Array,
+                   n: int, k: int, bits: int, group_size: int) -> None: ...
+
+
 class _Marker(Protocol):
     """Capabilities that promise behaviour of required functions, not new functions."""
 
@@ -173,7 +197,8 @@ CAPABILITY_PROTOCOLS: dict[str, type] = {
     "graphs": GraphCapture, "profiling": Profiling, "memory_stats": MemoryStats,
     "async_read": AsyncRead, "dlpack": DLPackExchange, "host_memory": HostMemory,
     "bf16_tensor_cores": _Marker, "fused_decode": _Marker, "sampling": Sampling,
-    "precompile": Precompile,
+    "precompile": Precompile, "paged_attention": PagedAttention, "int8": QuantizedWeights,
+    "int4": QuantizedWeights,
 }
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from .. import backend_ndarray as nd
 from ..autograd import Tensor
 from ..backend_ndarray import NDArray
-from ..errors import IndexOutOfRangeError, ShapeError
+from ..errors import GenerationError, IndexOutOfRangeError, ShapeError
 from .cache import DecodeState, KVCache, RotaryTables
 from .config import ModelConfig
 from .generation_config import GenerationConfig
@@ -91,8 +91,19 @@ class CausalLM:
                  top_k=None, top_p=None, seed: int | None = None, stop=None, callback=None,
                  stats=None, min_p=None, repetition_penalty=None) -> list[int]:
         """New token ids after ``prompt_ids``; see ``needle.models.generate.generate``.
-        Sampling settings left as None take the model's generation_config.json values."""
+        Sampling settings left as None take the model's generation_config.json values.
+        A list of prompts (each token ids or text) is decoded as one batch by the serving
+        engine (``needle.serve.generate_batch``) and gives a list of token-id lists."""
         from .generate import generate
+
+        if _is_batch(prompt_ids):
+            from ..serve import generate_batch
+
+            if callback is not None or stats is not None:
+                raise GenerationError("callback and stats apply to one prompt; stream a "
+                                      "batch with needle.serve.Engine instead")
+            return generate_batch(self, prompt_ids, max_new_tokens, temperature, top_k,
+                                  top_p, seed, stop, min_p, repetition_penalty)
 
         return generate(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                         stop, callback, stats, min_p=min_p,
@@ -106,6 +117,13 @@ class CausalLM:
 
         return stream(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, stop,
                       stats, min_p=min_p, repetition_penalty=repetition_penalty)
+
+
+def _is_batch(prompts) -> bool:
+    """A list or tuple of prompts (texts, or sequences of ids), not one prompt of ids."""
+    return (isinstance(prompts, (list, tuple)) and len(prompts) > 0
+            and all(isinstance(p, str) or (hasattr(p, "__len__") and not np.isscalar(p))
+                    for p in prompts))
 
 
 LlamaForCausalLM = CausalLM  # the name of earlier releases, when it ran Llama alone

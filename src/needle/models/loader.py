@@ -20,8 +20,9 @@ from ..errors import DTypeError, ModelFormatError, ShapeError
 from . import memory
 from .causal_lm import CausalLM
 from .checkpoint import Checkpoint
-from .config import ModelConfig
+from .config import ModelConfig, read_json_object
 from .generation_config import GenerationConfig
+from .quantized import QuantConfig, is_quantized, read_packed
 from .tokenizer import load_tokenizer
 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -60,20 +61,28 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
         raise ModelFormatError(f"{path} is not a directory; pass the folder holding "
                                "config.json and the safetensors weights")
     cfg = ModelConfig.from_file(path / "config.json")
+    qcfg = QuantConfig.read(read_json_object(path, "config.json"), str(path / "config.json"))
     generation = GenerationConfig.read(path, cfg.eos_token_ids)
     device = _device(device)
     dtype = _dtype(dtype or cfg.dtype)
     max_seq_len = _max_seq_len(cfg, max_seq_len)
     checkpoint = Checkpoint(path)
     for name, shape in cfg.tensor_shapes().items():
-        checkpoint.info(name, shape)
+        if qcfg is not None and is_quantized(checkpoint, name):
+            read_packed(checkpoint, name, shape, qcfg)  # checks the packed tensors' headers
+        else:
+            checkpoint.info(name, shape)
     memory.check_fits(memory.estimate(cfg, dtype, max_seq_len), device, max_seq_len, dtype)
     if has(device.backend, "precompile"):  # compile kernels while the weights load
         device.backend.precompile((dtype,) + INFERENCE_DTYPES)
     read = 0
 
-    def weights(name: str, shape: tuple[int, ...]) -> nd.NDArray:
+    def weights(name: str, shape: tuple[int, ...]) -> nd.NDArray | nd.QuantizedMatrix:
         nonlocal read
+        if qcfg is not None and is_quantized(checkpoint, name):
+            q, s, b, spec = read_packed(checkpoint, name, shape, qcfg)
+            read += q.nbytes + s.nbytes + (0 if b is None else b.nbytes)
+            return nd.QuantizedMatrix.from_packed(q, s, b, spec, shape[1], device)
         host = checkpoint.read(name, shape)
         read += host.nbytes
         return nd.array(host, dtype=dtype, device=device)

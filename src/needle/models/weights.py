@@ -14,22 +14,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import backend_ndarray as nd
-from ..backend_ndarray import NDArray
+from ..backend_ndarray import NDArray, QuantizedMatrix, quant_matmul
+from ..backend_ndarray.quant import concatenate_rows
+from ..errors import ModelFormatError
 from .config import ModelConfig
 
-# (name, shape) -> the checkpoint tensor as an NDArray on the model's device and dtype
-WeightSource = Callable[[str, tuple[int, ...]], NDArray]
+# (name, shape) -> the checkpoint tensor as an NDArray on the model's device and dtype, or a
+# QuantizedMatrix for a Linear weight stored quantized (docs/quantization.md)
+WeightSource = Callable[[str, tuple[int, ...]], NDArray | QuantizedMatrix]
 
 
 @dataclass
 class Projection:
-    """y = x @ weight.T (+ bias): weight (out, in) as stored, bias (out,) or None."""
+    """y = x @ weight.T (+ bias): weight (out, in) as stored (or packed), bias (out,) or None."""
 
-    weight: NDArray
+    weight: NDArray | QuantizedMatrix
     bias: NDArray | None = None
 
     def __call__(self, x: NDArray) -> NDArray:
-        y = x @ self.weight.transpose()
+        if isinstance(self.weight, QuantizedMatrix):
+            y = quant_matmul(x, self.weight)
+        else:
+            y = x @ self.weight.transpose()
         return y if self.bias is None else y + self.bias
 
 
@@ -59,12 +65,17 @@ class ModelWeights:
 
     def arrays(self) -> list[NDArray]:
         """Every weight array once (a tied output head is the embedding itself)."""
-        found = [self.embed, self.final_norm, self.lm_head.weight, self.lm_head.bias]
+        found = [self.embed, self.final_norm, *_parts(self.lm_head.weight), self.lm_head.bias]
         for layer in self.layers:
             for value in vars(layer).values():
-                found += [value.weight, value.bias] if isinstance(value, Projection) else [value]
+                found += ([*_parts(value.weight), value.bias] if isinstance(value, Projection)
+                          else [value])
         unique = {id(a): a for a in found if a is not None}
         return list(unique.values())
+
+
+def _parts(w: NDArray | QuantizedMatrix) -> list[NDArray]:
+    return w.arrays() if isinstance(w, QuantizedMatrix) else [w]
 
 
 def load_weights(cfg: ModelConfig, source: WeightSource) -> ModelWeights:
@@ -100,7 +111,14 @@ class _Getter:
         """One projection over the checkpoint matrices ``names`` stacked along their outputs
         (and their biases, when they have them); the parts are freed once stacked."""
         weights = [self(f"{n}.weight") for n in names]
-        weight = weights[0] if len(weights) == 1 else nd.concatenate(weights)
+        packed = [isinstance(w, QuantizedMatrix) for w in weights]
+        if any(packed) and not all(packed):
+            raise ModelFormatError(f"{', '.join(names)} must be all quantized or all not, as "
+                                   "they are fused into one projection")
+        if all(packed):
+            weight = concatenate_rows(weights)
+        else:
+            weight = weights[0] if len(weights) == 1 else nd.concatenate(weights)
         bias = None
         if self.has(f"{names[0]}.bias"):
             biases = [self(f"{n}.bias") for n in names]

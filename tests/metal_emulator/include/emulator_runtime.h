@@ -44,19 +44,38 @@ constexpr size_t kStackBytes = 32 * 1024;
 // Filled in by the Python harness (ctypes mirror in harness.py): one dispatch.
 struct Dispatch {
   void* buffers[kMaxBindings];
+  uint64_t lengths[kMaxBindings];    // bytes the kernel may touch from buffers[i]
+  uint64_t extent_lo[kMaxBindings];  // the allocation holding buffer i, guard bands included
+  uint64_t extent_hi[kMaxBindings];
   uint64_t tg_lengths[kMaxBindings];
   uint32_t groups[3];
   uint32_t threads[3];
   uint32_t simd_width;
   uint32_t workers;
+  uint32_t checks;  // kCheckBounds | kCheckRaces
   char error[1024];
+};
+
+// The names of a kernel's parameters by binding index (for error messages).
+struct Names {
+  const char* buffers[kMaxBindings];
+  const char* threadgroup[kMaxBindings];
 };
 
 // Everything a thread can ask for through a position attribute.
 struct ThreadIds {
   uint32_t grid[3], local[3], group[3], tpg[3], groups[3], grid_size[3];
   uint32_t index, lane, simdgroup, simd_width, simdgroups;
+  uint32_t group_linear;
 };
+}  // namespace emu
+
+// The runtime itself is not instrumented: only kernel code reaches the access hooks.
+#pragma clang attribute push(__attribute__((no_sanitize("coverage"))), apply_to = function)
+
+#include "emulator_checks.h"
+
+namespace emu {
 
 using Body = void (*)(const Dispatch*, void* const*, const ThreadIds&);
 
@@ -159,10 +178,12 @@ struct Fiber {
   ThreadIds ids;
   Wait wait = kRunnable;
   uint32_t gen = 0;  // generation of the barrier being waited on
+  uint32_t mem = 0;  // mem_flags of the last barrier reached
 };
 
 struct SimdGroup {
   uint32_t arrived = 0, gen = 0, live = 0;
+  uint32_t mem = 0;  // mem_flags of the simdgroup_barrier being gathered (0: a function)
   uint32_t mask[2] = {0, 0};  // lanes that deposited a value, per generation parity
   alignas(16) unsigned char slots[2][32][kSlotBytes];
 };
@@ -179,8 +200,8 @@ struct Worker {
   const ThreadIds* ids = nullptr;  // the running thread's, in both modes
   uint32_t tg_arrived = 0, tg_gen = 0, tg_size = 0;
   SimdGroup simd[kMaxThreads / 32];
-  std::vector<unsigned char> tg_memory;
   void* tg_ptrs[kMaxBindings] = {};
+  Checker check;
 };
 
 struct Run {
@@ -188,6 +209,7 @@ struct Run {
   Dispatch* out;
   Body body;
   const char* kernel;
+  const Names* names;
   std::atomic<uint64_t> next_group{0};
   std::atomic<bool> failed{false};
   std::mutex error_lock;
@@ -198,9 +220,28 @@ struct Run {
   }
 };
 
-static thread_local Worker* tls_worker = nullptr;
+// initial-exec: the access hooks read it at every load and store
+static thread_local Worker* tls_worker __attribute__((tls_model("initial-exec"))) = nullptr;
 
 inline Worker& current_worker() { return *tls_worker; }
+
+// Atomic operations are exempt from race checking (they are how threads may share words).
+struct AtomicScope {
+  AtomicScope() { if (tls_worker) ++tls_worker->check.atomic; }
+  ~AtomicScope() { if (tls_worker) --tls_worker->check.atomic; }
+};
+
+// A simdgroup_matrix load or store, done by lane 0 for its whole simd-group: its accesses
+// belong to the simd-group, which conflicts with each of its lanes.
+struct Collective {
+  Collective() {
+    if (tls_worker) {
+      const ThreadIds* t = tls_worker->ids;
+      tls_worker->check.collective = kCollective | (t->group_linear * 32 + t->simdgroup);
+    }
+  }
+  ~Collective() { if (tls_worker) tls_worker->check.collective = 0; }
+};
 
 inline void report_outside_fiber(const char* what) {
   Worker* w = tls_worker;
@@ -234,6 +275,7 @@ inline void switch_away(Worker& w) {
       f.wait = kRunnable;
       w.current = next;
       w.ids = &f.ids;
+      w.check.local = f.ids.index;
       if (&f != &from) context_switch(from.ctx, f.ctx);
       return;
     }
@@ -241,29 +283,35 @@ inline void switch_away(Worker& w) {
   context_switch(from.ctx, w.scheduler);
 }
 
-inline void release_threadgroup(Worker& w) {
+inline void release_threadgroup(Worker& w, uint32_t mem) {
   w.tg_arrived = 0;
   ++w.tg_gen;
+  w.check.barrier(mem);
 }
 
-inline void release_simd(SimdGroup& s) {
+// Release simd-group `index` of worker `w`; a simdgroup_barrier orders memory for its lanes.
+inline void release_simd(Worker& w, uint32_t index) {
+  SimdGroup& s = w.simd[index];
   s.arrived = 0;
   ++s.gen;
   s.mask[s.gen & 1] = 0;
+  if (s.mem) w.check.simd_barrier(index, s.mem);
+  s.mem = 0;
 }
 
 // threadgroup_barrier(): wait until every thread of the threadgroup arrives.
-inline void threadgroup_wait() {
+inline void threadgroup_wait(uint32_t mem) {
   Worker* w = tls_worker;
   if (w == nullptr || !w->fiber_mode) {
     report_outside_fiber("threadgroup_barrier");
     return;
   }
+  Fiber& f = w->fibers[w->current];
+  f.mem = mem;
   if (++w->tg_arrived == w->tg_size) {
-    release_threadgroup(*w);
+    release_threadgroup(*w, mem);
     return;
   }
-  Fiber& f = w->fibers[w->current];
   f.wait = kAtThreadgroupBarrier;
   f.gen = w->tg_gen;
   switch_away(*w);
@@ -272,8 +320,11 @@ inline void threadgroup_wait() {
 // One simd-group exchange: deposit `value`, wait for every live lane of the simd-group, and
 // return the 32 deposited slots (lanes in `mask`). Slots of a generation stay intact until the
 // next-but-one exchange, which cannot start before every lane has left this one.
+// `mem` is the mem_flags of a simdgroup_barrier (0 for simd-group functions, which do not order
+// memory).
 template <class T>
-inline const unsigned char (*simd_exchange(const T& value, uint32_t& mask))[kSlotBytes] {
+inline const unsigned char (*simd_exchange(const T& value, uint32_t& mask,
+                                           uint32_t mem = 0))[kSlotBytes] {
   static_assert(sizeof(T) <= kSlotBytes, "simd-group value too large for the emulator");
   Worker* w = tls_worker;
   if (w == nullptr || !w->fiber_mode) {
@@ -288,8 +339,9 @@ inline const unsigned char (*simd_exchange(const T& value, uint32_t& mask))[kSlo
   const uint32_t parity = s.gen & 1;
   std::memcpy(s.slots[parity][f.ids.lane], &value, sizeof(T));
   s.mask[parity] |= 1u << f.ids.lane;
+  s.mem |= mem;
   if (++s.arrived == s.live) {
-    release_simd(s);
+    release_simd(*w, f.ids.simdgroup);
   } else {
     f.wait = kAtSimdBarrier;
     f.gen = s.gen;
@@ -306,14 +358,19 @@ inline uint32_t current_lane() { return tls_worker ? tls_worker->ids->lane : 0; 
 inline void fiber_entry(void* arg) {
   Worker& w = current_worker();
   auto* f = static_cast<Fiber*>(arg);
-  w.run->body(w.run->d, w.tg_ptrs, f->ids);
+  w.check.local = f->ids.index;
+  try {
+    w.run->body(w.run->d, w.tg_ptrs, f->ids);
+  } catch (const OutOfBounds&) {
+    // reported; this thread stops here (the others stop at their next barrier or finish)
+  }
   f->wait = kFinished;
   // A finished thread is no longer an active lane of its simd-group, which may complete a
   // simd-group function the others wait in. A threadgroup barrier, by contrast, must be
   // reached by every thread of the threadgroup (MSL), so finishing never releases one.
   SimdGroup& s = w.simd[f->ids.simdgroup];
   --s.live;
-  if (s.arrived > 0 && s.arrived == s.live) release_simd(s);
+  if (s.arrived > 0 && s.arrived == s.live) release_simd(w, f->ids.simdgroup);
   switch_away(w);  // never resumed
   std::abort();
 }
@@ -334,6 +391,7 @@ inline void fill_ids(ThreadIds& t, const Dispatch* d, const uint32_t group[3], u
   t.lane = t.index % d->simd_width;
   t.simdgroup = t.index / d->simd_width;
   t.simdgroups = (n[0] * n[1] * n[2] + d->simd_width - 1) / d->simd_width;
+  t.group_linear = group[0] + d->groups[0] * (group[1] + d->groups[1] * group[2]);
 }
 
 inline void allocate_stacks(Worker& w, uint32_t count) {
@@ -374,12 +432,14 @@ inline void run_fibers(Worker& w, const uint32_t group[3]) {
   const uint32_t simdgroups = (count + d->simd_width - 1) / d->simd_width;
   for (uint32_t s = 0; s < simdgroups; ++s) {
     w.simd[s].arrived = 0;
+    w.simd[s].mem = 0;
     w.simd[s].mask[0] = w.simd[s].mask[1] = 0;
     w.simd[s].live = s + 1 < simdgroups ? d->simd_width : count - s * d->simd_width;
   }
   w.count = count;
   w.current = 0;
   w.ids = &w.fibers[0].ids;
+  w.check.local = 0;
   context_switch(w.scheduler, w.fibers[0].ctx);  // returns when no fiber can run
   uint32_t finished = 0, at_tg = 0, at_simd = 0;
   for (uint32_t t = 0; t < count; ++t) {
@@ -404,48 +464,163 @@ inline void run_loop(Worker& w, const uint32_t group[3]) {
   const Dispatch* d = w.run->d;
   const uint32_t* n = d->threads;
   ThreadIds t;
-  for (uint32_t z = 0; z < n[2]; ++z)
-    for (uint32_t y = 0; y < n[1]; ++y) {
-      fill_ids(t, d, group, 0, y, z);
-      for (uint32_t x = 0; x < n[0]; ++x) {
-        t.local[0] = x;
-        t.grid[0] = group[0] * n[0] + x;
-        w.ids = &t;
-        body(d, w.tg_ptrs, t);
-        ++t.index;
-        if (++t.lane == t.simd_width) {
-          t.lane = 0;
-          ++t.simdgroup;
+  try {
+    for (uint32_t z = 0; z < n[2]; ++z)
+      for (uint32_t y = 0; y < n[1]; ++y) {
+        fill_ids(t, d, group, 0, y, z);
+        for (uint32_t x = 0; x < n[0]; ++x) {
+          t.local[0] = x;
+          t.grid[0] = group[0] * n[0] + x;
+          w.ids = &t;
+          w.check.local = t.index;
+          body(d, w.tg_ptrs, t);
+          ++t.index;
+          if (++t.lane == t.simd_width) {
+            t.lane = 0;
+            ++t.simdgroup;
+          }
         }
       }
+  } catch (const OutOfBounds&) {
+    // reported; the dispatch has failed
+  }
+}
+
+inline void run_failed(void* run, const char* message) { static_cast<Run*>(run)->fail(message); }
+
+// Threadgroup memory of a worker: dynamic blocks first, then variables declared in kernels as
+// they are first reached (tg_static), each followed by a red zone, in one arena filled with
+// 0xff so that reading before writing gives NaN / -1 rather than plausible zeros.
+inline bool prepare_threadgroup_memory(Worker& w) {
+  Checker& c = w.check;
+  if (c.arena == nullptr) {
+    void* mem = mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) return false;
+    c.arena = static_cast<unsigned char*>(mem);
+    c.tg_shadow.reset(new Shadow[kArenaBytes / 4]);
+  }
+  const Dispatch* d = w.run->d;
+  c.n_tg = 0;
+  c.arena_used = kRedzone;
+  c.tg_bytes = 0;
+  for (int i = 0; i < kMaxBindings; ++i) {
+    w.tg_ptrs[i] = nullptr;
+    if (!d->tg_lengths[i]) continue;
+    const size_t len = d->tg_lengths[i];
+    if (c.arena_used + len + kRedzone > kArenaBytes || c.n_tg == 64) return false;
+    Block& b = c.tg[c.n_tg];
+    c.tg_ids[c.n_tg++] = -1;
+    b.base = b.lo = reinterpret_cast<uintptr_t>(c.arena) + c.arena_used;
+    b.end = b.base + len;
+    b.hi = b.end + kRedzone;
+    const char* name = w.run->names ? w.run->names->threadgroup[i] : nullptr;
+    snprintf(b.what, sizeof b.what, "threadgroup memory [[threadgroup(%d)]] '%s'", i,
+             name ? name : "?");
+    w.tg_ptrs[i] = c.arena + c.arena_used;
+    c.arena_used = (c.arena_used + len + kRedzone + 15) & ~size_t(15);
+    c.tg_bytes += len;
+  }
+  std::memset(c.arena, 0xff, c.arena_used);
+  c.dynamic_end = c.arena_used;
+  return true;
+}
+
+// Storage for `threadgroup T name[N];` declared in a kernel: shared by the threadgroup's
+// threads, the same block for every threadgroup a worker runs in one dispatch.
+inline void* tg_static(int id, size_t size, size_t align, const char* name) {
+  Worker* w = tls_worker;
+  if (w == nullptr) {  // compiled but not dispatched (never happens in a dispatch)
+    static unsigned char spare[64 * 1024];
+    return spare;
+  }
+  Checker& c = w->check;
+  for (int i = 0; i < c.n_tg; ++i)
+    if (c.tg_ids[i] == id) return reinterpret_cast<void*>(c.tg[i].base);
+  size_t at = (c.arena_used + align - 1) / align * align;
+  if (at + size + kRedzone > kArenaBytes || c.n_tg == 64) {
+    w->run->fail("the emulator ran out of threadgroup memory for variables declared in the "
+                 "kernel");
+    throw OutOfBounds{};
+  }
+  Block& b = c.tg[c.n_tg];
+  c.tg_ids[c.n_tg++] = id;
+  b.base = b.lo = reinterpret_cast<uintptr_t>(c.arena) + at;
+  b.end = b.base + size;
+  b.hi = b.end + kRedzone;
+  snprintf(b.what, sizeof b.what, "threadgroup variable '%s'", name);
+  std::memset(c.arena + at, 0xff, size);
+  c.arena_used = at + size + kRedzone;
+  c.tg_bytes += size;
+  if (c.tg_bytes > 32 * 1024) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "kernel %s uses %zu bytes of threadgroup memory; Metal allows "
+             "32768", w->run->kernel, c.tg_bytes);
+    w->run->fail(msg);
+    throw OutOfBounds{};
+  }
+  return c.arena + at;
+}
+
+inline void prepare_device_memory(Worker& w) {
+  Checker& c = w.check;
+  const Dispatch* d = w.run->d;
+  c.reset_device();
+  uint64_t allocs[kMaxBindings];
+  int n_allocs = 0;
+  for (int i = 0; i < kMaxBindings; ++i) {
+    if (!d->buffers[i] || !d->extent_hi[i]) continue;
+    Block& b = c.dev[c.n_dev++];
+    b.base = reinterpret_cast<uintptr_t>(d->buffers[i]);
+    b.end = b.base + d->lengths[i];
+    b.lo = d->extent_lo[i];
+    b.hi = d->extent_hi[i];
+    b.alloc = -1;
+    for (int a = 0; a < n_allocs; ++a)
+      if (allocs[a] == b.lo) b.alloc = a;
+    if (b.alloc < 0) {
+      b.alloc = n_allocs;
+      allocs[n_allocs++] = b.lo;
     }
+    const char* name = w.run->names ? w.run->names->buffers[i] : nullptr;
+    snprintf(b.what, sizeof b.what, "buffer [[buffer(%d)]] '%s'", i, name ? name : "?");
+  }
+  if (c.pages.size() < size_t(n_allocs)) c.pages.resize(n_allocs);
 }
 
 inline void work(Worker& w) {
   tls_worker = &w;
   Run& r = *w.run;
   const Dispatch* d = r.d;
-  // threadgroup memory: one block per bound index, 16-byte aligned, filled with 0xff so that
-  // reading it before writing gives NaN / -1 rather than plausible zeros
-  size_t total = 0;
-  size_t offsets[kMaxBindings];
-  for (int i = 0; i < kMaxBindings; ++i) {
-    offsets[i] = total;
-    total += (d->tg_lengths[i] + 15) & ~uint64_t(15);
+  Checker& c = w.check;
+  c.flags = d->checks;
+  c.kernel = r.kernel;
+  c.reported = false;
+  c.fail = &run_failed;
+  c.fail_ctx = &r;
+  c.groups[0] = d->groups[0];
+  c.groups[1] = d->groups[1];
+  c.groups[2] = d->groups[2];
+  c.tg_threads = d->threads[0] * d->threads[1] * d->threads[2];
+  if (!prepare_threadgroup_memory(w)) {
+    r.fail("the emulator ran out of threadgroup memory");
+    tls_worker = nullptr;
+    return;
   }
-  w.tg_memory.assign(total + 16, 0xff);
-  for (int i = 0; i < kMaxBindings; ++i)
-    w.tg_ptrs[i] = d->tg_lengths[i] ? w.tg_memory.data() + offsets[i] : nullptr;
+  prepare_device_memory(w);
   const uint64_t gx = d->groups[0], gy = d->groups[1], total_groups = gx * gy * d->groups[2];
   for (;;) {
     const uint64_t g = r.next_group.fetch_add(1);
     if (g >= total_groups || r.failed.load(std::memory_order_relaxed)) break;
     const uint32_t group[3] = {uint32_t(g % gx), uint32_t((g / gx) % gy), uint32_t(g / (gx * gy))};
+    c.start_group(uint32_t(g));
+    c.active = c.flags != 0 && !c.reported;
     if (w.fiber_mode) {
       run_fibers(w, group);
     } else {
       run_loop(w, group);
     }
+    c.active = false;
   }
   tls_worker = nullptr;
 }
@@ -453,7 +628,8 @@ inline void work(Worker& w) {
 static Worker g_workers[4];  // per library; the harness serialises dispatches
 
 // Run one dispatch; returns 0 on success, 1 with d->error set otherwise.
-inline int dispatch(Dispatch* d, Body body, bool synchronises, const char* kernel) {
+inline int dispatch(Dispatch* d, Body body, bool synchronises, const char* kernel,
+                    const Names* names) {
   d->error[0] = '\0';
   if (d->simd_width != 32) {
     snprintf(d->error, sizeof(d->error), "the emulator runs simd-groups of 32 threads only");
@@ -469,11 +645,13 @@ inline int dispatch(Dispatch* d, Body body, bool synchronises, const char* kerne
   run.out = d;
   run.body = body;
   run.kernel = kernel;
+  run.names = names;
   const uint64_t groups = uint64_t(d->groups[0]) * d->groups[1] * d->groups[2];
   const uint64_t threads = groups * d->threads[0] * d->threads[1] * d->threads[2];
   uint32_t count = d->workers < 1 ? 1 : (d->workers > 4 ? 4 : d->workers);
   if (groups < count) count = static_cast<uint32_t>(groups);
   if (!synchronises && threads < 65536) count = 1;  // thread start-up would cost more
+  if (d->checks & kCheckRaces) count = count ? 1 : 0;  // shadow state follows one schedule
   if (count == 0) return 0;
   for (uint32_t i = 0; i < count; ++i) {
     g_workers[i].run = &run;
@@ -487,3 +665,25 @@ inline int dispatch(Dispatch* d, Body body, bool synchronises, const char* kerne
 }
 
 }  // namespace emu
+
+#pragma clang attribute pop
+
+// ---- the access hooks (see emulator_checks.h) ----------------------------------------------
+
+#define NEEDLE_EMU_HOOK(N, T)                                                             \
+  extern "C" __attribute__((visibility("hidden"), no_sanitize("coverage"))) void           \
+      __sanitizer_cov_load##N(T* p) {                                                     \
+    emu::Worker* w = emu::tls_worker;                                                     \
+    if (w != nullptr && w->check.active) w->check.hook(uintptr_t(p), N, false);           \
+  }                                                                                       \
+  extern "C" __attribute__((visibility("hidden"), no_sanitize("coverage"))) void           \
+      __sanitizer_cov_store##N(T* p) {                                                    \
+    emu::Worker* w = emu::tls_worker;                                                     \
+    if (w != nullptr && w->check.active) w->check.hook(uintptr_t(p), N, true);            \
+  }
+NEEDLE_EMU_HOOK(1, uint8_t)
+NEEDLE_EMU_HOOK(2, uint16_t)
+NEEDLE_EMU_HOOK(4, uint32_t)
+NEEDLE_EMU_HOOK(8, uint64_t)
+NEEDLE_EMU_HOOK(16, __int128)
+#undef NEEDLE_EMU_HOOK

@@ -12,7 +12,8 @@ from types import ModuleType
 from ...errors import DeviceError
 from . import threads
 
-CAPABILITIES = frozenset({"host_memory"})  # backends/api.py names what each one promises
+# backends/api.py names what each one promises
+CAPABILITIES = frozenset({"host_memory", "paged_attention", "int8", "int4"})
 
 
 def load(index: int = 0) -> ModuleType:

@@ -39,6 +39,8 @@ _SAMPLE_STATIC = 4096  # sampling.cu's static shared memory (2.6 KiB), rounded u
 
 
 class CudaBackend(GpuBackend):
+    qmv_staged_x = True  # quant.cu's qmv stages x in shared memory (gpu/quant.py)
+
     def __init__(self, device, tuning: CudaTuning | None = None):
         tuning = tuning or CudaTuning.for_device(device.capability, device.executables.arch)
         super().__init__(device, "cuda", tuning)

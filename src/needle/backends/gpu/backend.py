@@ -21,17 +21,20 @@ from .layout import LayoutOps
 from .matmul import MatmulOps
 from .nn import NNOps
 from .optim import OptimOps
+from .paged import PagedOps
+from .quant import QuantOps
 from .reduce import ReduceOps
 from .services import ServiceOps
 
 
 class GpuBackend(ElementwiseOps, LayoutOps, ReduceOps, MatmulOps, NNOps, OptimOps,
-                 ServiceOps):
+                 PagedOps, QuantOps, ServiceOps):
     """The array API over one HAL device. One instance per device."""
 
     def __init__(self, device: Device, name: str, tuning: GpuTuning | None = None):
         super().__init__(device, name, tuning or GpuTuning())
-        caps = {"graphs", "profiling", "memory_stats", "async_read"}
+        caps = {"graphs", "profiling", "memory_stats", "async_read", "paged_attention", "int8",
+                "int4"}
         if device.dlpack_device_type is not None:
             caps.add("dlpack")
         self.capabilities = frozenset(caps)

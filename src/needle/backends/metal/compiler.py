@@ -2,8 +2,8 @@
 
 A kernel file is ``kernels/<family>.metal`` preceded by the shared ``kernels/common.h``
 (Metal compiles a source string, so there is no include path): ``#line`` directives keep
-the compiler's messages pointing at the right file and line. Fast math is off so that NaN,
-infinities and signed zeros behave as IEEE and as the reference backend says.
+the compiler's messages pointing at the right file and line. Options: an explicit MSL version
+and IEEE math (``compile_options``).
 """
 
 from __future__ import annotations
@@ -28,10 +28,40 @@ def library_source(family: str, directory: Path = KERNEL_DIR) -> str:
     return f'#line 1 "{COMMON}"\n{common}\n#line 1 "{family}.metal"\n{body}'
 
 
+def _macos_version(api) -> tuple[int, int]:
+    """The running macOS release (NSProcessInfo; PyObjC's Metal module re-exports Foundation)."""
+    info = getattr(api, "NSProcessInfo", None)
+    if info is None:
+        from Foundation import NSProcessInfo as info  # noqa: N813 -- Objective-C class name
+    version = info.processInfo().operatingSystemVersion()
+    return int(version.majorVersion), int(version.minorVersion)
+
+
+def language_version(api) -> tuple[int, int]:
+    """The MSL version kernels compile at: 3.1 on macOS 14 and later (bfloat), else 3.0.
+
+    Set explicitly rather than left to the OS default, so that one macOS always builds the
+    same kernels; tests compile every kernel file at both (docs/metal.md).
+    """
+    if _macos_version(api) >= (14, 0) and hasattr(api, "MTLLanguageVersion3_1"):
+        return 3, 1
+    return 3, 0
+
+
 def compile_options(api):
-    """MTLCompileOptions with fast math off (Metal turns it on by default)."""
+    """MTLCompileOptions: the MSL version of ``language_version``, and IEEE math.
+
+    Metal turns fast math on by default; needle wants NaN, infinities and signed zeros to
+    behave as IEEE and as the reference backend says. ``mathMode`` (macOS 15) replaces the
+    deprecated ``fastMathEnabled``, which older systems still need.
+    """
     options = api.MTLCompileOptions.alloc().init()
-    options.setFastMathEnabled_(False)
+    major, minor = language_version(api)
+    options.setLanguageVersion_(getattr(api, f"MTLLanguageVersion{major}_{minor}"))
+    if options.respondsToSelector_("setMathMode:"):
+        options.setMathMode_(api.MTLMathModeSafe)
+    else:
+        options.setFastMathEnabled_(False)
     return options
 
 

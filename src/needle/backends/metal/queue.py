@@ -8,6 +8,10 @@ backend from its ``MetalTuning``). A command
 buffer's status and error are checked once it completes, and a failed one raises
 ``KernelLaunchError`` naming the kernels it ran.
 
+Metal hands back command buffers, encoders and errors autoreleased: every method that makes
+them runs inside ``objc.autorelease_pool()``, so they are freed per dispatch instead of piling
+up (a Python program has no pool of its own).
+
 Host memory is shared with the GPU, so uploads are copies into the buffer's contents: done
 directly when the GPU is idle, otherwise staged in a fresh buffer and copied by a blit in
 queue order (a block recycled by the allocator may still be read by queued kernels).
@@ -87,6 +91,9 @@ class MetalCapture(CommandBuffer):
 class MetalQueue(Queue):
     def __init__(self, device):
         super().__init__()
+        import objc  # PyObjC (or the emulator's stand-in), present wherever Metal is
+
+        self._pool = objc.autorelease_pool
         self.device = device
         self._api = device.api
         self.mtl_queue = device.mtl.newCommandQueue()
@@ -99,6 +106,8 @@ class MetalQueue(Queue):
         self._in_flight: deque[tuple[int, object, list[str]]] = deque()
         self._seq = 0
         self._last = (0, None)
+        # tests/metal_emulator's fake Metal wants each argument's length (not a Metal API)
+        self._emulated = bool(getattr(self._api, "NEEDLE_EMULATOR", False))
         self.commit_every = 64
         self.max_in_flight = 8
 
@@ -122,6 +131,10 @@ class MetalQueue(Queue):
         """Send the open command buffer to the GPU (does not wait)."""
         if self._cb is None:
             return
+        with self._pool():
+            self._commit()
+
+    def _commit(self) -> None:
         self._end_encoding()
         self._cb.commit()
         self._seq += 1
@@ -135,7 +148,10 @@ class MetalQueue(Queue):
         return self._last
 
     def _wait_oldest(self) -> None:
-        _, cb, names = self._in_flight.popleft()
+        with self._pool():
+            self._wait_for(*self._in_flight.popleft())
+
+    def _wait_for(self, seq: int, cb, names: list[str]) -> None:
         cb.waitUntilCompleted()
         if cb.status() == self._api.MTLCommandBufferStatusError:
             error = cb.error()
@@ -194,10 +210,18 @@ class MetalQueue(Queue):
 
     def _encode_dispatch(self, kernel, groups, threads, buffers, params: bytes,
                          shared: int) -> None:
+        with self._pool():
+            self._encode(kernel, groups, threads, buffers, params, shared)
+        if len(self._names) >= self.commit_every:
+            self.commit()
+
+    def _encode(self, kernel, groups, threads, buffers, params: bytes, shared: int) -> None:
         enc = self._encoder_for("compute")
         enc.setComputePipelineState_(kernel.handle)
         for i, b in enumerate(buffers):
             enc.setBuffer_offset_atIndex_(b.handle, b.offset, i)
+            if self._emulated:  # the emulator checks bounds against the buffer, not its block
+                enc.needleSetArgumentLength_atIndex_(b.nbytes, i)
         if len(params) > MAX_SET_BYTES:
             blob = self.device.mtl.newBufferWithBytes_length_options_(
                 params, len(params), self._api.MTLResourceStorageModeShared)
@@ -209,8 +233,6 @@ class MetalQueue(Queue):
         size = self._api.MTLSizeMake
         enc.dispatchThreadgroups_threadsPerThreadgroup_(size(*groups), size(*threads))
         self._names.append(kernel.name)
-        if len(self._names) >= self.commit_every:
-            self.commit()
 
     # --- copies ------------------------------------------------------------------------
     def _upload(self, dst, dst_offset: int, src: np.ndarray) -> None:
@@ -239,9 +261,11 @@ class MetalQueue(Queue):
         self.capturing.commands.append(("copy", (src, src_offset, dst, dst_offset, nbytes)))
 
     def _encode_copy(self, src, src_offset: int, dst, dst_offset: int, nbytes: int) -> None:
-        blit = self._encoder_for("blit")
-        blit.copyFromBuffer_sourceOffset_toBuffer_destinationOffset_size_(
-            src.handle, src.offset + src_offset, dst.handle, dst.offset + dst_offset, nbytes)
+        with self._pool():
+            blit = self._encoder_for("blit")
+            blit.copyFromBuffer_sourceOffset_toBuffer_destinationOffset_size_(
+                src.handle, src.offset + src_offset, dst.handle, dst.offset + dst_offset,
+                nbytes)
 
     def _no_host_copy_in_capture(self, what: str) -> None:
         if self.capturing is not None:

@@ -4,6 +4,8 @@
 
 namespace needle {
 void bind_optim(nb::module_& m);  // optim.cc
+void bind_paged(nb::module_& m);  // paged.cc
+void bind_quant(nb::module_& m);  // quant.cc
 }
 
 NB_MODULE(_cpu, m) {
@@ -21,4 +23,6 @@ NB_MODULE(_cpu, m) {
   needle::bind_matmul(m);
   needle::bind_nn(m);
   needle::bind_optim(m);
+  needle::bind_paged(m);
+  needle::bind_quant(m);
 }

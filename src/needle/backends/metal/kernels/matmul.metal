@@ -5,7 +5,10 @@
 //    fp32 mode).
 //  * matmul_{dt}: any dtype and layout, 16x16 tiles; for floats the 16x16 tile is four
 //    simdgroup_float8x8 products (fp16/bf16 converted to fp32 in threadgroup memory), for
-//    integers a plain dot product per thread.
+//    integers a plain dot product per thread. Threads (16, TY) with TY in {16, 8, 4, 2}: each
+//    thread covers rows tid.y, tid.y + TY, ... of the tile, so a pipeline allowing fewer than
+//    256 threads (register pressure) still runs it; it is also the fp32 fallback when the
+//    128x128 kernel's pipeline allows fewer than its 256 threads.
 //  * gemv_t_* / gemv_n_* / gemv_combine_*: m == 1 (decoding), bandwidth-bound.
 #include <metal_stdlib>
 using namespace metal;
@@ -97,9 +100,12 @@ INSTANTIATE("matmul_tt_f32", matmul_tiles_f32<true, true>)
       device T* out [[buffer(2)]], constant MatmulParams& p [[buffer(3)]],       \
       uint3 group [[threadgroup_position_in_grid]],                              \
       uint3 tid [[thread_position_in_threadgroup]],                              \
-      uint sg [[simdgroup_index_in_threadgroup]]
+      uint3 tpg [[threads_per_threadgroup]],                                     \
+      uint sg [[simdgroup_index_in_threadgroup]],                                \
+      uint sgs [[simdgroups_per_threadgroup]]
 
-// floats: simd-groups 0-3 each own one 8x8 quadrant of the tile
+// floats: the four 8x8 quadrants of the tile go round the simd-groups (one each with 256
+// threads, all four with 32)
 template <class T>
 kernel void matmul_float(GENERIC_ARGS) {
   threadgroup float As[16 * 16], Bs[16 * 16];
@@ -107,26 +113,31 @@ kernel void matmul_float(GENERIC_ARGS) {
   device const T* A = a + group.z * p.stride_a;
   device const T* B = b + group.z * p.stride_b;
   device T* C = out + group.z * M * N;
-  const long row = long(group.y) * 16 + tid.y, col = long(group.x) * 16 + tid.x;
-  const uint qr = (sg / 2) * 8, qc = (sg % 2) * 8;
-  simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  const long row0 = long(group.y) * 16, col = long(group.x) * 16 + tid.x;
+  simdgroup_float8x8 acc[4];
+  for (int i = 0; i < 4; i++) acc[i] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
   for (long k0 = 0; k0 < K; k0 += 16) {
-    As[tid.y * 16 + tid.x] = at(A, M, K, row, k0 + tid.x, p.trans_a != 0);
-    Bs[tid.y * 16 + tid.x] = at(B, K, N, k0 + tid.y, col, p.trans_b != 0);
+    for (uint y = tid.y; y < 16; y += tpg.y) {
+      As[y * 16 + tid.x] = at(A, M, K, row0 + y, k0 + tid.x, p.trans_a != 0);
+      Bs[y * 16 + tid.x] = at(B, K, N, k0 + y, col, p.trans_b != 0);
+    }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (sg < 4) {
+    for (uint i = 0, q = sg; i < 4 && q < 4; i++, q += sgs) {
+      const uint qr = (q / 2) * 8, qc = (q % 2) * 8;
       for (int kk = 0; kk < 16; kk += 8) {
         simdgroup_float8x8 af, bf;
         simdgroup_load(af, As + qr * 16 + kk, 16);
         simdgroup_load(bf, Bs + kk * 16 + qc, 16);
-        simdgroup_multiply_accumulate(acc, af, bf, acc);
+        simdgroup_multiply_accumulate(acc[i], af, bf, acc[i]);
       }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
   }
-  if (sg < 4) simdgroup_store(acc, As + qr * 16 + qc, 16);
+  for (uint i = 0, q = sg; i < 4 && q < 4; i++, q += sgs)
+    simdgroup_store(acc[i], As + (q / 2) * 8 * 16 + (q % 2) * 8, 16);
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (row < M && col < N) C[row * N + col] = store<T>(As[tid.y * 16 + tid.x]);
+  for (uint y = tid.y; y < 16; y += tpg.y)
+    if (row0 + y < M && col < N) C[(row0 + y) * N + col] = store<T>(As[y * 16 + tid.x]);
 }
 
 // integers: a dot product per thread over 16-deep tiles (wrapping like numpy)
@@ -137,17 +148,22 @@ kernel void matmul_int(GENERIC_ARGS) {
   device const T* A = a + group.z * p.stride_a;
   device const T* B = b + group.z * p.stride_b;
   device T* C = out + group.z * M * N;
-  const long row = long(group.y) * 16 + tid.y, col = long(group.x) * 16 + tid.x;
-  T acc = T(0);
+  const long row0 = long(group.y) * 16, col = long(group.x) * 16 + tid.x;
+  T acc[8];  // rows tid.y + i * tpg.y (tpg.y >= 2)
+  for (int i = 0; i < 8; i++) acc[i] = T(0);
   for (long k0 = 0; k0 < K; k0 += 16) {
-    const long ka = k0 + tid.x, kb = k0 + tid.y;
-    As[tid.y * 17 + tid.x] = (row < M && ka < K) ? (p.trans_a ? A[ka * M + row] : A[row * K + ka]) : T(0);
-    Bs[tid.y * 17 + tid.x] = (kb < K && col < N) ? (p.trans_b ? B[col * K + kb] : B[kb * N + col]) : T(0);
+    for (uint y = tid.y; y < 16; y += tpg.y) {
+      const long row = row0 + y, ka = k0 + tid.x, kb = k0 + y;
+      As[y * 17 + tid.x] = (row < M && ka < K) ? (p.trans_a ? A[ka * M + row] : A[row * K + ka]) : T(0);
+      Bs[y * 17 + tid.x] = (kb < K && col < N) ? (p.trans_b ? B[col * K + kb] : B[kb * N + col]) : T(0);
+    }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    for (int k = 0; k < 16; k++) acc += As[tid.y * 17 + k] * Bs[k * 17 + tid.x];
+    for (uint i = 0, y = tid.y; y < 16; i++, y += tpg.y)
+      for (int k = 0; k < 16; k++) acc[i] += As[y * 17 + k] * Bs[k * 17 + tid.x];
     threadgroup_barrier(mem_flags::mem_threadgroup);
   }
-  if (row < M && col < N) C[row * N + col] = acc;
+  for (uint i = 0, y = tid.y; y < 16; i++, y += tpg.y)
+    if (row0 + y < M && col < N) C[(row0 + y) * N + col] = acc[i];
 }
 
 #define GENERIC_FLOAT(unused, SFX, T) INSTANTIATE(NAME(matmul_##SFX), matmul_float<T>)

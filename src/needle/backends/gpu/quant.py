@@ -1,0 +1,89 @@
+"""Quantized weights (kernel file ``quant``; capabilities ``int8``/``int4``; the reference is
+``numpy_ref/quant.py``, the packing docs/quantization.md).
+
+Up to ``QMV_MAX_M`` rows of x (decoding, small batches) the packed matrix is read once per row
+by ``qmv{bits}_*``, which dequantizes in registers; larger products (prefill) dequantize W
+into a workspace of x's dtype and run the dtype's GEMM, whose cost the dequantization
+(reading the packed bytes, writing 2 bytes per weight) adds little to.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from ...errors import DTypeError, ShapeError
+from .array import SUFFIX, GpuArray, cdiv
+from .base import GpuBase
+
+# quant.cu's QuantParams: m, n, k, words, groups, group, offsets, staged, group_shift
+QUANT = struct.Struct("9q")
+QMV_ROWS = 2  # rows of W per warp (quant.cu's QMV_ROWS)
+QMV_WARPS = 4  # warps per group
+QMV_MAX_M = 8
+_ACTIVATIONS = ("float16", "bfloat16", "float32")
+
+
+class QuantOps(GpuBase):
+    # whether the device's qmv kernels stage x in shared memory (quant.cu does, quant.metal
+    # reads x directly); a device backend sets it
+    qmv_staged_x = False
+
+    def _quant_params(self, qweight, scales, offsets, m, n, k, bits, group_size, op):
+        if bits not in (8, 4):
+            raise ShapeError(f"{op}: bits must be 8 or 4, not {bits}")
+        if group_size < 1:
+            raise ShapeError(f"{op}: group_size must be positive, got {group_size}")
+        words, groups = cdiv(k, 32 // bits), cdiv(k, group_size)
+        if qweight.size != n * words or scales.size != n * groups \
+                or (offsets is not None and offsets.size != n * groups):
+            raise ShapeError(f"{op}: packed arrays do not match an ({n}, {k}) {bits}-bit matrix "
+                             f"with groups of {group_size}")
+        chunk = 128 // bits  # values in one 16-byte load of packed words
+        staged = self.qmv_staged_x and k % chunk == 0 and group_size % chunk == 0
+        shared = 4 * (k + k // chunk) if staged else 0
+        if shared > self.device.max_shared_bytes:
+            staged, shared = False, 0
+        per_group = group_size // chunk
+        shift = (30 if groups == 1 else per_group.bit_length() - 1
+                 if per_group and per_group & (per_group - 1) == 0 else -1)
+        params = QUANT.pack(m, n, k, words, groups, group_size, int(offsets is not None),
+                            int(staged), shift)
+        extra = (offsets if offsets is not None else scales).buffer
+        return params, extra, shared
+
+    def quant_matmul(self, x: GpuArray, qweight: GpuArray, scales: GpuArray,
+                     offsets: GpuArray | None, out: GpuArray, m: int, n: int, k: int,
+                     bits: int, group_size: int) -> None:
+        """out (m, n) = x (m, k) @ W.T for a packed W (numpy_ref.quant_matmul)."""
+        if x.dtype not in _ACTIVATIONS:
+            raise DTypeError(f"quant_matmul needs float16, bfloat16 or float32 x, not {x.dtype}")
+        if out.size == 0:
+            return
+        params, extra, shared = self._quant_params(qweight, scales, offsets, m, n, k, bits,
+                                                   group_size, "quant_matmul")
+        if m > QMV_MAX_M:
+            w = self._new_array(n * k, x.dtype)
+            self.dequantize(qweight, scales, offsets, w, n, k, bits, group_size)
+            self.matmul(x, w, out, m, k, n, transpose_b=True)
+            return
+        kern = self._kernel("quant", f"qmv{bits}_{SUFFIX[x.dtype]}")
+        warps = max(1, min(QMV_WARPS, kern.max_threads // 32))
+        groups = cdiv(n, QMV_ROWS * warps)
+        if shared:
+            kern.reserve_shared(shared)
+        self.queue.dispatch(kern, (groups, m, 1), (32, warps, 1),
+                            (x.buffer, qweight.buffer, scales.buffer, extra, out.buffer), params,
+                            shared)
+
+    def dequantize(self, qweight: GpuArray, scales: GpuArray, offsets: GpuArray | None,
+                   out: GpuArray, n: int, k: int, bits: int, group_size: int) -> None:
+        """out (n, k) = the packed matrix in out's dtype (numpy_ref.dequantize)."""
+        if out.dtype not in _ACTIVATIONS:
+            raise DTypeError(f"dequantize writes float16, bfloat16 or float32, not {out.dtype}")
+        if out.size == 0:
+            return
+        params, extra, _ = self._quant_params(qweight, scales, offsets, n, n, k, bits,
+                                              group_size, "dequantize")
+        self._launch_1d(f"dequant{bits}_{SUFFIX[out.dtype]}", qweight.size,
+                        (qweight.buffer, scales.buffer, extra, out.buffer), params, "quant")
+

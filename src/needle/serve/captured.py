@@ -1,0 +1,81 @@
+"""Decode steps captured once per batch size and replayed (capability ``graphs``).
+
+A batched step is some 15 launches per layer; from Python each costs tens of
+microseconds, which for a 1.1B model on a GPU is far more than the kernels' time. A step in
+which every sequence decodes one token has the same shape for a given number of
+sequences, so it is captured (a CUDA graph, a recorded Metal command buffer) for a bucket
+of sizes (1, 2, 4, ... 256; a step of 5 sequences runs the 8 bucket with 3 padding tokens
+that write nowhere) and the block tables as wide as the longest sequence can be. Each
+replay reads its inputs from one device buffer the host rewrites before it
+(``DeviceBatch.load``) and leaves the logits and their argmax in the graph's output
+buffers. As in ``models/decoder.py``, a bucket's first step runs eagerly, its second is
+captured; a failed capture falls back to eager steps with a RuntimeWarning; the results
+are the same. ``NEEDLE_DECODE_GRAPH=0`` turns capture off.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+
+from ..backends.api import has
+from . import batch as batch_step
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class DecodeGraphs:
+    def __init__(self, model, cache, max_pages: int):
+        backend = model.device.backend
+        self.model, self.cache, self.max_pages = model, cache, max_pages
+        self._capture = backend.capture if has(backend, "graphs") else None
+        if os.environ.get("NEEDLE_DECODE_GRAPH", "1") == "0":
+            self._capture = None
+        self._inputs: dict[int, batch_step.DeviceBatch] = {}
+        self._recorded: dict[int, tuple] = {}  # bucket -> (graph, (logits, argmax))
+        self._eager: dict[int, int] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self._capture is not None
+
+    def bucket(self, n: int) -> int | None:
+        return next((b for b in BUCKETS if b >= n), None)
+
+    def run(self, batch: batch_step.StepBatch, greedy: bool) -> np.ndarray:
+        """Next-token argmaxes (greedy) or logits rows, one per sequence of a decode-only
+        ``batch``, on the host."""
+        n = len(batch.tokens)
+        size = self.bucket(n)
+        inputs = self._inputs.get(size)
+        if inputs is None:
+            inputs = self._inputs[size] = batch_step.DeviceBatch(size, self.max_pages,
+                                                                 self.model.device)
+        inputs.load(batch)
+        logits, chosen = self._step(size, inputs)
+        return chosen.numpy().reshape(-1)[:n] if greedy else logits.numpy()[:n]
+
+    def _step(self, size: int, inputs: batch_step.DeviceBatch):
+        def body():
+            logits = batch_step.forward(self.model, self.cache, inputs, size)
+            return logits, logits.argmax(axis=-1)
+
+        recorded = self._recorded.get(size)
+        if recorded is None and self._capture is not None and self._eager.get(size, 0) >= 1:
+            try:
+                with self._capture() as graph:
+                    out = body()
+            except Exception as e:  # noqa: BLE001 - any failure to record: eager, same results
+                warnings.warn(f"batched decode-step capture failed on "
+                              f"{self.model.device.name}, stepping eagerly instead: {e}",
+                              RuntimeWarning, stacklevel=3)
+                self._capture = None
+            else:
+                recorded = self._recorded[size] = (graph, out)
+        if recorded is not None:
+            recorded[0].replay()
+            return recorded[1]
+        self._eager[size] = self._eager.get(size, 0) + 1
+        return body()

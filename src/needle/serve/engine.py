@@ -1,0 +1,330 @@
+"""The serving engine: continuous batching over a paged KV cache.
+
+A loop of schedule -> one batched step -> append tokens -> free finished sequences
+(design §9, after vLLM and nano-vllm). Requests can be submitted and cancelled from any
+thread at any time; they join and leave the batch between steps. ``Engine.step`` runs one
+step in the caller's thread (tests, ``generate``); ``start()`` runs steps on a background
+thread for a server. Outputs stream through each request's queue (``Request.stream``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import GenerationError, NeedleError
+from ..models.generate import prompt_ids
+from ..models.sampling import Sampler
+from ..models.tokenizer import StreamDecoder
+from . import batch as batch_step
+from .captured import DecodeGraphs
+from .pages import PagedKVCache
+from .request import Request, RequestParams, TokenEvent
+from .scheduler import Scheduler, Work
+
+DEFAULT_PAGE_SIZE = 16
+
+
+class EngineStoppedError(NeedleError):
+    """The engine is shutting down and takes no new requests (HTTP 503)."""
+
+
+class Engine:
+    """Batched generation for one model.
+
+    ``max_seqs``: sequences decoding together. ``kv_memory``: bytes of the KV page pool
+    (default: room for ``max_seqs`` sequences of ``model.max_seq_len`` positions).
+    ``max_batch_tokens``: tokens per step (decode tokens plus prompt chunks).
+    ``max_queue``: waiting requests beyond which ``submit`` raises ``QueueFullError``.
+    """
+
+    def __init__(self, model, max_seqs: int = 32, kv_memory: int | None = None,
+                 page_size: int = DEFAULT_PAGE_SIZE, max_batch_tokens: int | None = None,
+                 max_queue: int = 1024):
+        batch_step.check_supported(model)
+        for name, value in (("max_seqs", max_seqs), ("page_size", page_size),
+                            ("max_queue", max_queue)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise GenerationError(f"{name} must be an int >= 1, got {value!r}")
+        self.model = model
+        if kv_memory is None:
+            pages = max_seqs * -(-model.max_seq_len // page_size)
+            kv_memory = pages * PagedKVCache.page_bytes(model.config, page_size, model.dtype)
+        self.cache = PagedKVCache.from_budget(model.config, kv_memory, page_size,
+                                              model.device, model.dtype)
+        max_batch_tokens = max_batch_tokens or max(512, 2 * max_seqs)
+        if max_batch_tokens <= max_seqs:
+            raise GenerationError(f"max_batch_tokens ({max_batch_tokens}) must exceed max_seqs "
+                                  f"({max_seqs}), or prompts could never be read")
+        self.scheduler = Scheduler(self.cache.pool, max_seqs, max_batch_tokens, max_queue)
+        self.graphs = DecodeGraphs(model, self.cache,
+                                   self.cache.pool.pages_for(model.max_seq_len))
+        self.metrics = EngineMetrics()
+        self._lock = threading.Condition()
+        self._incoming: deque[Request] = deque()
+        self._cancelled: set[int] = set()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # --- submitting ------------------------------------------------------------------------
+    def submit(self, prompt, params: RequestParams | None = None, listener=None) -> Request:
+        """Queue a prompt (token ids, or text when the model has a tokenizer); returns the
+        Request, whose ``stream()`` yields its TokenEvents."""
+        request = self.make_request(prompt, params or RequestParams())
+        request.listener = listener
+        with self._lock:
+            if self._stopping:
+                raise EngineStoppedError("the engine is shutting down; no new requests")
+            self.scheduler.add(request)  # QueueFullError / RequestTooLargeError
+            self.metrics.prompt_tokens += len(request.prompt)
+            self._lock.notify_all()
+        return request
+
+    def make_request(self, prompt, params: RequestParams) -> Request:
+        model = self.model
+        if isinstance(prompt, str):
+            if model.tokenizer is None:
+                raise GenerationError("a text prompt needs the model's tokenizer "
+                                      "(tokenizer.json); pass token ids instead")
+            prompt = model.tokenizer.encode(prompt)
+        ids = prompt_ids(prompt, model.config.vocab_size)
+        room = model.max_seq_len - len(ids)
+        if room < 1:
+            raise GenerationError(f"the prompt has {len(ids)} tokens; the model's max_seq_len "
+                                  f"{model.max_seq_len} leaves no room for an answer")
+        max_tokens = room if params.max_tokens is None else params.max_tokens
+        if max_tokens > room:
+            raise GenerationError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) "
+                                  f"exceed the model's max_seq_len {model.max_seq_len}")
+        gen = model.generation_config
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= set(gen.eos_token_ids)
+        s = params.sampling
+        sampler = Sampler(s.temperature, s.top_k, s.top_p, s.seed, min_p=s.min_p,
+                          repetition_penalty=s.repetition_penalty)
+        sampler.observe(ids)
+        detok = StreamDecoder(model.tokenizer) if model.tokenizer is not None else None
+        return Request(ids, params, max_tokens, frozenset(stop_ids), detok, sampler=sampler)
+
+    def cancel(self, request: Request) -> None:
+        """Stop a request (waiting or running) between steps; its pages are freed and its
+        stream ends with finish_reason "cancelled"."""
+        with self._lock:
+            if not request.finished:
+                self._cancelled.add(request.id)
+                self._lock.notify_all()
+
+    # --- running ---------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        s = self.scheduler
+        return bool(s.waiting or s.running or self._cancelled)
+
+    def step(self) -> int:
+        """Admit, run one batched step, hand out the tokens; returns tokens produced."""
+        with self._lock:
+            self._apply_cancels()
+            self.scheduler.admit()
+            work = self.scheduler.plan()
+        if not work:
+            return 0
+        start = time.perf_counter()
+        try:
+            tokens = self._run(work)
+        except Exception as e:  # noqa: BLE001 - every request of the step learns why
+            with self._lock:
+                for w in work:
+                    self._finish(w.request, TokenEvent(None, "", "error", str(e)))
+            raise
+        produced = 0
+        with self._lock:
+            for w in work:
+                r = w.request
+                if not w.samples:
+                    r.prefilled += w.count
+                    continue
+                if r.prefilled < len(r.prompt):
+                    r.prefilled = len(r.prompt)
+                self._append(r, tokens.pop(0))
+                produced += 1
+        self.metrics.record_step(produced, time.perf_counter() - start)
+        return produced
+
+    def run_until_idle(self) -> None:
+        while self.has_work():
+            self.step()
+
+    def generate(self, prompts: Sequence, params: RequestParams | None = None) -> list[list[int]]:
+        """New token ids for each prompt, all decoded together."""
+        requests = [self.submit(p, params) for p in prompts]
+        if self._thread is None:
+            self.run_until_idle()
+        for r in requests:
+            for _ in r.stream():
+                pass
+        errors = [r for r in requests if r.finish_reason == "error"]
+        if errors:
+            raise GenerationError(f"generation failed: {errors[0].error}")
+        return [list(r.output) for r in requests]
+
+    # --- a background loop -----------------------------------------------------------------
+    def start(self) -> None:
+        """Run steps on a daemon thread until ``shutdown``."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="needle-engine",
+                                            daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self.has_work() and not self._stopping:
+                    self._lock.wait()
+                if self._stopping and not self.has_work():
+                    return
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 - the step's requests got the error already
+                pass
+
+    def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Take no new requests; finish (``drain``) or cancel the ones in flight; stop."""
+        with self._lock:
+            self._stopping = True
+            if not drain:
+                for r in list(self.scheduler.waiting) + self.scheduler.running:
+                    self._cancelled.add(r.id)
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        else:
+            self.run_until_idle()
+
+    # --- internals (called with the lock held, except _batch and _choose) -----------------
+    def _apply_cancels(self) -> None:
+        if not self._cancelled:
+            return
+        s = self.scheduler
+        for r in [r for r in list(s.waiting) + s.running if r.id in self._cancelled]:
+            self._finish(r, TokenEvent(None, "", "cancelled"))
+        self._cancelled.clear()
+
+    def _finish(self, request: Request, event: TokenEvent) -> None:
+        self.scheduler.finish(request)
+        request.finish_reason, request.error = event.finish_reason, event.error
+        self.metrics.finished[event.finish_reason] = \
+            self.metrics.finished.get(event.finish_reason, 0) + 1
+        request.emit(event)
+
+    @staticmethod
+    def _token_at(request: Request, position: int) -> int:
+        n = len(request.prompt)
+        return request.prompt[position] if position < n else request.output[position - n]
+
+    def _batch(self, work: list[Work], max_pages: int | None = None) -> batch_step.StepBatch:
+        tokens, positions, seq_of, slots, rows = [], [], [], [], []
+        max_pages = max_pages or max(len(w.request.table.pages) for w in work)
+        tables = -np.ones((len(work), max_pages), np.int32)
+        for i, w in enumerate(work):
+            table = w.request.table
+            tables[i, :len(table.pages)] = table.pages
+            for p in range(w.start, w.start + w.count):
+                tokens.append(self._token_at(w.request, p))
+                positions.append(p)
+                seq_of.append(i)
+                slots.append(table.slot(p))
+            if w.samples:
+                rows.append(len(tokens) - 1)
+        return batch_step.StepBatch(np.array(tokens), np.array(positions), np.array(seq_of),
+                                    np.array(slots), tables, np.array(rows))
+
+    def _run(self, work: list[Work]) -> list[int]:
+        """One batched step; the next token of each sampling row: the argmax (on the
+        device) when every row is greedy, else each row drawn on the host by its request's
+        Sampler. Decode-only steps replay a captured step where the backend can."""
+        sampling = [w for w in work if w.samples]
+        greedy = all(w.request.sampler.greedy for w in sampling)
+        if self.graphs.enabled and len(sampling) == len(work) == sum(w.count for w in work) \
+                and self.graphs.bucket(len(work)) is not None:
+            out = self.graphs.run(self._batch(work, self.graphs.max_pages), greedy)
+        else:
+            batch = self._batch(work)
+            logits = batch_step.forward(self.model, self.cache,
+                                        batch_step.upload(batch, self.model.device),
+                                        len(batch.logit_rows))
+            out = logits.argmax(axis=-1).numpy().reshape(-1) if greedy else logits.numpy()
+        if greedy:
+            return [int(t) for t in out]
+        return [w.request.sampler(out[i], w.request.length) for i, w in enumerate(sampling)]
+
+    def _append(self, r: Request, token: int) -> None:
+        """Add a chosen token; emit it with its text; finish the request if it stops."""
+        if r.first_token_at is None:
+            r.first_token_at = time.perf_counter()
+        r.output.append(token)
+        r.sampler.observe((token,))
+        piece = r.detokenizer.push(token) if r.detokenizer is not None else ""
+        reason = None
+        if token in r.stop_ids:
+            reason = "stop"
+        elif len(r.output) >= r.max_tokens:
+            reason = "length"
+        if reason is not None and r.detokenizer is not None:
+            piece += r.detokenizer.flush()
+        text = r.text + piece
+        cuts = [at for at in (text.find(stop, max(0, len(r.text) - len(stop) + 1))
+                              for stop in r.params.stop) if at >= 0]
+        if cuts:
+            text, reason = text[:min(cuts)], "stop"
+        # hold back a tail that may be the start of a stop string
+        keep = max((len(s) - 1 for s in r.params.stop), default=0) if reason is None else 0
+        emitted = len(r.text) - r.held
+        visible = max(emitted, len(text) - keep)
+        r.text, r.held = text, len(text) - visible
+        event = TokenEvent(token, text[emitted:visible], reason)
+        if reason is not None:
+            self._finish(r, event)
+        else:
+            r.emit(event)
+
+    # --- statistics ------------------------------------------------------------------------
+    def stats(self) -> dict:
+        pool = self.cache.pool.stats()
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "pages_total": pool.total, "pages_used": pool.used,
+                "pages_reserved": pool.reserved, "page_size": pool.page_size,
+                "prompt_tokens_total": self.metrics.prompt_tokens,
+                "generation_tokens_total": self.metrics.generated,
+                "tokens_per_second": self.metrics.tokens_per_second(),
+                "finished": dict(self.metrics.finished)}
+
+
+class EngineMetrics:
+    """Counters for /metrics: tokens made, and a trailing window for tokens per second."""
+
+    WINDOW = 10.0  # seconds
+
+    def __init__(self):
+        self.generated = 0
+        self.prompt_tokens = 0
+        self.steps = 0
+        self.finished: dict[str, int] = {}
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def record_step(self, tokens: int, seconds: float) -> None:
+        now = time.perf_counter()
+        self.generated += tokens
+        self.steps += 1
+        self._recent.append((now, tokens))
+        while self._recent and self._recent[0][0] < now - self.WINDOW:
+            self._recent.popleft()
+
+    def tokens_per_second(self) -> float:
+        now = time.perf_counter()
+        recent = [n for t, n in self._recent if t >= now - self.WINDOW]
+        return sum(recent) / self.WINDOW if recent else 0.0

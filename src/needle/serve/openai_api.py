@@ -1,0 +1,238 @@
+"""The OpenAI request and response shapes: checking a request body and turning it into an
+engine request, and the JSON of responses, stream chunks and errors.
+
+Only the HTTP layer (``server.py``) uses this module; it has no HTTP in it, so the
+validation is testable on its own. Fields OpenAI defines that needle cannot honour (n > 1,
+logprobs, non-zero presence/frequency penalties, tools) are refused with a 400 that says
+so, never silently ignored. Extensions accepted as vLLM does: top_k, min_p,
+repetition_penalty, stop_token_ids, ignore_eos.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+import uuid
+from dataclasses import dataclass
+
+from ..errors import NeedleError
+from ..models.sampling import SamplingParams
+from .request import RequestParams
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class ApiError(NeedleError):
+    """An error answered as OpenAI does: HTTP status and {"error": {...}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = (
+            status, message, param, code, kind)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass
+class ParsedRequest:
+    prompt: object  # text or token ids for the engine
+    params: RequestParams
+    stream: bool
+    include_usage: bool
+
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param)
+
+
+def _number(body: dict, name: str, lo: float, hi: float, default=None, *, open_lo=False):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or \
+            not (lo < value if open_lo else lo <= value) or value > hi:
+        interval = f"({lo}, {hi}]" if open_lo else f"[{lo}, {hi}]"
+        raise _bad(f"{name} must be a number in {interval}, got {value!r}", name)
+    return float(value)
+
+
+def _int(body: dict, name: str, lo: int, default=None):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < lo:
+        raise _bad(f"{name} must be an integer >= {lo}, got {value!r}", name)
+    return int(value)
+
+
+def _refuse_unsupported(body: dict) -> None:
+    if body.get("n", 1) != 1:
+        raise _bad("n must be 1: needle returns one choice per request", "n")
+    if body.get("best_of", 1) not in (1, None):
+        raise _bad("best_of is not supported", "best_of")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise _bad(f"{name} is not supported (use repetition_penalty)", name)
+    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs"):
+        raise _bad("logprobs are not supported", "logprobs")
+    if body.get("echo"):
+        raise _bad("echo is not supported", "echo")
+    if body.get("tools") or body.get("functions"):
+        raise _bad("tools are not supported", "tools")
+    if body.get("suffix"):
+        raise _bad("suffix is not supported", "suffix")
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or len(stop) > 4 or \
+            any(not isinstance(s, str) or not s for s in stop):
+        raise _bad("stop must be a non-empty string or a list of up to 4 of them", "stop")
+    return tuple(stop)
+
+
+def request_params(body: dict, default_max_tokens: int | None, generation_config) -> RequestParams:
+    """The engine settings of a completions or chat body; None fields take the model's
+    generation_config.json values, as ``needle generate`` does."""
+    _refuse_unsupported(body)
+    max_tokens = _int(body, "max_completion_tokens", 1)
+    max_tokens = _int(body, "max_tokens", 1, max_tokens)
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    top_p = _number(body, "top_p", 0.0, 1.0, open_lo=True)
+    min_p = _number(body, "min_p", 0.0, 1.0)
+    penalty = _number(body, "repetition_penalty", 0.0, 100.0, open_lo=True)
+    top_k = _int(body, "top_k", -1)
+    top_k = None if top_k in (None, -1) else top_k
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise _bad(f"seed must be an integer, got {seed!r}", "seed")
+    ids = body.get("stop_token_ids") or []
+    if not isinstance(ids, list) or any(not isinstance(t, int) or isinstance(t, bool)
+                                        for t in ids):
+        raise _bad("stop_token_ids must be a list of integers", "stop_token_ids")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _bad("ignore_eos must be true or false", "ignore_eos")
+    sampling: SamplingParams = generation_config.sampling(temperature, top_k, top_p, min_p,
+                                                          penalty, seed)
+    return RequestParams(sampling, max_tokens, _stop(body), tuple(ids), ignore_eos)
+
+
+def _stream_flags(body: dict) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("stream must be true or false", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise _bad("stream_options must be an object", "stream_options")
+    return stream, bool(options.get("include_usage", False))
+
+
+def parse_completion(body: dict, generation_config) -> ParsedRequest:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    ok = (isinstance(prompt, str) and prompt) or (
+        isinstance(prompt, list) and prompt and
+        all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))
+    if not ok:
+        raise _bad("prompt must be a non-empty string or a list of token ids (one prompt "
+                   "per request)", "prompt")
+    params = request_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS, generation_config)
+    return ParsedRequest(prompt, params, *_stream_flags(body))
+
+
+def _content(message: dict, i: int) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
+
+
+def chat_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user",
+                                                            "assistant", "tool"):
+            raise _bad(f"messages[{i}] needs a role of system, user, assistant or tool",
+                       "messages")
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": _content(m, i)})
+    return out
+
+
+def parse_chat(body: dict, tokenizer, generation_config) -> ParsedRequest:
+    if tokenizer is None:
+        raise ApiError(400, "this model has no tokenizer, so it cannot chat; use "
+                            "/v1/completions with token ids", "messages")
+    messages = chat_messages(body)
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                            return_dict=False)
+    except NeedleError as e:
+        raise _bad(f"the chat template failed: {e}", "messages") from e
+    params = request_params(body, None, generation_config)
+    return ParsedRequest(list(ids), params, *_stream_flags(body))
+
+
+# --- responses ------------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(rid: str, model: str, text: str, reason: str | None, u: dict) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                         "finish_reason": reason}], "usage": u}
+
+
+def completion_chunk(rid: str, model: str, text: str, reason: str | None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                         "finish_reason": reason}]}
+
+
+def chat_completion(rid: str, model: str, text: str, reason: str | None, u: dict) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                 "content": text},
+                                         "logprobs": None, "finish_reason": reason}],
+            "usage": u}
+
+
+def chat_chunk(rid: str, model: str, delta: dict, reason: str | None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                         "finish_reason": reason}]}
+
+
+def usage_chunk(rid: str, model: str, obj: str, u: dict) -> dict:
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+            "choices": [], "usage": u}
+
+
+def finish_reason(reason: str | None) -> str | None:
+    """OpenAI's names: a cancelled or failed request ends as "stop" / "error" is kept."""
+    return {"cancelled": "stop"}.get(reason, reason)

@@ -1,0 +1,99 @@
+"""A request to the engine: its prompt, its settings, and what it has produced so far.
+
+``RequestParams`` are the per-request settings (sampling, max_tokens, stop strings and stop
+token ids); ``Request`` is one sequence's life: waiting, running (prefilling its prompt in
+chunks, then decoding), finished. Outputs go to the request's thread-safe queue as
+``TokenEvent``s, so any thread (the HTTP server's event loop, a program) can stream them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+import queue
+import time
+from dataclasses import dataclass, field
+
+from ..errors import GenerationError
+from ..models.sampling import Sampler, SamplingParams
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """Settings of one request. ``max_tokens`` None: up to the model's max_seq_len."""
+
+    sampling: SamplingParams = SamplingParams()
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        m = self.max_tokens
+        if m is not None and (not isinstance(m, numbers.Integral) or isinstance(m, bool)
+                              or m < 1):
+            raise GenerationError(f"max_tokens must be an int >= 1 or None, got {m!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise GenerationError(f"stop must be non-empty strings, got {self.stop!r}")
+        if any(not isinstance(t, numbers.Integral) or isinstance(t, bool)
+               for t in self.stop_token_ids):
+            raise GenerationError(f"stop_token_ids must be ints, got {self.stop_token_ids!r}")
+
+
+@dataclass
+class TokenEvent:
+    """A step's output for one request: the new token (None on the final event of a cancel
+    or error), the text it completes (stop strings cut off) and, when it ends the request,
+    why: "stop" (a stop token or string), "length" (max_tokens or the context), "cancelled",
+    or "error"."""
+
+    token: int | None
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    params: RequestParams
+    max_tokens: int  # resolved against the context
+    stop_ids: frozenset[int]
+    detokenizer: object | None = None
+    id: int = field(default_factory=lambda: next(_ids))
+    output: list[int] = field(default_factory=list)
+    text: str = ""
+    held: int = 0  # characters of text not yet emitted (a possible start of a stop string)
+    finish_reason: str | None = None
+    error: str | None = None
+    events: queue.Queue = field(default_factory=queue.Queue)
+    arrived: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    prefilled: int = 0  # prompt positions already in the cache
+    table: object | None = None  # BlockTable once admitted
+    sampler: Sampler | None = None
+    listener: object | None = None  # called with each event (the server's loop hook)
+
+    @property
+    def length(self) -> int:
+        """Positions in the sequence: the prompt and every token produced."""
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def emit(self, event: TokenEvent) -> None:
+        self.events.put(event)
+        if self.listener is not None:
+            self.listener(event)
+
+    def stream(self, timeout: float | None = None):
+        """The request's events as they come, up to and including the final one."""
+        while True:
+            event = self.events.get(timeout=timeout)
+            yield event
+            if event.finish_reason is not None:
+                return

@@ -1,0 +1,248 @@
+"""The OpenAI-compatible HTTP server over an ``Engine``, on starlette (ASGI) and uvicorn.
+
+The engine steps on its own thread; each HTTP request submits to it and awaits its
+events, which the engine thread hands to the event loop (``call_soon_threadsafe``). A
+client that goes away mid-answer cancels its sequence, which frees its pages at the next
+step. Shutting down (Ctrl-C) stops accepting requests, lets the running ones finish,
+then stops the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from importlib import resources
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import GenerationError, NeedleError
+from . import openai_api as api
+from .engine import Engine, EngineStoppedError
+from .request import Request, TokenEvent
+from .scheduler import QueueFullError, RequestTooLargeError
+
+MAX_BODY_BYTES = 4 << 20  # a request body larger than this is refused with 413
+
+
+def _error(e: api.ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def _engine_error(e: NeedleError) -> api.ApiError:
+    """The HTTP answer to an engine refusal."""
+    if isinstance(e, QueueFullError):
+        return api.ApiError(429, str(e), code="queue_full", kind="rate_limit_error")
+    if isinstance(e, EngineStoppedError):
+        return api.ApiError(503, str(e), code="shutting_down", kind="server_error")
+    if isinstance(e, RequestTooLargeError):
+        return api.ApiError(413, str(e), code="kv_cache_too_small")
+    if isinstance(e, GenerationError) and "max_seq_len" in str(e):
+        return api.ApiError(400, str(e), "messages", "context_length_exceeded")
+    return api.ApiError(400, str(e))
+
+
+class Server:
+    """The ASGI app (``self.app``) of one engine and model name."""
+
+    def __init__(self, engine: Engine, model_name: str, api_key: str | None = None):
+        self.engine, self.model_name, self.api_key = engine, model_name, api_key
+        self.started = time.time()
+        routes = [
+            Route("/", self.chat_page, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+        ]
+        self.app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error},
+                             lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app):
+        self.engine.start()
+        yield
+        await asyncio.to_thread(self.engine.shutdown, True)  # drain
+
+    async def _http_error(self, request: HttpRequest, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        e = api.ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                         kind=kind)
+        return _error(e)
+
+    # --- plain endpoints -------------------------------------------------------------------
+    async def chat_page(self, request: HttpRequest) -> HTMLResponse:
+        page = resources.files("needle.serve").joinpath("static/chat.html").read_text("utf-8")
+        return HTMLResponse(page)
+
+    async def health(self, request: HttpRequest) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": self.model_name})
+
+    async def models(self, request: HttpRequest) -> JSONResponse:
+        if (denied := self._check_key(request)) is not None:
+            return denied
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": int(self.started),
+             "owned_by": "needle"}]})
+
+    async def metrics(self, request: HttpRequest) -> PlainTextResponse:
+        s = self.engine.stats()
+        lines = []
+
+        def metric(name, kind, help_, value, labels=""):
+            if not any(line.startswith(f"# HELP {name} ") for line in lines):
+                lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}"])
+            lines.append(f"{name}{labels} {value}")
+
+        metric("needle_requests_running", "gauge", "Requests in the batch.", s["running"])
+        metric("needle_requests_waiting", "gauge", "Requests queued for admission.",
+               s["waiting"])
+        metric("needle_kv_pages_used", "gauge", "KV cache pages holding keys.", s["pages_used"])
+        metric("needle_kv_pages_reserved", "gauge", "KV cache pages promised to requests.",
+               s["pages_reserved"])
+        metric("needle_kv_pages_total", "gauge", "KV cache pages in the pool.",
+               s["pages_total"])
+        metric("needle_generation_tokens_per_second", "gauge",
+               "Tokens generated per second over the last 10 s.",
+               f"{s['tokens_per_second']:.3f}")
+        metric("needle_generation_tokens_total", "counter", "Tokens generated.",
+               s["generation_tokens_total"])
+        metric("needle_prompt_tokens_total", "counter", "Prompt tokens received.",
+               s["prompt_tokens_total"])
+        for reason, n in sorted(s["finished"].items()):
+            metric("needle_requests_finished_total", "counter", "Requests ended, by reason.",
+                   n, f'{{reason="{reason}"}}')
+        return PlainTextResponse("\n".join(lines) + "\n",
+                                 media_type="text/plain; version=0.0.4")
+
+    # --- generation ------------------------------------------------------------------------
+    async def completions(self, request: HttpRequest):
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: HttpRequest):
+        return await self._generate(request, chat=True)
+
+    def _check_key(self, request: HttpRequest) -> JSONResponse | None:
+        if self.api_key is None:
+            return None
+        given = request.headers.get("authorization", "")
+        expected = f"Bearer {self.api_key}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return _error(api.ApiError(401, "missing or wrong API key: send the header "
+                                            "'Authorization: Bearer <key>'",
+                                       code="invalid_api_key", kind="authentication_error"))
+        return None
+
+    async def _body(self, request: HttpRequest) -> dict:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            raise api.ApiError(413, f"the request body ({length} bytes) exceeds "
+                                    f"{MAX_BODY_BYTES} bytes")
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                raise api.ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes")
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise api.ApiError(400, f"the request body is not valid JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise api.ApiError(400, "the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise api.ApiError(404, f"the model {model!r} does not exist; this server "
+                                    f"serves {self.model_name!r}", "model", "model_not_found",
+                               kind="not_found_error")
+        return body
+
+    async def _generate(self, request: HttpRequest, chat: bool):
+        if (denied := self._check_key(request)) is not None:
+            return denied
+        model = self.engine.model
+        try:
+            body = await self._body(request)
+            parsed = (api.parse_chat(body, model.tokenizer, model.generation_config) if chat
+                      else api.parse_completion(body, model.generation_config))
+            if isinstance(parsed.prompt, str) and model.tokenizer is None:
+                raise api.ApiError(400, "this model has no tokenizer: send the prompt as "
+                                        "token ids", "prompt")
+            loop = asyncio.get_running_loop()
+            events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+            submitted = self.engine.submit(
+                parsed.prompt, parsed.params,
+                listener=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        except api.ApiError as e:
+            return _error(e)
+        except NeedleError as e:
+            return _error(_engine_error(e))
+        rid = api.new_id("chatcmpl" if chat else "cmpl")
+        if parsed.stream:
+            return StreamingResponse(self._sse(submitted, events, rid, chat,
+                                               parsed.include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            while (event := await events.get()).finish_reason is None:
+                pass
+        finally:
+            self.engine.cancel(submitted)  # a no-op once finished; frees pages on disconnect
+        if event.finish_reason == "error":
+            return _error(api.ApiError(500, f"generation failed: {event.error}",
+                                       kind="server_error"))
+        u = api.usage(len(submitted.prompt), len(submitted.output))
+        reason = api.finish_reason(event.finish_reason)
+        make = api.chat_completion if chat else api.completion
+        return JSONResponse(make(rid, self.model_name, submitted.text, reason, u))
+
+    async def _sse(self, submitted: Request, events: asyncio.Queue, rid: str, chat: bool,
+                   include_usage: bool):
+        """Server-sent events: a chunk per piece of text, the finish reason, then [DONE]. A
+        disconnect cancels this generator; ``finally`` cancels the sequence."""
+        name = self.model_name
+
+        def sse(obj) -> str:
+            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+        try:
+            if chat:
+                yield sse(api.chat_chunk(rid, name, {"role": "assistant", "content": ""}, None))
+            while True:
+                event = await events.get()
+                if event.finish_reason == "error":
+                    yield sse(api.ApiError(500, f"generation failed: {event.error}",
+                                           kind="server_error").body())
+                    break
+                reason = api.finish_reason(event.finish_reason)
+                if event.text:
+                    yield sse(api.chat_chunk(rid, name, {"content": event.text}, None) if chat
+                              else api.completion_chunk(rid, name, event.text, None))
+                if reason is not None:
+                    yield sse(api.chat_chunk(rid, name, {}, reason) if chat
+                              else api.completion_chunk(rid, name, "", reason))
+                    if include_usage:
+                        obj = "chat.completion.chunk" if chat else "text_completion"
+                        u = api.usage(len(submitted.prompt), len(submitted.output))
+                        yield sse(api.usage_chunk(rid, name, obj, u))
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            self.engine.cancel(submitted)
+
+
+def serve(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 8000,
+          api_key: str | None = None, log_level: str = "info") -> None:
+    """Run the server until Ctrl-C (which drains the running requests, then exits)."""
+    import uvicorn
+
+    server = Server(engine, model_name, api_key)
+    config = uvicorn.Config(server.app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=60)
+    uvicorn.Server(config).run()

@@ -1,0 +1,107 @@
+"""``needle serve MODEL_DIR``: an OpenAI-compatible server for a local model.
+
+    needle serve models/Llama-3.2-1B-Instruct --port 8000 --max-seqs 32 --kv-memory 4GiB
+
+Endpoints: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health,
+/metrics (Prometheus) and a chat page at /. Ctrl-C finishes the running answers, then
+exits. See docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from .errors import NeedleError
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
+          "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """'4GiB', '512MB', '1e9' or a plain number of bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: use e.g. 4GiB, 512MB or a "
+                                         "number of bytes")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the KV memory must be positive")
+    return int(value)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0..65535)")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="needle serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("model_dir", metavar="MODEL_DIR", help="a Hugging Face checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
+    p.add_argument("--max-seqs", type=_positive, default=32,
+                   help="sequences decoded together (default 32)")
+    p.add_argument("--kv-memory", type=parse_bytes, default=None,
+                   help="bytes of the KV page pool, e.g. 4GiB (default: max-seqs sequences "
+                        "of max-seq-len positions)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 requests")
+    p.add_argument("--model-name", default=None,
+                   help="the model id clients send (default: the directory's name)")
+    p.add_argument("--max-queue", type=_positive, default=1024,
+                   help="waiting requests beyond which new ones get HTTP 429")
+    p.add_argument("--device", default="auto", help="auto, cpu, cpu_numpy, cuda[:i] or metal")
+    p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
+                   help="default: the checkpoint's own")
+    p.add_argument("--max-seq-len", type=_positive, default=None,
+                   help="prompt plus answer positions per sequence")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        print("needle serve: the server needs starlette and uvicorn: "
+              "pip install 'needle[serve]'", file=sys.stderr)
+        return 2
+    from .models import load_pretrained
+    from .serve import Engine
+    from .serve.server import serve
+
+    try:
+        model = load_pretrained(args.model_dir, device=args.device, dtype=args.dtype,
+                                max_seq_len=args.max_seq_len)
+        engine = Engine(model, max_seqs=args.max_seqs, kv_memory=args.kv_memory,
+                        max_queue=args.max_queue)
+    except NeedleError as e:
+        print(f"needle serve: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    pool = engine.cache.pool
+    name = args.model_name or Path(args.model_dir).resolve().name
+    print(f"needle serve: {name} on {model.device.name} ({model.dtype}); KV pool "
+          f"{pool.num_pages} pages of {pool.page_size} positions; up to {args.max_seqs} "
+          f"sequences; http://{args.host}:{args.port}/", file=sys.stderr)
+    serve(engine, name, args.host, args.port, args.api_key)
+    return 0

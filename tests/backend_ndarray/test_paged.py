@@ -1,0 +1,107 @@
+"""The paged-attention family (capability ``paged_attention``) on every enabled device
+against the reference (numpy_ref/paged.py), and the reference against plain attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from needle import backend_ndarray as nd
+from needle.errors import IndexOutOfRangeError, ShapeError
+
+from ..conftest import supports
+
+TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 2e-2}
+
+
+def _pool(rng, num_pages, page_size, kv_heads, d):
+    return (rng.standard_normal((num_pages, page_size, kv_heads, d)).astype(np.float32),
+            rng.standard_normal((num_pages, page_size, kv_heads, d)).astype(np.float32))
+
+
+def _case(rng, q_heads=4, kv_heads=2, d=16, page_size=4, num_pages=48):
+    """Three sequences of lengths 1, 9 and 150 (more than one 128-position chunk) on shuffled
+    pages; queries: the last position of each, and three prompt positions of the third."""
+    lengths = [1, 9, 150]
+    max_pages = -(-max(lengths) // page_size)
+    order = rng.permutation(num_pages)
+    tables = -np.ones((3, max_pages), np.int32)
+    used = 0
+    for s, n in enumerate(lengths):
+        need = -(-n // page_size)
+        tables[s, :need] = order[used:used + need]
+        used += need
+    seq_of = np.array([0, 1, 2, 2, 2, 2], np.int32)
+    positions = np.array([0, 8, 149, 0, 5, 127], np.int32)
+    q = rng.standard_normal((len(seq_of), q_heads, d)).astype(np.float32)
+    kp, vp = _pool(rng, num_pages, page_size, kv_heads, d)
+    return q, kp, vp, tables, seq_of, positions
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_paged_attention_matches_reference(device, dtype, rng):
+    if not supports(device, dtype):
+        pytest.skip(f"{device.name} has no {dtype}")
+    q, kp, vp, tables, seq_of, positions = _case(rng)
+    ref = nd.cpu_numpy()
+
+    def run(dev):
+        a = [nd.array(x, dtype=dtype, device=dev) for x in (q, kp, vp)]
+        return nd.paged_attention(a[0], a[1], a[2], tables, seq_of, positions, 0.3).numpy()
+
+    want, got = run(ref), run(device)
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32),
+                               rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_reference_equals_dense_causal_attention(rng):
+    """Pages gathered in table order are the dense cache: plain attention agrees."""
+    q, kp, vp, tables, seq_of, positions = _case(rng)
+    dev = nd.cpu_numpy()
+    got = nd.paged_attention(*(nd.array(x, device=dev) for x in (q, kp, vp)), tables, seq_of,
+                             positions, 0.3).numpy()
+    for t, (s, p) in enumerate(zip(seq_of, positions)):
+        slots = tables[s][np.arange(p + 1) // 4] * 4 + np.arange(p + 1) % 4
+        k = kp.reshape(-1, 2, 16)[slots].transpose(1, 0, 2)[None]  # (1, kv, p+1, d)
+        v = vp.reshape(-1, 2, 16)[slots].transpose(1, 0, 2)[None]
+        dense = nd.attention(nd.array(q[t][None, :, None, :], device=dev),
+                             nd.array(k, device=dev), nd.array(v, device=dev), scale=0.3,
+                             causal=True).numpy()
+        np.testing.assert_allclose(got[t], dense[0, :, 0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_paged_write_stores_rows_and_skips_padding(device, dtype, rng):
+    if not supports(device, dtype):
+        pytest.skip(f"{device.name} has no {dtype}")
+    kp, vp = (nd.array(np.zeros((5, 4, 2, 8), np.float32), dtype=dtype, device=device)
+              for _ in range(2))
+    k = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    v = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    slots = np.array([7, -1, 19], np.int32)
+    nd.paged_write(nd.array(k, dtype=dtype, device=device),
+                   nd.array(v, dtype=dtype, device=device), slots, kp, vp)
+    flat_k, flat_v = kp.numpy().reshape(20, 2, 8), vp.numpy().reshape(20, 2, 8)
+    cast = nd.array(k, dtype=dtype, device=nd.cpu_numpy()).numpy()
+    np.testing.assert_array_equal(flat_k[7], cast[0])
+    np.testing.assert_array_equal(flat_k[19], cast[2])
+    assert np.count_nonzero(flat_k.astype(np.float32)) == 2 * 16 - np.sum(cast[[0, 2]] == 0)
+    np.testing.assert_array_equal(flat_v[7], nd.array(v, dtype=dtype,
+                                                      device=nd.cpu_numpy()).numpy()[0])
+
+
+def test_bad_page_ids_give_nan_and_bad_arguments_raise(device, rng):
+    q, kp, vp, tables, seq_of, positions = _case(rng)
+    a = [nd.array(x, device=device) for x in (q, kp, vp)]
+    bad = tables.copy()
+    bad[1, 0] = 10_000  # a page id outside the pool: NaN for sequence 1's query only
+    out = nd.paged_attention(a[0], a[1], a[2], bad, seq_of, positions).numpy()
+    assert np.isnan(out[1]).all() and not np.isnan(np.delete(out, 1, axis=0)).any()
+    with pytest.raises(IndexOutOfRangeError, match="seq_of"):
+        nd.paged_attention(a[0], a[1], a[2], tables, seq_of + 3, positions)
+    with pytest.raises(IndexOutOfRangeError, match="positions"):
+        nd.paged_attention(a[0], a[1], a[2], tables, seq_of, positions + 1000)
+    with pytest.raises(ShapeError, match="q must be"):
+        nd.paged_attention(a[0].reshape((6, 64)), a[1], a[2], tables, seq_of, positions)
+    with pytest.raises(IndexOutOfRangeError, match="slot"):
+        nd.paged_write(a[1][0, :1], a[1][0, :1], [500], a[1], a[2])

@@ -1,0 +1,89 @@
+"""The chat page at / in a real headless browser: Debian's chromium driven by Playwright.
+
+Type a message, see the answer stream in (equal to single-sequence greedy generate), the
+model name and a tokens/s figure; the stop button ends an answer and frees its pages.
+Set NEEDLE_CHAT_SCREENSHOT=path to keep a screenshot (docs/serving-chat.png is made so).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+sync_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("uvicorn")
+
+from needle.serve import RequestParams  # noqa: E402
+
+from .test_server import KEY, NAME, Running, _wait_idle  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None,
+                                reason="no chromium on PATH (apt-get install -y chromium)")
+
+
+@pytest.fixture(scope="module")
+def page_server(model):
+    server = Running(model, max_seqs=4)
+    yield server
+    server.stop()
+
+
+def test_chat_page_streams_an_answer(model, page_server, tmp_path):
+    text = "The quick brown fox"
+    ids = model.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                              add_generation_prompt=True, return_dict=False)
+    want = model.tokenizer.decode(model.generate(ids, model.max_seq_len - len(ids),
+                                                 temperature=0))
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 560})
+            page.goto(f"{page_server.url}/?key={KEY}")
+            sync_api.expect(page.locator("#model")).to_have_text(NAME)
+            page.fill("#input", text)
+            page.keyboard.press("Enter")
+            answer = page.locator(".msg.assistant").last
+            sync_api.expect(page.locator("#send")).to_be_enabled(timeout=30_000)
+            assert want and answer.text_content() == want
+            assert page.locator(".msg.user").first.inner_text() == text
+            assert "tokens/s" in page.locator("#speed").inner_text()
+            shot = os.environ.get("NEEDLE_CHAT_SCREENSHOT") or str(tmp_path / "chat.png")
+            page.screenshot(path=shot)
+            assert os.path.getsize(shot) > 1000
+        finally:
+            browser.close()
+
+
+def test_stop_button_ends_the_answer_and_frees_pages(model):
+    # one sequence at a time, held by a long request: the page's request waits in the queue
+    # (its stream already open) until the stop button cancels it
+    server = Running(model, max_seqs=1)
+    long = RequestParams(max_tokens=250, ignore_eos=True)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(f"{server.url}/?key={KEY}")
+                page.fill("#input", "Tokens, tokens everywhere")
+                blockers = [server.engine.submit([3, 4], long) for _ in range(4)]
+                page.keyboard.press("Enter")
+                page.click("#stop")
+                sync_api.expect(page.locator("#send")).to_be_enabled()
+                sync_api.expect(page.locator("#stop")).to_be_disabled()
+            finally:
+                browser.close()
+        deadline = time.time() + 10
+        while server.engine.stats()["finished"].get("cancelled", 0) < 1:
+            assert time.time() < deadline, "the stopped request was not cancelled"
+            time.sleep(0.01)
+        assert not blockers[-1].finished  # the page's request was the one cancelled
+        for b in blockers:
+            server.engine.cancel(b)
+        assert _wait_idle(server.engine)
+    finally:
+        server.stop()

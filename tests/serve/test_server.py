@@ -1,0 +1,210 @@
+"""``needle serve`` end to end: a real server on 127.0.0.1 (a free port) driven by the
+official ``openai`` client, with a tiny random model on the CPU."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+from needle.serve import Engine, RequestParams  # noqa: E402
+from needle.serve.server import Server  # noqa: E402
+
+KEY = "test-key"
+NAME = "tiny-llama"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Running:
+    """A uvicorn server on a thread, stopped (drained) at the end."""
+
+    def __init__(self, model, name=NAME, api_key=KEY, **engine_options):
+        self.engine = Engine(model, **engine_options)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(Server(self.engine, name, api_key).app, host="127.0.0.1",
+                                port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.02)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def running(model):
+    server = Running(model, max_seqs=16, max_queue=64)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(running):
+    return openai.OpenAI(base_url=running.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def _expected_completion(model, prompt: str, n: int) -> str:
+    ids = model.tokenizer.encode(prompt)
+    return model.tokenizer.decode(model.generate(ids, n, temperature=0))
+
+
+def _expected_chat(model, messages, n: int) -> str:
+    ids = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                              return_dict=False)
+    return model.tokenizer.decode(model.generate(ids, n, temperature=0))
+
+
+def test_completion_and_stream_equal_generate(model, client):
+    want = _expected_completion(model, "The quick brown", 12)
+    r = client.completions.create(model=NAME, prompt="The quick brown", max_tokens=12,
+                                  temperature=0)
+    assert r.choices[0].text == want
+    assert r.usage.prompt_tokens == len(model.tokenizer.encode("The quick brown"))
+    assert r.usage.completion_tokens <= 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    chunks = list(client.completions.create(model=NAME, prompt="The quick brown",
+                                            max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] in ("stop", "length") and set(finals[:-1]) == {None}
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_chat_and_stream_equal_generate(model, client):
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Tokens, tokens everywhere"}]
+    want = _expected_chat(model, messages, 16)
+    r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=16,
+                                       temperature=0)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == want
+    stream = client.chat.completions.create(model=NAME, messages=messages, max_tokens=16,
+                                            temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == want
+
+
+def test_sixteen_concurrent_clients_get_their_greedy_answers(model, client):
+    prompts = [f"{w} tokens {i}" for i, w in enumerate(
+        ["The", "needle", "Naïve", "Tokens", "byte", "quick", "small", "every"] * 2)]
+    lengths = [4 + (i * 5) % 17 for i in range(16)]
+    want = [_expected_completion(model, p, n) for p, n in zip(prompts, lengths)]
+
+    def one(i):
+        if i % 2:
+            stream = client.completions.create(model=NAME, prompt=prompts[i], temperature=0,
+                                               max_tokens=lengths[i], stream=True)
+            return "".join(c.choices[0].text for c in stream)
+        return client.completions.create(model=NAME, prompt=prompts[i], temperature=0,
+                                         max_tokens=lengths[i]).choices[0].text
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, range(16)))
+    assert got == want
+
+
+def _wait_idle(engine, seconds=10.0):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        s = engine.cache.pool.stats()
+        if s.used == 0 and s.reserved == 0 and not engine.scheduler.running:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_cancelled_stream_frees_its_pages(running, client):
+    stream = client.completions.create(model=NAME, prompt="The quick brown", max_tokens=200,
+                                       temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    next(iter(stream))
+    assert running.engine.cache.pool.stats().used > 0
+    stream.close()  # the client goes away mid-answer
+    assert _wait_idle(running.engine)
+    assert running.engine.stats()["finished"].get("cancelled", 0) >= 1
+
+
+def test_models_health_metrics(running, client):
+    assert [m.id for m in client.models.list()] == [NAME]
+    assert httpx.get(running.url + "/health").json()["status"] == "ok"
+    text = httpx.get(running.url + "/metrics").text
+    for name in ("needle_requests_running", "needle_requests_waiting", "needle_kv_pages_used",
+                 "needle_generation_tokens_per_second", "needle_generation_tokens_total"):
+        assert f"# TYPE {name} " in text and f"\n{name} " in text
+    assert "<title>needle chat</title>" in httpx.get(running.url + "/").text
+
+
+def test_bad_requests_get_openai_errors(running, client):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=NAME, prompt="x", temperature=5)
+    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+        client.completions.create(model=NAME, prompt="x", n=2)
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model=NAME, messages=[])
+    with pytest.raises(openai.BadRequestError, match="max_seq_len"):
+        client.completions.create(model=NAME, prompt="x", max_tokens=100_000)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-4", prompt="x")
+    wrong = openai.OpenAI(base_url=running.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError, match="API key"):
+        wrong.completions.create(model=NAME, prompt="x")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(running.url + "/v1/completions", content=b"{not json", headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(running.url + "/v1/completions", headers=auth,
+                   content=json.dumps({"prompt": "x" * (5 << 20)}))
+    assert r.status_code == 413 and "exceeds" in r.json()["error"]["message"]
+    r = httpx.get(running.url + "/v1/nothing", headers=auth)
+    assert r.status_code == 404 and "error" in r.json()
+    assert _wait_idle(running.engine)
+
+
+def test_too_large_for_the_pool_is_413(model):
+    page = Engine(model, max_seqs=1).cache.page_bytes(model.config, 16, model.dtype)
+    server = Running(model, max_seqs=1, kv_memory=2 * page)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.APIStatusError, match="KV pages") as e:
+            client.completions.create(model=NAME, prompt="x", max_tokens=100)
+        assert e.value.status_code == 413
+    finally:
+        server.stop()
+
+
+def test_over_the_queue_limit_is_429(model):
+    server = Running(model, max_seqs=1, max_queue=1)
+    try:
+        # one long request runs and one waits (submitted straight to the engine, so both are
+        # in place before the HTTP request arrives): the next is over the queue limit
+        long = RequestParams(max_tokens=250, ignore_eos=True)
+        held = [server.engine.submit([3, 4], long)]
+        while not server.engine.scheduler.running:  # admitted by the engine's thread
+            time.sleep(0.001)
+        held.append(server.engine.submit([3, 4], long))
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.RateLimitError, match="retry later"):
+            client.completions.create(model=NAME, prompt="x", max_tokens=20)
+        for r in held:
+            server.engine.cancel(r)
+        assert _wait_idle(server.engine)
+    finally:
+        server.stop()
