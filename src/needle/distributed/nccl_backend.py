@@ -101,7 +101,9 @@ class NcclBackend:
             self.comm = None
 
     def close(self) -> None:
+        """Wait (with the deadline) for queued collectives, then free the communicator; a
+        wait that times out has aborted it instead, and raises."""
         if self.comm is not None:
-            self.queue.synchronize()
+            self.synchronize()
             nccl.library().ncclCommDestroy(self.comm)
             self.comm = None
