@@ -68,3 +68,8 @@ class ArgumentError(NeedleError, ValueError):
 class ArgumentTypeError(NeedleError, TypeError):
     """An argument is of the wrong kind (a string where a number goes, a non-Module in a
     Sequential); the message names the argument."""
+
+
+class DistributedError(NeedleError, RuntimeError):
+    """A process group cannot start or a collective failed: a launch variable missing or
+    inconsistent, a rank that did not join or died, a timeout, a backend not installed."""

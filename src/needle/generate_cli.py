@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from .errors import ModelFormatError
+from .errors import ArgumentError, ModelFormatError
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -63,6 +63,10 @@ def load(args, needed: int):
     max_seq_len = args.max_seq_len
     if max_seq_len is None:
         max_seq_len = min(needed, ModelConfig.from_file(args.model_dir).max_position_embeddings)
+    if getattr(args, "tp", 1) > 1:  # this rank's share (``needle.distributed``)
+        from .distributed import load_tensor_parallel
+
+        return load_tensor_parallel(args.model_dir, dtype=args.dtype, max_seq_len=max_seq_len)
     return load_pretrained(args.model_dir, device=args.device, dtype=args.dtype,
                            max_seq_len=max_seq_len)
 
@@ -126,12 +130,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true",
                    help="render the prompt as a user turn with the model's chat template")
     p.add_argument("--system", default=None, help="with --chat: a system message first")
+    p.add_argument("--tp", type=int, default=1,
+                   help="split the model over this many tensor-parallel ranks (GPUs, or "
+                        "CPU processes with --device cpu); see docs/distributed.md")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     from .models import GenerationStats
+
+    if args.tp < 1:
+        raise ArgumentError(f"--tp must be >= 1, got {args.tp}")
+    if args.tp > 1:
+        from .distributed import tp_generate
+
+        status = tp_generate.relaunch_or_join(args, argv)
+        if status is not None:
+            return status
+        args.seed = tp_generate.shared_seed(args.seed)
 
     if args.max_tokens is not None and args.max_tokens < 0:
         raise ModelFormatError(f"--max-tokens must be >= 0, got {args.max_tokens}")
@@ -153,7 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     _, first = stream_text(model, ids, max_tokens, sampling(args), stats)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    report(model, stats, first)
+    if args.tp == 1:
+        report(model, stats, first)
+    else:
+        from . import distributed
+
+        if distributed.get_rank() == 0:
+            report(model, stats, first)
+        distributed.destroy_process_group()
     return 0
 
 

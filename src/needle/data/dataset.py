@@ -18,7 +18,7 @@ import numpy as np
 from .. import checks, init
 from ..autograd import Tensor
 from ..backend_ndarray import NDArray, as_device, default_device
-from ..errors import ArgumentTypeError, IndexOutOfRangeError, ShapeError
+from ..errors import ArgumentError, ArgumentTypeError, IndexOutOfRangeError, ShapeError
 
 
 def stack_samples(dataset, indices: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -106,12 +106,22 @@ class DataLoader:
     depend on the workers, but random transforms then draw from their generator in the
     order the threads reach it, so augmentations repeat exactly only with ``num_workers=0``
     (or a dataset whose transforms have their own per-batch seed).
+
+    A ``sampler`` (``needle.distributed.DistributedSampler``: ``indices(epoch)`` and
+    ``len``) chooses the samples and their order of each pass instead.
     """
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
                  drop_last: bool = False, seed: int | None = None, device=None,
-                 num_workers: int = 0, prefetch_factor: int = 2):
+                 num_workers: int = 0, prefetch_factor: int = 2, sampler=None):
         batch_size = checks.positive(batch_size, "batch_size", "DataLoader")
+        if sampler is not None and not (hasattr(sampler, "indices") and hasattr(sampler,
+                                                                                "__len__")):
+            raise ArgumentTypeError(f"DataLoader: sampler must have indices(epoch) and len() "
+                                    f"(a DistributedSampler), got {type(sampler).__name__}")
+        if sampler is not None and shuffle:
+            raise ArgumentError("DataLoader: the sampler orders the samples; pass shuffle to "
+                                "the sampler, not the DataLoader")
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise ArgumentTypeError(f"DataLoader: dataset must be a Dataset (or any object with "
                                     f"__len__ and __getitem__), got {type(dataset).__name__}")
@@ -127,13 +137,16 @@ class DataLoader:
         self.drop_last = drop_last
         self.seed = seed
         self.device = device
+        self.sampler = sampler
         self.epoch = 0
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = len(self.dataset) if self.sampler is None else len(self.sampler)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def _order(self) -> np.ndarray:
+        if self.sampler is not None:
+            return np.asarray(self.sampler.indices(self.epoch))
         n = len(self.dataset)
         if not self.shuffle:
             return np.arange(n)

@@ -1,0 +1,149 @@
+"""Tensor-parallel inference of Llama-family models (Megatron-LM's split).
+
+Each of the group's ranks holds 1/world_size of every layer: the query, key and value
+projections of its share of the heads (column-parallel: whole output rows), the matching
+columns of the output projection (row-parallel), and a share of the MLP's intermediate
+units (gate and up by rows, down by columns). Attention needs no communication, since
+heads are independent; the row-parallel projections each give a partial sum, made whole
+by one all-reduce: one per attention block and one per MLP block. Embeddings, norms and
+the output head stay whole on every rank, so every rank computes the same logits and the
+same next token.
+
+Each rank reads only its slices from the checkpoint before they reach the device, and
+runs the ordinary decoder (``models/``) on a config of its share of the heads, with its
+two row-parallel projections replaced by ones that all-reduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import backend_ndarray as nd
+from ..backend_ndarray import NDArray
+from ..errors import ModelFormatError
+from ..models import memory
+from ..models.causal_lm import CausalLM
+from ..models.checkpoint import Checkpoint
+from ..models.config import ModelConfig
+from ..models.generation_config import GenerationConfig
+from ..models.loader import LoadStats, _dtype, _max_seq_len
+from ..models.tokenizer import load_tokenizer
+from ..models.weights import Projection
+from .collectives import all_reduce
+from .group import group
+
+
+@dataclasses.dataclass
+class RowParallelProjection(Projection):
+    """y = all_reduce(x @ weight_shard.T) (+ bias): the shards' partial sums, summed over
+    the ranks; the bias (whole on every rank) is added once, after the sum."""
+
+    def __call__(self, x: NDArray) -> NDArray:
+        y = all_reduce((x @ self.weight.transpose()).compact(), "sum")
+        return y if self.bias is None else y + self.bias
+
+
+def shard_config(cfg: ModelConfig, parts: int) -> ModelConfig:
+    """The config of one rank's share: heads, KV heads and intermediate units / parts."""
+    for what, n in (("attention heads", cfg.num_heads), ("key/value heads", cfg.num_kv_heads),
+                    ("intermediate units", cfg.intermediate_size)):
+        if n % parts:
+            raise ModelFormatError(f"tensor parallelism over {parts} ranks needs the model's "
+                                   f"{what} ({n}) to divide evenly; choose a world size that "
+                                   f"divides {n}")
+    return dataclasses.replace(cfg, num_heads=cfg.num_heads // parts,
+                               num_kv_heads=cfg.num_kv_heads // parts,
+                               intermediate_size=cfg.intermediate_size // parts)
+
+
+class Slicer:
+    """Rank ``rank``'s slice of each checkpoint tensor of ``cfg`` (host arrays)."""
+
+    def __init__(self, cfg: ModelConfig, rank: int, parts: int):
+        self.rank, self.parts = rank, parts
+        d = cfg.head_dim
+        self.q, self.kv, self.inter = cfg.num_heads * d, cfg.num_kv_heads * d, \
+            cfg.intermediate_size
+
+    def _mine(self, a: np.ndarray, n: int, axis: int = 0) -> np.ndarray:
+        """This rank's block of the first ``n`` entries' split along ``axis``."""
+        size = n // self.parts
+        index = [slice(None)] * a.ndim
+        index[axis] = slice(self.rank * size, (self.rank + 1) * size)
+        return a[tuple(index)]
+
+    def __call__(self, name: str, a: np.ndarray) -> np.ndarray:
+        q, kv, inter = self.q, self.kv, self.inter
+        kind = name.rsplit(".", 1)[-1]  # weight or bias
+        if any(f".{p}_proj." in name for p in "qkv"):
+            return self._mine(a, a.shape[0])
+        if ".qkv_proj." in name:  # fused (Phi-3): [q; k; v] rows
+            parts = (a[:q], a[q:q + kv], a[q + kv:])
+            return np.concatenate([self._mine(p, p.shape[0]) for p in parts])
+        if ".gate_proj." in name or ".up_proj." in name:
+            return self._mine(a, a.shape[0])
+        if ".gate_up_proj." in name:  # fused (Phi-3): [gate; up] rows
+            return np.concatenate([self._mine(a[:inter], inter), self._mine(a[inter:], inter)])
+        if (".o_proj." in name or ".down_proj." in name) and kind == "weight":
+            return self._mine(a, a.shape[1], axis=1)
+        return a  # embeddings, norms, the output head, row-parallel biases: whole
+
+
+def make_row_parallel(model: CausalLM) -> CausalLM:
+    """Make each layer's output and down projections all-reduce their partial sums (the
+    model already holds one rank's shards, on a config from ``shard_config``)."""
+    for layer in model.weights.layers:
+        layer.o = RowParallelProjection(layer.o.weight, layer.o.bias)
+        layer.down = RowParallelProjection(layer.down.weight, layer.down.bias)
+    return model
+
+
+def load_tensor_parallel(path: str | Path, dtype: str | None = None,
+                         max_seq_len: int | None = None) -> CausalLM:
+    """Load this rank's share of the model in ``path`` onto the process group's device.
+
+    Call it on every rank of the group (``init_process_group()`` first); every rank gets a
+    ``CausalLM`` whose passes and ``generate`` give the whole model's results (all ranks
+    must run the same calls, since each pass all-reduces).
+    """
+    g = group()
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelFormatError(f"{path} is not a directory; pass the folder holding "
+                               "config.json and the safetensors weights")
+    full = ModelConfig.from_file(path / "config.json")
+    local = shard_config(full, g.world_size)
+    dtype = _dtype(dtype or full.dtype)
+    max_seq_len = _max_seq_len(full, max_seq_len)
+    device = g.device
+    checkpoint = Checkpoint(path)
+    shapes = full.tensor_shapes()
+    for name, shape in shapes.items():
+        checkpoint.info(name, shape)
+    memory.check_fits(memory.estimate(local, dtype, max_seq_len), device, max_seq_len, dtype)
+    slicer, read = Slicer(full, g.rank, g.world_size), 0
+
+    def weights(name: str, shape: tuple[int, ...]) -> NDArray:
+        nonlocal read
+        host = np.ascontiguousarray(slicer(name, checkpoint.read(name, shapes[name])))
+        if host.shape != tuple(shape):
+            raise ModelFormatError(f"{name}: rank {g.rank}'s slice has shape {host.shape}, "
+                                   f"expected {tuple(shape)}")
+        read += host.nbytes
+        return nd.array(host, dtype=dtype, device=device)
+
+    start = time.perf_counter()
+    try:
+        model = CausalLM(local, weights, max_seq_len, device, dtype)
+        device.synchronize()
+    finally:
+        checkpoint.close()
+    make_row_parallel(model)
+    model.load_stats = LoadStats(read, time.perf_counter() - start)
+    model.generation_config = GenerationConfig.read(path, full.eos_token_ids)
+    model.tokenizer = load_tokenizer(path)
+    return model

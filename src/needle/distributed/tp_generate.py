@@ -1,0 +1,57 @@
+"""``needle generate --tp N``: the same command, run by N tensor-parallel ranks.
+
+Started by a user, the command starts itself again as N ranks (``needle run``'s launcher;
+nccl on CUDA, mpi through mpiexec on the CPU) and returns their exit status. Inside a rank
+it joins the process group and loads its share of the model; rank 0 alone writes the text
+and the report, the others compute beside it (every pass all-reduces).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from ..errors import DistributedError
+from .launch_env import read_launch_env
+
+
+def _backend_and_device(device: str) -> tuple[str, str | None]:
+    from ..backend_ndarray import default_device, device_from_name
+
+    dev = default_device() if device == "auto" else device_from_name(device)
+    return ("nccl", None) if dev.kind == "cuda" else ("mpi", dev.name)
+
+
+def relaunch_or_join(args, argv: list[str]) -> int | None:
+    """Outside a job: run ``needle generate argv`` as args.tp ranks, return the exit
+    status. Inside one: join the group (rank != 0 writes no text) and return None."""
+    env = read_launch_env()
+    backend, device = _backend_and_device(args.device)
+    if env.launcher == "single":
+        from .launcher import launch
+
+        return launch(args.tp, ["-m", "needle.cli", "generate", *argv], backend)
+    if env.world_size != args.tp:
+        raise DistributedError(f"--tp {args.tp} in a job of {env.world_size} processes; "
+                               "give --tp the job's size (or run needle generate alone: it "
+                               "starts the ranks itself)")
+    from . import init_process_group
+
+    init_process_group(backend, device=device)
+    if env.rank != 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- lives as long as the rank
+    return None
+
+
+def shared_seed(seed: int | None) -> int:
+    """The sampler's seed, the same on every rank (rank 0 draws one when none is given):
+    ranks that sampled different tokens would feed their decoders different inputs."""
+    from .. import backend_ndarray as nd
+    from .collectives import broadcast
+    from .group import group
+
+    value = seed if seed is not None else int(np.random.default_rng().integers(2**31))
+    box = nd.array(np.array([value], np.int64), device=group().device)
+    return int(broadcast(box, src=0).numpy()[0])

@@ -1,0 +1,117 @@
+"""Tensor-parallel inference on 2 MPI processes gives the logits and tokens of one process,
+for checkpoints written by transformers (separate and fused projections, biases, GQA,
+sliding windows and soft-capping); ``needle generate --tp 2`` writes what --tp 1 does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import needle as ndl
+from needle.distributed.tensor_parallel import Slicer, shard_config
+from needle.errors import ModelFormatError
+from needle.models import load_pretrained
+from needle.models.config import ModelConfig
+
+from ..models.bpe import train
+from ..models.hf_models import build
+from .jobs import needs_mpi, run_job
+
+PROMPT = [1, 17, 92, 5, 201, 33, 8]
+# variant, overrides: Llama (GQA), Qwen2 (q/k/v biases), Phi-3 (fused qkv and gate_up,
+# window), Gemma 2 (soft-capping, sandwich norms, window)
+MODELS = [("llama", {}), ("qwen2", {"num_key_value_heads": 2}), ("phi3", {}), ("gemma2", {})]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """variant -> its checkpoint directory, written on first use."""
+    made = {}
+
+    def get(variant: str):
+        if variant not in made:
+            made[variant] = tmp_path_factory.mktemp(f"tp_{variant}")
+            build(variant, made[variant], **dict(MODELS)[variant])
+        return made[variant]
+
+    return get
+
+
+@needs_mpi
+def test_two_ranks_give_the_logits_and_tokens_of_one(model_dir, tmp_path):
+    model_dirs = [model_dir(variant) for variant, _ in MODELS]
+    job = run_job("tp_logits.py", str(tmp_path), *map(str, model_dirs))
+    assert job.returncode == 0, job.stdout + job.stderr
+    for i, directory in enumerate(model_dirs):
+        model = load_pretrained(directory, device=ndl.cpu(), max_seq_len=32)
+        got = np.load(tmp_path / f"{i}.npz")
+        np.testing.assert_allclose(got["logits"], model.forward([PROMPT]).numpy(),
+                                   rtol=1e-4, atol=1e-4, err_msg=directory.name)
+        assert got["tokens"].tolist() == model.generate(PROMPT, 6, temperature=0)
+
+
+def test_shards_are_disjoint_and_rebuild_the_matrices(model_dir):
+    """Rank r's slices, put back together, are the checkpoint's matrices."""
+    from needle.models.checkpoint import Checkpoint
+
+    directory = model_dir("phi3")  # fused projections
+    cfg = ModelConfig.from_file(directory / "config.json")
+    ckpt = Checkpoint(directory)
+    shapes = cfg.tensor_shapes()
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    o = "model.layers.0.self_attn.o_proj.weight"
+    full_qkv, full_o = ckpt.read(qkv, shapes[qkv]), ckpt.read(o, shapes[o])
+    slices = [Slicer(cfg, r, 2) for r in range(2)]
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    parts = [s(qkv, full_qkv) for s in slices]
+    half_q, half_kv = q // 2, kv // 2
+    rebuilt_q = np.concatenate([p[:half_q] for p in parts])
+    rebuilt_v = np.concatenate([p[half_q + half_kv:] for p in parts])
+    np.testing.assert_array_equal(rebuilt_q, full_qkv[:q])
+    np.testing.assert_array_equal(rebuilt_v, full_qkv[q + kv:])
+    np.testing.assert_array_equal(np.concatenate([s(o, full_o) for s in slices], axis=1),
+                                  full_o)
+    ckpt.close()
+
+
+def test_heads_must_divide():
+    cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                                 "intermediate_size": 128, "num_hidden_layers": 1,
+                                 "num_attention_heads": 4, "num_key_value_heads": 2,
+                                 "vocab_size": 32})
+    assert shard_config(cfg, 2).num_kv_heads == 1
+    with pytest.raises(ModelFormatError, match=r"attention heads \(4\) to divide evenly"):
+        shard_config(cfg, 3)
+    with pytest.raises(ModelFormatError, match=r"key/value heads \(2\)"):
+        shard_config(cfg, 4)
+
+
+@pytest.fixture(scope="module")
+def cli_model(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tp_cli")
+    build("llama", directory, vocab_size=300)
+    train(300).save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def _generate(directory, *options: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "needle.cli", "generate", str(directory), "--prompt",
+               "The quick brown", "--max-tokens", "10", "--device", "cpu", *options]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+@needs_mpi
+@pytest.mark.parametrize("sampling", [(), ("--temperature", "0.9", "--seed", "4")])
+def test_generate_tp2_writes_what_tp1_writes(cli_model, sampling):
+    one, two = _generate(cli_model, *sampling), _generate(cli_model, "--tp", "2", *sampling)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    assert two.stdout == one.stdout  # rank 0 alone writes the text
+    assert two.stderr.count("decode:") == 1  # and the report
+
+
+def test_generate_tp_must_be_positive(cli_model):
+    job = _generate(cli_model, "--tp", "0")
+    assert job.returncode == 1 and "--tp must be >= 1" in job.stderr
