@@ -152,3 +152,19 @@ def test_unsupported_type_and_truncated_file_are_clear_errors(hf_llama, tmp_path
     header_cut.write_bytes(data[:200])
     with pytest.raises(ModelFormatError, match="not a readable GGUF file"):
         load_pretrained(header_cut, device="cpu_numpy")
+
+
+def test_needle_generate_runs_a_gguf_file(hf_llama, tmp_path, capsys):
+    from needle import cli
+
+    path = write_llama_gguf(hf_llama, tmp_path / "m.gguf", T.Q4_K, np.random.default_rng(1),
+                            chat_template=TEMPLATE)
+    model = load_pretrained(path, device="cpu", dtype="float32")
+    prompt = model.tokenizer.encode("the cat")
+    expected = model.generate(prompt, 5, temperature=0)  # stops after the eos token
+    assert cli.main(["generate", str(path), "--prompt", "the cat", "--max-tokens", "5",
+                     "--temperature", "0", "--device", "cpu", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out  # the prompt, then the answer
+    assert out.rstrip("\n") == "the cat" + model.tokenizer.decode(expected)
+    assert cli.main(["generate", str(path), "--chat", "--prompt", "hi", "--max-tokens", "3",
+                     "--device", "cpu"]) == 0
