@@ -109,3 +109,21 @@ def test_foreign_or_damaged_quantization_is_a_clear_error(source, tmp_path):
     (out / "config.json").write_text(json.dumps(config))  # the files hold groups of 32
     with pytest.raises(ModelFormatError, match=r"scales' is F32 \(64, 2\).*implies F32 \(64, 1\)"):
         load_pretrained(out, device="cpu_numpy")
+
+
+def test_memory_estimate_counts_the_packed_bytes(source):
+    from needle.models import memory
+    from needle.models.config import ModelConfig
+    from needle.models.quantized import quantizable, quantized_estimate
+    from needle.quant.format import QuantSpec
+
+    src, _ = source
+    cfg = ModelConfig.from_file(src)
+    dense = memory.estimate(cfg, "bfloat16", 64)
+    names = quantizable(cfg)
+    packed = quantized_estimate(dense, cfg, "bfloat16", {n: QuantSpec(4, 32) for n in names})
+    shapes = cfg.tensor_shapes()
+    saved = sum(int(np.prod(shapes[n])) * 2 - QuantSpec(4, 32).packed_nbytes(*shapes[n])
+                for n in names)
+    assert packed.weights == dense.weights - saved and saved > 0
+    assert packed.workspace == dense.workspace + 2 * cfg.intermediate_size * cfg.hidden_size * 2

@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import ModelFormatError
-from ..quant.format import dequantize
+from ..quant.format import QuantSpec, dequantize
 from ..quant.gguf_repack import REPACK, to_common
 from .config import ModelConfig
 
@@ -37,6 +37,10 @@ _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"
           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
            "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+# the needle format each block type becomes (a fused projection of mixed types may widen)
+REPACKED_SPEC = {"Q8_0": QuantSpec(8, 32), "Q4_0": QuantSpec(4, 32),
+                 "Q4_K": QuantSpec(4, 32, True), "Q5_K": QuantSpec(8, 32, True),
+                 "Q6_K": QuantSpec(8, 16)}
 FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
          ("mlp.gate_proj", "mlp.up_proj"))
 
@@ -239,14 +243,24 @@ def load_gguf(path, device, dtype, max_seq_len, resolve):
     load_pretrained's argument rules and returns them checked."""
     import time
 
+    from ..backends.api import has
+    from . import memory
     from .causal_lm import CausalLM
     from .generation_config import GenerationConfig
     from .gguf_tokenizer import gguf_tokenizer
-    from .loader import LoadStats
+    from .loader import INFERENCE_DTYPES, LoadStats
+    from .quantized import quantized_estimate
 
     file = GGUFFile(path)
     cfg = file.config()
     device, dtype, max_seq_len = resolve(cfg, device, dtype, max_seq_len)
+    packed = {n: REPACKED_SPEC[file.kind(n)] for n, s in cfg.tensor_shapes().items()
+              if n in file.tensors and file.kind(n) in REPACK and len(s) == 2
+              and n != "model.embed_tokens.weight"}
+    memory.check_fits(quantized_estimate(memory.estimate(cfg, dtype, max_seq_len), cfg, dtype,
+                                         packed), device, max_seq_len, dtype)
+    if has(device.backend, "precompile"):  # compile kernels while the weights load
+        device.backend.precompile((dtype,) + INFERENCE_DTYPES)
     source = GGUFWeights(file, cfg, device, dtype)
     start = time.perf_counter()
     model = CausalLM(cfg, source, max_seq_len, device, dtype)

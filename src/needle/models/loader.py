@@ -22,7 +22,7 @@ from .causal_lm import CausalLM
 from .checkpoint import Checkpoint
 from .config import ModelConfig, read_json_object
 from .generation_config import GenerationConfig
-from .quantized import QuantConfig, is_quantized, read_packed
+from .quantized import QuantConfig, is_quantized, quantized_estimate, read_packed
 from .tokenizer import load_tokenizer
 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -78,7 +78,12 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
             read_packed(checkpoint, name, shape, qcfg)  # checks the packed tensors' headers
         else:
             checkpoint.info(name, shape)
-    memory.check_fits(memory.estimate(cfg, dtype, max_seq_len), device, max_seq_len, dtype)
+    need = memory.estimate(cfg, dtype, max_seq_len)
+    if qcfg is not None:  # packed weights: their own bytes, plus a prefill's dequantized matrix
+        need = quantized_estimate(need, cfg, dtype, {
+            n: qcfg.spec(s[1]) for n, s in cfg.tensor_shapes().items()
+            if is_quantized(checkpoint, n)})
+    memory.check_fits(need, device, max_seq_len, dtype)
     if has(device.backend, "precompile"):  # compile kernels while the weights load
         device.backend.precompile((dtype,) + INFERENCE_DTYPES)
     read = 0
