@@ -14,7 +14,7 @@ from needle.errors import ModelFormatError
 from needle.models import load_pretrained
 from needle.models.quantized import quantize_checkpoint
 from needle.quant.format import dequantize
-from tests.models.hf_models import build, torch  # noqa: F401  (build used below)
+from tests.models.hf_models import build, torch
 
 FORMATS = [(8, None, True), (4, 32, True), (4, 64, False)]
 
