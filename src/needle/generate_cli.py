@@ -18,7 +18,8 @@ from .errors import ArgumentError, ModelFormatError
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """Options of every command that loads a model and generates (generate, chat)."""
     p.add_argument("model_dir", metavar="MODEL_DIR",
-                   help="folder with config.json, tokenizer.json and *.safetensors")
+                   help="folder with config.json, tokenizer.json and *.safetensors, or a "
+                        ".gguf file")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="new tokens at most per answer (default 128, or what fits)")
     p.add_argument("--temperature", type=float, default=None,
@@ -46,8 +47,17 @@ def tokenizer_of(model_dir: str):
     """The model directory's tokenizer (with its chat template); a clear error without one."""
     from pathlib import Path
 
+    from .models.gguf import GGUFFile, is_gguf
+    from .models.gguf_tokenizer import gguf_tokenizer
     from .models.tokenizer import TOKENIZER_FILE, Tokenizer
 
+    if is_gguf(model_dir):
+        tokenizer = gguf_tokenizer(GGUFFile(model_dir))
+        if tokenizer is None:
+            raise ModelFormatError(f"{model_dir} has no tokenizer.ggml.tokens (or the "
+                                   "'tokenizers' package is missing); needle needs them to turn "
+                                   "text into tokens")
+        return tokenizer
     if not (Path(model_dir) / TOKENIZER_FILE).is_file():
         raise ModelFormatError(f"{Path(model_dir) / TOKENIZER_FILE} does not exist; needle needs "
                                "the model's tokenizer.json to turn text into tokens")
@@ -59,10 +69,13 @@ def load(args, needed: int):
     long, within what the model was trained for, unless --max-seq-len says otherwise)."""
     from .models import load_pretrained
     from .models.config import ModelConfig
+    from .models.gguf import GGUFFile, is_gguf
 
     max_seq_len = args.max_seq_len
     if max_seq_len is None:
-        max_seq_len = min(needed, ModelConfig.from_file(args.model_dir).max_position_embeddings)
+        cfg = (GGUFFile(args.model_dir).config() if is_gguf(args.model_dir)
+               else ModelConfig.from_file(args.model_dir))
+        max_seq_len = min(needed, cfg.max_position_embeddings)
     if getattr(args, "tp", 1) > 1:  # this rank's share (``needle.distributed``)
         from .distributed import load_tensor_parallel
 

@@ -109,3 +109,52 @@ def test_foreign_or_damaged_quantization_is_a_clear_error(source, tmp_path):
     (out / "config.json").write_text(json.dumps(config))  # the files hold groups of 32
     with pytest.raises(ModelFormatError, match=r"scales' is F32 \(64, 2\).*implies F32 \(64, 1\)"):
         load_pretrained(out, device="cpu_numpy")
+
+
+def test_memory_estimate_counts_the_packed_bytes(source):
+    from needle.models import memory
+    from needle.models.config import ModelConfig
+    from needle.models.quantized import quantizable, quantized_estimate
+    from needle.quant.format import QuantSpec
+
+    src, _ = source
+    cfg = ModelConfig.from_file(src)
+    dense = memory.estimate(cfg, "bfloat16", 64)
+    names = quantizable(cfg)
+    packed = quantized_estimate(dense, cfg, "bfloat16", {n: QuantSpec(4, 32) for n in names})
+    shapes = cfg.tensor_shapes()
+    saved = sum(int(np.prod(shapes[n])) * 2 - QuantSpec(4, 32).packed_nbytes(*shapes[n])
+                for n in names)
+    assert packed.weights == dense.weights - saved and saved > 0
+    assert packed.workspace == dense.workspace + 2 * cfg.intermediate_size * cfg.hidden_size * 2
+
+
+def test_needle_generate_and_chat_run_a_quantized_directory(tmp_path, capsys, monkeypatch):
+    import io
+
+    from needle.chat_cli import main as chat_main
+    from tests.models.bpe import train
+    from tests.models.test_generate_cli import CHATML, _expected_chat
+
+    src = tmp_path / "src"
+    tok = train(300)
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    build("llama", src, vocab_size=302, eos_token_id=tok.token_to_id("<|im_end|>"))
+    tok.save(str(src / "tokenizer.json"))
+    (src / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "chat_template": CHATML}))
+    out_dir = tmp_path / "int4"
+    assert cli.main(["quantize", str(src), str(out_dir), "--bits", "4", "--group-size", "32",
+                     "--quiet"]) == 0
+    assert (out_dir / "tokenizer.json").is_file() and (out_dir / "tokenizer_config.json").is_file()
+    capsys.readouterr()
+    assert cli.main(["generate", str(out_dir), "--prompt", "The quick", "--max-tokens", "5",
+                     "--device", "cpu_numpy", "--temperature", "0"]) == 0
+    model = load_pretrained(out_dir, device="cpu_numpy")
+    ids = model.tokenizer.encode("The quick")
+    assert capsys.readouterr().out == \
+        "The quick" + model.tokenizer.decode(model.generate(ids, 5, temperature=0)) + "\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello there\n"))
+    assert chat_main([str(out_dir), "--device", "cpu_numpy", "--max-tokens", "6",
+                      "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == _expected_chat(out_dir, ["Hello there"], 6)

@@ -22,7 +22,7 @@ from .causal_lm import CausalLM
 from .checkpoint import Checkpoint
 from .config import ModelConfig, read_json_object
 from .generation_config import GenerationConfig
-from .quantized import QuantConfig, is_quantized, read_packed
+from .quantized import QuantConfig, is_quantized, quantized_estimate, read_packed
 from .tokenizer import load_tokenizer
 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -47,7 +47,9 @@ class LoadStats:
 
 def load_pretrained(path: str | Path, device: Device | str | None = None,
                     dtype: str | None = None, max_seq_len: int | None = None) -> CausalLM:
-    """Load a checkpoint of a supported family (``ARCHITECTURES``) from the directory ``path``.
+    """Load a checkpoint of a supported family (``ARCHITECTURES``) from the directory ``path``
+    (Hugging Face safetensors, plain or quantized by ``needle quantize``) or a ``.gguf`` file
+    (``models/gguf.py``).
 
     ``device``: a Device or a name ('cuda', 'cpu', 'auto'); default the best enabled one.
     ``dtype``: float32, float16 or bfloat16; default the checkpoint's own.
@@ -57,9 +59,13 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
     else None, and ``.generation_config`` from generation_config.json.
     """
     path = Path(path)
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        from .gguf import load_gguf
+
+        return load_gguf(path, device, dtype, max_seq_len, _resolve)
     if not path.is_dir():
         raise ModelFormatError(f"{path} is not a directory; pass the folder holding "
-                               "config.json and the safetensors weights")
+                               "config.json and the safetensors weights (or a .gguf file)")
     cfg = ModelConfig.from_file(path / "config.json")
     qcfg = QuantConfig.read(read_json_object(path, "config.json"), str(path / "config.json"))
     generation = GenerationConfig.read(path, cfg.eos_token_ids)
@@ -72,7 +78,12 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
             read_packed(checkpoint, name, shape, qcfg)  # checks the packed tensors' headers
         else:
             checkpoint.info(name, shape)
-    memory.check_fits(memory.estimate(cfg, dtype, max_seq_len), device, max_seq_len, dtype)
+    need = memory.estimate(cfg, dtype, max_seq_len)
+    if qcfg is not None:  # packed weights: their own bytes, plus a prefill's dequantized matrix
+        need = quantized_estimate(need, cfg, dtype, {
+            n: qcfg.spec(s[1]) for n, s in cfg.tensor_shapes().items()
+            if is_quantized(checkpoint, n)})
+    memory.check_fits(need, device, max_seq_len, dtype)
     if has(device.backend, "precompile"):  # compile kernels while the weights load
         device.backend.precompile((dtype,) + INFERENCE_DTYPES)
     read = 0
@@ -97,6 +108,11 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
     model.generation_config = generation
     model.tokenizer = load_tokenizer(path)
     return model
+
+
+def _resolve(cfg: ModelConfig, device, dtype, max_seq_len):
+    """load_pretrained's argument rules, for loaders of other formats (GGUF)."""
+    return _device(device), _dtype(dtype or cfg.dtype), _max_seq_len(cfg, max_seq_len)
 
 
 def _device(device) -> Device:

@@ -122,6 +122,21 @@ def _read(checkpoint: Checkpoint, name: str, shape: tuple) -> np.ndarray:
     return data[info.start:info.start + info.nbytes].view(dtype).reshape(shape)
 
 
+def quantized_estimate(need, cfg: ModelConfig, dtype: str, packed: dict[str, QuantSpec]):
+    """``need`` (a MemoryEstimate of the dense model) with the weights of the names in
+    ``packed`` at their packed size, and the workspace grown by the largest fused matrix
+    dequantized for a prefill product (gpu/quant.py)."""
+    from dataclasses import replace
+
+    from ..backend_ndarray.dtypes import ITEMSIZE
+
+    shapes = cfg.tensor_shapes()
+    weights = sum(packed[n].packed_nbytes(*s) if n in packed else math.prod(s) * ITEMSIZE[dtype]
+                  for n, s in shapes.items())
+    fused = 2 * cfg.intermediate_size * cfg.hidden_size * ITEMSIZE[dtype] if packed else 0
+    return replace(need, weights=weights, workspace=need.workspace + fused)
+
+
 # --- writing ------------------------------------------------------------------------------
 
 def quantizable(cfg: ModelConfig, quantize_head: bool = False) -> set[str]:

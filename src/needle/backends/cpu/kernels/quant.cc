@@ -6,6 +6,7 @@
 // float buffer in the cache and dotted with every row of x (converted to float32 once), so
 // the packed matrix is read exactly once whatever m is.
 #include "common.h"
+#include "matmul.h"
 
 namespace needle {
 namespace {
@@ -109,13 +110,23 @@ void quant_matmul(const Array& x, const Array& qweight, const Array& scales,
     convert_in(x.data, xs.p, m * k);
     constexpr int64_t kRows = 16;  // rows per work item: enough work to amortize the wake-up
     const int64_t items = (n + kRows - 1) / kRows;
-    parallel_items(items, kRows * k * (m + 1), [&](int64_t it) {
-      std::vector<float> row(k);
-      for (int64_t r = it * kRows; r < std::min(n, (it + 1) * kRows); ++r) {
-        dequant_row(w, r, row.data());
-        for (int64_t i = 0; i < m; ++i) ys.p[i * n + r] = dot(xs.p + i * k, row.data(), k);
-      }
-    });
+    if (m <= 8) {  // decoding: a dot product per row of x
+      parallel_items(items, kRows * k * (m + 1), [&](int64_t it) {
+        std::vector<float> row(k);
+        for (int64_t r = it * kRows; r < std::min(n, (it + 1) * kRows); ++r) {
+          dequant_row(w, r, row.data());
+          for (int64_t i = 0; i < m; ++i) ys.p[i * n + r] = dot(xs.p + i * k, row.data(), k);
+        }
+      });
+    } else {  // prefill: a block of rows dequantized, then the blocked GEMM core on it
+      parallel_items(items, kRows * k * (m + 1), [&](int64_t it) {
+        const int64_t r0 = it * kRows, rows = std::min(n, r0 + kRows) - r0;
+        std::vector<float> block(rows * k);  // W rows r0.. as (rows, k)
+        for (int64_t r = 0; r < rows; ++r) dequant_row(w, r0 + r, block.data() + r * k);
+        // ys[:, r0:r0+rows] = xs (m, k) @ block^T: B(kk, j) = block[j * k + kk]
+        gemm_serial<float>(m, k, rows, xs.p, k, 1, block.data(), 1, k, ys.p + r0, n);
+      });
+    }
     convert_out(ys.p, out.data, m * n);
   });
 }
