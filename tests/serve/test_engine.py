@@ -160,3 +160,19 @@ def test_every_device_batches_like_generate(device, model_dir):
     assert [r.output for r in reqs] == single
     if engine.graphs.enabled:  # decode-only steps were replayed from a capture
         assert engine.graphs._recorded
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_checkpoints_batch_like_generate(tmp_path, model_dir, bits):
+    """`needle quantize` output served: the engine's batched steps run the packed projections
+    and give single-sequence generate's tokens."""
+    from needle.cli import main
+    from needle.models import load_pretrained
+
+    out = tmp_path / f"int{bits}"
+    assert main(["quantize", str(model_dir), str(out), "--bits", str(bits),
+                 "--group-size", "32"]) == 0
+    m = load_pretrained(out, device="cpu", dtype="float32", max_seq_len=64)
+    prompts = _prompts(4, seed=5)
+    single = [m.generate(p, 6, temperature=0, stop=()) for p in prompts]
+    assert m.generate(prompts, 6, temperature=0, stop=()) == single
