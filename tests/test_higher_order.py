@@ -12,6 +12,13 @@ import needle as ndl
 from needle import nn, ops
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu(monkeypatch):
+    """These compare needle's API with PyTorch's on the CPU, in float64 where the test asks:
+    the default device would be metal under NEEDLE_METAL_EMULATOR=1 (no float64)."""
+    monkeypatch.setenv("NEEDLE_DEVICE", "cpu")
+
+
 def _const(x):
     return ndl.Tensor(x, requires_grad=False)
 

@@ -14,6 +14,13 @@ from needle import cli, nn
 from needle.errors import ArgumentError, AxisError, DeviceError
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu(monkeypatch):
+    """These compare needle's API with PyTorch's on the CPU, in float64 where the test asks:
+    the default device would be metal under NEEDLE_METAL_EMULATOR=1 (no float64)."""
+    monkeypatch.setenv("NEEDLE_DEVICE", "cpu")
+
+
 def same(t: ndl.Tensor, ref: torch.Tensor, rtol=1e-6, atol=1e-6):
     assert t.dtype == str(ref.dtype).removeprefix("torch."), (t.dtype, ref.dtype)
     assert tuple(t.shape) == tuple(ref.shape)
