@@ -559,8 +559,9 @@ class Library:
 def build(source: str, fast_math: bool = False, msl: int = 310) -> Library:
     """Compile ``source`` as MSL version ``msl`` into a library (cached on disk by content),
     or MSLCompileError."""
+    # without checks, kernels are built without the access hooks (as fast as before them)
     flags = ["-O2", "-fPIC", "-shared", "-pthread", "-w", f"-DNEEDLE_EMU_MSL={msl}"] + \
-        CHECK_FLAGS + (FAST_MATH_FLAGS if fast_math else [])
+        (CHECK_FLAGS if default_checks() else []) + (FAST_MATH_FLAGS if fast_math else [])
     if os.environ.get("NEEDLE_METAL_EMULATOR_UCONTEXT") == "1":
         flags.append("-DNEEDLE_EMU_UCONTEXT")
     digest = hashlib.sha256()
