@@ -34,6 +34,18 @@ import weakref
 import numpy as np
 
 from . import fake_objc, harness
+from .fake_foundation import (  # noqa: F401 -- re-exported: the Metal module has them
+    MTLCompileOptions,
+    MTLLanguageVersion2_4,
+    MTLLanguageVersion3_0,
+    MTLLanguageVersion3_1,
+    MTLMathModeFast,
+    MTLMathModeRelaxed,
+    MTLMathModeSafe,
+    NSProcessInfo,
+    _ObjC,
+    macos_version,
+)
 
 MTLResourceStorageModeShared = 0
 MTLResourceStorageModeManaged = 1 << 4
@@ -49,13 +61,6 @@ MTLCommandBufferStatusError = 5
 MTLGPUFamilyApple7 = 1007
 MTLGPUFamilyApple8 = 1008
 MTLGPUFamilyApple9 = 1009
-
-MTLLanguageVersion2_4 = (2 << 16) + 4
-MTLLanguageVersion3_0 = 3 << 16
-MTLLanguageVersion3_1 = (3 << 16) + 1
-MTLMathModeSafe = 0
-MTLMathModeRelaxed = 1
-MTLMathModeFast = 2
 
 MTLLibraryErrorCompileFailure = 3
 MTLCommandBufferErrorInternal = 1
@@ -85,29 +90,6 @@ def _autoreleased(obj):
         name = type(obj).__name__
         unpooled[name] = unpooled.get(name, 0) + 1
     return obj
-
-
-def macos_version() -> tuple[int, int, int]:
-    """The macOS release the emulator pretends to be (``NEEDLE_METAL_EMULATOR_MACOS``)."""
-    text = os.environ.get("NEEDLE_METAL_EMULATOR_MACOS", "15.0")
-    parts = [int(p) for p in text.split(".")] + [0, 0]
-    return parts[0], parts[1], parts[2]
-
-
-class _OSVersion:
-    def __init__(self, major: int, minor: int, patch: int):
-        self.majorVersion, self.minorVersion, self.patchVersion = major, minor, patch
-
-
-class NSProcessInfo:
-    """Foundation's, which PyObjC's Metal module re-exports."""
-
-    @classmethod
-    def processInfo(cls):
-        return cls()
-
-    def operatingSystemVersion(self) -> _OSVersion:
-        return _OSVersion(*macos_version())
 
 
 class MTLSize:
@@ -144,73 +126,6 @@ class NSError:
 
     def __str__(self) -> str:
         return f"Error Domain={self._domain} Code={self._code} \"{self._description}\""
-
-
-class _ObjC:
-    """``Cls.alloc().init()`` and ``Cls.new()``, as PyObjC spells construction."""
-
-    @classmethod
-    def alloc(cls):
-        return cls.__new__(cls)
-
-    @classmethod
-    def new(cls):
-        return cls.alloc().init()
-
-    def init(self):
-        return self
-
-
-class MTLCompileOptions(_ObjC):
-    def init(self):
-        self._fast_math = True  # Metal's default
-        self._math_mode: int | None = None
-        self._language_version: int | None = None
-        return self
-
-    def respondsToSelector_(self, selector: str) -> bool:
-        if selector in ("setMathMode:", "mathMode"):
-            return macos_version() >= (15, 0, 0)
-        return hasattr(self, selector.replace(":", "_"))
-
-    def fastMathEnabled(self) -> bool:
-        return self._fast_math
-
-    def setFastMathEnabled_(self, on: bool) -> None:
-        self._fast_math = bool(on)
-
-    def mathMode(self) -> int:
-        self._need_math_mode()
-        return self._math_mode if self._math_mode is not None else MTLMathModeFast
-
-    def setMathMode_(self, mode: int) -> None:
-        self._need_math_mode()
-        self._math_mode = int(mode)
-
-    def _need_math_mode(self) -> None:
-        if macos_version() < (15, 0, 0):
-            raise AttributeError("'MTLCompileOptions' object has no attribute 'setMathMode_' "
-                                 "(mathMode needs macOS 15)")
-
-    def languageVersion(self) -> int:
-        return self._language_version or MTLLanguageVersion3_1
-
-    def setLanguageVersion_(self, version) -> None:
-        self._language_version = int(version)
-
-    def effective_fast_math(self) -> bool:
-        """mathMode wins over fastMathEnabled when both were set, as in Metal."""
-        if self._math_mode is not None:
-            return self._math_mode != MTLMathModeSafe
-        return self._fast_math
-
-    def msl(self) -> int:
-        """__METAL_VERSION__ of the chosen language version (the OS default when unset)."""
-        version = self._language_version
-        if version is None:
-            version = MTLLanguageVersion3_1 if macos_version() >= (14, 0, 0) \
-                else MTLLanguageVersion3_0
-        return 100 * (version >> 16) + 10 * (version & 0xFFFF)
 
 
 # ---- memory ----------------------------------------------------------------------------------

@@ -29,11 +29,6 @@
 
 #include <sys/mman.h>
 
-#if !defined(__x86_64__) || defined(NEEDLE_EMU_UCONTEXT)
-#define NEEDLE_EMU_USE_UCONTEXT 1
-#include <ucontext.h>
-#endif
-
 namespace emu {
 
 constexpr int kMaxBindings = 31;     // Metal's buffer / threadgroup-memory index limit
@@ -74,99 +69,11 @@ struct ThreadIds {
 #pragma clang attribute push(__attribute__((no_sanitize("coverage"))), apply_to = function)
 
 #include "emulator_checks.h"
+#include "emulator_fibers.h"
 
 namespace emu {
 
 using Body = void (*)(const Dispatch*, void* const*, const ThreadIds&);
-
-// ---- context switching -------------------------------------------------------------------
-
-#ifndef NEEDLE_EMU_USE_UCONTEXT
-extern "C" void needle_emu_switch(void** save_sp, void* load_sp);
-extern "C" void needle_emu_start();
-asm(R"(
-  .text
-  .globl needle_emu_switch
-  .hidden needle_emu_switch
-  .type needle_emu_switch,@function
-needle_emu_switch:
-  pushq %rbp
-  pushq %rbx
-  pushq %r12
-  pushq %r13
-  pushq %r14
-  pushq %r15
-  movq %rsp, (%rdi)
-  movq %rsi, %rsp
-  popq %r15
-  popq %r14
-  popq %r13
-  popq %r12
-  popq %rbx
-  popq %rbp
-  ret
-  .size needle_emu_switch,.-needle_emu_switch
-
-  .globl needle_emu_start
-  .hidden needle_emu_start
-  .type needle_emu_start,@function
-needle_emu_start:
-  movq %r12, %rdi
-  andq $-16, %rsp
-  callq *%r13
-  ud2
-  .size needle_emu_start,.-needle_emu_start
-)");
-#endif
-
-struct Context {
-#ifdef NEEDLE_EMU_USE_UCONTEXT
-  ucontext_t uc;
-#else
-  void* sp = nullptr;
-#endif
-};
-
-inline void context_switch(Context& from, Context& to) {
-#ifdef NEEDLE_EMU_USE_UCONTEXT
-  swapcontext(&from.uc, &to.uc);
-#else
-  needle_emu_switch(&from.sp, to.sp);
-#endif
-}
-
-inline void fiber_entry(void* fiber);
-
-#ifdef NEEDLE_EMU_USE_UCONTEXT
-// makecontext passes int arguments only: the fiber pointer travels as two halves.
-inline void ucontext_entry(unsigned hi, unsigned lo) {
-  fiber_entry(reinterpret_cast<void*>((uintptr_t(hi) << 32) | lo));
-}
-#endif
-
-// Prepare `ctx` to run fiber_entry(fiber) on the stack [base, base + size) when switched to.
-inline void context_init(Context& ctx, char* base, size_t size, void* fiber) {
-#ifdef NEEDLE_EMU_USE_UCONTEXT
-  getcontext(&ctx.uc);
-  ctx.uc.uc_stack.ss_sp = base;
-  ctx.uc.uc_stack.ss_size = size;
-  ctx.uc.uc_link = nullptr;
-  const auto p = reinterpret_cast<uintptr_t>(fiber);
-  makecontext(&ctx.uc, reinterpret_cast<void (*)()>(&ucontext_entry), 2,
-              static_cast<unsigned>(p >> 32), static_cast<unsigned>(p & 0xffffffffu));
-#else
-  auto* p = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(base) + size) & ~uintptr_t(15));
-  *--p = 0;                                              // alignment slot
-  *--p = reinterpret_cast<uint64_t>(&needle_emu_start);  // return address of the first switch
-  *--p = 0;                                              // rbp
-  *--p = 0;                                              // rbx
-  *--p = reinterpret_cast<uint64_t>(fiber);              // r12: argument
-  *--p = reinterpret_cast<uint64_t>(&fiber_entry);       // r13: entry point
-  *--p = 0;                                              // r14
-  *--p = 0;                                              // r15
-  ctx.sp = p;
-#endif
-}
 
 // ---- per-worker scheduler ----------------------------------------------------------------
 
@@ -486,107 +393,11 @@ inline void run_loop(Worker& w, const uint32_t group[3]) {
   }
 }
 
-inline void run_failed(void* run, const char* message) { static_cast<Run*>(run)->fail(message); }
+}  // namespace emu
 
-// Threadgroup memory of a worker: dynamic blocks first, then variables declared in kernels as
-// they are first reached (tg_static), each followed by a red zone, in one arena filled with
-// 0xff so that reading before writing gives NaN / -1 rather than plausible zeros.
-inline bool prepare_threadgroup_memory(Worker& w) {
-  Checker& c = w.check;
-  if (c.arena == nullptr) {
-    void* mem = mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (mem == MAP_FAILED) return false;
-    c.arena = static_cast<unsigned char*>(mem);
-    c.tg_shadow.reset(new Shadow[kArenaBytes / 4]);
-  }
-  const Dispatch* d = w.run->d;
-  c.n_tg = 0;
-  c.arena_used = kRedzone;
-  c.tg_bytes = 0;
-  for (int i = 0; i < kMaxBindings; ++i) {
-    w.tg_ptrs[i] = nullptr;
-    if (!d->tg_lengths[i]) continue;
-    const size_t len = d->tg_lengths[i];
-    if (c.arena_used + len + kRedzone > kArenaBytes || c.n_tg == 64) return false;
-    Block& b = c.tg[c.n_tg];
-    c.tg_ids[c.n_tg++] = -1;
-    b.base = b.lo = reinterpret_cast<uintptr_t>(c.arena) + c.arena_used;
-    b.end = b.base + len;
-    b.hi = b.end + kRedzone;
-    const char* name = w.run->names ? w.run->names->threadgroup[i] : nullptr;
-    snprintf(b.what, sizeof b.what, "threadgroup memory [[threadgroup(%d)]] '%s'", i,
-             name ? name : "?");
-    w.tg_ptrs[i] = c.arena + c.arena_used;
-    c.arena_used = (c.arena_used + len + kRedzone + 15) & ~size_t(15);
-    c.tg_bytes += len;
-  }
-  std::memset(c.arena, 0xff, c.arena_used);
-  c.dynamic_end = c.arena_used;
-  return true;
-}
+#include "emulator_memory.h"
 
-// Storage for `threadgroup T name[N];` declared in a kernel: shared by the threadgroup's
-// threads, the same block for every threadgroup a worker runs in one dispatch.
-inline void* tg_static(int id, size_t size, size_t align, const char* name) {
-  Worker* w = tls_worker;
-  if (w == nullptr) {  // compiled but not dispatched (never happens in a dispatch)
-    static unsigned char spare[64 * 1024];
-    return spare;
-  }
-  Checker& c = w->check;
-  for (int i = 0; i < c.n_tg; ++i)
-    if (c.tg_ids[i] == id) return reinterpret_cast<void*>(c.tg[i].base);
-  size_t at = (c.arena_used + align - 1) / align * align;
-  if (at + size + kRedzone > kArenaBytes || c.n_tg == 64) {
-    w->run->fail("the emulator ran out of threadgroup memory for variables declared in the "
-                 "kernel");
-    throw OutOfBounds{};
-  }
-  Block& b = c.tg[c.n_tg];
-  c.tg_ids[c.n_tg++] = id;
-  b.base = b.lo = reinterpret_cast<uintptr_t>(c.arena) + at;
-  b.end = b.base + size;
-  b.hi = b.end + kRedzone;
-  snprintf(b.what, sizeof b.what, "threadgroup variable '%s'", name);
-  std::memset(c.arena + at, 0xff, size);
-  c.arena_used = at + size + kRedzone;
-  c.tg_bytes += size;
-  if (c.tg_bytes > 32 * 1024) {
-    char msg[256];
-    snprintf(msg, sizeof msg, "kernel %s uses %zu bytes of threadgroup memory; Metal allows "
-             "32768", w->run->kernel, c.tg_bytes);
-    w->run->fail(msg);
-    throw OutOfBounds{};
-  }
-  return c.arena + at;
-}
-
-inline void prepare_device_memory(Worker& w) {
-  Checker& c = w.check;
-  const Dispatch* d = w.run->d;
-  c.reset_device();
-  uint64_t allocs[kMaxBindings];
-  int n_allocs = 0;
-  for (int i = 0; i < kMaxBindings; ++i) {
-    if (!d->buffers[i] || !d->extent_hi[i]) continue;
-    Block& b = c.dev[c.n_dev++];
-    b.base = reinterpret_cast<uintptr_t>(d->buffers[i]);
-    b.end = b.base + d->lengths[i];
-    b.lo = d->extent_lo[i];
-    b.hi = d->extent_hi[i];
-    b.alloc = -1;
-    for (int a = 0; a < n_allocs; ++a)
-      if (allocs[a] == b.lo) b.alloc = a;
-    if (b.alloc < 0) {
-      b.alloc = n_allocs;
-      allocs[n_allocs++] = b.lo;
-    }
-    const char* name = w.run->names ? w.run->names->buffers[i] : nullptr;
-    snprintf(b.what, sizeof b.what, "buffer [[buffer(%d)]] '%s'", i, name ? name : "?");
-  }
-  if (c.pages.size() < size_t(n_allocs)) c.pages.resize(n_allocs);
-}
+namespace emu {
 
 inline void work(Worker& w) {
   tls_worker = &w;
@@ -667,23 +478,3 @@ inline int dispatch(Dispatch* d, Body body, bool synchronises, const char* kerne
 }  // namespace emu
 
 #pragma clang attribute pop
-
-// ---- the access hooks (see emulator_checks.h) ----------------------------------------------
-
-#define NEEDLE_EMU_HOOK(N, T)                                                             \
-  extern "C" __attribute__((visibility("hidden"), no_sanitize("coverage"))) void           \
-      __sanitizer_cov_load##N(T* p) {                                                     \
-    emu::Worker* w = emu::tls_worker;                                                     \
-    if (w != nullptr && w->check.active) w->check.hook(uintptr_t(p), N, false);           \
-  }                                                                                       \
-  extern "C" __attribute__((visibility("hidden"), no_sanitize("coverage"))) void           \
-      __sanitizer_cov_store##N(T* p) {                                                    \
-    emu::Worker* w = emu::tls_worker;                                                     \
-    if (w != nullptr && w->check.active) w->check.hook(uintptr_t(p), N, true);            \
-  }
-NEEDLE_EMU_HOOK(1, uint8_t)
-NEEDLE_EMU_HOOK(2, uint16_t)
-NEEDLE_EMU_HOOK(4, uint32_t)
-NEEDLE_EMU_HOOK(8, uint64_t)
-NEEDLE_EMU_HOOK(16, __int128)
-#undef NEEDLE_EMU_HOOK
