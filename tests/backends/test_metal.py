@@ -94,6 +94,20 @@ def test_threadgroup_memory_over_the_device_limit_is_refused(device):
                               shared_bytes=device.max_shared_bytes + 16)
 
 
+@emulator_only
+def test_dynamic_threadgroup_memory_does_not_stay_set_for_later_dispatches(backend):
+    """An encoder keeps the threadgroup memory length set for one dispatch, and Metal counts
+    it against the next: a kernel with 24 KB of dynamic memory followed in the same encoder
+    by an fp32 matmul (16 KB static) was refused (found by a GGUF model test)."""
+    x = nd.array(np.ones((4, 64), np.float32), device=METAL)
+    w = nd.array(np.ones((64, 64), np.float32), device=METAL)  # uploads before the dispatches
+    kernel = backend.device.executables.kernel("nn", "softmax_f32")
+    buf = backend.device.allocator.allocate(1024)
+    backend.queue.dispatch(kernel, (1, 1, 1), (32, 1, 1), [buf, buf], bytes(16),
+                           shared_bytes=24 * 1024)
+    np.testing.assert_array_equal((x @ w).numpy(), np.full((4, 64), 64.0, np.float32))
+
+
 _DIVERGENT = """#include <metal_stdlib>
 using namespace metal;
 kernel void divergent(device float* out [[buffer(0)]], uint t [[thread_index_in_threadgroup]]) {

@@ -104,6 +104,7 @@ class MetalQueue(Queue):
         self._cb = None
         self._encoder = None
         self._encoder_kind = ""
+        self._encoder_shared = 0  # threadgroup memory length set on the open encoder
         self._names: list[str] = []  # kernels encoded into the open command buffer
         self._in_flight: deque[tuple[int, object, list[str]]] = deque()
         self._seq = 0
@@ -122,6 +123,7 @@ class MetalQueue(Queue):
             self._encoder = (self._cb.computeCommandEncoder() if kind == "compute"
                              else self._cb.blitCommandEncoder())
             self._encoder_kind = kind
+            self._encoder_shared = 0  # a new encoder starts with no threadgroup memory set
         return self._encoder
 
     def _end_encoding(self) -> None:
@@ -235,8 +237,12 @@ class MetalQueue(Queue):
             enc.setBuffer_offset_atIndex_(blob, 0, len(buffers))
         elif params:
             enc.setBytes_length_atIndex_(params, len(params), len(buffers))
-        if shared:
+        # the length set on an encoder stays for its later dispatches, and Metal counts it
+        # against each one's limit: a kernel without dynamic memory after one with 24 KB
+        # would be refused, so set it whenever it changes, back to 0 too
+        if shared != self._encoder_shared:
             enc.setThreadgroupMemoryLength_atIndex_(shared, 0)
+            self._encoder_shared = shared
         size = self._api.MTLSizeMake
         enc.dispatchThreadgroups_threadsPerThreadgroup_(size(*groups), size(*threads))
         self._names.append(kernel.name)

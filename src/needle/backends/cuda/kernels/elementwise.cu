@@ -140,7 +140,9 @@ template <class From, class To> struct Cast {
   __device__ To operator()(From a) const {
     typedef typename Acc<To>::type C;
     const auto v = load(a);
-    if (IsFloat<decltype(v)>::value && !IsFloat<C>::value)
+    // decltype(load(a)), not decltype(v): v is const, and IsFloat<const float> is false (the
+    // rule was skipped, and int64 casts got the hardware's NaN/overflow results)
+    if (IsFloat<decltype(load(a))>::value && !IsFloat<C>::value)
       return store<To>(float_to_int<C>(v));
     return store<To>((C)v);
   }
