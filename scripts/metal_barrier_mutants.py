@@ -39,6 +39,8 @@ TESTS = {
                  "tests/backend_ndarray/test_conformance.py"],
     "reduce.metal": ["tests/backend_ndarray/test_reductions.py",
                      "tests/backend_ndarray/test_conformance.py"],
+    "paged.metal": ["tests/backend_ndarray/test_paged.py"],
+    "quant.metal": ["tests/backend_ndarray/test_quant.py"],
 }
 DEFAULT_TESTS = ["tests/backend_ndarray", "tests/backends/test_metal.py",
                  "tests/backends/test_attention_head_dims.py"]
