@@ -1,4 +1,6 @@
-"""Reverse-mode automatic differentiation over NDArrays.
+"""Reverse-mode automatic differentiation over NDArrays: the graph's nodes (Value, Tensor,
+TensorTuple, the Op classes). The per-thread grad switch is in ``grad_mode.py``, the backward
+walk and ``grad()`` in ``backprop.py``; both are re-exported here under their course names.
 
 A ``Tensor`` is a node of a computation graph: either a leaf holding data, or the output of
 a ``TensorOp`` applied to input tensors. Ops compute on NDArrays (``compute``) and say how
@@ -26,7 +28,6 @@ What gets recorded:
 
 from __future__ import annotations
 
-import contextlib
 import numbers
 import threading
 
@@ -36,74 +37,19 @@ from . import backend_ndarray as nd
 from .backend_ndarray import dtypes
 from .backend_ndarray.device import Device, as_device, default_device
 from .errors import ArgumentTypeError, GradientError, ShapeError
+from .grad_mode import (  # noqa: F401 (re-exported: autograd.no_grad is the course's name)
+    _grad_mode,
+    _state,
+    enable_grad,
+    is_grad_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 from .tensor_methods import MaxResult, TensorMethods, axes_and_keepdims
 
 LAZY_MODE = False
 TENSOR_COUNTER = 0  # graph nodes alive now (the course's live counter; read it, never set it)
 _counter_lock = threading.RLock()  # re-entrant: a __del__ may run while the lock is held
-
-
-class _ThreadState(threading.local):
-    """Autograd state private to each thread; a new thread sees the class defaults."""
-
-    grad_enabled: bool = True
-
-
-_state = _ThreadState()
-
-
-class _GradMode(contextlib.ContextDecorator):
-    """Set this thread's grad mode for a block (or a decorated function) and restore the
-    previous mode on the way out, exceptions included."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._previous: list[bool] = []  # a stack, so one object may be re-entered
-
-    def __enter__(self) -> None:
-        self._previous.append(_state.grad_enabled)
-        _state.grad_enabled = self.enabled
-
-    def __exit__(self, *exc_info) -> bool:
-        _state.grad_enabled = self._previous.pop()
-        return False
-
-
-def _grad_mode(enabled: bool) -> _GradMode:
-    return _GradMode(enabled)
-
-
-def no_grad() -> _GradMode:
-    """Context manager (and decorator) in which ops record no graph: for inference and for
-    updating parameters in optimizers. Affects only the calling thread."""
-    return _GradMode(False)
-
-
-def enable_grad() -> _GradMode:
-    """Context manager (and decorator) that turns graph recording back on inside ``no_grad``
-    (in the calling thread)."""
-    return _GradMode(True)
-
-
-def is_grad_enabled() -> bool:
-    """Whether ops called from this thread record a graph."""
-    return _state.grad_enabled
-
-
-class set_grad_enabled:  # noqa: N801 (PyTorch's name: a function or a context manager)
-    """Turn graph recording on or off for the calling thread, now; used in a ``with``
-    block, the previous mode comes back at its end (as ``torch.set_grad_enabled``)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self._previous = _state.grad_enabled
-        _state.grad_enabled = bool(enabled)
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc_info) -> bool:
-        _state.grad_enabled = self._previous
-        return False
 
 
 class Op:
@@ -310,9 +256,9 @@ class Tensor(Value, TensorMethods):
         return bool(self.item())
 
     def __repr__(self) -> str:
-        grad = ", requires_grad=True" if self.requires_grad else ""
+        flag = ", requires_grad=True" if self.requires_grad else ""
         return (f"needle.Tensor({self.numpy()!r}, device={self.device!r}, "
-                f"dtype={self.dtype}{grad})")
+                f"dtype={self.dtype}{flag})")
 
     def __str__(self) -> str:
         return str(self.numpy())
@@ -345,12 +291,12 @@ class Tensor(Value, TensorMethods):
         if out_grad.shape != self.shape:
             raise ShapeError(f"backward: out_grad has shape {out_grad.shape}, the tensor "
                              f"{self.shape}")
-        for leaf, grad in _backward_pass(self, out_grad, create_graph):
+        for leaf, g in _backward_pass(self, out_grad, create_graph):
             if leaf.grad is None:
-                leaf.grad = grad if create_graph else grad.detach()
+                leaf.grad = g if create_graph else g.detach()
             else:
                 with _grad_mode(create_graph):
-                    leaf.grad = leaf.grad + grad
+                    leaf.grad = leaf.grad + g
 
     # --- operators -----------------------------------------------------------------------
     def _other(self, other) -> Tensor:
@@ -512,95 +458,7 @@ class Tensor(Value, TensorMethods):
         return ops.log_softmax(self)
 
 
-def _reverse_topo_order(root: Value) -> list[Value]:
-    """Nodes that require grad, each after every node that uses it (iterative DFS, so deep
-    graphs do not hit Python's recursion limit)."""
-    order: list[Value] = []
-    visited: set[int] = set()
-    stack: list[tuple[Value, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        if children_done:
-            order.append(node)
-            continue
-        if id(node) in visited:
-            continue
-        visited.add(id(node))
-        stack.append((node, True))
-        stack.extend((x, False) for x in node.inputs if x.requires_grad and id(x) not in visited)
-    order.reverse()
-    return order
-
-
-def find_topo_sort(node_list: list[Value]) -> list[Value]:
-    """Every node the nodes of ``node_list`` depend on, each after all of its inputs, in the
-    order a depth-first post-order walk visits them (the needle course's function; needle's
-    own backward walks only the nodes that require grad)."""
-    order: list[Value] = []
-    visited: set[int] = set()
-    for root in node_list:
-        stack: list[tuple[Value, int]] = [(root, 0)]  # (node, next input to visit)
-        while stack:
-            node, k = stack.pop()
-            if k == 0 and id(node) in visited:
-                continue
-            if k < len(node.inputs):
-                stack.append((node, k + 1))
-                if id(node.inputs[k]) not in visited:
-                    stack.append((node.inputs[k], 0))
-                continue
-            if id(node) not in visited:
-                visited.add(id(node))
-                order.append(node)
-    return order
-
-
-def _backward_pass(output: Tensor, out_grad: Tensor, create_graph: bool,
-                   stop_at: frozenset[int] = frozenset()) -> list[tuple[Value, Value]]:
-    """(node, gradient) for each leaf requiring grad that ``output`` depends on, and for each
-    node whose id is in ``stop_at`` (the gradient does not flow past those)."""
-    grads: dict[int, Value] = {id(output): ops.match_input(out_grad, output)}
-    found = []
-    with _grad_mode(create_graph):
-        for node in _reverse_topo_order(output):
-            grad = grads.pop(id(node), None)
-            if grad is None:
-                continue
-            if node.is_leaf() or id(node) in stop_at:
-                found.append((node, grad))
-                continue
-            for inp, g in zip(node.inputs, node.op.gradient_as_tuple(grad, node)):
-                if g is None or not inp.requires_grad:
-                    continue
-                if isinstance(inp, Tensor):
-                    g = ops.match_input(g, inp)
-                prev = grads.get(id(inp))
-                grads[id(inp)] = g if prev is None else prev + g
-    return found
-
-
-def grad(output: Tensor, inputs: list[Tensor], out_grad: Tensor | None = None,
-         create_graph: bool = False) -> list[Tensor | None]:
-    """d(output)/d(input) · out_grad for each of ``inputs`` (leaves or intermediate tensors),
-    leaving every ``.grad`` untouched; None for an input ``output`` does not depend on.
-
-    With ``create_graph=True`` the results are graphs themselves: differentiate them again
-    for higher-order derivatives.
-    """
-    if not isinstance(output, Tensor):
-        raise ArgumentTypeError(f"grad: output must be a Tensor, got {type(output).__name__}")
-    if not isinstance(inputs, (list, tuple)) or not all(isinstance(x, Tensor) for x in inputs):
-        raise ArgumentTypeError("grad: inputs must be a list of Tensors, got "
-                                f"{inputs!r:.80}")
-    if not output.requires_grad:
-        raise GradientError("grad() of a tensor that does not require grad")
-    if out_grad is None:
-        out_grad = Tensor(nd.ones(output.shape, dtype=output.dtype, device=output.device),
-                          requires_grad=False)
-    found = {id(node): g for node, g in _backward_pass(
-        output, output._other(out_grad), create_graph, frozenset(id(x) for x in inputs))}
-    return [found.get(id(x)) for x in inputs]
-
-
-# ops subclass TensorOp and Tensor's operators call ops: import them once both exist.
+# ops subclass TensorOp and Tensor's operators call ops, and backprop walks Values: import
+# them once the classes exist.
 from . import ops  # noqa: E402
+from .backprop import _backward_pass, find_topo_sort, grad  # noqa: E402,F401
