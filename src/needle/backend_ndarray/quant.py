@@ -17,7 +17,8 @@ from ..errors import DeviceError, DTypeError, ShapeError
 from ..quant.format import QuantSpec, quantize
 from . import dtypes
 from .device import Device
-from .ndarray import NDArray, array, concatenate
+from .functions import concatenate
+from .ndarray import NDArray, array
 
 ACTIVATION_DTYPES = ("float16", "bfloat16", "float32")
 

@@ -1,0 +1,337 @@
+"""needle's module-level array functions (``nd.where``, ``nd.stack``, ``nd.concatenate``,
+``nd.attention``, ``nd.from_dlpack``, ...) over NDArray: the ones that combine several arrays
+or call fused kernels, and the course's function-style aliases of NDArray methods."""
+
+from __future__ import annotations
+
+import builtins
+import math
+from functools import reduce
+
+import numpy as np
+
+from ..backends.api import has
+from ..errors import (
+    DeviceError,
+    DTypeError,
+    ShapeError,
+)
+from . import dtypes
+from .device import Device, cpu_numpy
+from .ndarray import (
+    NDArray,
+    _as_index_array,
+    _normalize_axes,
+    broadcast_shapes,
+    full,
+    zeros,
+)
+
+
+def broadcast_to(a: NDArray, shape) -> NDArray:
+    return a.broadcast_to(shape)
+
+
+def reshape(a: NDArray, shape) -> NDArray:
+    return a.reshape(shape)
+
+
+def maximum(a: NDArray, b) -> NDArray:
+    return a.maximum(b)
+
+
+def minimum(a: NDArray, b) -> NDArray:
+    return a.minimum(b)
+
+
+def log(a: NDArray) -> NDArray:
+    return a.log()
+
+
+def exp(a: NDArray) -> NDArray:
+    return a.exp()
+
+
+def tanh(a: NDArray) -> NDArray:
+    return a.tanh()
+
+
+def sqrt(a: NDArray) -> NDArray:
+    return a.sqrt()
+
+
+def sum(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:  # noqa: A001
+    return a.sum(axis=axis, keepdims=keepdims)
+
+
+def max(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:  # noqa: A001
+    return a.max(axis=axis, keepdims=keepdims)
+
+
+def flip(a: NDArray, axes=None) -> NDArray:
+    return a.flip(axes)
+
+
+def transpose(a: NDArray, axes=None) -> NDArray:
+    return a.transpose(axes)
+
+
+def where(cond: NDArray, a, b) -> NDArray:
+    """Elements of ``a`` where ``cond`` is true, else of ``b`` (all broadcast together)."""
+    dev = cond.device
+    a = a if isinstance(a, NDArray) else full((), a, dtypes.promote_scalar("bool", a)
+                                              if not isinstance(b, NDArray) else b.dtype, dev)
+    b = b if isinstance(b, NDArray) else full((), b, a.dtype, dev)
+    cond._check_device(a)
+    cond._check_device(b)
+    dt = dtypes.promote(a.dtype, b.dtype)
+    shape = broadcast_shapes(cond.shape, a.shape, b.shape)
+    c = cond.astype("bool").broadcast_to(shape).compact()
+    a = a.astype(dt).broadcast_to(shape).compact()
+    b = b.astype(dt).broadcast_to(shape).compact()
+    out = NDArray.make(shape, device=dev, dtype=dt)
+    if out.size:
+        dev.backend.where(c._handle, a._handle, b._handle, out._handle)
+    return out
+
+
+def stack(arrays, axis: int = 0) -> NDArray:
+    arrays = list(arrays)
+    if not arrays:
+        raise ShapeError("stack needs at least one array")
+    shape = arrays[0].shape
+    for a in arrays:
+        arrays[0]._check_device(a)
+        if a.shape != shape:
+            raise ShapeError(f"stack needs arrays of one shape, got {shape} and {a.shape}")
+    axis = _normalize_axes(axis, len(shape) + 1)[0]
+    dt = reduce(dtypes.promote, (a.dtype for a in arrays))
+    out = NDArray.make(shape[:axis] + (len(arrays),) + shape[axis:], device=arrays[0].device,
+                       dtype=dt)
+    for i, a in enumerate(arrays):
+        out[(slice(None),) * axis + (i,)] = a
+    return out
+
+
+def concatenate(arrays, axis: int = 0) -> NDArray:
+    arrays = list(arrays)
+    if not arrays:
+        raise ShapeError("concatenate needs at least one array")
+    if not all(isinstance(a, NDArray) for a in arrays):
+        raise DTypeError("concatenate takes NDArrays")
+    first = arrays[0]
+    if any(a.ndim == 0 for a in arrays):
+        raise ShapeError("concatenate needs arrays of at least one dimension (0-d arrays have "
+                         "no axis to join along); use stack for scalars")
+    axis = _normalize_axes(axis, first.ndim)[0]
+    for a in arrays:
+        first._check_device(a)
+        if a.ndim != first.ndim or any(a.shape[i] != first.shape[i]
+                                       for i in range(first.ndim) if i != axis):
+            raise ShapeError(f"concatenate: shapes {first.shape} and {a.shape} differ off "
+                             f"axis {axis}")
+    dt = reduce(dtypes.promote, (a.dtype for a in arrays))
+    total = builtins.sum(a.shape[axis] for a in arrays)
+    out = NDArray.make(first.shape[:axis] + (total,) + first.shape[axis + 1:],
+                       device=first.device, dtype=dt)
+    start = 0
+    for a in arrays:
+        out[(slice(None),) * axis + (slice(start, start + a.shape[axis]),)] = a
+        start += a.shape[axis]
+    return out
+
+
+def scatter_add(indices, values: NDArray, rows: int, out: NDArray | None = None) -> NDArray:
+    """A (rows, dim) array of zeros with ``values[i]`` added at row ``indices[i]``.
+
+    With ``out`` (a compact (rows, dim) array of the values' dtype and device) the values
+    are added into it in place instead: a write at positions held in device memory, which
+    is how a captured decode step stores keys and values at the current position.
+    """
+    idx = _as_index_array(indices, values.device, rows, "scatter_add").reshape(-1)
+    dim = values.shape[-1] if values.ndim else 1
+    if values.size != idx.size * dim:
+        raise ShapeError(f"scatter_add: {idx.size} indices need values of shape "
+                         f"({idx.size}, {dim}), got {values.shape}")
+    if out is None:
+        out = zeros((rows, dim), dtype=values.dtype, device=values.device)
+    else:
+        values._check_device(out)
+        if out.shape != (rows, dim) or not out.is_compact() or out.dtype != values.dtype:
+            raise ShapeError(f"scatter_add: out must be a compact ({rows}, {dim}) array of "
+                             f"{values.dtype}, got {out.shape} of {out.dtype}"
+                             + ("" if out.is_compact() else " (not compact)"))
+    if idx.size:
+        values.device.backend.scatter_add(idx.compact()._handle, values.compact()._handle,
+                                          out._handle, rows, dim)
+    return out
+
+
+def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
+              causal: bool = False, kv_len: int | None = None) -> NDArray:
+    """softmax(q kᵀ · scale) v with grouped-query heads.
+
+    q is (batch, q_heads, q_len, head_dim); k and v are (batch, kv_heads, capacity,
+    head_dim), of which the first ``kv_len`` positions (default: all) are attended to.
+    k and v may be views of a larger cache along the capacity axis.
+    """
+    for t in (k, v):
+        q._check_device(t)
+    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
+        raise ShapeError(f"attention needs 4-d q, k, v with k and v of one shape; got "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    bsz, hq, sq, d = q.shape
+    bk, hkv, cap, dk = k.shape
+    if bk != bsz or dk != d:
+        raise ShapeError(f"attention: q {q.shape} and k {k.shape} differ in batch or head_dim")
+    if hkv == 0 or hq % hkv:
+        raise ShapeError(f"attention: {hq} query heads are not a multiple of {hkv} kv heads")
+    kv_len = cap if kv_len is None else kv_len
+    if not 0 < kv_len <= cap or (causal and kv_len < sq):
+        raise ShapeError(f"attention: kv_len {kv_len} must be in 1..{cap}"
+                         + (f" and at least q_len {sq} when causal" if causal else ""))
+    if not dtypes.is_floating(q.dtype):
+        raise DTypeError(f"attention needs floating-point arrays, got {q.dtype}")
+    scale = 1 / math.sqrt(d) if scale is None else float(scale)
+    qc = q.compact()
+    kc, vc = k.astype(q.dtype).compact(), v.astype(q.dtype).compact()
+    out = qc._empty_like()
+    if out.size:
+        q.device.backend.attention(qc._handle, kc._handle, vc._handle, out._handle, bsz, hq, hkv,
+                                   sq, kv_len, cap, d, scale, bool(causal))
+    return out
+
+
+def add_rmsnorm(x: NDArray, delta: NDArray, weight: NDArray, eps: float = 1e-6,
+                inplace: bool = False) -> tuple[NDArray, NDArray]:
+    """(x + delta, rmsnorm(x + delta) * weight) in one pass over the rows: a transformer's
+    residual add and the next pre-norm. The sum is rounded to the dtype before it is
+    normalized, exactly as ``rmsnorm(x + delta)``. With ``inplace`` the sum is written into
+    ``x`` (which must then be compact) and x is returned as the first result."""
+    x._check_device(delta)
+    if x.shape != delta.shape:
+        raise ShapeError(f"add_rmsnorm: x {x.shape} and delta {delta.shape} must have one shape")
+    if x.dtype != delta.dtype:
+        raise DTypeError(f"add_rmsnorm: x ({x.dtype}) and delta ({delta.dtype}) must have one "
+                         "dtype; cast one with astype")
+    a, dim = x._rows("add_rmsnorm")
+    if inplace and a is not x:
+        raise ShapeError("add_rmsnorm(inplace=True) needs a compact x; pass a compact array "
+                         "or inplace=False")
+    w = x._param(weight, dim, "add_rmsnorm weight")
+    d = delta.compact()
+    total = a if inplace else a._empty_like()
+    out = a._empty_like()
+    if a.size:
+        x.device.backend.add_rmsnorm(a._handle, d._handle, w._handle, total._handle,
+                                     out._handle, dim, float(eps))
+    return total, out
+
+
+def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray,
+                     keys: NDArray, values: NDArray, q_heads: int,
+                     scale: float | None = None) -> NDArray:
+    """One token's attention step against a KV cache, at a position held on the device.
+
+    ``qkv``: the token's fused query/key/value projection, (q_heads + 2 * kv_heads) *
+    head_dim values (any shape with that size); ``cos``/``sin``: rotary tables (rows,
+    head_dim // 2) of qkv's dtype; ``position``: an int32 array whose first element is the
+    position p; ``keys``/``values``: compact caches (..., kv_heads, capacity, head_dim) of
+    qkv's dtype.
+    Rotates the query and key (RoPE at row p), stores key and value at row p of the caches,
+    and returns the attention output over positions 0..p, shape (q_heads * head_dim,).
+    Nothing here reads p on the host, so a captured decode step can replay it; a p outside
+    the cache or the tables writes nothing and gives NaNs (check positions before).
+    See ``numpy_ref.attention_decode``.
+    """
+    for t in (cos, sin, position, keys, values):
+        qkv._check_device(t)
+    if keys.shape != values.shape or keys.ndim < 3 or any(d != 1 for d in keys.shape[:-3]):
+        raise ShapeError(f"attention_decode: keys {keys.shape} and values {values.shape} must "
+                         "be caches of one shape (kv_heads, capacity, head_dim)")
+    kv_heads, capacity, d = keys.shape[-3:]
+    if d % 2 or kv_heads == 0 or q_heads <= 0 or q_heads % kv_heads:
+        raise ShapeError(f"attention_decode: {q_heads} query heads over {kv_heads} kv heads "
+                         f"of size {d} (must divide, with an even head size)")
+    if qkv.size != (q_heads + 2 * kv_heads) * d:
+        raise ShapeError(f"attention_decode: qkv has {qkv.size} values, expected "
+                         f"({q_heads} + 2 x {kv_heads}) x {d} = {(q_heads + 2 * kv_heads) * d}")
+    if not dtypes.is_floating(qkv.dtype) or not dtypes.is_floating(keys.dtype):
+        raise DTypeError(f"attention_decode needs floating-point arrays, got {qkv.dtype} "
+                         f"and a {keys.dtype} cache")
+    if keys.dtype != qkv.dtype or values.dtype != qkv.dtype:
+        raise DTypeError(f"attention_decode: the cache ({keys.dtype}, {values.dtype}) must have "
+                         f"qkv's dtype {qkv.dtype}")
+    if not (keys.is_compact() and values.is_compact()):
+        raise ShapeError("attention_decode: keys and values must be compact (whole) caches")
+    if position.dtype != "int32" or position.size < 1:
+        raise DTypeError(f"attention_decode: position must be an int32 array, got "
+                         f"{position.dtype} of size {position.size}")
+    for t, nm in ((cos, "cos"), (sin, "sin")):
+        if t.ndim != 2 or t.shape[1] != d // 2 or t.shape != cos.shape:
+            raise ShapeError(f"attention_decode: {nm} must be (rows, {d // 2}) like cos, got "
+                             f"{t.shape}")
+    scale = 1 / math.sqrt(d) if scale is None else float(scale)
+    c, s = cos.astype(qkv.dtype).compact(), sin.astype(qkv.dtype).compact()
+    a = qkv.compact()
+    out = NDArray.make((q_heads * d,), device=qkv.device, dtype=qkv.dtype)
+    qkv.device.backend.attention_decode(a._handle, c._handle, s._handle,
+                                        position.compact()._handle, keys._handle,
+                                        values._handle, out._handle, q_heads, kv_heads, d,
+                                        capacity, cos.shape[0], scale)
+    return out
+
+
+# DLPack device types (dlpack.h's DLDeviceType) -> needle's device kinds
+_DLPACK_KINDS = {2: "cuda", 8: "metal"}
+_DLPACK_NAMES = {4: "OpenCL", 7: "Vulkan", 9: "VPI", 10: "ROCm", 13: "CUDA managed",
+                 14: "oneAPI", 15: "WebGPU", 16: "Hexagon", 17: "MAIA"}
+
+
+def _dlpack_device(dev_type: int, dev_id: int) -> Device:
+    """The needle device that owns memory of a DLPack (device type, id), from the producer's
+    ``__dlpack_device__``; DeviceError for a kind of memory needle has no device for."""
+    kind = _DLPACK_KINDS.get(dev_type)
+    if kind is None:
+        name = _DLPACK_NAMES.get(dev_type, f"type {dev_type}")
+        raise DeviceError(f"this DLPack tensor lives on a {name} device (id {dev_id}), which "
+                          "needle has no backend for; move it to the CPU or a CUDA device "
+                          "first")
+    from .device import device_from_name
+
+    return device_from_name(f"{kind}:{dev_id}" if kind == "cuda" else kind)
+
+
+def from_dlpack(x, device: Device | None = None) -> NDArray:
+    """Wrap a DLPack-exporting array (numpy, PyTorch, CuPy) without copying where possible.
+
+    Host memory is shared with a CPU device when its strides are non-negative; device
+    memory is imported by the backend that owns that kind of device.
+    """
+    if not hasattr(x, "__dlpack__"):
+        raise DTypeError(f"from_dlpack needs an object that exports DLPack (__dlpack__), "
+                         f"such as a numpy array or a torch tensor, not {type(x).__name__}")
+    dev_type, dev_id = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else (1, 0)
+    if dev_type not in (1, 3):  # kDLCPU, kDLCUDAHost: memory the host reads directly
+        target = device or _dlpack_device(dev_type, dev_id)
+        if not has(target.backend, "dlpack"):
+            raise DeviceError(f"{target.name} cannot import DLPack tensors; pass a device "
+                              "whose arrays can be exchanged (a CUDA device)")
+        return target.backend.from_dlpack(x, NDArray)
+    try:
+        host = np.from_dlpack(x)
+    except RuntimeError as e:  # e.g. bfloat16, which numpy's DLPack import does not know
+        raise DTypeError(f"cannot import this array through DLPack ({e}); convert it to "
+                         "float32, float16, int32, int64 or bool first") from None
+    target = device or cpu_numpy()
+    dt = dtypes.canonical(host.dtype)
+    item = host.itemsize
+    if (not has(target.backend, "host_memory") or host.size == 0
+            or any(s < 0 or s % item for s in host.strides)):
+        return NDArray(host, device=target, dtype=dt)
+    strides = tuple(s // item for s in host.strides)
+    span = builtins.sum(s * (d - 1) for s, d in zip(strides, host.shape)) + 1
+    flat = np.lib.stride_tricks.as_strided(host, (span,), (item,))
+    return NDArray.make(host.shape, strides, target, target.backend.wrap(flat, dt), 0, dt)
+
+
