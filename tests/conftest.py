@@ -108,7 +108,7 @@ def rng() -> np.random.Generator:
 
 # --- tolerances (design §7) -----------------------------------------------------------------
 
-EXACT_DTYPES = frozenset({"int32", "int64", "bool"})
+EXACT_DTYPES = frozenset({"uint8", "int8", "int32", "int64", "bool"})
 _RTOL = {
     # kind: elementwise, reduction (sums, norms, softmax) or matmul (long dot products)
     "float64": {"elementwise": 1e-12, "reduction": 1e-11, "matmul": 1e-11},

@@ -108,8 +108,8 @@ def test_corrupt_files(tmp_path):
          "header length"),
         ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, None,
          "needs 12 bytes"),
-        ({"w": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}}, b"\0" * 8, None,
-         "dtype U8"),
+        ({"w": {"dtype": "I16", "shape": [4], "data_offsets": [0, 8]}}, b"\0" * 8, None,
+         "dtype I16"),
         ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12, None,
          "starts at byte 4"),
         ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 12, None,
@@ -204,3 +204,21 @@ def test_fractional_shape_in_header_is_an_error(tmp_path):
     _rewrite_header(path, lambda h: h.replace(b'"shape":[2]', b'"shape":[2.7]'))
     with pytest.raises(ModelFormatError, match="malformed header entry"):
         ndl.load(path, nd.cpu_numpy())
+
+
+def test_uint8_and_int8_round_trip_with_safetensors(tmp_path, device):
+    """U8/I8 tensors: written by the safetensors package, loaded by needle with their
+    dtype, and written back readable by it."""
+    st = pytest.importorskip("safetensors.numpy")
+    image = np.arange(24, dtype=np.uint8).reshape(2, 3, 4) * 10
+    codes = np.array([-128, -1, 0, 1, 127], np.int8)
+    st.save_file({"image": image, "codes": codes}, str(tmp_path / "theirs.safetensors"))
+    got = ndl.load(tmp_path / "theirs.safetensors", device=device)
+    assert (got["image"].dtype, got["codes"].dtype) == ("uint8", "int8")
+    np.testing.assert_array_equal(got["image"].numpy(), image)
+    np.testing.assert_array_equal(got["codes"].numpy(), codes)
+    ndl.save(got, tmp_path / "ours.safetensors")
+    back = st.load_file(str(tmp_path / "ours.safetensors"))
+    assert back["image"].dtype == np.uint8 and back["codes"].dtype == np.int8
+    np.testing.assert_array_equal(back["image"], image)
+    np.testing.assert_array_equal(back["codes"], codes)

@@ -34,7 +34,7 @@ from .errors import ArgumentError, ArgumentTypeError, DTypeError, ModelFormatErr
 __all__ = ["load", "save"]
 
 _ST_DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64",
-              "int32": "I32", "int64": "I64", "bool": "BOOL"}
+              "int32": "I32", "int64": "I64", "bool": "BOOL", "uint8": "U8", "int8": "I8"}
 _NEEDLE_DTYPES = {v: k for k, v in _ST_DTYPES.items()}
 _TREE_KEY = "needle.tree"
 # Written beside the tree since format 1: a file that has it but lacks the tree was written by

@@ -16,7 +16,7 @@ from needle.backend_ndarray import dtypes
 from ..conftest import assert_close
 
 FLOATS = ("float32", "float16", "bfloat16", "float64")
-INTS = ("int32", "int64")
+INTS = ("uint8", "int8", "int32", "int64")
 LAYOUTS = ("compact", "transposed", "broadcast", "sliced", "negative_step")
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import needle.backend_ndarray as nd
+from needle.errors import DTypeError
 
 from ..conftest import assert_close, assert_equal, check_unsupported_dtype
 from .compare import FLOATS, INTS, LAYOUTS, compare, grid, layout, np_dtype, on, random
@@ -72,7 +73,8 @@ def test_zero_dim_array(device, dtype):
 def test_fill_and_constructors(device, dtype, shape):
     if check_unsupported_dtype(device, dtype):
         return
-    values = {"bool": [True, False], "int32": [0, -7, 2**31 - 1], "int64": [0, -7, 2**40]}
+    values = {"bool": [True, False], "int32": [0, -7, 2**31 - 1], "int64": [0, -7, 2**40],
+              "uint8": [0, 7, 255], "int8": [0, -7, -128, 127]}
     for v in values.get(dtype, [0, 1, -2.5, 1e4]):
         a = nd.full(shape, v, dtype=dtype, device=device)
         assert (a.shape, a.dtype, a.device) == (shape, dtype, device)
@@ -254,6 +256,10 @@ def test_binary_array_scalar(device, dtype, op, scalar, rng):
         return
     fn, want = BINARY[op]
     x = grid(rng, (2, 9), dtype)
+    if dtype == "uint8" and scalar == -3 and op != "div":  # must fit (docs/dtypes.md)
+        with pytest.raises(DTypeError, match="does not fit uint8"):
+            fn(on(device, x), scalar)
+        return
     got = compare(device, lambda a: fn(a, scalar), [x],
                   expected=lambda w: want(w, np.asarray(scalar)))
     promoted = nd.dtypes.promote_scalar(dtype, scalar)
@@ -396,8 +402,11 @@ def test_cast_all_pairs(device, src, dst, rng):
         return
     if src == "bool":
         x = rng.random((4, 9)) < 0.5
-    elif src in INTS:
+    elif src in INTS:  # to a narrower integer wraps (as numpy and C)
         x = rng.integers(-1000, 1000, (4, 9)).astype(np_dtype(src))
+    elif dst in ("uint8", "int8"):  # in range: test_float_to_int_saturates has the rest
+        lo, hi = (0, 255 * 8) if dst == "uint8" else (-127 * 8, 127 * 8)
+        x = (rng.integers(lo, hi, (4, 9)) / 8).astype(np_dtype(src))
     else:  # fractions and negatives: float to int truncates toward zero
         x = (rng.integers(-4000, 4000, (4, 9)) / 8).astype(np_dtype(src))
     x[0, :3] = 0

@@ -14,7 +14,7 @@ from .compare import np_dtype, on
 
 torch = pytest.importorskip("torch")
 
-EXCHANGED = ("float32", "float16", "float64", "int32", "int64", "bool")
+EXCHANGED = ("float32", "float16", "float64", "int32", "int64", "bool", "uint8", "int8")
 
 
 HOST_DEVICES = [d for d in nd.all_devices() if d.kind in ("cpu", "cpu_numpy")]

@@ -190,7 +190,7 @@ CASES: list[tuple[str, type[NeedleError], str, Callable]] = [
     ("dtype_name_array", DTypeError, "unknown dtype",
      lambda d: nd.array([1.0], device=d, dtype="float8")),
     ("dtype_name_astype", DTypeError, "unknown dtype", lambda d: arr(d, (2,)).astype("complex64")),
-    ("dtype_name_zeros", DTypeError, "unknown dtype", lambda d: nd.zeros((2,), "int8", d)),
+    ("dtype_name_zeros", DTypeError, "unknown dtype", lambda d: nd.zeros((2,), "int16", d)),
     ("dtype_name_device_empty", DTypeError, "unknown dtype", lambda d: d.empty((2,), "f32")),
     ("numpy_dtype_complex", DTypeError, "complex",
      lambda d: nd.array(np.ones(2, np.complex64), device=d)),

@@ -17,7 +17,8 @@ ALL = nd.ALL_DTYPES
 
 
 def _num(x):
-    return x.astype(np.int64) if x.dtype == np.bool_ else x
+    """bools and 8-bit integers sum in int64 (docs/dtypes.md)."""
+    return x.astype(np.int64) if x.dtype.itemsize == 1 else x
 
 
 def _argmax(x, axis, keepdims):
@@ -45,7 +46,7 @@ def _result_dtype(op: str, dtype: str) -> str:
         return "int64"
     if op == "mean":
         return nd.dtypes.floating(dtype)
-    return "int64" if op == "sum" and dtype == "bool" else dtype
+    return nd.dtypes.sum_dtype(dtype) if op == "sum" else dtype
 
 
 def _reduced(shape, axis) -> int:

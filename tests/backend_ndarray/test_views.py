@@ -196,7 +196,7 @@ def test_concatenate_promotes_dtypes(device):
 def test_item_and_python_scalars(device, dtype):
     if check_unsupported_dtype(device, dtype):
         return
-    value = {"bool": True, "int32": -7, "int64": 2**40}.get(dtype, 2.5)
+    value = {"bool": True, "int32": -7, "int64": 2**40, "uint8": 200, "int8": -7}.get(dtype, 2.5)
     a = nd.full((1, 1), value, dtype, device)
     assert a.item() == value
     assert type(a.item()) is type(value)
@@ -259,8 +259,10 @@ def test_copy_is_independent(device, rng):
 
 @pytest.mark.parametrize("source,dtype", [
     (np.arange(6, dtype=np.float64).reshape(2, 3), "float64"),  # numpy keeps its dtype (torch)
-    (np.arange(6, dtype=np.int8), "int32"),
-    (np.arange(6, dtype=np.uint8), "int32"),
+    (np.arange(6, dtype=np.int8), "int8"),
+    (np.arange(6, dtype=np.uint8), "uint8"),
+    (np.arange(6, dtype=np.int16), "int32"),
+    (np.arange(6, dtype=np.uint16), "int32"),
     (np.arange(6, dtype=np.int64), "int64"),
     (np.arange(6, dtype=np.float16), "float16"),
     (np.array([True, False]), "bool"),

@@ -5,10 +5,11 @@ from ``ml_dtypes``. The promotion rules, applied by NDArray before it calls a ba
 backend binary functions always see inputs of one dtype):
 
 1. Two arrays: the result is the higher of the two on the ladder
-   ``bool < int32 < int64 < float16 | bfloat16 < float32 < float64``;
-   float16 with bfloat16 gives float32.
+   ``bool < uint8 | int8 < int32 < int64 < float16 | bfloat16 < float32 < float64``;
+   float16 with bfloat16 gives float32, uint8 with int8 gives int32 (needle has no int16).
 2. An array and a Python scalar: the array's dtype wins within its kind. A float scalar
    with an integer or bool array gives float32; an int scalar with a bool array gives int32.
+   A Python int with a uint8/int8 array must fit its range (``check_scalar``).
 3. True division of integers or bools gives float32.
 4. Arithmetic (+ - * / ** max min) on bool arrays computes in int32.
 5. Transcendental functions (exp, log, sqrt, rsqrt, sin, cos, tanh, sigmoid, silu, gelu)
@@ -18,6 +19,8 @@ backend binary functions always see inputs of one dtype):
 Data given without a dtype (``NDArray(x)``, ``Tensor(x)``): a numpy array keeps its dtype,
 float64 included (as ``torch.tensor`` does; on a device without float64 it becomes float32);
 Python floats become float32, Python ints int64. A list operand of an op follows rule 2.
+Integer arithmetic wraps (uint8/int8 modulo 2^8); sums of bool, uint8 and int8 count in
+int64 (``sum_dtype``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import numpy as np
 from ..errors import DTypeError
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-INT_DTYPES = ("int32", "int64")
+INT_DTYPES = ("uint8", "int8", "int32", "int64")
+SMALL_INT_DTYPES = ("uint8", "int8")
 ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 DEFAULT_FLOAT = "float32"
 
@@ -37,13 +41,16 @@ _NUMPY = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "float32": np.dtype(np.float32),
     "float64": np.dtype(np.float64),
+    "uint8": np.dtype(np.uint8),
+    "int8": np.dtype(np.int8),
     "int32": np.dtype(np.int32),
     "int64": np.dtype(np.int64),
     "bool": np.dtype(np.bool_),
 }
 _FROM_NUMPY = {v: k for k, v in _NUMPY.items()}
 
-_RANK = {"bool": 0, "int32": 1, "int64": 2, "float16": 3, "bfloat16": 3, "float32": 4, "float64": 5}
+_RANK = {"bool": 0, "uint8": 1, "int8": 1, "int32": 2, "int64": 3, "float16": 4, "bfloat16": 4,
+         "float32": 5, "float64": 6}
 
 ITEMSIZE = {name: dt.itemsize for name, dt in _NUMPY.items()}
 
@@ -55,8 +62,8 @@ def canonical(dtype) -> str:
     if isinstance(dtype, str):
         name = dtype.removeprefix("torch.").removeprefix("numpy.")
         aliases = {"float": "float32", "half": "float16", "double": "float64", "int": "int32",
-                   "long": "int64", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
-                   "bool_": "bool"}
+                   "long": "int64", "byte": "uint8", "char": "int8", "bf16": "bfloat16",
+                   "fp16": "float16", "fp32": "float32", "bool_": "bool"}
         name = aliases.get(name, name)
         if name in _NUMPY:
             return name
@@ -91,6 +98,8 @@ def promote(a: str, b: str) -> str:
         return a
     if {a, b} == {"float16", "bfloat16"}:
         return "float32"
+    if {a, b} == {"uint8", "int8"}:
+        return "int32"  # the smallest type holding both ranges (needle has no int16)
     return a if _RANK[a] > _RANK[b] else b
 
 
@@ -103,6 +112,27 @@ def promote_scalar(a: str, value) -> str:
     if isinstance(value, (float, np.floating)):
         return a if is_floating(a) else DEFAULT_FLOAT
     raise DTypeError(f"cannot combine an array with a scalar of type {type(value).__name__}")
+
+
+_SMALL_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+def check_scalar(dtype: str, value) -> None:
+    """A Python int combined with (or filled into) a uint8/int8 array must fit its range, as
+    in numpy 2: ``uint8_array + (-3)`` is a DTypeError rather than a wrapped or clipped -3.
+    (The result of the arithmetic itself wraps modulo 2^8.)"""
+    if dtype in _SMALL_RANGE and isinstance(value, (int, np.integer)) \
+            and not isinstance(value, (bool, np.bool_)):
+        lo, hi = _SMALL_RANGE[dtype]
+        if not lo <= int(value) <= hi:
+            raise DTypeError(f"the Python integer {int(value)} does not fit {dtype} "
+                             f"({lo}..{hi}); cast the array first, e.g. a.astype('int32')")
+
+
+def sum_dtype(dtype: str) -> str:
+    """dtype a sum accumulates and returns in: bool and 8-bit integers count in int64 (so
+    they don't wrap); every other dtype in itself."""
+    return "int64" if dtype == "bool" or dtype in SMALL_INT_DTYPES else dtype
 
 
 def arithmetic(dtype: str) -> str:

@@ -112,10 +112,12 @@ _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
 
 def _integer_dtype(array: np.ndarray) -> str:
-    """needle's dtype for numpy integers, holding every value exactly: int32 for 8-32 bit
-    signed and 8-16 bit unsigned data, int64 for int64 and uint32, int64 for uint64 whose
-    values fit it (larger ones are refused rather than wrapped)."""
+    """needle's dtype for numpy integers, holding every value exactly: uint8 and int8 keep
+    their dtype, int32 for int16, uint16 and int32 data, int64 for int64 and uint32, int64
+    for uint64 whose values fit it (larger ones are refused rather than wrapped)."""
     kind, size = array.dtype.kind, array.dtype.itemsize
+    if size == 1:
+        return "uint8" if kind == "u" else "int8"
     if size < 4 or (kind == "i" and size == 4):
         return "int32"
     if kind == "u" and size == 8 and array.size and int(array.max()) >= 2**63:
@@ -233,6 +235,7 @@ class NDArray:
         """Set every element to ``value`` (the array must be compact)."""
         if not isinstance(value, (numbers.Number, np.bool_)):
             raise DTypeError(f"fill value must be a number, got {type(value).__name__}")
+        dtypes.check_scalar(self.dtype, value)
         if not self.is_compact():
             self[...] = value
             return
@@ -577,6 +580,7 @@ class NDArray:
         if isinstance(other, (numbers.Number, np.generic)):
             dt = dtypes.promote_scalar(self.dtype, other)
             dt = dtype_rule(dt) if dtype_rule else dt
+            dtypes.check_scalar(dt, other)
             a = self if dt == self._handle.dtype and self._is_plain() else self.astype(dt).compact()
             out = a._fresh(a._shape, out_dtype or dt)
             value = float(other) if dtypes.is_floating(dt) else int(other)
@@ -664,6 +668,7 @@ class NDArray:
             shape = broadcast_shapes(self._shape, other._shape)
         elif isinstance(other, (numbers.Number, np.generic)):
             result_dt = dtype_rule(dtypes.promote_scalar(dt, other))
+            dtypes.check_scalar(result_dt, other)
             shape = self._shape
         else:
             return NotImplemented
@@ -819,7 +824,7 @@ class NDArray:
             keep = [i for i in range(ndim) if i not in axes]
             src = self.permute(keep + list(axes)).compact()
             outer, inner = _prod(shape[i] for i in keep), 1
-        dt = out_dtype or ("int64" if dtype == "bool" and name == "sum" else dtype)
+        dt = out_dtype or (dtypes.sum_dtype(dtype) if name == "sum" else dtype)
         # the result is made in its final shape: with or without the reduced axes, a fresh
         # compact array of the same elements
         out = self._fresh(tuple(1 if i in axes else d for i, d in enumerate(shape)) if keepdims

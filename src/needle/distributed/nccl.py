@@ -17,7 +17,7 @@ from ..errors import DistributedError
 
 UNIQUE_ID_BYTES = 128
 DTYPES = {"int32": 2, "int64": 4, "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9,
-          "bool": 1}  # bool travels as uint8
+          "bool": 1, "int8": 0, "uint8": 1}  # bool travels as uint8
 OPS = {"sum": 0, "max": 2, "min": 3, "avg": 4}
 _IN_PROGRESS = 7
 

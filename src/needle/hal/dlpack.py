@@ -18,10 +18,9 @@ KDL_CUDA = 2
 # (type code, bits) <-> needle dtype; bool is kDLBool (DLPack 0.8+)
 _CODES = {
     "float16": (2, 16), "bfloat16": (4, 16), "float32": (2, 32), "float64": (2, 64),
-    "int32": (0, 32), "int64": (0, 64), "bool": (6, 8),
+    "int32": (0, 32), "int64": (0, 64), "bool": (6, 8), "uint8": (1, 8), "int8": (0, 8),
 }
 _DTYPES = {v: k for k, v in _CODES.items()}
-_DTYPES[(1, 8)] = "bool"  # some producers send bool as uint8
 
 
 class DLDevice(ctypes.Structure):

@@ -276,7 +276,7 @@ class CudaBackend(GpuBackend):
         for dtype in dtypes:
             if families is not None:
                 chosen = families
-            elif dtype in ("int32", "int64"):
+            elif dtype in ("int32", "int64", "uint8", "int8"):
                 chosen = ["elementwise"]
             elif dtype == "bool":
                 chosen = []

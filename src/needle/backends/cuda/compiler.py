@@ -26,9 +26,9 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 # part of the disk-cache key, so changing them recompiles.
 OPTIONS = ("-std=c++17", "-DNDEBUG", *os.environ.get("NEEDLE_CUDA_OPTIONS", "").split())
 _SHARED_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
-SHARDS = ("f16", "bf16", "f32", "f64", "i32", "i64", "b8")
+SHARDS = ("f16", "bf16", "f32", "f64", "i32", "i64", "b8", "u8", "i8")
 _SHARD_OF = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
-             "int32": "i32", "int64": "i64", "bool": "b8"}
+             "int32": "i32", "int64": "i64", "bool": "b8", "uint8": "u8", "int8": "i8"}
 
 
 def shard_of(kernel: str) -> str:

@@ -15,12 +15,15 @@ import numpy as np
 from ...hal import Buffer
 
 SUFFIX = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
-          "int32": "i32", "int64": "i64", "bool": "b8"}
+          "int32": "i32", "int64": "i64", "bool": "b8", "uint8": "u8", "int8": "i8"}
 FLOATS = ("float16", "bfloat16", "float32", "float64")
-NUMBERS = FLOATS + ("int32", "int64")
+# uint8/int8 have elementwise, cast and layout kernels (computing in int); reductions and
+# matmuls of them run through int32/int64 copies (reduce.py, matmul.py)
+SMALL_INTS = ("uint8", "int8")
+NUMBERS = FLOATS + ("int32", "int64") + SMALL_INTS
 ALL = NUMBERS + ("bool",)
 _SCALAR = {"float16": "f", "bfloat16": "f", "float32": "f", "float64": "d", "int32": "i",
-           "int64": "q", "bool": "i"}
+           "int64": "q", "bool": "i", "uint8": "i", "int8": "i"}
 MAX_DIMS = 8
 MAX_GRID_YZ = 65535
 # bytes of one float accumulator of a dtype's kernels (fp16/bf16 accumulate in fp32)
@@ -64,7 +67,7 @@ def scalar(dtype: str, value):
     """``value`` as the kernel's scalar param type for ``dtype`` (docs/kernels.md §1)."""
     if dtype == "bool":
         return int(bool(value))
-    if dtype == "int32":
+    if dtype in ("int32", "uint8", "int8"):  # 8-bit kernels wrap the int on store
         return _int_wrap(value, 32)
     if dtype == "int64":
         return _int_wrap(value, 64)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...backend_ndarray.dtypes import ITEMSIZE
 from ...errors import DTypeError, ShapeError
-from .array import MATMUL, MAX_GRID_YZ, SUFFIX, GpuArray, cdiv
+from .array import MATMUL, MAX_GRID_YZ, SMALL_INTS, SUFFIX, GpuArray, cdiv
 from .base import GpuBase
 
 
@@ -25,6 +25,10 @@ class MatmulOps(GpuBase):
         if n == 0:
             self.fill(out, 0)
             return
+        if dt in SMALL_INTS:
+            self._matmul_small(a, b, out, m, n, p, batch, stride_a, stride_b, transpose_a,
+                               transpose_b)
+            return
         if m == 1 and batch == 1 and dt in ("float16", "bfloat16", "float32"):
             self._gemv(a, b, out, n, p, transpose_b)
             return
@@ -39,6 +43,17 @@ class MatmulOps(GpuBase):
             self._matmul_tiles("matmul", f"matmul_{SUFFIX[dt]}", a, b, out, m, n, p, batch,
                                stride_a, stride_b, (16, 16), (16, 16), 0, transpose_a,
                                transpose_b)
+
+    def _matmul_small(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> None:
+        """uint8/int8 products through int32 copies (no 8-bit matmul kernels): int32 sums
+        wrap modulo 2^32, so the result cast back is the product modulo 2^8, as numpy's."""
+        wa, wb = self._new_array(a.size, "int32"), self._new_array(b.size, "int32")
+        self.ewise_cast(a, wa)
+        self.ewise_cast(b, wb)
+        result = self._new_array(out.size, "int32")
+        self.matmul(wa, wb, result, m, n, p, batch=batch, stride_a=stride_a, stride_b=stride_b,
+                    transpose_a=ta, transpose_b=tb)
+        self.ewise_cast(result, out)
 
     def _matmul_special(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
         """A device's own kernels for the products they suit; True when one ran."""

@@ -5,7 +5,7 @@ combined by a second launch) when few groups would each walk a long reduction.""
 from __future__ import annotations
 
 from ...errors import DTypeError
-from .array import ALL, MAX_GRID_YZ, REDUCE, SUFFIX, GpuArray, cdiv
+from .array import ALL, MAX_GRID_YZ, REDUCE, SMALL_INTS, SUFFIX, GpuArray, cdiv
 from .base import GpuBase
 
 # bytes of one accumulator per (op, dtype) (float64 and integer sums accumulate in 8 bytes)
@@ -19,6 +19,9 @@ for _dt in ALL:
 class ReduceOps(GpuBase):
     def _reduce(self, op: str, a: GpuArray, out: GpuArray, outer: int, reduce_size: int,
                 inner: int) -> None:
+        if a.dtype in SMALL_INTS:
+            self._reduce_small(op, a, out, outer, reduce_size, inner)
+            return
         if op != "sum" and op != "argmax" and a.dtype == "bool":
             raise DTypeError(f"reduce_{op} is not defined for bool arrays on the GPU")
         sfx = SUFFIX[a.dtype]
@@ -56,6 +59,19 @@ class ReduceOps(GpuBase):
             tyc = max(1, min(8, kc.max_threads // 32))
             self.queue.dispatch(kc, (cdiv(outer * inner, tyc), 1, 1), (32, tyc, 1),
                                 (part_val, part_idx, out.buffer), params)
+
+    def _reduce_small(self, op: str, a: GpuArray, out: GpuArray, outer: int,
+                      reduce_size: int, inner: int) -> None:
+        """uint8/int8 reduce through a widened copy (there are no 8-bit reduce kernels): sums
+        in int64 (the sum's dtype), max/min/argmax in int32 (exact for every 8-bit value)."""
+        wide = self._new_array(a.size, "int64" if op == "sum" else "int32")
+        self.ewise_cast(a, wide)
+        if op in ("sum", "argmax"):
+            self._reduce(op, wide, out, outer, reduce_size, inner)
+            return
+        result = self._new_array(out.size, "int32")
+        self._reduce(op, wide, result, outer, reduce_size, inner)
+        self.ewise_cast(result, out)
 
     def reduce_sum(self, a, out, outer: int, reduce_size: int, inner: int = 1) -> None:
         self._reduce("sum", a, out, outer, reduce_size, inner)

@@ -16,7 +16,8 @@ ESTIMATED_CORES = 16
 class MetalDevice(Device):
     """``api`` is the ``Metal`` module (PyObjC's, or the emulator's stand-in)."""
 
-    dtypes = frozenset({"float16", "bfloat16", "float32", "int32", "int64", "bool"})
+    dtypes = frozenset({"float16", "bfloat16", "float32", "int32", "int64", "bool", "uint8",
+                        "int8"})
 
     def __init__(self, api):
         mtl = api.MTLCreateSystemDefaultDevice()

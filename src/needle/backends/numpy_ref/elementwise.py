@@ -94,7 +94,7 @@ def ewise_cast(a: Array, out: Array) -> None:
     the integer's range, NaN giving 0 (docs/dtypes.md: the rule of every backend); to bool,
     nonzero (NaN included) is true; float overflow gives inf."""
     if a.array.dtype.kind == "f" or a.array.dtype == _HALF[1]:
-        if out.array.dtype.kind == "i":
+        if out.array.dtype.kind in "iu":
             out.array[:] = _saturating_int(a.array.astype(np.float64), out.array.dtype)
             return
     with np.errstate(invalid="ignore", over="ignore"):  # overflow to inf is the contract
@@ -103,12 +103,12 @@ def ewise_cast(a: Array, out: Array) -> None:
 
 def _saturating_int(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     info = np.iinfo(dtype)
-    limit = float(-int(info.min))  # 2^31 or 2^63, exact in float64
+    hi, lo = float(int(info.max) + 1), float(info.min)  # powers of two or 0: exact
     out = np.zeros(x.shape, dtype)
-    inside = (x >= -limit) & (x < limit)  # NaN is neither: stays 0
+    inside = (x >= lo) & (x < hi)  # NaN is neither: stays 0
     out[inside] = np.trunc(x[inside]).astype(dtype)
-    out[x >= limit] = info.max
-    out[x < -limit] = info.min
+    out[x >= hi] = info.max
+    out[x < lo] = info.min  # (lo - 1, lo) truncates to lo as well
     return out
 
 

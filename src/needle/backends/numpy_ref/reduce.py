@@ -17,7 +17,7 @@ def _r(a: Array, outer: int, reduce_size: int, inner: int) -> np.ndarray:
 def reduce_sum(a: Array, out: Array, outer: int, reduce_size: int, inner: int = 1) -> None:
     x = _r(a, outer, reduce_size, inner)
     acc = x.dtype if x.dtype.kind in "iub" or x.dtype == np.float64 else np.float32
-    if x.dtype == np.bool_:
+    if x.dtype.itemsize == 1:  # bool and 8-bit integers count in int64 rather than wrap
         acc = np.int64
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is nan, by contract
         _store(out, x.sum(axis=1, dtype=acc))
@@ -59,7 +59,8 @@ def matmul(a: Array, b: Array, out: Array, m: int, n: int, p: int, *, batch: int
         x = x.transpose(0, 2, 1)
     if transpose_b:
         y = y.transpose(0, 2, 1)
-    _store(out, np.matmul(x, y).reshape(-1))
+    with np.errstate(over="ignore"):  # integer products wrap, by contract (docs/dtypes.md)
+        _store(out, np.matmul(x, y).reshape(-1))
 
 
 def _strides(x: np.ndarray, batch_stride: int, cols: int) -> tuple[int, int, int]:

@@ -30,8 +30,8 @@ namespace needle {
 
 // --- dtypes -------------------------------------------------------------------------------
 
-enum class DType : int { f32, f16, bf16, f64, i32, i64, b8 };
-constexpr int kNumDTypes = 7;
+enum class DType : int { f32, f16, bf16, f64, i32, i64, b8, u8, i8 };
+constexpr int kNumDTypes = 9;
 
 // needle's dtype names (Python side) and the short names used in kernel names (C++ side).
 const char* dtype_name(DType dt);
@@ -112,10 +112,12 @@ uint16_t f64_to_f16(double d);  // one rounding, as numpy's double->half cast
 // needle's float -> int conversion, the same on every backend (docs/dtypes.md): truncate
 // toward zero, saturate at the integer's range, NaN gives 0 (what GPUs' conversions do).
 template <class I, class F> inline I float_to_int(F x) {
-  constexpr F lim = -(F)std::numeric_limits<I>::min();  // 2^31 or 2^63, exact in F
+  // max + 1, a power of two (2^8, 2^7, 2^31, 2^63), exact in F
+  constexpr F hi = (F)2 * (F)(std::numeric_limits<I>::max() / 2 + 1);
+  constexpr F lo = (F)std::numeric_limits<I>::min();  // 0 or -2^(bits-1), exact in F
   if (x != x) return 0;
-  if (x >= lim) return std::numeric_limits<I>::max();
-  if (x < -lim) return std::numeric_limits<I>::min();
+  if (x >= hi) return std::numeric_limits<I>::max();
+  if (x < lo) return std::numeric_limits<I>::min();  // (lo - 1, lo) truncates to lo too
   return (I)x;
 }
 
@@ -126,6 +128,8 @@ inline int32_t load(b8 x) { return x.v != 0; }
 inline float load(float x) { return x; }
 inline double load(double x) { return x; }
 inline int32_t load(int32_t x) { return x; }
+inline uint8_t load(uint8_t x) { return x; }
+inline int8_t load(int8_t x) { return x; }
 inline int64_t load(int64_t x) { return x; }
 
 template <class S> inline S store(compute_t<S> x) { return (S)x; }
@@ -193,6 +197,8 @@ template <class F> decltype(auto) dispatch_all(DType dt, F&& f) {
     case DType::i32: return f(Tag<int32_t>{});
     case DType::i64: return f(Tag<int64_t>{});
     case DType::b8: return f(Tag<b8>{});
+    case DType::u8: return f(Tag<uint8_t>{});
+    case DType::i8: return f(Tag<int8_t>{});
     case DType::f32: break;
   }
   return f(Tag<float>{});

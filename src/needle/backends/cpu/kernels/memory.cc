@@ -19,10 +19,12 @@ namespace needle {
 
 // --- dtypes ---------------------------------------------------------------------------------
 
-static const char* const kNames[kNumDTypes] = {"float32", "float16", "bfloat16", "float64",
-                                               "int32",   "int64",   "bool"};
-static const char* const kShort[kNumDTypes] = {"f32", "f16", "bf16", "f64", "i32", "i64", "b8"};
-static const size_t kSizes[kNumDTypes] = {4, 2, 2, 8, 4, 8, 1};
+static const char* const kNames[kNumDTypes] = {"float32", "float16", "bfloat16",
+                                               "float64", "int32",   "int64",
+                                               "bool",    "uint8",   "int8"};
+static const char* const kShort[kNumDTypes] = {"f32", "f16", "bf16", "f64", "i32",
+                                               "i64", "b8",  "u8",   "i8"};
+static const size_t kSizes[kNumDTypes] = {4, 2, 2, 8, 4, 8, 1, 1, 1};
 
 const char* dtype_name(DType dt) { return kNames[(int)dt]; }
 const char* dtype_short(DType dt) { return kShort[(int)dt]; }
@@ -32,7 +34,8 @@ DType parse_dtype(const std::string& name) {
   for (int i = 0; i < kNumDTypes; ++i)
     if (name == kNames[i]) return (DType)i;
   raise("DTypeError", "unknown dtype '" + name +
-                          "'; use one of float32, float16, bfloat16, float64, int32, int64, bool");
+                          "'; use one of float32, float16, bfloat16, float64, uint8, int8, int32, int64, "
+                          "bool");
 }
 
 // numpy's npy_doublebits_to_halfbits: round to nearest even directly from double.
@@ -234,6 +237,20 @@ int64_t scalar_as_int(nb::handle value) {
   return float_to_int<int64_t>(scalar_as_double(value));
 }
 
+// `value` as an 8-bit integer, as numpy's `array.fill(value)` converts it: a Python int out of
+// range is an OverflowError, a float truncates and saturates (float_to_int).
+template <class I> static I small_int(nb::handle value) {
+  const bool is_int = !PyFloat_Check(value.ptr()) && PyIndex_Check(value.ptr());
+  if (!is_int) return float_to_int<I>(scalar_as_double(value));
+  const int64_t v = scalar_as_int(value);
+  if (v < std::numeric_limits<I>::min() || v > std::numeric_limits<I>::max()) {
+    PyErr_Format(PyExc_OverflowError, "Python integer %lld out of bounds for %s", (long long)v,
+                 std::is_signed_v<I> ? "int8" : "uint8");
+    throw nb::python_error();
+  }
+  return (I)v;
+}
+
 // `value` converted to the storage bits of dt, as numpy's `array.fill(value)` converts it.
 static uint64_t scalar_bits(DType dt, nb::handle value) {
   uint64_t bits = 0;
@@ -261,6 +278,8 @@ static uint64_t scalar_bits(DType dt, nb::handle value) {
       break;
     }
     case DType::i64: put(scalar_as_int(value)); break;
+    case DType::u8: put(small_int<uint8_t>(value)); break;
+    case DType::i8: put(small_int<int8_t>(value)); break;
   }
   return bits;
 }
@@ -469,6 +488,8 @@ static nb::object host_view(nb::handle self) {
     case DType::i32: dt = nb::dtype<int32_t>(); break;
     case DType::i64: dt = nb::dtype<int64_t>(); break;
     case DType::b8: dt = nb::dtype<bool>(); break;
+    case DType::u8: dt = nb::dtype<uint8_t>(); break;
+    case DType::i8: dt = nb::dtype<int8_t>(); break;
     case DType::f16: dt = {(uint8_t)nb::dlpack::dtype_code::Float, 16, 1}; break;
     case DType::bf16: dt = nb::dtype<uint16_t>(); break;  // numpy has no bfloat16 code
   }

@@ -21,8 +21,8 @@ constexpr int64_t kItem = int64_t(1) << 14;
 template <class S> using acc_t =
     std::conditional_t<is_float_storage_v<S>, double,
                        std::conditional_t<std::is_same_v<S, int32_t>, uint32_t, uint64_t>>;
-// Reductions whose out dtype differs from the input: bool sums to int64.
-template <class S> using sum_out_t = std::conditional_t<std::is_same_v<S, b8>, int64_t, S>;
+// bool and 8-bit integers sum in int64 so that they count rather than wrap (docs/dtypes.md)
+template <class S> using sum_out_t = std::conditional_t<sizeof(S) == 1, int64_t, S>;
 
 // Sum of x[0..n) (contiguous). Floats: vectorized float partial sums over blocks of 4096,
 // blocks added in double.
@@ -304,7 +304,7 @@ template <Kind K> void def_reduce(nb::module_& m, const char* name) {
     check_size(a, outer * reduce_size * inner, name, "a");
     check_size(out, outer * inner, name, "out");
     const DType want = K == Kind::argmax                        ? DType::i64
-                       : K == Kind::sum && a.dtype == DType::b8 ? DType::i64
+                       : K == Kind::sum && dtype_size(a.dtype) == 1 ? DType::i64
                                                                 : a.dtype;
     check_dtype(out, want, name, "out");
     const ReduceFn fn = table[a.dtype];

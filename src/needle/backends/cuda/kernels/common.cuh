@@ -10,6 +10,9 @@ typedef unsigned char b8;
 
 struct half_t { unsigned short bits; };
 struct bf16_t { unsigned short bits; };
+// uint8/int8 storage: structs, so that overloads tell them from bool (b8); they compute in int
+struct u8_t { unsigned char v; };
+struct i8_t { signed char v; };
 
 struct NParams { i64 n; };
 
@@ -71,6 +74,16 @@ __device__ __forceinline__ void pdl_entry() {
 #else
 #define ONLY_b8 NEEDLE_DROP
 #endif
+#if !defined(NEEDLE_SHARD) || defined(NEEDLE_SHARD_u8)
+#define ONLY_u8 NEEDLE_KEEP
+#else
+#define ONLY_u8 NEEDLE_DROP
+#endif
+#if !defined(NEEDLE_SHARD) || defined(NEEDLE_SHARD_i8)
+#define ONLY_i8 NEEDLE_KEEP
+#else
+#define ONLY_i8 NEEDLE_DROP
+#endif
 
 template <class S> struct SParams { i64 n; S value; };
 
@@ -79,6 +92,8 @@ template <class T> struct Acc { typedef T type; };
 template <> struct Acc<half_t> { typedef float type; };
 template <> struct Acc<bf16_t> { typedef float type; };
 template <> struct Acc<b8> { typedef int type; };
+template <> struct Acc<u8_t> { typedef int type; };
+template <> struct Acc<i8_t> { typedef int type; };
 
 template <class T> struct Scalar { typedef typename Acc<T>::type type; };
 
@@ -93,6 +108,8 @@ __device__ __forceinline__ double load(double x) { return x; }
 __device__ __forceinline__ int load(int x) { return x; }
 __device__ __forceinline__ i64 load(i64 x) { return x; }
 __device__ __forceinline__ int load(b8 x) { return x; }
+__device__ __forceinline__ int load(u8_t x) { return x.v; }
+__device__ __forceinline__ int load(i8_t x) { return x.v; }
 
 // store<T>(compute value): round once to the storage type
 template <class T> __device__ __forceinline__ T store(typename Acc<T>::type v) { return v; }
@@ -113,6 +130,17 @@ template <> __device__ __forceinline__ bf16_t store<bf16_t>(float v) {
   return h;
 }
 template <> __device__ __forceinline__ b8 store<b8>(int v) { return (b8)(v != 0); }
+// 8-bit integers keep the low 8 bits: arithmetic wraps modulo 2^8 (docs/dtypes.md)
+template <> __device__ __forceinline__ u8_t store<u8_t>(int v) {
+  u8_t r;
+  r.v = (unsigned char)(v & 0xff);
+  return r;
+}
+template <> __device__ __forceinline__ i8_t store<i8_t>(int v) {
+  i8_t r;
+  r.v = (signed char)(unsigned char)(v & 0xff);
+  return r;
+}
 
 // ---- math on compute types ---------------------------------------------------------------
 template <class C> __device__ __forceinline__ bool is_nan(C x) { return x != x; }

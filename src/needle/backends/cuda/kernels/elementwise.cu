@@ -125,11 +125,33 @@ template <class T, class Op> struct Arith1 {
 };
 // floats to integers follow needle's rule on every backend (docs/dtypes.md): truncate toward
 // zero, saturate at the integer's range, NaN gives 0
-template <class I, class F> __device__ __forceinline__ I float_to_int(F x) {
-  const F lim = sizeof(I) == 4 ? (F)2147483648.0 : (F)9223372036854775808.0;
+// IntRange<T>: the range of integer storage type T as its compute type I, with hi = max + 1
+// (a power of two, exact in float and double); instantiated for float targets too (never run)
+template <class T> struct IntRange {
+  typedef typename Acc<T>::type I;
+  __device__ static double hi() { return sizeof(I) == 4 ? 2147483648.0 : 9223372036854775808.0; }
+  __device__ static double lo() { return -hi(); }
+  __device__ static I max() { return sizeof(I) == 4 ? (I)0x7fffffff : (I)0x7fffffffffffffffll; }
+  __device__ static I min() { return sizeof(I) == 4 ? (I)0x80000000 : (I)0x8000000000000000ull; }
+};
+template <> struct IntRange<u8_t> {
+  __device__ static double hi() { return 256.0; }
+  __device__ static double lo() { return 0.0; }
+  __device__ static int max() { return 255; }
+  __device__ static int min() { return 0; }
+};
+template <> struct IntRange<i8_t> {
+  __device__ static double hi() { return 128.0; }
+  __device__ static double lo() { return -128.0; }
+  __device__ static int max() { return 127; }
+  __device__ static int min() { return -128; }
+};
+// x < lo covers (lo - 1, lo) too, which truncates to lo = min
+template <class T, class F> __device__ __forceinline__ typename Acc<T>::type float_to_int(F x) {
+  typedef typename Acc<T>::type I;
   if (x != x) return 0;
-  if (x >= lim) return sizeof(I) == 4 ? (I)0x7fffffff : (I)0x7fffffffffffffffll;
-  if (x < -lim) return sizeof(I) == 4 ? (I)0x80000000 : (I)0x8000000000000000ull;
+  if (x >= (F)IntRange<T>::hi()) return IntRange<T>::max();
+  if (x < (F)IntRange<T>::lo()) return IntRange<T>::min();
   return (I)x;
 }
 template <class C> struct IsFloat { static const bool value = false; };
@@ -143,7 +165,7 @@ template <class From, class To> struct Cast {
     // decltype(load(a)), not decltype(v): v is const, and IsFloat<const float> is false (the
     // rule was skipped, and int64 casts got the hardware's NaN/overflow results)
     if (IsFloat<decltype(load(a))>::value && !IsFloat<C>::value)
-      return store<To>(float_to_int<C>(v));
+      return store<To>(float_to_int<To>(v));
     return store<To>((C)v);
   }
 };
@@ -219,7 +241,7 @@ template <> __device__ __forceinline__ int scalar_value<b8>(int v) { return v !=
 #define FLOATS(M, ...) ONLY(f16, M(__VA_ARGS__, f16, half_t)) ONLY(bf16, M(__VA_ARGS__, bf16, bf16_t)) \
   ONLY(f32, M(__VA_ARGS__, f32, float)) ONLY(f64, M(__VA_ARGS__, f64, double))
 #define NUMBERS(M, ...) FLOATS(M, __VA_ARGS__) ONLY(i32, M(__VA_ARGS__, i32, int)) \
-  ONLY(i64, M(__VA_ARGS__, i64, i64))
+  ONLY(i64, M(__VA_ARGS__, i64, i64)) ONLY(u8, M(__VA_ARGS__, u8, u8_t)) ONLY(i8, M(__VA_ARGS__, i8, i8_t))
 #define ALL(M, ...) NUMBERS(M, __VA_ARGS__) ONLY(b8, M(__VA_ARGS__, b8, b8))
 
 NUMBERS(ARITH, add, Add)
@@ -263,5 +285,5 @@ ALL(FILL_, _)
 #define CAST_ROW_(unused, SA, TA)                                                              \
   CAST_FROM(SA, TA, f16, half_t) CAST_FROM(SA, TA, bf16, bf16_t) CAST_FROM(SA, TA, f32, float) \
   CAST_FROM(SA, TA, f64, double) CAST_FROM(SA, TA, i32, int) CAST_FROM(SA, TA, i64, i64)        \
-  CAST_FROM(SA, TA, b8, b8)
+  CAST_FROM(SA, TA, b8, b8) CAST_FROM(SA, TA, u8, u8_t) CAST_FROM(SA, TA, i8, i8_t)
 ALL(CAST_ROW_, _)

@@ -174,7 +174,8 @@ __device__ __forceinline__ void scatter_rows_half(const I* __restrict__ idx,
   }
 
 #define ALL(M) ONLY(f16, M(f16, half_t)) ONLY(bf16, M(bf16, bf16_t)) ONLY(f32, M(f32, float)) \
-  ONLY(f64, M(f64, double)) ONLY(i32, M(i32, int)) ONLY(i64, M(i64, i64)) ONLY(b8, M(b8, b8))
+  ONLY(f64, M(f64, double)) ONLY(i32, M(i32, int)) ONLY(i64, M(i64, i64)) ONLY(b8, M(b8, b8)) \
+  ONLY(u8, M(u8, u8_t)) ONLY(i8, M(i8, i8_t))
 #define BY_INDEX(M, SFX, T) M(SFX, T, i32, int) M(SFX, T, i64, i64)
 #define TAKE_(SFX, T) BY_INDEX(TAKE, SFX, T)
 #define SCATTER_(SFX, T) BY_INDEX(SCATTER, SFX, T)

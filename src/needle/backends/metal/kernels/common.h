@@ -33,6 +33,16 @@ template <>
 struct Acc<bool> {
   typedef int type;
 };
+// uint8 (uchar) and int8 (char, signed in MSL) compute in int; store keeps the low 8 bits,
+// so arithmetic wraps modulo 2^8 (docs/dtypes.md)
+template <>
+struct Acc<uchar> {
+  typedef int type;
+};
+template <>
+struct Acc<char> {
+  typedef int type;
+};
 
 // the params scalar `S` of a dtype (docs/kernels.md §1): float for every float, int for bool
 template <class T>
@@ -195,3 +205,6 @@ inline float simd_reduce_sum(float v) {
 #define FLOATS(M, ...) M(__VA_ARGS__, f16, half) WITH_BF16(M, __VA_ARGS__) M(__VA_ARGS__, f32, float)
 #define NUMBERS(M, ...) FLOATS(M, __VA_ARGS__) M(__VA_ARGS__, i32, int) M(__VA_ARGS__, i64, long)
 #define ALL(M, ...) NUMBERS(M, __VA_ARGS__) M(__VA_ARGS__, b8, bool)
+// uint8/int8: elementwise, cast and layout kernels only (reductions and matmuls of them run
+// through int32/int64 copies, backends/gpu/reduce.py and matmul.py)
+#define SMALL_INTS(M, ...) M(__VA_ARGS__, u8, uchar) M(__VA_ARGS__, i8, char)

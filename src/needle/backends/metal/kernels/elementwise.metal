@@ -188,6 +188,15 @@ inline long convert<long, float>(float v) {
                                        : long(v);
 }
 
+template <>
+inline uchar convert<uchar, float>(float v) {
+  return v != v ? uchar(0) : v >= 256.0f ? uchar(255) : v < 0.0f ? uchar(0) : uchar(int(v));
+}
+template <>
+inline char convert<char, float>(float v) {
+  return v != v ? char(0) : v >= 128.0f ? char(127) : v < -128.0f ? char(-128) : char(int(v));
+}
+
 template <class From, class To>
 kernel void cast(device const From* a [[buffer(0)]], device To* out [[buffer(1)]],
                  constant NParams& p [[buffer(2)]], GRID_ARGS) {
@@ -228,23 +237,39 @@ kernel void fill(device T* out [[buffer(0)]],
 #define FILL(unused, SFX, T) INSTANTIATE(NAME(fill_##SFX), fill<T>)
 
 NUMBERS(ARITH, add, Add)
+SMALL_INTS(ARITH, add, Add)
 NUMBERS(ARITH, sub, Sub)
+SMALL_INTS(ARITH, sub, Sub)
 NUMBERS(ARITH, mul, Mul)
+SMALL_INTS(ARITH, mul, Mul)
 NUMBERS(ARITH, div, Div)
+SMALL_INTS(ARITH, div, Div)
 NUMBERS(ARITH, power, Power)
+SMALL_INTS(ARITH, power, Power)
 NUMBERS(ARITH, maximum, Maximum)
+SMALL_INTS(ARITH, maximum, Maximum)
 NUMBERS(ARITH, minimum, Minimum)
+SMALL_INTS(ARITH, minimum, Minimum)
 
 ALL(COMPARE, eq, Eq)
+SMALL_INTS(COMPARE, eq, Eq)
 ALL(COMPARE, ne, Ne)
+SMALL_INTS(COMPARE, ne, Ne)
 ALL(COMPARE, lt, Lt)
+SMALL_INTS(COMPARE, lt, Lt)
 ALL(COMPARE, le, Le)
+SMALL_INTS(COMPARE, le, Le)
 ALL(COMPARE, gt, Gt)
+SMALL_INTS(COMPARE, gt, Gt)
 ALL(COMPARE, ge, Ge)
+SMALL_INTS(COMPARE, ge, Ge)
 
 NUMBERS(UNARY, neg, Neg)
+SMALL_INTS(UNARY, neg, Neg)
 NUMBERS(UNARY, abs, Abs)
+SMALL_INTS(UNARY, abs, Abs)
 NUMBERS(UNARY, relu, Relu)
+SMALL_INTS(UNARY, relu, Relu)
 FLOATS(UNARY, exp, Exp)
 FLOATS(UNARY, log, Log)
 FLOATS(UNARY, sqrt, Sqrt)
@@ -258,7 +283,9 @@ FLOATS(UNARY, gelu, Gelu)
 
 FLOATS(SILU_MUL, _)
 ALL(WHERE, _)
+SMALL_INTS(WHERE, _)
 ALL(FILL, _)
+SMALL_INTS(FILL, _)
 
 // every ordered pair of dtypes (macros that expand inside FLOATS/NUMBERS cannot use them
 // again, so the targets are spelled out)
@@ -271,5 +298,7 @@ ALL(FILL, _)
 #define CAST_ROW(unused, SA, TA)                                                 \
   CAST_TO(SA, TA, f16, half) CAST_TO_BF16(SA, TA) CAST_TO(SA, TA, f32, float)     \
   CAST_TO(SA, TA, i32, int) CAST_TO(SA, TA, i64, long)                           \
+  CAST_TO(SA, TA, u8, uchar) CAST_TO(SA, TA, i8, char)                           \
   INSTANTIATE(NAME(cast_##SA##_b8), cast_to_bool<TA>)
 ALL(CAST_ROW, _)
+SMALL_INTS(CAST_ROW, _)

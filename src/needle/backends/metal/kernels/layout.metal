@@ -120,6 +120,7 @@ kernel void scatter_add_columns(device const I* idx [[buffer(0)]],
   INSTANTIATE(NAME(take_##SFX##_i32), take<T, int>)                              \
   INSTANTIATE(NAME(take_##SFX##_i64), take<T, long>)
 ALL(LAYOUT, _)
+SMALL_INTS(LAYOUT, _)
 
 INSTANTIATE("scatter_add_f32_i32", scatter_add<float, int>)
 INSTANTIATE("scatter_add_f32_i64", scatter_add<float, long>)
