@@ -205,6 +205,10 @@ def _arrays() -> list[tuple[str, str | tuple[str, ...]]]:
     c.append(("nd.where(A > 1, A, V[:2])", ("broadcast", "shape")))
     c.append(("nd.maximum(A, 'x')", ("operand", "other", "scalar")))
     c.append(("nd.broadcast_shapes((2, 3), (4,))", ("broadcast", "shape")))
+    for bad in ["2**31", "(-2**31 - 1)", "2**40"]:  # the CPU backends disagreed here
+        c.append((f"I + {bad}", ("integer", "int32")))
+        c.append((f"I.fill({bad})", ("integer", "int32")))
+    c.append(("I.astype('int64') * 2**63", ("integer", "int64")))
     c.append(("A.astype('float32').reshape((2, 3)).permute((1,))", ("axes", "axis")))
     return c
 

@@ -9,7 +9,7 @@ backend binary functions always see inputs of one dtype):
    float16 with bfloat16 gives float32, uint8 with int8 gives int32 (needle has no int16).
 2. An array and a Python scalar: the array's dtype wins within its kind. A float scalar
    with an integer or bool array gives float32; an int scalar with a bool array gives int32.
-   A Python int with a uint8/int8 array must fit its range (``check_scalar``).
+   A Python int with an integer array must fit its range (``check_scalar``).
 3. True division of integers or bools gives float32.
 4. Arithmetic (+ - * / ** max min) on bool arrays computes in int32.
 5. Transcendental functions (exp, log, sqrt, rsqrt, sin, cos, tanh, sigmoid, silu, gelu)
@@ -114,19 +114,22 @@ def promote_scalar(a: str, value) -> str:
     raise DTypeError(f"cannot combine an array with a scalar of type {type(value).__name__}")
 
 
-_SMALL_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+_INT_RANGE = {"uint8": (0, 255), "int8": (-128, 127), "int32": (-2**31, 2**31 - 1),
+              "int64": (-2**63, 2**63 - 1)}
 
 
 def check_scalar(dtype: str, value) -> None:
-    """A Python int combined with (or filled into) a uint8/int8 array must fit its range, as
-    in numpy 2: ``uint8_array + (-3)`` is a DTypeError rather than a wrapped or clipped -3.
-    (The result of the arithmetic itself wraps modulo 2^8.)"""
-    if dtype in _SMALL_RANGE and isinstance(value, (int, np.integer)) \
+    """A Python int combined with (or filled into) an integer array must fit its range, as
+    in numpy 2: ``uint8_array + (-3)`` or ``int32_array + 2**40`` is a DTypeError on every
+    backend rather than a wrapped, clipped or backend-dependent value. (The result of the
+    arithmetic itself wraps.)"""
+    if dtype in _INT_RANGE and isinstance(value, (int, np.integer)) \
             and not isinstance(value, (bool, np.bool_)):
-        lo, hi = _SMALL_RANGE[dtype]
+        lo, hi = _INT_RANGE[dtype]
         if not lo <= int(value) <= hi:
+            wider = {"int32": "int64", "int64": "float64"}.get(dtype, "int32")
             raise DTypeError(f"the Python integer {int(value)} does not fit {dtype} "
-                             f"({lo}..{hi}); cast the array first, e.g. a.astype('int32')")
+                             f"({lo}..{hi}); cast the array first, e.g. a.astype('{wider}')")
 
 
 def sum_dtype(dtype: str) -> str:
