@@ -14,6 +14,7 @@ import numbers
 
 import numpy as np
 
+from . import checks
 from .autograd import Tensor
 from .backend_ndarray import NDArray, default_device
 from .backend_ndarray.dtypes import canonical
@@ -31,7 +32,7 @@ _generator = np.random.default_rng()
 def manual_seed(seed: int) -> None:
     """Reset the module's generator: every later draw without ``generator``/``seed`` repeats."""
     global _generator
-    _generator = np.random.default_rng(seed)
+    _generator = np.random.default_rng(checks.integer(seed, "seed", "manual_seed", 0))
 
 
 def default_generator() -> np.random.Generator:

@@ -88,7 +88,7 @@ ndl.save({"w": T}, GOOD)
 import json, os, shutil, tempfile
 import numpy as np
 import needle as ndl
-from needle import models
+from needle import models, serve
 TMP = tempfile.mkdtemp()
 MODEL_DIR = os.path.join(TMP, "tiny")
 import torch, transformers
@@ -119,6 +119,7 @@ def with_file(name, text):
 import os, tempfile
 TMP = tempfile.mkdtemp()
 EMPTY = os.path.join(TMP, "empty"); os.mkdir(EMPTY)
+SCRIPT = os.path.join(TMP, "job.py"); open(SCRIPT, "w").write("pass")
 """,
 }
 
@@ -280,6 +281,20 @@ def _ops() -> list[tuple[str, str | tuple[str, ...]]]:
     c.append(("ndl.Tensor(np.ones(3, dtype=np.float32), device=DEV, requires_grad=False).sum().backward()", ("grad",)))
     c.append(("T.reshape(4, 4)", "shape"))
     c.append(("T.astype('x')", "dtype"))
+    c.append(("ndl.tensor('abc')", ("str", "data", "number")))
+    c.append(("ndl.arange(0, 10, 0)", "step"))
+    c.append(("ndl.zeros((2, -1))", "shape"))
+    c.append(("ndl.full((2,), 'a')", ("fill", "value")))
+    c.append(("ndl.randn(2, 'a')", ("shape", "size")))
+    c.append(("ndl.cat([T, U])", "shape"))
+    c.append(("ndl.manual_seed('a')", "seed"))
+    c.append(("T.view(7)", "shape"))
+    c.append(("T.sum(dim=5)", ("dim", "axis", "axes")))
+    c.append(("T.max(dim=5)", ("dim", "axis", "axes")))
+    c.append(("ndl.autocast('int8').__enter__()", "dtype"))
+    c.append(("ndl.amp.GradScaler(init_scale=0)", "init_scale"))
+    c.append(("ndl.amp.GradScaler(growth_factor=0.5)", "growth_factor"))
+    c.append(("ndl.compile(5)", ("fn", "callable")))
     return c
 
 
@@ -384,6 +399,9 @@ def _data() -> list[tuple[str, str | tuple[str, ...]]]:
     c.append(("data.DataLoader(5)", ("dataset", "Dataset")))
     c.append(("data.DataLoader(DS, seed='a')", "seed"))
     c.append(("data.DataLoader(DS, device='tpu')", "device"))
+    c.append(("data.DataLoader(DS, num_workers=-1)", "num_workers"))
+    c.append(("data.DataLoader(DS, prefetch_factor=0)", "prefetch_factor"))
+    c.append(("data.DataLoader(DS, sampler=5)", "sampler"))
     c.append(("data.ArrayDataset(np.float32(1.0))", ("array", "scalar", "0-d")))
     c.append(("data.ArrayDataset(np.zeros(3), np.zeros(4))", ("length", "arrays")))
     c.append(("data.ArrayDataset()", ("array", "at least one")))
@@ -474,6 +492,23 @@ def _models() -> list[tuple[str, str | tuple[str, ...]]]:
     c.append(("models.load_pretrained(with_file('config.json', '{not json'), device=ndl.cpu_numpy())", "config.json"))
     c.append(("models.load_pretrained(with_file('model.safetensors', 'garbage'), device=ndl.cpu_numpy())", ("model.safetensors", "header")))
     c.append(("models.Tokenizer.from_file('/nonexistent/tokenizer.json')", ("tokenizer", "path", "nonexistent")))
+    # the serving engine (needle.serve)
+    for args, name in [("max_seqs=0", "max_seqs"), ("page_size=0", "page_size"),
+                       ("kv_memory=-5", "kv_memory"), ("max_queue=0", "max_queue"),
+                       ("max_seqs='4'", "max_seqs")]:
+        c.append((f"serve.Engine(M, {args})", name))
+    c.append(("serve.Engine(5)", ("model", "CausalLM")))
+    c.append(("serve.RequestParams(max_tokens=-1)", "max_tokens"))
+    c.append(("serve.RequestParams(stop=5)", "stop"))
+    c.append(("serve.RequestParams(stop='</s>')", "stop"))
+    c.append(("serve.RequestParams(stop_token_ids=['a'])", "stop_token_ids"))
+    c.append(("serve.Engine(M).submit([], serve.RequestParams(max_tokens=2))", ("prompt", "empty")))
+    c.append(("serve.Engine(M).submit([1, 999], serve.RequestParams(max_tokens=2))", ("prompt", "token", "vocab")))
+    c.append(("M.generate([[1, 2], 'x'], max_new_tokens=2)", ("prompt", "tokenizer")))
+    # GGUF and quantized checkpoints
+    c.append(("models.load_pretrained(os.path.join(TMP, 'x.gguf'))", ("gguf", "path", "x.gguf")))
+    c.append(("open(os.path.join(TMP, 'bad.gguf'), 'wb').write(b'GGUF' + bytes(8)); models.load_pretrained(os.path.join(TMP, 'bad.gguf'))", ("gguf", "bad.gguf")))
+    c.append(("models.load_pretrained(variant(quantization_config={'quant_method': 'gptq', 'bits': 4}), device=ndl.cpu_numpy())", ("gptq", "quantization_config")))
     return c
 
 
@@ -495,6 +530,16 @@ def _cli() -> list[tuple[str, str | tuple[str, ...]]]:
     c.append(("['demo', '--device', 'tpu']", "device"))
     c.append(("['warmup', '--device', 'tpu']", "device"))
     c.append(("['demo', '--out', '/proc/nonexistent/dir']", ("out", "directory")))
+    c.append(("['quantize', '/nonexistent/model', os.path.join(TMP, 'q'), '--bits', '4']", ("nonexistent", "model")))
+    c.append(("['quantize', EMPTY, os.path.join(TMP, 'q'), '--bits', '3']", "--bits"))
+    c.append(("['quantize', EMPTY, os.path.join(TMP, 'q'), '--bits', '4', '--group-size', '0']", ("group", "config.json")))
+    c.append(("['serve', '/nonexistent/model']", ("nonexistent", "model")))
+    c.append(("['serve', EMPTY, '--port', '70000']", "--port"))
+    c.append(("['serve', EMPTY, '--max-seqs', '0']", "--max-seqs"))
+    c.append(("['serve', EMPTY, '--kv-memory', 'lots']", "--kv-memory"))
+    c.append(("['run', '-n', '0', SCRIPT]", ("-n", "ranks", "processes")))
+    c.append(("['run', '-n', '2', '/nonexistent/job.py']", ("job.py", "script")))
+    c.append(("['generate', EMPTY, '--tp', '0']", ("--tp", "tp")))
     return c
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import GenerationError, NeedleError
+from ..models.causal_lm import CausalLM
 from ..models.generate import prompt_ids
 from ..models.sampling import Sampler
 from ..models.tokenizer import StreamDecoder
@@ -45,11 +46,18 @@ class Engine:
     def __init__(self, model, max_seqs: int = 32, kv_memory: int | None = None,
                  page_size: int = DEFAULT_PAGE_SIZE, max_batch_tokens: int | None = None,
                  max_queue: int = 1024):
+        if not isinstance(model, CausalLM):
+            raise GenerationError(f"Engine: model must be a CausalLM (from load_pretrained), got "
+                                  f"{type(model).__name__}")
         batch_step.check_supported(model)
         for name, value in (("max_seqs", max_seqs), ("page_size", page_size),
                             ("max_queue", max_queue)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GenerationError(f"{name} must be an int >= 1, got {value!r}")
+        if kv_memory is not None and (not isinstance(kv_memory, int)
+                                      or isinstance(kv_memory, bool) or kv_memory < 1):
+            raise GenerationError(f"kv_memory must be a number of bytes >= 1 (or None: room "
+                                  f"for max_seqs full-length sequences), got {kv_memory!r}")
         self.model = model
         if kv_memory is None:
             pages = max_seqs * -(-model.max_seq_len // page_size)

@@ -35,6 +35,12 @@ class RequestParams:
         if m is not None and (not isinstance(m, numbers.Integral) or isinstance(m, bool)
                               or m < 1):
             raise GenerationError(f"max_tokens must be an int >= 1 or None, got {m!r}")
+        for name in ("stop", "stop_token_ids"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+                raise GenerationError(f"{name} must be a tuple (or list) of "
+                                      f"{'strings' if name == 'stop' else 'token ids'}, got "
+                                      f"{value!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise GenerationError(f"stop must be non-empty strings, got {self.stop!r}")
         if any(not isinstance(t, numbers.Integral) or isinstance(t, bool)
