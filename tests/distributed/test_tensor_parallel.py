@@ -16,8 +16,7 @@ from needle.errors import ModelFormatError
 from needle.models import load_pretrained
 from needle.models.config import ModelConfig
 
-from ..models.bpe import train
-from ..models.hf_models import build
+from ..models.hf_models import build, build_with_tokenizer
 from .jobs import needs_mpi, run_job
 
 PROMPT = [1, 17, 92, 5, 201, 33, 8]
@@ -92,8 +91,7 @@ def test_heads_must_divide():
 @pytest.fixture(scope="module")
 def cli_model(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tp_cli")
-    build("llama", directory, vocab_size=300)
-    train(300).save(str(directory / "tokenizer.json"))
+    build_with_tokenizer(directory)
     return directory
 
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import numpy as np
-import pytest
-
-gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants  # noqa: E402
 

@@ -80,3 +80,29 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
         for _ in range(n):
             seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
     return seq[len(prompt):]
+
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+          "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+          "%}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def build_with_tokenizer(directory: Path, chat: bool = False, **overrides):
+    """A tiny Llama (``build``) with a BPE tokenizer trained here; with ``chat``, a ChatML
+    template in tokenizer_config.json and <|im_end|> as the eos token."""
+    import json
+
+    from .bpe import train
+
+    tok = train(300)
+    if not chat:
+        tok.save(str(directory / "tokenizer.json"))
+        return build("llama", directory, vocab_size=300, **overrides)
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tok.save(str(directory / "tokenizer.json"))
+    model = build("llama", directory, vocab_size=302, eos_token_id=tok.token_to_id("<|im_end|>"),
+                  **overrides)
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+         "chat_template": CHATML}))
+    return model

@@ -9,15 +9,13 @@ from needle.errors import ModelFormatError
 from needle.generate_cli import main
 from needle.models import load_pretrained
 
-from .bpe import train
-from .hf_models import build
+from .hf_models import build_with_tokenizer
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("cli_model")
-    build("llama", directory, vocab_size=300)
-    train(300).save(str(directory / "tokenizer.json"))
+    build_with_tokenizer(directory)
     return directory
 
 
@@ -52,25 +50,11 @@ def test_errors_are_reported_not_raised(tmp_path, model_dir, capsys):
     assert "temperature" in capsys.readouterr().err
 
 
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-          "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
-          "%}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-
-
 @pytest.fixture(scope="module")
 def chat_dir(tmp_path_factory):
     """A tiny Llama with a tokenizer, a ChatML template and <|im_end|> as its eos."""
-    import json
-
     directory = tmp_path_factory.mktemp("chat_model")
-    tok = train(300)
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    tok.save(str(directory / "tokenizer.json"))
-    im_end = tok.token_to_id("<|im_end|>")
-    build("llama", directory, vocab_size=302, eos_token_id=im_end)
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-         "chat_template": CHATML}))
+    build_with_tokenizer(directory, chat=True)
     return directory
 
 

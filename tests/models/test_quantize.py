@@ -134,7 +134,8 @@ def test_needle_generate_and_chat_run_a_quantized_directory(tmp_path, capsys, mo
 
     from needle.chat_cli import main as chat_main
     from tests.models.bpe import train
-    from tests.models.test_generate_cli import CHATML, _expected_chat
+    from tests.models.hf_models import CHATML
+    from tests.models.test_generate_cli import _expected_chat
 
     src = tmp_path / "src"
     tok = train(300)

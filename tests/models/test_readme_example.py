@@ -8,12 +8,9 @@ import re
 from pathlib import Path
 
 from .bpe import train
-from .hf_models import build
+from .hf_models import CHATML, build
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-          "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
-          "%}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
 def test_readme_llm_example(tmp_path, capsys, monkeypatch):

@@ -12,15 +12,15 @@ import shutil
 import time
 
 import pytest
-
-sync_api = pytest.importorskip("playwright.sync_api")
-pytest.importorskip("uvicorn")
+from playwright import sync_api
 
 from needle.serve import RequestParams  # noqa: E402
 
 from .test_server import KEY, NAME, Running, _wait_idle  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+_MAC_CHROME = "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome"  # macOS runners
+CHROMIUM = (shutil.which("chromium") or shutil.which("chromium-browser")
+            or (_MAC_CHROME if os.path.exists(_MAC_CHROME) else None))
 pytestmark = pytest.mark.skipif(CHROMIUM is None,
                                 reason="no chromium on PATH (apt-get install -y chromium)")
 

@@ -6,11 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("openai")
-pytest.importorskip("uvicorn")
-
 from .test_server import Running  # noqa: E402
 
 README = Path(__file__).resolve().parents[2] / "README.md"

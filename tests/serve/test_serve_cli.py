@@ -10,10 +10,8 @@ import subprocess
 import sys
 import time
 
+import httpx
 import pytest
-
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("uvicorn")
 
 from .test_server import _free_port  # noqa: E402
 

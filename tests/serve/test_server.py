@@ -9,11 +9,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
+import openai
 import pytest
-
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
-uvicorn = pytest.importorskip("uvicorn")
+import uvicorn
 
 from needle.serve import Engine, RequestParams  # noqa: E402
 from needle.serve.server import Server  # noqa: E402

@@ -51,13 +51,11 @@ class Engine:
                                   f"{type(model).__name__}")
         batch_step.check_supported(model)
         for name, value in (("max_seqs", max_seqs), ("page_size", page_size),
-                            ("max_queue", max_queue)):
+                            ("max_queue", max_queue), ("kv_memory", kv_memory)):
+            if value is None and name == "kv_memory":  # room for max_seqs full sequences
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GenerationError(f"{name} must be an int >= 1, got {value!r}")
-        if kv_memory is not None and (not isinstance(kv_memory, int)
-                                      or isinstance(kv_memory, bool) or kv_memory < 1):
-            raise GenerationError(f"kv_memory must be a number of bytes >= 1 (or None: room "
-                                  f"for max_seqs full-length sequences), got {kv_memory!r}")
         self.model = model
         if kv_memory is None:
             pages = max_seqs * -(-model.max_seq_len // page_size)
