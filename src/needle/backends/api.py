@@ -114,6 +114,14 @@ class ArrayBackend(Protocol):
                          head_dim: int, capacity: int, table_rows: int,
                          scale: float) -> None: ...
 
+    # the decode step's fused projections (numpy_ref/decode.py)
+    def rmsnorm_matvec(self, x: Array, w: Array, weight: Array, out: Array, rows: int,
+                       dim: int, p: int, eps: float) -> None: ...
+    def rmsnorm_matvec_swiglu(self, x: Array, w: Array, weight: Array, out: Array, rows: int,
+                              dim: int, p: int, eps: float) -> None: ...
+    def matvec_add(self, a: Array, weight: Array, total: Array, rows: int, dim: int,
+                   p: int) -> None: ...
+
     # optimizer updates, in place
     def adam_update(self, param: Array, grad: Array, m: Array, v: Array, lr: float,
                     beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
