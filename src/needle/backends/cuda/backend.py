@@ -17,6 +17,7 @@ from ..gpu import GpuArray, GpuBackend
 from ..gpu.array import (
     ACC,
     ATTN,
+    FUSED_GEMV,
     MATMUL,
     MAX_GRID_YZ,
     SUFFIX,
@@ -30,6 +31,7 @@ from .tensor_map import matrix_map
 from .tuning import CudaTuning
 
 _HALF = ("float16", "bfloat16")
+_FUSED_DTYPES = ("float16", "bfloat16", "float32")
 # kernel files by NVRTC time on an H100 host (nn 4.5 s, elementwise 3.9 s, matmul 3.0 s for
 # one dtype shard), so the slowest start first
 _COMPILE_ORDER = {"nn": 0, "elementwise": 1, "matmul": 2, "reduce": 3}
@@ -216,6 +218,34 @@ class CudaBackend(GpuBackend):
             combine = MATMUL.pack(1, n, batch * m * p, 1, 0, 0, 0, 0, splits, chunk)
             self._launch_1d(f"gemv_combine_{sfx}", batch * m * p, (part, out.buffer), combine,
                             "matmul")
+
+    # --- the decode step's fused projections (kernels/decode.cu) ----------------------------
+    def _fused_matvec_special(self, kind, x, w, weight, out, rows, dim, p, eps) -> bool:
+        """One row: groups of 8 warps, a warp per output row (or a few, for the model's head,
+        so that a group's rmsnorm prologue is amortized), 16-byte loads; the norm's vector is
+        made in each group's shared memory (k values), so k is bounded by 48 KiB."""
+        dt = x.dtype
+        item = ITEMSIZE.get(dt, 0)
+        if not (self.tuning.fused_matvec and rows == 1 and dt in _FUSED_DTYPES
+                and dim % (16 // item) == 0 and 128 + dim * item <= 48 * 1024
+                and all(aligned16(a.buffer) for a in (x, weight, out) + ((w,) if w else ()))):
+            return False
+        name = {"rmsnorm": "rmsnorm_gemv", "rmsnorm_swiglu": "rmsnorm_gemv_swiglu",
+                "add": "gemv_add"}[kind]
+        kern = self._kernel("decode", f"{name}_{SUFFIX[dt]}")
+        kern.check_threads(256)
+        per_warp = max(1, p // (64 * self.device.compute_units))  # ~8 groups per SM or more
+        groups = cdiv(cdiv(p, per_warp), 8)
+        params = FUSED_GEMV.pack(dim, p, per_warp, eps, int(self.tuning.l2_prefetch))
+        if kind == "add":
+            self.queue.dispatch(kern, (groups, 1, 1), (256, 1, 1),
+                                (x.buffer, weight.buffer, out.buffer), params)
+            return True
+        shared = 128 + dim * item
+        kern.reserve_shared(shared)
+        self.queue.dispatch(kern, (groups, 1, 1), (256, 1, 1),
+                            (x.buffer, w.buffer, weight.buffer, out.buffer), params, shared)
+        return True
 
     # --- attention -------------------------------------------------------------------------
     def _attention_special(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,

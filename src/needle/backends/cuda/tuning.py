@@ -47,6 +47,8 @@ class CudaTuning(GpuTuning):
     tc_stages: int = 4
     wg_stages: int = 4
     tma_stages: int = 4
+    fused_matvec: bool = True  # the decode step's norm/SwiGLU/residual fused into its gemvs
+    l2_prefetch: bool = False  # fused gemvs prefetch their weight slice into L2: sm_90+
 
     @classmethod
     def for_device(cls, capability: int, arch: str, env=os.environ) -> CudaTuning:
@@ -62,4 +64,6 @@ class CudaTuning(GpuTuning):
                    pdl=target >= 90 and env.get("NEEDLE_PDL", "1") != "0",
                    tc_stages=_stages(options, "TC_STAGES", 4),
                    wg_stages=_stages(options, "WG_STAGES", 4),
-                   tma_stages=_stages(options, "GEMM_TMA_STAGES", 4))
+                   tma_stages=_stages(options, "GEMM_TMA_STAGES", 4),
+                   fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "1") != "0",
+                   l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "1") != "0")
