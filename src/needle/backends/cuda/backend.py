@@ -221,30 +221,25 @@ class CudaBackend(GpuBackend):
 
     # --- the decode step's fused projections (kernels/decode.cu) ----------------------------
     def _fused_matvec_special(self, kind, x, w, weight, out, rows, dim, p, eps) -> bool:
-        """One row: groups of 8 warps, a warp per output row (or a few, for the model's head,
-        so that a group's rmsnorm prologue is amortized), 16-byte loads; the norm's vector is
-        made in each group's shared memory (k values), so k is bounded by 48 KiB."""
-        dt = x.dtype
+        """One row: a warp per output row (a few, for the model's head), 16-byte loads;
+        the norm is summed by each warp along with its dot products."""
+        dt, tuning = x.dtype, self.tuning
         item = ITEMSIZE.get(dt, 0)
-        if not (self.tuning.fused_matvec and rows == 1 and dt in _FUSED_DTYPES
-                and dim % (16 // item) == 0 and 128 + dim * item <= 48 * 1024
+        if not (tuning.fused_matvec and rows == 1 and dt in _FUSED_DTYPES
+                and dim % (16 // item) == 0
                 and all(aligned16(a.buffer) for a in (x, weight, out) + ((w,) if w else ()))):
             return False
         name = {"rmsnorm": "rmsnorm_gemv", "rmsnorm_swiglu": "rmsnorm_gemv_swiglu",
                 "add": "gemv_add"}[kind]
         kern = self._kernel("decode", f"{name}_{SUFFIX[dt]}")
-        kern.check_threads(256)
-        per_warp = max(1, p // (64 * self.device.compute_units))  # ~8 groups per SM or more
-        groups = cdiv(cdiv(p, per_warp), 8)
-        params = FUSED_GEMV.pack(dim, p, per_warp, eps, int(self.tuning.l2_prefetch))
-        if kind == "add":
-            self.queue.dispatch(kern, (groups, 1, 1), (256, 1, 1),
-                                (x.buffer, weight.buffer, out.buffer), params)
-            return True
-        shared = 128 + dim * item
-        kern.reserve_shared(shared)
-        self.queue.dispatch(kern, (groups, 1, 1), (256, 1, 1),
-                            (x.buffer, w.buffer, weight.buffer, out.buffer), params, shared)
+        warps = max(1, min(tuning.fused_warps, kern.max_threads // 32))
+        per_warp = max(1, p // (16 * warps * self.device.compute_units))  # >= ~16 groups/SM
+        groups = cdiv(cdiv(p, per_warp), warps)
+        flags = (1 if tuning.l2_prefetch else 0) | (2 if tuning.early_weights else 0)
+        params = FUSED_GEMV.pack(dim, p, per_warp, eps, flags)
+        buffers = ((x.buffer, weight.buffer, out.buffer) if kind == "add" else
+                   (x.buffer, w.buffer, weight.buffer, out.buffer))
+        self.queue.dispatch(kern, (groups, 1, 1), (32 * warps, 1, 1), buffers, params)
         return True
 
     # --- attention -------------------------------------------------------------------------

@@ -48,7 +48,9 @@ class CudaTuning(GpuTuning):
     wg_stages: int = 4
     tma_stages: int = 4
     fused_matvec: bool = True  # the decode step's norm/SwiGLU/residual fused into its gemvs
-    l2_prefetch: bool = False  # fused gemvs prefetch their weight slice into L2: sm_90+
+    fused_warps: int = 4  # warps per group of the fused gemvs
+    l2_prefetch: bool = False  # fused gemvs prefetch their groups' weight rows into L2: sm_90+
+    early_weights: bool = False  # fused gemvs load weights before waiting on the last kernel
 
     @classmethod
     def for_device(cls, capability: int, arch: str, env=os.environ) -> CudaTuning:
@@ -66,4 +68,6 @@ class CudaTuning(GpuTuning):
                    wg_stages=_stages(options, "WG_STAGES", 4),
                    tma_stages=_stages(options, "GEMM_TMA_STAGES", 4),
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "1") != "0",
-                   l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "1") != "0")
+                   fused_warps=int(env.get("NEEDLE_FUSED_WARPS", "4")),
+                   l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
+                   early_weights=env.get("NEEDLE_EARLY_WEIGHTS", "0") == "1")

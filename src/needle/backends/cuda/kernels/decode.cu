@@ -1,23 +1,27 @@
 // The decode step's fused projections (numpy_ref/decode.py; docs/kernels.md, "decode"):
-//   rmsnorm_gemv_*         out[j] = (W h)[j],                h = rmsnorm(x) * nw, rounded to T
-//   rmsnorm_gemv_swiglu_*  out[j] = silu(g) * u,  g = (W h)[j], u = (W h)[p + j], each rounded
+//   rmsnorm_gemv_*         out[j] = r * (W (x * nw))[j],      r = 1 / sqrt(mean(x^2) + eps)
+//   rmsnorm_gemv_swiglu_*  out[j] = silu(g) * u,  g = r (W (x nw))[j], u = r (W (x nw))[p + j]
 //   gemv_add_*             x[j] = x[j] + (W a)[j], in place (the residual stream)
-// One token (a single row). W is (rows, k) as checkpoints store it; each warp streams whole
-// rows with 16-byte loads that bypass L1, as gemv_t does. What is new is the order of work in
-// a group: its weight rows are asked for first (an L2 prefetch of the group's whole slice, and
-// the warp's first 8 loads into registers), because they do not depend on the previous
-// kernel; only then does the group wait for that kernel (griddepcontrol.wait) and read the
-// vector it wrote: the norm's sum of squares and h (into shared memory) overlap the loads.
+// One token (a single row). W is (rows, k) as checkpoints store it; a warp streams whole rows
+// with 16-byte loads that bypass L1 (ld_stream), reading x and nw (L1-cached) in the same
+// rounds, so the norm costs no extra pass, synchronization or shared memory: each warp sums
+// x^2 along with its dot product (every warp in the same order, so r is the same in all) and
+// scales its sums by r at the end. The normed vector stays in float32 (the composed ops round
+// it to T first): within the dtype's tolerance of the definition, and closer to float64.
+// Options (params.flags): FG_PREFETCH asks for the group's weight rows in L2 before anything
+// else; FG_EARLY issues the warp's first round of weight loads before waiting for the
+// previous kernel (griddepcontrol.wait), since weights do not depend on it.
 #include "common.cuh"
 
 struct FusedGemvParams {  // gpu/array.py FUSED_GEMV
   i64 k, p, rows_per_warp;
   float eps;
-  int prefetch;  // 1: prefetch the group's weight slice into L2 (sm_90 bulk prefetch)
+  int flags;  // FG_PREFETCH | FG_EARLY
 };
+constexpr int FG_PREFETCH = 1, FG_EARLY = 2;
 
 namespace fg {
-constexpr int WARPS = 8, THREADS = WARPS * 32, U = 8;
+constexpr int MAX_THREADS = 256, U = 8;
 
 // bytes of W from row `row` on, into L2, asynchronously (one thread)
 __device__ __forceinline__ void prefetch_rows(const void* row, u64 bytes) {
@@ -32,9 +36,8 @@ __device__ __forceinline__ void prefetch_rows(const void* row, u64 bytes) {
 #endif
 }
 
-// The warp's dot products of R weight rows with the vector v (16-byte vectors, nv of them;
-// v in shared or global memory). `first` holds the rows' first round of loads, issued early.
-template <class T, int R>
+// R weight rows of one warp against the vector x (times nw, for a norm), 16-byte vectors
+template <class T, int R, bool NORM>
 struct Rows {
   static constexpr int V = 16 / sizeof(T);
   typedef Vec<T, V> Vt;
@@ -51,28 +54,44 @@ struct Rows {
     }
   }
 
-  // acc[r] = sum over k of rows[r][k] * v[k], summed over the warp (every lane gets it)
-  __device__ __forceinline__ void dot(const Vt* const (&rows)[R], const Vt* v, i64 nv,
-                                     bool preloaded, float (&acc)[R]) {
+  // acc[r] = sum over k of rows[r][k] * x[k] (* nw[k]), and ss = sum of x[k]^2, summed over
+  // the warp; `preloaded`: the first round is already in w
+  __device__ __forceinline__ void dot(const Vt* const (&rows)[R], const Vt* x, const Vt* nw,
+                                     i64 nv, bool preloaded, float (&acc)[R], float& ss) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
+    ss = 0.f;
     for (i64 base = lane; base < nv; base += 32 * U) {
       if (!(preloaded && base == lane)) fetch(rows, base, nv);
+      Vt xv[U], gv[U];
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const i64 q = base + u * 32;
         if (q < nv) {
-          const Vt x = v[q];
+          xv[u] = x[q];
+          if (NORM) gv[u] = nw[q];
+        }
+      }
 #pragma unroll
-          for (int r = 0; r < R; r++)
+      for (int u = 0; u < U; u++) {
+        if (base + u * 32 < nv) {
 #pragma unroll
-            for (int e = 0; e < V; e++) acc[r] += load(w[r][u].v[e]) * load(x.v[e]);
+          for (int e = 0; e < V; e++) {
+            float xe = load(xv[u].v[e]);
+            if (NORM) {
+              ss += xe * xe;
+              xe *= load(gv[u].v[e]);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] += load(w[r][u].v[e]) * xe;
+          }
         }
       }
     }
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+    if (NORM) ss = warp_sum(ss);
   }
 };
 
@@ -80,7 +99,7 @@ struct Rows {
 struct Span {
   i64 first, count;
   __device__ Span(const FusedGemvParams& p) {
-    const i64 warp = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     first = warp * p.rows_per_warp;
     const i64 left = p.p - first;
     count = left < 0 ? 0 : (left < p.rows_per_warp ? left : p.rows_per_warp);
@@ -91,8 +110,8 @@ struct Span {
 template <class T>
 __device__ __forceinline__ void prefetch_group(const T* W, const FusedGemvParams& p,
                                                bool swiglu) {
-  if (!p.prefetch || threadIdx.x != 0) return;
-  const i64 per_group = (i64)WARPS * p.rows_per_warp, g0 = (i64)blockIdx.x * per_group;
+  if (!(p.flags & FG_PREFETCH) || threadIdx.x != 0) return;
+  const i64 per_group = (i64)(blockDim.x / 32) * p.rows_per_warp, g0 = blockIdx.x * per_group;
   const i64 n = p.p - g0 < per_group ? p.p - g0 : per_group;
   if (n <= 0) return;
   const u64 bytes = (u64)n * p.k * sizeof(T);
@@ -100,126 +119,69 @@ __device__ __forceinline__ void prefetch_group(const T* W, const FusedGemvParams
   if (swiglu) prefetch_rows(W + (p.p + g0) * p.k, bytes);
 }
 
-// h = rmsnorm(x) * nw rounded to T, into shared memory; every thread of the group calls it
-template <class T>
-__device__ __forceinline__ void normed(const T* __restrict__ x, const T* __restrict__ nw, T* h,
-                                       float* red, const FusedGemvParams& p) {
+// KIND 0: rmsnorm_gemv, 1: rmsnorm_gemv_swiglu, 2: gemv_add (x is then a, and out total)
+template <class T, int KIND>
+__device__ __forceinline__ void fused_gemv(const T* __restrict__ x, const T* __restrict__ nw,
+                                           const T* __restrict__ W, T* out,
+                                           const FusedGemvParams& p) {
   typedef typename Acc<T>::type C;
-  constexpr int V = 16 / sizeof(T);
-  typedef Vec<T, V> Vt;
-  const i64 nv = p.k / V;
-  const Vt* xv = reinterpret_cast<const Vt*>(x);
-  const Vt* wv = reinterpret_cast<const Vt*>(nw);
-  C ss = C(0);
-  for (i64 q = threadIdx.x; q < nv; q += THREADS) {
-    const Vt a = xv[q];
-#pragma unroll
-    for (int e = 0; e < V; e++) {
-      const C t = load(a.v[e]);
-      ss += t * t;
-    }
-  }
-  ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = (float)ss;
-  __syncthreads();
-  ss = C(0);
-#pragma unroll
-  for (int w = 0; w < WARPS; w++) ss += (C)red[w];  // the same order in every thread
-  const C rs = C(1) / m_sqrt(ss / (C)p.k + (C)p.eps);
-  Vt* hv = reinterpret_cast<Vt*>(h);
-  for (i64 q = threadIdx.x; q < nv; q += THREADS) {
-    const Vt a = xv[q], g = wv[q];
-    Vt o;
-#pragma unroll
-    for (int e = 0; e < V; e++) o.v[e] = store<T>(load(a.v[e]) * rs * load(g.v[e]));
-    hv[q] = o;
-  }
-  __syncthreads();
-}
-
-template <class T, bool SWIGLU>
-__device__ __forceinline__ void rmsnorm_gemv(const T* __restrict__ x, const T* __restrict__ nw,
-                                             const T* __restrict__ W, T* __restrict__ out,
-                                             const FusedGemvParams& p, T* h, float* red) {
-  typedef typename Acc<T>::type C;
-  constexpr int R = SWIGLU ? 2 : 1, V = 16 / sizeof(T);
+  constexpr int R = KIND == 1 ? 2 : 1, V = 16 / sizeof(T);
+  constexpr bool NORM = KIND != 2;
   typedef Vec<T, V> Vt;
   const i64 nv = p.k / V;
   const Span span(p);
-  prefetch_group(W, p, SWIGLU);
-  Rows<T, R> rows;
-  const Vt* first[R];
+  prefetch_group(W, p, KIND == 1);
+  Rows<T, R, NORM> rows;
+  const bool early = (p.flags & FG_EARLY) && span.count;
+  if (early) {
+    const Vt* first[R];
 #pragma unroll
-  for (int r = 0; r < R; r++)
-    first[r] = reinterpret_cast<const Vt*>(W + (span.first + (r ? p.p : 0)) * p.k);
-  if (span.count) rows.fetch(first, threadIdx.x & 31, nv);
-  pdl_entry();  // x is the previous kernel's output
-  normed<T>(x, nw, h, red, p);
-  const Vt* hv = reinterpret_cast<const Vt*>(h);
+    for (int r = 0; r < R; r++)
+      first[r] = reinterpret_cast<const Vt*>(W + (span.first + (r ? p.p : 0)) * p.k);
+    rows.fetch(first, threadIdx.x & 31, nv);
+  }
+  pdl_entry();  // x (and total) are the previous kernels' outputs
+  const Vt* xv = reinterpret_cast<const Vt*>(x);
+  const Vt* gv = reinterpret_cast<const Vt*>(nw);
   for (i64 i = 0; i < span.count; i++) {
     const i64 j = span.first + i;
     const Vt* row[R];
 #pragma unroll
     for (int r = 0; r < R; r++) row[r] = reinterpret_cast<const Vt*>(W + (j + (r ? p.p : 0)) * p.k);
-    float acc[R];
-    rows.dot(row, hv, nv, i == 0, acc);
-    if ((threadIdx.x & 31) == 0) {
-      if (SWIGLU) {
-        const C g = load(store<T>((C)acc[0])), u = load(store<T>((C)acc[R - 1]));
-        out[j] = store<T>(g * (C(0.5) * (m_tanh(C(0.5) * g) + C(1))) * u);  // swiglu's form
-      } else {
-        out[j] = store<T>((C)acc[0]);
-      }
+    float acc[R], ss;
+    rows.dot(row, xv, gv, nv, early && i == 0, acc, ss);
+    if ((threadIdx.x & 31) != 0) continue;
+    if (KIND == 2) {
+      out[j] = store<T>((C)load(out[j]) + (C)load(store<T>((C)acc[0])));
+      continue;
     }
-  }
-}
-
-template <class T>
-__device__ __forceinline__ void gemv_add(const T* __restrict__ a, const T* __restrict__ W,
-                                         T* __restrict__ total, const FusedGemvParams& p) {
-  typedef typename Acc<T>::type C;
-  constexpr int V = 16 / sizeof(T);
-  typedef Vec<T, V> Vt;
-  const i64 nv = p.k / V;
-  const Span span(p);
-  prefetch_group(W, p, false);
-  Rows<T, 1> rows;
-  const Vt* first[1] = {reinterpret_cast<const Vt*>(W + span.first * p.k)};
-  if (span.count) rows.fetch(first, threadIdx.x & 31, nv);
-  pdl_entry();  // a and total are the previous kernels' outputs
-  const Vt* av = reinterpret_cast<const Vt*>(a);
-  for (i64 i = 0; i < span.count; i++) {
-    const i64 j = span.first + i;
-    const Vt* row[1] = {reinterpret_cast<const Vt*>(W + j * p.k)};
-    float acc[1];
-    rows.dot(row, av, nv, i == 0, acc);
-    if ((threadIdx.x & 31) == 0)
-      total[j] = store<T>((C)load(total[j]) + (C)load(store<T>((C)acc[0])));
+    const C rs = C(1) / m_sqrt((C)ss / (C)p.k + (C)p.eps);
+    if (KIND == 1) {
+      const C g = load(store<T>((C)acc[0] * rs)), u = load(store<T>((C)acc[R - 1] * rs));
+      out[j] = store<T>(g * (C(0.5) * (m_tanh(C(0.5) * g) + C(1))) * u);  // swiglu's form
+    } else {
+      out[j] = store<T>((C)acc[0] * rs);
+    }
   }
 }
 }  // namespace fg
 
-// h (k values of T) in dynamic shared memory after the group's WARPS partial sums
 #define FUSED_GEMV(SFX, T)                                                                     \
-  extern "C" __global__ void __launch_bounds__(fg::THREADS)                                    \
+  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS)                                \
       rmsnorm_gemv_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                    \
                          const T* __restrict__ w, T* __restrict__ out, FusedGemvParams p) {    \
-    extern __shared__ __align__(16) float fg_smem[];                                           \
-    fg::rmsnorm_gemv<T, false>(x, nw, w, out, p, reinterpret_cast<T*>(fg_smem + 4 * fg::WARPS), \
-                               fg_smem);                                                       \
+    fg::fused_gemv<T, 0>(x, nw, w, out, p);                                                    \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(fg::THREADS)                                    \
+  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS)                                \
       rmsnorm_gemv_swiglu_##SFX(const T* __restrict__ x, const T* __restrict__ nw,             \
                                 const T* __restrict__ w, T* __restrict__ out,                  \
                                 FusedGemvParams p) {                                           \
-    extern __shared__ __align__(16) float fg_smem[];                                           \
-    fg::rmsnorm_gemv<T, true>(x, nw, w, out, p, reinterpret_cast<T*>(fg_smem + 4 * fg::WARPS), \
-                              fg_smem);                                                        \
+    fg::fused_gemv<T, 1>(x, nw, w, out, p);                                                    \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(fg::THREADS)                                    \
+  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS)                                \
       gemv_add_##SFX(const T* __restrict__ a, const T* __restrict__ w, T* total,               \
                      FusedGemvParams p) {                                                      \
-    fg::gemv_add<T>(a, w, total, p);                                                           \
+    fg::fused_gemv<T, 2>(a, a, w, total, p);                                                   \
   }
 
 ONLY(f16, FUSED_GEMV(f16, half_t))
