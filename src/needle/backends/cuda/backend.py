@@ -274,6 +274,10 @@ class CudaBackend(GpuBackend):
         KV head to finish merges (counted with one atomic counter per KV head)."""
         dt = self._need(qkv.dtype, ("float16", "bfloat16", "float32", "float64"),
                         "attention_decode")
+        if not self.tuning.decode_one_launch:
+            super().attention_decode(qkv, cos, sin, position, keys, values, out, q_heads,
+                                     kv_heads, head_dim, capacity, table_rows, scale)
+            return
         group, chunk, splits, shared = self._decode_plan(dt, q_heads, kv_heads, head_dim,
                                                          capacity)
         stride = head_dim + (2 if ITEMSIZE[dt] == 2 else 1)

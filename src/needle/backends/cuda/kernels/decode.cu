@@ -148,11 +148,13 @@ __device__ __forceinline__ void fused_gemv(const T* __restrict__ x, const T* __r
     const Vt* row[R];
 #pragma unroll
     for (int r = 0; r < R; r++) row[r] = reinterpret_cast<const Vt*>(W + (j + (r ? p.p : 0)) * p.k);
+    // the residual's old value, asked for now so that its latency hides behind the dot
+    const C before = KIND == 2 && (threadIdx.x & 31) == 0 ? (C)load(out[j]) : C(0);
     float acc[R], ss;
     rows.dot(row, xv, gv, nv, early && i == 0, acc, ss);
     if ((threadIdx.x & 31) != 0) continue;
     if (KIND == 2) {
-      out[j] = store<T>((C)load(out[j]) + (C)load(store<T>((C)acc[0])));
+      out[j] = store<T>(before + (C)load(store<T>((C)acc[0])));
       continue;
     }
     const C rs = C(1) / m_sqrt((C)ss / (C)p.k + (C)p.eps);
