@@ -122,20 +122,20 @@ def test_matvec_add(device, dtype, rows, dim, p, rng):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_many_rows_and_leading_axes(device, dtype, rng):
-    """(2, 6, dim): twelve rows (a prefill, the CPU backend's GEMM path) with leading axes
+    """(4, 6, dim): 24 rows (a prefill, the CPU backend's GEMM path) with leading axes
     kept in the result's shape."""
     dim, p = 96, 40
-    x, w, weight = _inputs(rng, (2, 6), dim, 2 * p, dtype)
+    x, w, weight = _inputs(rng, (4, 6), dim, 2 * p, dtype)
     X, Wn, W = on(device, x), on(device, w), on(device, weight)
     h = _normed(x, w, EPS, dtype)
     plain = nd.rmsnorm_matvec(X, Wn, on(device, weight[:p]), EPS)
-    assert plain.shape == (2, 6, p)
+    assert plain.shape == (4, 6, p)
     assert_close(plain, h @ weight[:p].astype(np.float64).T, dtype, "matmul")
     act = nd.rmsnorm_matvec(X, Wn, W, EPS, activation="swiglu")
     gu = _rounded(h @ weight.astype(np.float64).T, dtype)
-    assert act.shape == (2, 6, p)
+    assert act.shape == (4, 6, p)
     assert_close(act, _silu_mul(gu[..., :p], gu[..., p:]), dtype, "matmul")
-    t0 = random(rng, (2, 6, p), dtype)
+    t0 = random(rng, (4, 6, p), dtype)
     T = on(device, t0)
     assert nd.matvec_add(X, on(device, weight[:p]), T) is T
     y = _rounded(x.astype(np.float64) @ weight[:p].astype(np.float64).T, dtype)
@@ -165,11 +165,12 @@ def test_one_dimensional_x_and_non_compact_inputs(device, rng):
                  "float32", "matmul")
 
 
-def test_matvec_add_into_its_own_input(device, rng):
+@pytest.mark.parametrize("rows", [2, 20])
+def test_matvec_add_into_its_own_input(device, rows, rng):
     """total may be a itself (p == dim): the product reads a's old values, as ``t += t @ W.T``
     computed out of place would."""
     dim = 48
-    t0 = random(rng, (2, dim), "float32")
+    t0 = random(rng, (rows, dim), "float32")
     weight = (rng.uniform(-1, 1, (dim, dim)) / dim).astype(np.float32)
     T = on(device, t0)
     assert nd.matvec_add(T, on(device, weight), T) is T
