@@ -9,13 +9,28 @@ residual). Each is one kernel on CUDA; ``numpy_ref/decode.py`` defines what they
 
 from __future__ import annotations
 
-from ..errors import DTypeError, ShapeError
+import numbers
+
+from ..errors import ArgumentError, ArgumentTypeError, DeviceError, DTypeError, ShapeError
 from . import dtypes
 from .ndarray import NDArray
 
 
+def _operand(x: NDArray, other, name: str, what: str, first: str) -> NDArray:
+    """``other`` checked to be an NDArray on x's device (x is called ``first``)."""
+    if not isinstance(other, NDArray):
+        raise ArgumentTypeError(f"{name}: {what} must be an NDArray, got "
+                                f"{type(other).__name__}")
+    if other.device != x.device:
+        raise DeviceError(f"{name}: {what} is on {other.device.name} and {first} on "
+                          f"{x.device.name}; move one with .to(device)")
+    return other
+
+
 def _rows_of(x: NDArray, name: str, what: str) -> tuple[NDArray, int, int]:
     """(x compact, rows, dim) of x read as rows along its last axis."""
+    if not isinstance(x, NDArray):
+        raise ArgumentTypeError(f"{name}: {what} must be an NDArray, got {type(x).__name__}")
     if not dtypes.is_floating(x.dtype):
         raise DTypeError(f"{name}: {what} must be floating-point, got {x.dtype}")
     if x.ndim == 0:
@@ -24,18 +39,17 @@ def _rows_of(x: NDArray, name: str, what: str) -> tuple[NDArray, int, int]:
     return x.compact(), (x.size // dim if dim else 0), dim
 
 
-def _matrix(x: NDArray, weight: NDArray, dim: int, name: str, factor: int = 1) -> int:
-    """Rows of the projection ``weight`` (out, dim), checked against x; ``factor`` 2 means
-    gate rows then up rows, and the output has half of them."""
-    x._check_device(weight)
-    if not isinstance(weight, NDArray):
-        raise DTypeError(f"{name}: weight must be an NDArray, got {type(weight).__name__}")
+def _matrix(x: NDArray, weight: NDArray, dim: int, name: str, factor: int = 1,
+            first: str = "x") -> int:
+    """Rows of the projection ``weight`` (out, dim), checked against x (called ``first``);
+    ``factor`` 2 means gate rows then up rows, and the output has half of them."""
+    _operand(x, weight, name, "weight", first)
     if weight.ndim != 2 or weight.shape[1] != dim or weight.shape[0] % factor:
         what = "(2 * p, dim): gate rows then up rows" if factor == 2 else "(p, dim)"
-        raise ShapeError(f"{name}: weight must be {what} with dim = {dim} (x's last axis), "
+        raise ShapeError(f"{name}: weight must be {what} with dim = {dim} ({first}'s last axis), "
                          f"got {weight.shape}")
     if weight.dtype != x.dtype:
-        raise DTypeError(f"{name}: weight ({weight.dtype}) and x ({x.dtype}) must have one "
+        raise DTypeError(f"{name}: weight ({weight.dtype}) and {first} ({x.dtype}) must have one "
                          "dtype; cast one with astype")
     return weight.shape[0] // factor
 
@@ -46,11 +60,13 @@ def rmsnorm_matvec(x: NDArray, norm_weight: NDArray, weight: NDArray, eps: float
     (p, dim). With ``activation="swiglu"``, weight is (2p, dim), gate rows then up rows,
     and the result is ``silu(gate) * up`` (..., p). Rounded as the separate ops would be."""
     if activation not in (None, "swiglu"):
-        raise ShapeError(f"rmsnorm_matvec: activation must be None or 'swiglu', got "
+        raise ArgumentError(f"rmsnorm_matvec: activation must be None or 'swiglu', got "
                          f"{activation!r}")
     name = "rmsnorm_matvec"
     a, rows, dim = _rows_of(x, name, "x")
-    w = x._param(norm_weight, dim, f"{name} norm_weight")
+    w = x._param(_operand(x, norm_weight, name, "norm_weight", "x"), dim, f"{name} norm_weight")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise ArgumentTypeError(f"{name}: eps must be a real number, got {type(eps).__name__}")
     swiglu = activation == "swiglu"
     p = _matrix(x, weight, dim, name, 2 if swiglu else 1)
     out = a._empty_like(a.shape[:-1] + (p,))
@@ -69,8 +85,8 @@ def matvec_add(a: NDArray, weight: NDArray, total: NDArray) -> NDArray:
     a (..., dim), weight (p, dim), total (..., p) compact, with a's leading shape."""
     name = "matvec_add"
     x, rows, dim = _rows_of(a, name, "a")
-    p = _matrix(a, weight, dim, name)
-    a._check_device(total)
+    p = _matrix(a, weight, dim, name, first="a")
+    _operand(a, total, name, "total", "a")
     if total.shape != a.shape[:-1] + (p,):
         raise ShapeError(f"{name}: total must have shape {a.shape[:-1] + (p,)}, got "
                          f"{total.shape}")
