@@ -35,6 +35,8 @@ CAPABILITIES = {
     "host_memory": "wrap() and host_view(): arrays in host memory that numpy can view",
     "bf16_tensor_cores": "bfloat16/float16 matmul and attention run on matrix units",
     "fused_decode": "attention_decode is one launch (RoPE, KV write, attention and merge)",
+    "fused_matvec": "rmsnorm_matvec, rmsnorm_matvec_swiglu and matvec_add of one row are one "
+                    "kernel each, faster than the ops they fuse (the decode step uses them)",
     "sampling": "sample() chooses tokens from logits on the device (numpy_ref/sampling.py)",
     "precompile": "precompile(dtypes) starts compiling the kernels of those dtypes in parallel "
                   "(returns at once; a kernel's first use waits for its own compile); "

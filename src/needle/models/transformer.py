@@ -9,7 +9,8 @@ layer is five fused array operations (``_fused_layer``): norm + QKV projection, 
 residual, norm + gate/up projection + SiLU·mul, down projection + residual. Other layers
 (Gemma 2's extra norms, Qwen3's head norms, quantized weights) compose the same steps from
 single operations, their residual adds riding on the next norm (``add_rmsnorm``).
-``NEEDLE_FUSED_DECODE=0`` decodes every layer the composed way (for comparisons).
+The five-operation form is used where the backend declares ``fused_matvec`` (its fused
+kernels are faster); ``NEEDLE_FUSED_DECODE=1`` or ``0`` forces it on or off.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from .. import backend_ndarray as nd
 from ..backend_ndarray import NDArray, dtypes
+from ..backends.api import has
 from . import attention
 from .cache import DecodeState, KVCache, RotaryTables
 from .config import ModelConfig
@@ -34,8 +36,11 @@ class Transformer:
                  max_seq_len: int):
         self.cfg, self.weights, self.rope, self.max_seq_len = cfg, weights, rope, max_seq_len
         self.fused = [attention.is_fused(cfg, i, max_seq_len) for i in range(cfg.num_layers)]
-        # layers whose decode step is the five fused operations (``_fused_layer``)
-        fuse = os.environ.get("NEEDLE_FUSED_DECODE", "1") != "0"
+        # layers whose decode step is the five fused operations (``_fused_layer``): where
+        # the backend's fused projections are faster than the ops they fuse, or when asked
+        choice = os.environ.get("NEEDLE_FUSED_DECODE", "auto")
+        fuse = choice == "1" or (choice == "auto" and has(weights.embed.device.backend,
+                                                          "fused_matvec"))
         self.five_ops = [fuse and self.fused[i] and _fusable(cfg, layer)
                          for i, layer in enumerate(weights.layers)]
         # Gemma scales embeddings by sqrt(hidden) rounded to the model's dtype

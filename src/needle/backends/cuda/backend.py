@@ -51,6 +51,8 @@ class CudaBackend(GpuBackend):
         if tuning.mma:
             caps.add("bf16_tensor_cores")
         caps.add("fused_decode")  # CUDA ships only the one-launch attention_decode
+        if self.tuning.fused_matvec:
+            caps.add("fused_matvec")
         caps.add("sampling")
         caps.add("precompile")
         self.capabilities = frozenset(caps)
