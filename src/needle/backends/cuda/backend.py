@@ -223,8 +223,8 @@ class CudaBackend(GpuBackend):
 
     # --- the decode step's fused projections (kernels/decode.cu) ----------------------------
     def _fused_matvec_special(self, kind, x, w, weight, out, rows, dim, p, eps) -> bool:
-        """One row: a warp per output row (a few, for the model's head), 16-byte loads;
-        the norm is summed by each warp along with its dot products."""
+        """One row: a warp per output row, 16-byte loads; the norm is summed by each warp
+        along with its dot products."""
         dt, tuning = x.dtype, self.tuning
         item = ITEMSIZE.get(dt, 0)
         if not (tuning.fused_matvec and rows == 1 and dt in _FUSED_DTYPES
@@ -235,7 +235,7 @@ class CudaBackend(GpuBackend):
                 "add": "gemv_add"}[kind]
         kern = self._kernel("decode", f"{name}_{SUFFIX[dt]}")
         warps = max(1, min(tuning.fused_warps, kern.max_threads // 32))
-        per_warp = max(1, p // (16 * warps * self.device.compute_units))  # >= ~16 groups/SM
+        per_warp = 1  # rows in a warp run one after another: many warps hide latency better
         groups = cdiv(cdiv(p, per_warp), warps)
         flags = (1 if tuning.l2_prefetch else 0) | (2 if tuning.early_weights else 0)
         params = FUSED_GEMV.pack(dim, p, per_warp, eps, flags)

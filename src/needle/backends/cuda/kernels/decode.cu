@@ -21,7 +21,19 @@ struct FusedGemvParams {  // gpu/array.py FUSED_GEMV
 constexpr int FG_PREFETCH = 1, FG_EARLY = 2;
 
 namespace fg {
-constexpr int MAX_THREADS = 256, U = 8;
+// groups of 4 warps; at least 5 groups per SM caps registers at 102 per thread, so that
+// 20 warps per SM keep their weight loads in flight (gemv_t's occupancy; unbounded, the
+// norm's extra vectors took 171-228 registers and 2-3 groups per SM)
+constexpr int MAX_THREADS = 128, MIN_GROUPS = 5, LOADS = 8;  // 16-byte weight loads per lane
+
+// a 16-byte vector through L1, ordered with the other asm loads
+template <class T, int V>
+__device__ __forceinline__ Vec<T, V> ld_cached(const Vec<T, V>* p) {
+  uint4 r;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return *reinterpret_cast<Vec<T, V>*>(&r);
+}
 
 // bytes of W from row `row` on, into L2, asynchronously (one thread)
 __device__ __forceinline__ void prefetch_rows(const void* row, u64 bytes) {
@@ -39,7 +51,7 @@ __device__ __forceinline__ void prefetch_rows(const void* row, u64 bytes) {
 // R weight rows of one warp against the vector x (times nw, for a norm), 16-byte vectors
 template <class T, int R, bool NORM>
 struct Rows {
-  static constexpr int V = 16 / sizeof(T);
+  static constexpr int V = 16 / sizeof(T), U = LOADS / R;  // rounds of U vectors per row
   typedef Vec<T, V> Vt;
   Vt w[R][U];
 
@@ -64,24 +76,22 @@ struct Rows {
     ss = 0.f;
     for (i64 base = lane; base < nv; base += 32 * U) {
       if (!(preloaded && base == lane)) fetch(rows, base, nv);
-      Vt xv[U], gv[U];
+      // x (and nw) a vector at a time, in program order after the weight loads (asm
+      // volatile keeps the order): L1 hits, so holding all U of them in registers would
+      // only cost occupancy (the weights are the loads that must be in flight)
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const i64 q = base + u * 32;
         if (q < nv) {
-          xv[u] = x[q];
-          if (NORM) gv[u] = nw[q];
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        if (base + u * 32 < nv) {
+          const Vt xv = ld_cached<T, V>(x + q);
+          Vt gv;
+          if (NORM) gv = ld_cached<T, V>(nw + q);
 #pragma unroll
           for (int e = 0; e < V; e++) {
-            float xe = load(xv[u].v[e]);
+            float xe = load(xv.v[e]);
             if (NORM) {
               ss += xe * xe;
-              xe *= load(gv[u].v[e]);
+              xe *= load(gv.v[e]);
             }
 #pragma unroll
             for (int r = 0; r < R; r++) acc[r] += load(w[r][u].v[e]) * xe;
@@ -169,18 +179,18 @@ __device__ __forceinline__ void fused_gemv(const T* __restrict__ x, const T* __r
 }  // namespace fg
 
 #define FUSED_GEMV(SFX, T)                                                                     \
-  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS)                                \
+  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS, fg::MIN_GROUPS)                                \
       rmsnorm_gemv_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                    \
                          const T* __restrict__ w, T* __restrict__ out, FusedGemvParams p) {    \
     fg::fused_gemv<T, 0>(x, nw, w, out, p);                                                    \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS)                                \
+  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS, fg::MIN_GROUPS)                                \
       rmsnorm_gemv_swiglu_##SFX(const T* __restrict__ x, const T* __restrict__ nw,             \
                                 const T* __restrict__ w, T* __restrict__ out,                  \
                                 FusedGemvParams p) {                                           \
     fg::fused_gemv<T, 1>(x, nw, w, out, p);                                                    \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS)                                \
+  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS, fg::MIN_GROUPS)                                \
       gemv_add_##SFX(const T* __restrict__ a, const T* __restrict__ w, T* total,               \
                      FusedGemvParams p) {                                                      \
     fg::fused_gemv<T, 2>(a, a, w, total, p);                                                   \
