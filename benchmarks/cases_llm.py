@@ -42,6 +42,8 @@ the first case of another family, drops them.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 
 import numpy as np
@@ -69,6 +71,14 @@ FIRST_TOKEN = 7
 _GROUP = "llm"
 _CASES_LEFT: dict[str, set[str]] = {}  # family key -> its cases not yet built
 _BUILT: dict[str, _Models] = {}  # family key -> its models (one family at a time)
+
+
+@atexit.register
+def _drop_models() -> None:
+    """Models kept by cases that were not selected go before the interpreter's teardown:
+    torch tensors viewing needle arrays (DLPack) would otherwise outlive needle's bindings."""
+    _BUILT.clear()
+    gc.collect()
 
 
 class _Models:

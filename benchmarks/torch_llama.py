@@ -95,14 +95,21 @@ class _Layer(torch.nn.Module):
     def attention(self, h, cos, sin, mask, pos, cfg):
         b, s, _ = h.shape
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        g = hq // hkv
         q, k, v = F.linear(h, self.qkv).split([hq * d, hkv * d, hkv * d], dim=-1)
-        q = _rope(q.view(b, s, hq, d), cos, sin).transpose(1, 2)
-        k = _rope(k.view(b, s, hkv, d), cos, sin).transpose(1, 2)
-        self.k_cache.index_copy_(2, pos, k)
+        q, k = _rope(q.view(b, s, hq, d), cos, sin), _rope(k.view(b, s, hkv, d), cos, sin)
+        self.k_cache.index_copy_(2, pos, k.transpose(1, 2))
         self.v_cache.index_copy_(2, pos, v.view(b, s, hkv, d).transpose(1, 2))
-        out = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
-                                             scale=cfg.attn_scale, enable_gqa=True)
-        return F.linear(out.transpose(1, 2).reshape(b, s, hq * d), self.o)
+        # Grouped-query attention without repeating K and V per query head (gpt-fast repeats
+        # them; that copies the cache every step): the g query heads sharing a KV head
+        # become g query rows of that head, each under its position's mask row.
+        q = q.view(b, s, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(b, hkv, s * g, d)
+        rows = mask[:, :, :, None, :].expand(1, 1, s, g, mask.shape[-1]).reshape(
+            1, 1, s * g, mask.shape[-1])
+        out = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=rows,
+                                             scale=cfg.attn_scale)
+        out = out.view(b, hkv, s, g, d).permute(0, 2, 1, 3, 4).reshape(b, s, hq * d)
+        return F.linear(out, self.o)
 
     def mlp(self, h):
         gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
