@@ -146,10 +146,15 @@ class _Models:
                 f"(CUDA graphs) needs CUDA, not {fw.device.type} "
                 f"(NEEDLE_BENCH_TORCH_COMPILE=1 compiles it anyway)"]
         tuning = os.environ.get("NEEDLE_BENCH_TORCH_TUNING", "1") != "0"
-        return "torch:compile", decoder, [
-            f"torch:compile (static cache of {model.capacity} positions, "
-            f"mode=reduce-overhead, coordinate-descent tuning {'on' if tuning else 'off'}) "
-            f"compiled and recorded in {decoder.compile_s:.1f} s"]
+        notes = [f"torch:compile (static cache of {model.capacity} positions, "
+                 f"mode=reduce-overhead, coordinate-descent tuning {'on' if tuning else 'off'})"
+                 f" compiled and recorded in {decoder.compile_s:.1f} s "
+                 f"({decoder.graphs} graph{'s' if decoder.graphs != 1 else ''})"]
+        if decoder.cudagraph_skips:
+            notes.append("torch:compile ran WITHOUT CUDA graphs (Inductor's cudagraph_skips "
+                         f"counter rose by {decoder.cudagraph_skips}"
+                         f"{'; a CPU has none' if fw.device.type == 'cpu' else ''})")
+        return "torch:compile", decoder, notes
 
 
 def _models(ctx: Context, family: Family, case: str) -> _Models:

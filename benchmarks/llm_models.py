@@ -215,7 +215,8 @@ def static_llama(ctx: Context, model, capacity: int):
     from .torch_llama import StaticLlama
 
     cfg, w = model.config, model.weights
-    if cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias or cfg.layer_windows[0] is not None:
+    if (cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias or cfg.attn_softcap is not None
+            or any(w is not None for w in cfg.layer_windows)):
         raise Skip("the gpt-fast-style peer runs plain Llama only")
     ctx.device.synchronize()
 

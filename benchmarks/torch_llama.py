@@ -147,18 +147,24 @@ class GreedyDecoder:
         self.token = torch.full((1, 1), first_token, dtype=torch.long, device=device)
         self.position = start
         self.compile_s: float | None = None
+        self.graphs = self.cudagraph_skips = 0
         self._step = model.decode_one
         if compiled:
             if os.environ.get("NEEDLE_BENCH_TORCH_TUNING", "1") != "0":
                 torch._inductor.config.coordinate_descent_tuning = True
             self._step = torch.compile(model.decode_one, mode="reduce-overhead",
                                        fullgraph=True)
+            skips = _count("inductor", "cudagraph_skips")
+            graphs = _count("stats", "unique_graphs")
             begin = time.perf_counter()
             self.run(3)  # compiles, then CUDA graph trees record (on the third call)
             self.restart()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             self.compile_s = time.perf_counter() - begin
+            self.graphs = _count("stats", "unique_graphs") - graphs  # 1 unless it recompiled
+            # > 0: Inductor ran the step without CUDA graphs (its log says why)
+            self.cudagraph_skips = _count("inductor", "cudagraph_skips") - skips
 
     def restart(self) -> None:
         """Back to ``start``, fed the first token again (what the first call checks)."""
@@ -181,3 +187,9 @@ class GreedyDecoder:
             if first is None:
                 first = logits.clone()
         return first
+
+
+def _count(group: str, name: str) -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters[group][name])
