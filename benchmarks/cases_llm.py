@@ -137,14 +137,15 @@ class _Models:
         model = static_llama(self.ctx, self.long_model() if long else self.model,
                              start + (fam.long_window if long else PEER_WINDOW))
         model.prefill([int(t) for t in _prompt(start, self.config.vocab_size)[0]])
-        compiled = (fw.device.type == "cuda"
-                    or os.environ.get("NEEDLE_BENCH_TORCH_COMPILE") == "1")
+        asked = os.environ.get("NEEDLE_BENCH_TORCH_COMPILE")  # "1": also without CUDA
+        compiled = asked != "0" and (fw.device.type == "cuda" or asked == "1")
         decoder = GreedyDecoder(model, start, FIRST_TOKEN, compiled)
         if not compiled:
+            why = ("NEEDLE_BENCH_TORCH_COMPILE=0" if asked == "0" else
+                   f"reduce-overhead (CUDA graphs) needs CUDA, not {fw.device.type} "
+                   f"(NEEDLE_BENCH_TORCH_COMPILE=1 compiles it anyway)")
             return "torch:static", decoder, [
-                f"torch:static is the gpt-fast-style model run eagerly: reduce-overhead "
-                f"(CUDA graphs) needs CUDA, not {fw.device.type} "
-                f"(NEEDLE_BENCH_TORCH_COMPILE=1 compiles it anyway)"]
+                f"torch:static is the gpt-fast-style model run eagerly: {why}"]
         tuning = os.environ.get("NEEDLE_BENCH_TORCH_TUNING", "1") != "0"
         notes = [f"torch:compile (static cache of {model.capacity} positions, "
                  f"mode=reduce-overhead, coordinate-descent tuning {'on' if tuning else 'off'})"
@@ -162,6 +163,8 @@ def _models(ctx: Context, family: Family, case: str) -> _Models:
     dropped when its last case takes them."""
     for key in [k for k in _BUILT if k != family.key]:
         _BUILT.pop(key)
+        if "torch" in ctx.frameworks:  # its compiled steps (and their CUDA graphs) go too
+            ctx.frameworks["torch"].torch._dynamo.reset()
     if family.key not in _BUILT:
         _BUILT[family.key] = _Models(ctx, family)
     built = _BUILT[family.key]

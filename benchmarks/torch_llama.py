@@ -152,8 +152,10 @@ class GreedyDecoder:
         if compiled:
             if os.environ.get("NEEDLE_BENCH_TORCH_TUNING", "1") != "0":
                 torch._inductor.config.coordinate_descent_tuning = True
+            # dynamic=False: the 1.1B and 8B models share decode_one's code, and a second
+            # shape must not turn the dimensions symbolic (static shapes, as gpt-fast has)
             self._step = torch.compile(model.decode_one, mode="reduce-overhead",
-                                       fullgraph=True)
+                                       fullgraph=True, dynamic=False)
             skips = _count("inductor", "cudagraph_skips")
             graphs = _count("stats", "unique_graphs")
             begin = time.perf_counter()
