@@ -49,6 +49,7 @@ import os
 import numpy as np
 
 from .llm_models import (
+    TINY,  # noqa: F401 - scripts/cpu_busy.py reads it from here
     DeviceRandom,
     Family,
     families,
@@ -69,6 +70,7 @@ PEER_WINDOW = 256  # positions past the prompt the gpt-fast peer's static cache 
 # bf16 logits of random weights can differ, and then so would every step after it.
 FIRST_TOKEN = 7
 _GROUP = "llm"
+_random_weights = host_random_weights  # the name scripts/cpu_busy.py knows
 _CASES_LEFT: dict[str, set[str]] = {}  # family key -> its cases not yet built
 _BUILT: dict[str, _Models] = {}  # family key -> its models (one family at a time)
 
@@ -85,10 +87,11 @@ class _Models:
     """One family's needle model, its transformers twin (1.1B, when present), and the
     gpt-fast-style peers and long-cache model, made when first asked for."""
 
-    def __init__(self, ctx: Context, family: Family):
+    def __init__(self, ctx: Context, family: Family | None = None):
         from needle.backend_ndarray import NDArray
         from needle.models import LlamaConfig, LlamaForCausalLM
 
+        family = family or families(ctx)["1.1b"]  # (scripts/profile_decode.py's default)
         self.ctx, self.family, self.dtype = ctx, family, family.dtype
         self.capacity = max(family.prefill, DECODE_PROMPT + 1024)
         self.long_capacity = family.long_prompt + family.long_window + DECODE_TOKENS
@@ -107,6 +110,14 @@ class _Models:
             self.hf = hf_model(ctx, raw, weights, self.dtype)
         self._long = None
         self._peers: dict[str, object] = {}
+
+    @property
+    def prefill_len(self) -> int:
+        return self.family.prefill
+
+    def streamed_bytes(self) -> int:
+        """Weight bytes one decode step reads (scripts/profile_decode.py's limit)."""
+        return weight_bytes(self.config, self.dtype)
 
     def long_model(self):
         """needle's model over the same weights with a cache of ``long_capacity`` positions
