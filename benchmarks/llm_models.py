@@ -98,15 +98,16 @@ class DeviceRandom:
     """A weight source making every tensor on the device from a few random host blocks.
 
     Making 16 GB of random numbers on the host and copying them over is slow (and needs the
-    16 GB twice over on the host); needle has no random-number kernels. So one block of at
-    most ``BLOCK_ROWS`` random rows is made on the host per row width and dtype (five blocks,
-    1.6 GB, for Llama-3-8B), copied once, and each tensor is assembled on the device from
-    rows of its block, starting at an offset drawn from the tensor's name (wrapping round).
-    Every tensor is its own memory: a decode step streams 16 GB, nothing comes from a cache.
-    Values are uniform of std 0.02 (norm scales 1 to 1.1), as the 1.1B model's are.
+    16 GB twice over on the host); needle has no random-number kernels. So one block of
+    ``BLOCK_ROWS`` random rows is made on the host per row width (for Llama-3-8B: 4096 x 4096
+    and 4096 x 14336, 150 MB of bf16, and one row for the norms), copied once, and each
+    tensor is assembled on the device from rows of its block, starting at an offset drawn
+    from the tensor's name and wrapping round. Every tensor is its own memory: a decode step
+    streams all 16 GB, nothing comes from a cache. Values are uniform of std 0.02 (norm
+    scales 1 to 1.1), as the 1.1B model's are.
     """
 
-    BLOCK_ROWS = 16384
+    BLOCK_ROWS = 4096
 
     def __init__(self, ctx: Context, dtype: str):
         self.ctx, self.dtype = ctx, dtype
