@@ -148,7 +148,9 @@ def table(results: list[CaseResult], ceilings: dict[str, Ceiling], device_name: 
     noted: dict[str, list[str]] = {}  # a note shared by several cases is printed once
     for res in results:
         for note in res.notes:
-            noted.setdefault(note, []).append(res.name)
+            names = noted.setdefault(note, [])
+            if res.name not in names:
+                names.append(res.name)
     notes = [f"note ({', '.join(names)}): {note}" for note, names in noted.items()]
     return "\n".join(lines + ([""] + notes if notes else []))
 
