@@ -134,7 +134,12 @@ class _Models:
         restarted at its first step; built, prefilled and compiled on first use."""
         key = "long" if long else "short"
         if key not in self._peers:
-            self._peers[key] = self._make_peer(long)
+            try:
+                self._peers[key] = self._make_peer(long)
+            except Exception as e:  # remembered: the next case does not compile it again
+                self._peers[key] = e
+        if isinstance(self._peers[key], Exception):
+            raise self._peers[key]
         name, decoder, notes = self._peers[key]
         decoder.restart()
         return name, decoder, notes
@@ -297,6 +302,9 @@ def _decode_impls(m: _Models, ctx: Context, long: bool) -> tuple[dict[str, Impl]
             name, decoder, notes = m.peer(long)
         except Skip as e:
             return impls, [f"no gpt-fast-style peer: {e}"]
+        except Exception as e:  # a peer that cannot be built must not cost needle's figures
+            first = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            return impls, [f"the gpt-fast-style peer could not be built: {first}"]
         impls[name] = Impl(lambda: decoder.run(DECODE_TOKENS), [()])
     return impls, notes
 
