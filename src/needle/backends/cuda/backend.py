@@ -237,7 +237,7 @@ class CudaBackend(GpuBackend):
         warps = max(1, min(tuning.fused_warps, kern.max_threads // 32))
         per_warp = 1  # rows in a warp run one after another: many warps hide latency better
         groups = cdiv(cdiv(p, per_warp), warps)
-        flags = (1 if tuning.l2_prefetch else 0) | (2 if tuning.early_weights else 0)
+        flags = 1 if tuning.l2_prefetch else 0
         params = FUSED_GEMV.pack(dim, p, per_warp, eps, flags)
         buffers = ((x.buffer, weight.buffer, out.buffer) if kind == "add" else
                    (x.buffer, w.buffer, weight.buffer, out.buffer))

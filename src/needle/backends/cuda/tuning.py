@@ -52,7 +52,6 @@ class CudaTuning(GpuTuning):
     # docs/cuda_notes.md v9)
     fused_warps: int = 4  # warps per group of the fused gemvs
     l2_prefetch: bool = False  # fused gemvs prefetch their groups' weight rows into L2: sm_90+
-    early_weights: bool = False  # fused gemvs load weights before waiting on the last kernel
     decode_one_launch: bool = True  # attention_decode merges in its last group (else 2 kernels)
 
     @classmethod
@@ -73,5 +72,4 @@ class CudaTuning(GpuTuning):
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "0") == "1",
                    fused_warps=int(env.get("NEEDLE_FUSED_WARPS", "4")),
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
-                   early_weights=env.get("NEEDLE_EARLY_WEIGHTS", "0") == "1",
                    decode_one_launch=env.get("NEEDLE_DECODE_ONE_LAUNCH", "1") != "0")

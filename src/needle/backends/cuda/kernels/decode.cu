@@ -8,32 +8,22 @@
 // x^2 along with its dot product (every warp in the same order, so r is the same in all) and
 // scales its sums by r at the end. The normed vector stays in float32 (the composed ops round
 // it to T first): within the dtype's tolerance of the definition, and closer to float64.
-// Options (params.flags): FG_PREFETCH asks for the group's weight rows in L2 before anything
-// else; FG_EARLY issues the warp's first round of weight loads before waiting for the
-// previous kernel (griddepcontrol.wait), since weights do not depend on it.
+// Option (params.flags): FG_PREFETCH asks for the group's weight rows in L2 before waiting for
+// the previous kernel (griddepcontrol.wait), since weights do not depend on it.
 #include "common.cuh"
 
 struct FusedGemvParams {  // gpu/array.py FUSED_GEMV
   i64 k, p, rows_per_warp;
   float eps;
-  int flags;  // FG_PREFETCH | FG_EARLY
+  int flags;  // FG_PREFETCH
 };
-constexpr int FG_PREFETCH = 1, FG_EARLY = 2;
+constexpr int FG_PREFETCH = 1;
 
 namespace fg {
 // groups of 4 warps; at least 5 groups per SM caps registers at 102 per thread, so that
-// 20 warps per SM keep their weight loads in flight (gemv_t's occupancy; unbounded, the
-// norm's extra vectors took 171-228 registers and 2-3 groups per SM)
-constexpr int MAX_THREADS = 128, MIN_GROUPS = 5, LOADS = 8;  // 16-byte weight loads per lane
-
-// a 16-byte vector through L1, ordered with the other asm loads
-template <class T, int V>
-__device__ __forceinline__ Vec<T, V> ld_cached(const Vec<T, V>* p) {
-  uint4 r;
-  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return *reinterpret_cast<Vec<T, V>*>(&r);
-}
+// 20 warps per SM keep their loads in flight (gemv_t's occupancy; without the cap, v2's
+// rounds of 8 vectors of each of w, x and nw took 171-228 registers, 2-3 groups per SM)
+constexpr int MAX_THREADS = 128, MIN_GROUPS = 5;
 
 // bytes of W from row `row` on, into L2, asynchronously (one thread)
 __device__ __forceinline__ void prefetch_rows(const void* row, u64 bytes) {
@@ -48,12 +38,15 @@ __device__ __forceinline__ void prefetch_rows(const void* row, u64 bytes) {
 #endif
 }
 
-// R weight rows of one warp against the vector x (times nw, for a norm), 16-byte vectors
+// R weight rows of one warp against the vector x (times nw, for a norm), 16-byte vectors.
+// A round loads U vectors of each row, of x and of nw together (as gemv_t does), so every
+// load of the round is in flight at once; U keeps a round at 16 vectors per lane (gemv_t's
+// 8 weight + 8 activation vectors), which with at least 5 groups per SM fits 96 registers.
 template <class T, int R, bool NORM>
 struct Rows {
-  static constexpr int V = 16 / sizeof(T), U = LOADS / R;  // rounds of U vectors per row
+  static constexpr int V = 16 / sizeof(T), U = NORM ? 16 / (R + 2) : 7;  // 7: room for the residual
   typedef Vec<T, V> Vt;
-  Vt w[R][U];
+  Vt w[R][U], xv[U], gv[U];
 
   __device__ __forceinline__ void fetch(const Vt* const (&rows)[R], i64 base, i64 nv) {
 #pragma unroll
@@ -66,32 +59,37 @@ struct Rows {
     }
   }
 
+  __device__ __forceinline__ void fetch_x(const Vt* x, const Vt* nw, i64 base, i64 nv) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const i64 q = base + u * 32;
+      if (q < nv) {
+        xv[u] = x[q];
+        if (NORM) gv[u] = nw[q];
+      }
+    }
+  }
+
   // acc[r] = sum over k of rows[r][k] * x[k] (* nw[k]), and ss = sum of x[k]^2, summed over
-  // the warp; `preloaded`: the first round is already in w
+  // the warp
   __device__ __forceinline__ void dot(const Vt* const (&rows)[R], const Vt* x, const Vt* nw,
-                                     i64 nv, bool preloaded, float (&acc)[R], float& ss) {
+                                     i64 nv, float (&acc)[R], float& ss) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
     ss = 0.f;
     for (i64 base = lane; base < nv; base += 32 * U) {
-      if (!(preloaded && base == lane)) fetch(rows, base, nv);
-      // x (and nw) a vector at a time, in program order after the weight loads (asm
-      // volatile keeps the order): L1 hits, so holding all U of them in registers would
-      // only cost occupancy (the weights are the loads that must be in flight)
+      fetch(rows, base, nv);
+      fetch_x(x, nw, base, nv);
 #pragma unroll
       for (int u = 0; u < U; u++) {
-        const i64 q = base + u * 32;
-        if (q < nv) {
-          const Vt xv = ld_cached<T, V>(x + q);
-          Vt gv;
-          if (NORM) gv = ld_cached<T, V>(nw + q);
+        if (base + u * 32 < nv) {
 #pragma unroll
           for (int e = 0; e < V; e++) {
-            float xe = load(xv.v[e]);
+            float xe = load(xv[u].v[e]);
             if (NORM) {
               ss += xe * xe;
-              xe *= load(gv.v[e]);
+              xe *= load(gv[u].v[e]);
             }
 #pragma unroll
             for (int r = 0; r < R; r++) acc[r] += load(w[r][u].v[e]) * xe;
@@ -142,14 +140,6 @@ __device__ __forceinline__ void fused_gemv(const T* __restrict__ x, const T* __r
   const Span span(p);
   prefetch_group(W, p, KIND == 1);
   Rows<T, R, NORM> rows;
-  const bool early = (p.flags & FG_EARLY) && span.count;
-  if (early) {
-    const Vt* first[R];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-      first[r] = reinterpret_cast<const Vt*>(W + (span.first + (r ? p.p : 0)) * p.k);
-    rows.fetch(first, threadIdx.x & 31, nv);
-  }
   pdl_entry();  // x (and total) are the previous kernels' outputs
   const Vt* xv = reinterpret_cast<const Vt*>(x);
   const Vt* gv = reinterpret_cast<const Vt*>(nw);
@@ -161,7 +151,7 @@ __device__ __forceinline__ void fused_gemv(const T* __restrict__ x, const T* __r
     // the residual's old value, asked for now so that its latency hides behind the dot
     const C before = KIND == 2 && (threadIdx.x & 31) == 0 ? (C)load(out[j]) : C(0);
     float acc[R], ss;
-    rows.dot(row, xv, gv, nv, early && i == 0, acc, ss);
+    rows.dot(row, xv, gv, nv, acc, ss);
     if ((threadIdx.x & 31) != 0) continue;
     if (KIND == 2) {
       out[j] = store<T>(before + (C)load(store<T>((C)acc[0])));
