@@ -70,12 +70,12 @@ def main() -> None:
         pos = nd.array(np.array([p], np.int32), device=dev)
         t = per_op(be, lambda pos=pos: nd.attention_decode(qkv, cos, sin, pos, keys, values, 32))
         print(f"{'attention_decode p=' + str(p):<34} {t * 1e6:>8.2f}")
-    with be.tuned(decode_one_launch=False):
-        for p in (128, 8000):
+    with be.tuned(decode_attention="split"):
+        for p in (128, 1152, 8000):
             pos = nd.array(np.array([p], np.int32), device=dev)
             t = per_op(be, lambda pos=pos: nd.attention_decode(qkv, cos, sin, pos, keys, values,
                                                                32))
-            print(f"{'attention_decode 2 kernels p=' + str(p):<34} {t * 1e6:>8.2f}")
+            print(f"{'attention_decode split p=' + str(p):<34} {t * 1e6:>8.2f}")
     tok = nd.zeros((1, 1), "int32", dev)
     t = per_op(be, lambda: tok.fill(3))
     print(f"{'fill (a near-empty kernel)':<34} {t * 1e6:>8.2f}")

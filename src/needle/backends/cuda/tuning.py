@@ -53,6 +53,7 @@ class CudaTuning(GpuTuning):
     fused_warps: int = 4  # warps per group of the fused gemvs
     l2_prefetch: bool = False  # fused gemvs prefetch their groups' weight rows into L2: sm_90+
     decode_one_launch: bool = True  # attention_decode merges in its last group (else 2 kernels)
+    decode_attention: str = "flash"  # "flash" (kernels/decode.cu) or "split" (nn.cu's fused)
 
     @classmethod
     def for_device(cls, capability: int, arch: str, env=os.environ) -> CudaTuning:
@@ -72,4 +73,5 @@ class CudaTuning(GpuTuning):
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "0") == "1",
                    fused_warps=int(env.get("NEEDLE_FUSED_WARPS", "4")),
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
-                   decode_one_launch=env.get("NEEDLE_DECODE_ONE_LAUNCH", "1") != "0")
+                   decode_one_launch=env.get("NEEDLE_DECODE_ONE_LAUNCH", "1") != "0",
+                   decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "flash"))

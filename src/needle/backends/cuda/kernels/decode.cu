@@ -189,3 +189,183 @@ __device__ __forceinline__ void fused_gemv(const T* __restrict__ x, const T* __r
 ONLY(f16, FUSED_GEMV(f16, half_t))
 ONLY(bf16, FUSED_GEMV(bf16, bf16_t))
 ONLY(f32, FUSED_GEMV(f32, float))
+
+// ---- attention_decode_flash_*: one token against the KV cache (numpy_ref.attention_decode) --
+// Group (KV head h, split s) of G warps, warp g = query head h * G + g. The cache up to the
+// position p (read on the device) is cut into S = min(splits, ceil((p + 1) / 64)) equal
+// ranges, one per active group, so that at any position about one group per SM has work
+// and the merge reads at most `splits` (<= 32) partials. A group walks its range in tiles
+// of 64 positions with an online softmax, every warp on its own query head: lanes take
+// positions for the scores (lane l: positions l and l + 32 of the tile, each key row read
+// with 16-byte loads) and dimensions for p·V (lane l: dims l, l + 32, ...), so the softmax
+// needs only warp shuffles and the group meets at a barrier once (the new key and value).
+// The group whose range holds p ropes the new key, writes key and value to the cache and
+// keeps them in shared memory for its own use. With one split the group writes the output;
+// otherwise the group that finishes last for its KV head merges (a counter per KV head).
+struct FlashParams {  // gpu/array.py DECODE layout: decode_flash reuses attention_decode's
+  i64 q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
+  float scale, scale_lo;
+};
+
+namespace fd {
+constexpr int TILE = 64;
+
+template <class T, int D>
+__device__ __forceinline__ float dot_row(const float* q, const T* row) {  // q (smem) . row
+  constexpr int V = 16 / sizeof(T);
+  typedef Vec<T, V> Vt;
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < D / V; c++) {
+    const Vt k = reinterpret_cast<const Vt*>(row)[c];
+#pragma unroll
+    for (int e = 0; e < V; e++) acc += q[c * V + e] * load(k.v[e]);
+  }
+  return acc;
+}
+
+template <class T, int D>
+__device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __restrict__ cs,
+                                      const T* __restrict__ sn, const int* __restrict__ position,
+                                      T* keys, T* values, float* __restrict__ part_o,
+                                      float* __restrict__ part_ml, T* __restrict__ out,
+                                      unsigned* counters, const FlashParams& p, float* smem) {
+  constexpr int HALF = D / 2, PER = D / 32;  // dims per lane in p.V
+  const int G = blockDim.x / 32, g = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const i64 h = blockIdx.x, s = blockIdx.y, hq = h * G + g;
+  const i64 pos = position[0];
+  if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) {  // nothing written: NaN out
+    if (s == 0)
+      for (int d = lane; d < D; d += 32) out[hq * D + d] = store<T>(0.f / 0.f);
+    return;
+  }
+  const i64 n = pos + 1;
+  const i64 S = p.splits < (n + TILE - 1) / TILE ? p.splits : (n + TILE - 1) / TILE;
+  if (s >= S) return;
+  const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
+  float* q = smem + g * D;         // this warp's roped query
+  float* knew = smem + G * D;      // the new position's roped key and value, if in range
+  float* vnew = knew + D;
+  const T* c_row = cs + pos * HALF;
+  const T* s_row = sn + pos * HALF;
+  // 1. rope: the query of this warp's head; warp 0 also the key (and the value) at p
+  const bool holds = pos < end;
+  for (int i = lane; i < HALF; i += 32) {
+    const float c = load(c_row[i]), sv = load(s_row[i]);
+    const T* x = qkv + hq * D;
+    const float x1 = load(x[i]), x2 = load(x[i + HALF]);
+    q[i] = load(store<T>(x1 * c - x2 * sv));  // rounded as rope's output is
+    q[i + HALF] = load(store<T>(x2 * c + x1 * sv));
+    if (holds && g == 0) {
+      const T* kx = qkv + (p.q_heads + h) * D;
+      const float k1 = load(kx[i]), k2 = load(kx[i + HALF]);
+      const T r1 = store<T>(k1 * c - k2 * sv), r2 = store<T>(k2 * c + k1 * sv);
+      keys[(h * p.capacity + pos) * D + i] = r1;
+      keys[(h * p.capacity + pos) * D + i + HALF] = r2;
+      knew[i] = load(r1);
+      knew[i + HALF] = load(r2);
+    }
+  }
+  if (holds && g == 0)
+    for (int d = lane; d < D; d += 32) {
+      const T v = qkv[(p.q_heads + p.kv_heads + h) * D + d];
+      values[(h * p.capacity + pos) * D + d] = v;
+      vnew[d] = load(v);
+    }
+  __syncthreads();
+  const float scale = p.scale + p.scale_lo;
+  const T* kc = keys + h * p.capacity * D;
+  const T* vc = values + h * p.capacity * D;
+  float m = neg_inf<float>(), l = 0.f, acc[PER];
+#pragma unroll
+  for (int e = 0; e < PER; e++) acc[e] = 0.f;
+  for (i64 t0 = start; t0 < end; t0 += TILE) {
+    // 2. scores of this tile: lane l has positions t0 + l and t0 + 32 + l
+    float sc[2];
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      const i64 j = t0 + half * 32 + lane;
+      sc[half] = neg_inf<float>();
+      if (j < end) sc[half] = (j == pos ? dot_row<float, D>(q, knew)
+                                        : dot_row<T, D>(q, kc + j * D)) * scale;
+    }
+    const float mt = warp_max(fmaxf(sc[0], sc[1]));
+    const float mn = fmaxf(m, mt);
+    const float alpha = m_exp(m - mn);  // 0 on the first tile (m = -inf)
+    float pr[2];
+#pragma unroll
+    for (int half = 0; half < 2; half++) pr[half] = m_exp(sc[half] - mn);  // 0 past the end
+    l = l * alpha + warp_sum(pr[0] + pr[1]);
+    m = mn;
+#pragma unroll
+    for (int e = 0; e < PER; e++) acc[e] *= alpha;
+    // 3. p.V: lane l owns dims l, l + 32, ...; the probabilities come by shuffle
+    const int rows = end - t0 < TILE ? (int)(end - t0) : TILE;
+    for (int r = 0; r < rows; r++) {
+      const float pj = __shfl_sync(0xffffffffu, r < 32 ? pr[0] : pr[1], r % 32);
+      const i64 j = t0 + r;
+      if (j == pos) {
+#pragma unroll
+        for (int e = 0; e < PER; e++) acc[e] += pj * vnew[lane + 32 * e];
+      } else {
+        const T* vr = vc + j * D;
+#pragma unroll
+        for (int e = 0; e < PER; e++) acc[e] += pj * load(vr[lane + 32 * e]);
+      }
+    }
+  }
+  if (S == 1) {
+#pragma unroll
+    for (int e = 0; e < PER; e++) out[hq * D + lane + 32 * e] = store<T>(acc[e] / l);
+    return;
+  }
+  // 4. partials, then the merge in the group that finishes last for this KV head
+  const i64 slot = hq * p.splits + s;
+#pragma unroll
+  for (int e = 0; e < PER; e++) part_o[slot * D + lane + 32 * e] = acc[e];
+  if (lane == 0) {
+    part_ml[slot * 2] = m;
+    part_ml[slot * 2 + 1] = l;
+  }
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(counters + h, 1u) == (unsigned)(S - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const i64 base = hq * p.splits;
+  const float mi = lane < S ? __ldcg(part_ml + (base + lane) * 2) : neg_inf<float>();
+  const float li = lane < S ? __ldcg(part_ml + (base + lane) * 2 + 1) : 0.f;
+  const float mm = warp_max(mi);
+  const float wi = lane < S ? m_exp(mi - mm) : 0.f;
+  const float total = warp_sum(li * wi);
+  float o[PER];
+#pragma unroll
+  for (int e = 0; e < PER; e++) o[e] = 0.f;
+  for (int r = 0; r < S; r++) {
+    const float wr = __shfl_sync(0xffffffffu, wi, r);
+#pragma unroll
+    for (int e = 0; e < PER; e++) o[e] += wr * __ldcg(part_o + (base + r) * D + lane + 32 * e);
+  }
+#pragma unroll
+  for (int e = 0; e < PER; e++) out[hq * D + lane + 32 * e] = store<T>(o[e] / total);
+  if (threadIdx.x == 0) counters[h] = 0u;  // ready for the next launch
+}
+}  // namespace fd
+
+#define FLASH_DECODE(SFX, T, D)                                                                \
+  extern "C" __global__ void __launch_bounds__(512)                                            \
+      attention_decode_flash##D##_##SFX(const T* __restrict__ qkv, const T* __restrict__ cs,   \
+                                        const T* __restrict__ sn, const int* __restrict__ pos, \
+                                        T* keys, T* values, float* __restrict__ part_o,        \
+                                        float* __restrict__ part_ml, T* __restrict__ out,      \
+                                        unsigned* counters, FlashParams p) {                   \
+    pdl_entry();                                                                               \
+    extern __shared__ __align__(16) float fd_smem[];                                           \
+    fd::flash<T, D>(qkv, cs, sn, pos, keys, values, part_o, part_ml, out, counters, p, fd_smem); \
+  }
+#define FLASH_DECODE_ALL(SFX, T) FLASH_DECODE(SFX, T, 64) FLASH_DECODE(SFX, T, 128)
+ONLY(f16, FLASH_DECODE_ALL(f16, half_t))
+ONLY(bf16, FLASH_DECODE_ALL(bf16, bf16_t))
+ONLY(f32, FLASH_DECODE_ALL(f32, float))
