@@ -36,23 +36,28 @@ constexpr int64_t kFusedRows = 16;
 // Accumulation type: float for f32/f16/bf16, double for f64 (as matmul's).
 template <class S> using acc_t = std::conditional_t<std::is_same_v<S, double>, double, float>;
 
-// h (rows x dim, compute type) = rmsnorm(x) * w rounded to S, exactly as rmsnorm_kernel
-// (nn.cc) stores it; or, without w (matvec_add), x widened.
-template <class S>
-void normed_row(const S* v, const S* w, int64_t dim, double eps, acc_t<S>* h) {
+// 1 / sqrt(mean(v^2) + eps) of one row, computed as rmsnorm_kernel (nn.cc) computes it.
+template <class S> acc_t<S> inv_rms(const S* v, int64_t dim, double eps) {
   using C = acc_t<S>;
-  if (!w) {
-#pragma omp simd
-    for (int64_t i = 0; i < dim; ++i) h[i] = load(v[i]);
-    return;
-  }
   C ms = 0;
 #pragma omp simd reduction(+ : ms)
   for (int64_t i = 0; i < dim; ++i) {
     const C t = load(v[i]);
     ms += t * t;
   }
-  const C inv = C(1) / std::sqrt(ms / (C)dim + (C)eps);
+  return C(1) / std::sqrt(ms / (C)dim + (C)eps);
+}
+
+// One row of h in the compute type: rmsnorm(v) * w rounded to S, as rmsnorm stores it; or,
+// without w (matvec_add), v widened.
+template <class S>
+void normed_row(const S* v, const S* w, int64_t dim, double eps, acc_t<S>* h) {
+  if (!w) {
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) h[i] = load(v[i]);
+    return;
+  }
+  const acc_t<S> inv = inv_rms(v, dim, eps);
 #pragma omp simd
   for (int64_t i = 0; i < dim; ++i) h[i] = load(store<S>(load(v[i]) * inv * load(w[i])));
 }
@@ -174,14 +179,7 @@ template <class S, Epilogue E> void gemm_rows(DType dt, const FusedArgs<S>& g) {
     S* hs = normed->p;
     parallel_items(rows, dim, [&](int64_t r) {
       const S* v = g.x + r * dim;
-      using C = acc_t<S>;
-      C ms = 0;
-#pragma omp simd reduction(+ : ms)
-      for (int64_t i = 0; i < dim; ++i) {
-        const C t = load(v[i]);
-        ms += t * t;
-      }
-      const C inv = C(1) / std::sqrt(ms / (C)dim + (C)g.eps);
+      const acc_t<S> inv = inv_rms(v, dim, g.eps);
 #pragma omp simd
       for (int64_t i = 0; i < dim; ++i) hs[r * dim + i] = store<S>(load(v[i]) * inv * load(g.w[i]));
     });
