@@ -291,3 +291,7 @@ def test_native_cpu_kernels_exist_and_check_their_buffers():
     with pytest.raises(DTypeError, match="int32"):
         i32 = lambda n: be.Array(n, "int32")  # noqa: E731
         be.rmsnorm_matvec(i32(8), i32(8), i32(8), i32(1), 1, 8, 1, 1e-6)
+    for rows in (2, 20):  # dim 0 on both paths: nothing to sum, zeros (as numpy_ref)
+        out = nd.full((rows, 3), 7.0, device=cpu)
+        be.rmsnorm_matvec(f32(0), f32(0), f32(0), out._handle, rows, 0, 3, 1e-6)
+        assert_equal(out, np.zeros((rows, 3), np.float32))

@@ -36,37 +36,65 @@ constexpr int64_t kFusedRows = 16;
 // Accumulation type: float for f32/f16/bf16, double for f64 (as matmul's).
 template <class S> using acc_t = std::conditional_t<std::is_same_v<S, double>, double, float>;
 
-// h (rows x dim, compute type) = rmsnorm(x) * w rounded to S, exactly as rmsnorm_kernel
-// (nn.cc) stores it; or, without w (matvec_add), x widened.
-template <class S>
-void normed_row(const S* v, const S* w, int64_t dim, double eps, acc_t<S>* h) {
+// 1 / sqrt(mean(v^2) + eps) of one row, computed as rmsnorm_kernel (nn.cc) computes it.
+template <class S> acc_t<S> inv_rms(const S* v, int64_t dim, double eps) {
   using C = acc_t<S>;
-  if (!w) {
-#pragma omp simd
-    for (int64_t i = 0; i < dim; ++i) h[i] = load(v[i]);
-    return;
-  }
   C ms = 0;
 #pragma omp simd reduction(+ : ms)
   for (int64_t i = 0; i < dim; ++i) {
     const C t = load(v[i]);
     ms += t * t;
   }
-  const C inv = C(1) / std::sqrt(ms / (C)dim + (C)eps);
+  return C(1) / std::sqrt(ms / (C)dim + (C)eps);
+}
+
+// One row of h in the compute type: rmsnorm(v) * w rounded to S, as rmsnorm stores it; or,
+// without w (matvec_add), v widened.
+template <class S>
+void normed_row(const S* v, const S* w, int64_t dim, double eps, acc_t<S>* h) {
+  if (!w) {
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) h[i] = load(v[i]);
+    return;
+  }
+  const acc_t<S> inv = inv_rms(v, dim, eps);
 #pragma omp simd
   for (int64_t i = 0; i < dim; ++i) h[i] = load(store<S>(load(v[i]) * inv * load(w[i])));
 }
 
 // acc[r * ld + q] = h[r] . W[q] for r < rows, q < n, W holding n rows of length dim. Four
 // weight rows at a time: each load of h serves four of them, and the four rows (a few KiB)
-// stay in cache while the other rows of h pass over them, so the weights stream once.
+// stay in cache while the rows of h pass over them, so the weights stream once; two rows of
+// h per pass share each widened weight element (eight sums: within 16 vector registers).
 template <class S, class T>
 void dot_block(const T* h, int64_t rows, const S* W, int64_t n, int64_t dim, T* acc,
                int64_t ld) {
   int64_t q = 0;
   for (; q + 4 <= n; q += 4) {
     const S *w0 = W + q * dim, *w1 = w0 + dim, *w2 = w1 + dim, *w3 = w2 + dim;
-    for (int64_t r = 0; r < rows; ++r) {
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+      const T *ha = h + r * dim, *hb = ha + dim;
+      T a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+#pragma omp simd reduction(+ : a0, a1, a2, a3, b0, b1, b2, b3)
+      for (int64_t k = 0; k < dim; ++k) {
+        const T x0 = (T)load(w0[k]), x1 = (T)load(w1[k]), x2 = (T)load(w2[k]),
+                x3 = (T)load(w3[k]);
+        const T u = ha[k], v = hb[k];
+        a0 += u * x0;
+        a1 += u * x1;
+        a2 += u * x2;
+        a3 += u * x3;
+        b0 += v * x0;
+        b1 += v * x1;
+        b2 += v * x2;
+        b3 += v * x3;
+      }
+      T* o = acc + r * ld + q;
+      o[0] = a0, o[1] = a1, o[2] = a2, o[3] = a3;
+      o[ld] = b0, o[ld + 1] = b1, o[ld + 2] = b2, o[ld + 3] = b3;
+    }
+    for (; r < rows; ++r) {
       const T* hr = h + r * dim;
       T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
@@ -77,11 +105,8 @@ void dot_block(const T* h, int64_t rows, const S* W, int64_t n, int64_t dim, T* 
         s2 += hk * (T)load(w2[k]);
         s3 += hk * (T)load(w3[k]);
       }
-      T* a = acc + r * ld + q;
-      a[0] = s0;
-      a[1] = s1;
-      a[2] = s2;
-      a[3] = s3;
+      T* o = acc + r * ld + q;
+      o[0] = s0, o[1] = s1, o[2] = s2, o[3] = s3;
     }
   }
   for (; q < n; ++q) {
@@ -154,14 +179,7 @@ template <class S, Epilogue E> void gemm_rows(DType dt, const FusedArgs<S>& g) {
     S* hs = normed->p;
     parallel_items(rows, dim, [&](int64_t r) {
       const S* v = g.x + r * dim;
-      using C = acc_t<S>;
-      C ms = 0;
-#pragma omp simd reduction(+ : ms)
-      for (int64_t i = 0; i < dim; ++i) {
-        const C t = load(v[i]);
-        ms += t * t;
-      }
-      const C inv = C(1) / std::sqrt(ms / (C)dim + (C)g.eps);
+      const acc_t<S> inv = inv_rms(v, dim, g.eps);
 #pragma omp simd
       for (int64_t i = 0; i < dim; ++i) hs[r * dim + i] = store<S>(load(v[i]) * inv * load(g.w[i]));
     });
