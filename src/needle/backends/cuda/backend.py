@@ -290,7 +290,7 @@ class CudaBackend(GpuBackend):
         kern = self._kernel("decode", f"attention_decode_flash{head_dim}_{SUFFIX[dt]}")
         kern.check_threads(32 * group)
         splits = min(32, cdiv(capacity, 64))
-        shared = (group + 2) * head_dim * 4
+        shared = group * head_dim * 4  # each warp's roped query
         kern.reserve_shared(shared)
         part_o = self._workspace(q_heads * splits * head_dim * 4)
         part_ml = self._workspace(q_heads * splits * 2 * 4)

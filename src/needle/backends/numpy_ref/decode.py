@@ -5,10 +5,8 @@ A decoder layer for one token is five fused operations: norm + QKV projection, a
 SiLU·mul, down projection + residual add. The three kinds of projection are defined here.
 
 Every intermediate is rounded to the array's dtype exactly where the unfused sequence of
-operations would round it (``rmsnorm``, ``matmul``, ``swiglu``, ``ewise_add``). A fused
-kernel may keep the normed vector in float32 instead of rounding it (CUDA's does: each warp
-scales its dot products by the norm's factor at the end), which is within the dtype's
-tolerance of this definition and closer to a float64 computation. Weights are
+operations would round it (``rmsnorm``, ``matmul``, ``swiglu``, ``ewise_add``), so a fused
+kernel differs from the composed ops only in the order of its float32 sums. Weights are
 stored (out, in) as PyTorch stores them; ``x``/``a`` hold ``rows`` rows of length ``dim``.
 """
 

@@ -1,13 +1,13 @@
 // The decode step's fused projections (numpy_ref/decode.py; docs/kernels.md, "decode"):
-//   rmsnorm_gemv_*         out[j] = r * (W (x * nw))[j],      r = 1 / sqrt(mean(x^2) + eps)
-//   rmsnorm_gemv_swiglu_*  out[j] = silu(g) * u,  g = r (W (x nw))[j], u = r (W (x nw))[p + j]
+//   rmsnorm_gemv_*         out[j] = (W h)[j],                h = rmsnorm(x) * nw, rounded to T
+//   rmsnorm_gemv_swiglu_*  out[j] = silu(g) * u,  g = (W h)[j], u = (W h)[p + j], each rounded
 //   gemv_add_*             x[j] = x[j] + (W a)[j], in place (the residual stream)
 // One token (a single row). W is (rows, k) as checkpoints store it; a warp streams whole rows
-// with 16-byte loads that bypass L1 (ld_stream), reading x and nw (L1-cached) in the same
-// rounds, so the norm costs no extra pass, synchronization or shared memory: each warp sums
-// x^2 along with its dot product (every warp in the same order, so r is the same in all) and
-// scales its sums by r at the end. The normed vector stays in float32 (the composed ops round
-// it to T first): within the dtype's tolerance of the definition, and closer to float64.
+// with 16-byte loads that bypass L1 (ld_stream), reading x (and nw: L1-cached) in the same
+// rounds, as gemv_t does. The norm needs no shared memory or barrier: each warp first sums
+// x^2 (a pass over x, a few KB in L1, while its first weight loads are in flight; every warp
+// in the same order, so all get the same factor), then makes h = x * r * nw rounded to T on
+// the fly, exactly as rmsnorm stores it.
 // Option (params.flags): FG_PREFETCH asks for the group's weight rows in L2 before waiting for
 // the previous kernel (griddepcontrol.wait), since weights do not depend on it.
 #include "common.cuh"
@@ -40,11 +40,12 @@ __device__ __forceinline__ void prefetch_rows(const void* row, u64 bytes) {
 
 // R weight rows of one warp against the vector x (times nw, for a norm), 16-byte vectors.
 // A round loads U vectors of each row, of x and of nw together (as gemv_t does), so every
-// load of the round is in flight at once; U keeps a round at 16 vectors per lane (gemv_t's
-// 8 weight + 8 activation vectors), which with at least 5 groups per SM fits 96 registers.
+// load of the round is in flight at once. U keeps a round within what 96 registers hold
+// (at least 5 groups per SM, gemv_t's occupancy): 8 weight vectors in flight per lane for
+// gemv_add (7, with the residual), 4 for rmsnorm_gemv, 6 for the SwiGLU pair of rows.
 template <class T, int R, bool NORM>
 struct Rows {
-  static constexpr int V = 16 / sizeof(T), U = NORM ? 16 / (R + 2) : 7;  // 7: room for the residual
+  static constexpr int V = 16 / sizeof(T), U = NORM ? 12 / (R + 2) : 7;
   typedef Vec<T, V> Vt;
   Vt w[R][U], xv[U], gv[U];
 
@@ -70,38 +71,52 @@ struct Rows {
     }
   }
 
-  // acc[r] = sum over k of rows[r][k] * x[k] (* nw[k]), and ss = sum of x[k]^2, summed over
-  // the warp
+  // acc[r] = sum over k of rows[r][k] * h[k], h = x, or x * rs * nw rounded to T (the norm),
+  // summed over the warp; `preloaded`: the first round of weights is already in w
   __device__ __forceinline__ void dot(const Vt* const (&rows)[R], const Vt* x, const Vt* nw,
-                                     i64 nv, float (&acc)[R], float& ss) {
+                                     float rs, i64 nv, bool preloaded, float (&acc)[R]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
-    ss = 0.f;
     for (i64 base = lane; base < nv; base += 32 * U) {
-      fetch(rows, base, nv);
+      if (!(preloaded && base == lane)) fetch(rows, base, nv);
       fetch_x(x, nw, base, nv);
 #pragma unroll
       for (int u = 0; u < U; u++) {
         if (base + u * 32 < nv) {
 #pragma unroll
           for (int e = 0; e < V; e++) {
-            float xe = load(xv[u].v[e]);
-            if (NORM) {
-              ss += xe * xe;
-              xe *= load(gv[u].v[e]);
-            }
+            float h = load(xv[u].v[e]);
+            if (NORM) h = load(store<T>(h * rs * load(gv[u].v[e])));  // rmsnorm's rounding
 #pragma unroll
-            for (int r = 0; r < R; r++) acc[r] += load(w[r][u].v[e]) * xe;
+            for (int r = 0; r < R; r++) acc[r] += load(w[r][u].v[e]) * h;
           }
         }
       }
     }
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
-    if (NORM) ss = warp_sum(ss);
   }
 };
+
+// 1 / sqrt(mean(x^2) + eps) over the warp (every warp sums in the same order)
+template <class T>
+__device__ __forceinline__ float norm_factor(const T* x, const FusedGemvParams& p) {
+  typedef typename Acc<T>::type C;
+  constexpr int V = 16 / sizeof(T);
+  const Vec<T, V>* xv = reinterpret_cast<const Vec<T, V>*>(x);
+  C ss = C(0);
+  for (i64 q = threadIdx.x & 31; q < p.k / V; q += 32) {
+    const Vec<T, V> a = xv[q];
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      const C t = load(a.v[e]);
+      ss += t * t;
+    }
+  }
+  ss = warp_sum(ss);
+  return (float)(C(1) / m_sqrt(ss / (C)p.k + (C)p.eps));
+}
 
 // rows of this warp: [first, first + count) of p outputs
 struct Span {
@@ -143,26 +158,33 @@ __device__ __forceinline__ void fused_gemv(const T* __restrict__ x, const T* __r
   pdl_entry();  // x (and total) are the previous kernels' outputs
   const Vt* xv = reinterpret_cast<const Vt*>(x);
   const Vt* gv = reinterpret_cast<const Vt*>(nw);
+  auto row_ptrs = [&](i64 j, const Vt* (&row)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) row[r] = reinterpret_cast<const Vt*>(W + (j + (r ? p.p : 0)) * p.k);
+  };
+  float rs = 1.f;
+  if (NORM && span.count) {  // the first weights in flight while the warp sums x^2
+    const Vt* row[R];
+    row_ptrs(span.first, row);
+    rows.fetch(row, threadIdx.x & 31, nv);
+    rs = norm_factor<T>(x, p);
+  }
   for (i64 i = 0; i < span.count; i++) {
     const i64 j = span.first + i;
     const Vt* row[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) row[r] = reinterpret_cast<const Vt*>(W + (j + (r ? p.p : 0)) * p.k);
+    row_ptrs(j, row);
     // the residual's old value, asked for now so that its latency hides behind the dot
     const C before = KIND == 2 && (threadIdx.x & 31) == 0 ? (C)load(out[j]) : C(0);
-    float acc[R], ss;
-    rows.dot(row, xv, gv, nv, acc, ss);
+    float acc[R];
+    rows.dot(row, xv, gv, rs, nv, NORM && i == 0, acc);
     if ((threadIdx.x & 31) != 0) continue;
     if (KIND == 2) {
       out[j] = store<T>(before + (C)load(store<T>((C)acc[0])));
-      continue;
-    }
-    const C rs = C(1) / m_sqrt((C)ss / (C)p.k + (C)p.eps);
-    if (KIND == 1) {
-      const C g = load(store<T>((C)acc[0] * rs)), u = load(store<T>((C)acc[R - 1] * rs));
+    } else if (KIND == 1) {
+      const C g = load(store<T>((C)acc[0])), u = load(store<T>((C)acc[R - 1]));
       out[j] = store<T>(g * (C(0.5) * (m_tanh(C(0.5) * g) + C(1))) * u);  // swiglu's form
     } else {
-      out[j] = store<T>((C)acc[0] * rs);
+      out[j] = store<T>((C)acc[0]);
     }
   }
 }
@@ -199,8 +221,8 @@ ONLY(f32, FUSED_GEMV(f32, float))
 // positions for the scores (lane l: positions l and l + 32 of the tile, each key row read
 // with 16-byte loads) and dimensions for p·V (lane l: dims l, l + 32, ...), so the softmax
 // needs only warp shuffles and the group meets at a barrier once (the new key and value).
-// The group whose range holds p ropes the new key, writes key and value to the cache and
-// keeps them in shared memory for its own use. With one split the group writes the output;
+// The group whose range holds p ropes the new key and writes key and value to the cache
+// before its barrier, then reads them back like the other rows. With one split the group writes the output;
 // otherwise the group that finishes last for its KV head merges (a counter per KV head).
 struct FlashParams {  // gpu/array.py DECODE layout: decode_flash reuses attention_decode's
   i64 q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
@@ -208,7 +230,7 @@ struct FlashParams {  // gpu/array.py DECODE layout: decode_flash reuses attenti
 };
 
 namespace fd {
-constexpr int TILE = 64;
+constexpr int TILE = 64, VB = 16;  // positions per tile, V rows loaded per batch
 
 template <class T, int D>
 __device__ __forceinline__ float dot_row(const float* q, const T* row) {  // q (smem) . row
@@ -244,8 +266,6 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
   if (s >= S) return;
   const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
   float* q = smem + g * D;         // this warp's roped query
-  float* knew = smem + G * D;      // the new position's roped key and value, if in range
-  float* vnew = knew + D;
   const T* c_row = cs + pos * HALF;
   const T* s_row = sn + pos * HALF;
   // 1. rope: the query of this warp's head; warp 0 also the key (and the value) at p
@@ -262,17 +282,12 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
       const T r1 = store<T>(k1 * c - k2 * sv), r2 = store<T>(k2 * c + k1 * sv);
       keys[(h * p.capacity + pos) * D + i] = r1;
       keys[(h * p.capacity + pos) * D + i + HALF] = r2;
-      knew[i] = load(r1);
-      knew[i + HALF] = load(r2);
     }
   }
   if (holds && g == 0)
-    for (int d = lane; d < D; d += 32) {
-      const T v = qkv[(p.q_heads + p.kv_heads + h) * D + d];
-      values[(h * p.capacity + pos) * D + d] = v;
-      vnew[d] = load(v);
-    }
-  __syncthreads();
+    for (int d = lane; d < D; d += 32)
+      values[(h * p.capacity + pos) * D + d] = qkv[(p.q_heads + p.kv_heads + h) * D + d];
+  __syncthreads();  // the new row in the cache, q of every warp, seen by the whole group
   const float scale = p.scale + p.scale_lo;
   const T* kc = keys + h * p.capacity * D;
   const T* vc = values + h * p.capacity * D;
@@ -280,14 +295,13 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
 #pragma unroll
   for (int e = 0; e < PER; e++) acc[e] = 0.f;
   for (i64 t0 = start; t0 < end; t0 += TILE) {
-    // 2. scores of this tile: lane l has positions t0 + l and t0 + 32 + l
+    // 2. scores of this tile: lane l has positions t0 + l and t0 + 32 + l (the new row at p
+    // is read back from the cache: warp 0 wrote it before the barrier)
     float sc[2];
 #pragma unroll
     for (int half = 0; half < 2; half++) {
       const i64 j = t0 + half * 32 + lane;
-      sc[half] = neg_inf<float>();
-      if (j < end) sc[half] = (j == pos ? dot_row<float, D>(q, knew)
-                                        : dot_row<T, D>(q, kc + j * D)) * scale;
+      sc[half] = j < end ? dot_row<T, D>(q, kc + j * D) * scale : neg_inf<float>();
     }
     const float mt = warp_max(fmaxf(sc[0], sc[1]));
     const float mn = fmaxf(m, mt);
@@ -299,18 +313,22 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
     m = mn;
 #pragma unroll
     for (int e = 0; e < PER; e++) acc[e] *= alpha;
-    // 3. p.V: lane l owns dims l, l + 32, ...; the probabilities come by shuffle
+    // 3. p.V: lane l owns dims l, l + 32, ...; rows in batches of 16 loads, the
+    // probabilities by shuffle
     const int rows = end - t0 < TILE ? (int)(end - t0) : TILE;
-    for (int r = 0; r < rows; r++) {
-      const float pj = __shfl_sync(0xffffffffu, r < 32 ? pr[0] : pr[1], r % 32);
-      const i64 j = t0 + r;
-      if (j == pos) {
+    for (int r0 = 0; r0 < rows; r0 += VB) {
+      float vv[VB][PER];
 #pragma unroll
-        for (int e = 0; e < PER; e++) acc[e] += pj * vnew[lane + 32 * e];
-      } else {
-        const T* vr = vc + j * D;
+      for (int u = 0; u < VB; u++)
 #pragma unroll
-        for (int e = 0; e < PER; e++) acc[e] += pj * load(vr[lane + 32 * e]);
+        for (int e = 0; e < PER; e++)
+          vv[u][e] = r0 + u < rows ? load(vc[(t0 + r0 + u) * D + lane + 32 * e]) : 0.f;
+#pragma unroll
+      for (int u = 0; u < VB; u++) {
+        const int r = r0 + u;
+        const float pj = __shfl_sync(0xffffffffu, r < 32 ? pr[0] : pr[1], r % 32);
+#pragma unroll
+        for (int e = 0; e < PER; e++) acc[e] += pj * vv[u][e];
       }
     }
   }
