@@ -70,6 +70,12 @@ def main() -> None:
         pos = nd.array(np.array([p], np.int32), device=dev)
         t = per_op(be, lambda pos=pos: nd.attention_decode(qkv, cos, sin, pos, keys, values, 32))
         print(f"{'attention_decode p=' + str(p):<34} {t * 1e6:>8.2f}")
+    with be.tuned(decode_splits=64):
+        for p in (1152, 8000):
+            pos = nd.array(np.array([p], np.int32), device=dev)
+            t = per_op(be, lambda pos=pos: nd.attention_decode(qkv, cos, sin, pos, keys, values,
+                                                               32))
+            print(f"{'attention_decode 64 splits p=' + str(p):<34} {t * 1e6:>8.2f}")
     with be.tuned(decode_attention="split"):
         for p in (128, 1152, 8000):
             pos = nd.array(np.array([p], np.int32), device=dev)

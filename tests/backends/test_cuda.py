@@ -424,6 +424,22 @@ def test_fused_decode_is_one_launch(dtype):
 
 
 @gpu
+@pytest.mark.parametrize("splits", [1, 7, 64])
+def test_flash_decode_ranges(splits):
+    """Flash decoding with 1, 7 and 64 ranges per KV head (one group, odd cuts, the merge's
+    two partials per lane) against the float64 step, far into a cache."""
+    from tests.backend_ndarray.test_decode_ops import DecodeState
+
+    be = DEV.backend
+    st = DecodeState(DEV, "float32", 16, 2, 64, 9000, RNG)
+    with be.tuned(decode_attention="flash", decode_splits=splits):
+        for p in (0, 64, 4095, 8999):
+            qkv = st.qkv()
+            got = st.run(qkv, p).numpy()
+            assert relerr(got, st.expected(qkv, p)) < 1e-4, (splits, p)
+
+
+@gpu
 def test_precompile_then_use():
     """Capability precompile: inference's shards of a dtype start compiling on threads;
     the kernels then run (their lookups wait for their own compiles)."""

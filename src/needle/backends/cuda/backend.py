@@ -280,7 +280,7 @@ class CudaBackend(GpuBackend):
                       kv_heads: int, head_dim: int, capacity: int, table_rows: int,
                       scale: float) -> bool:
         """attention_decode as flash-decoding (kernels/decode.cu): a warp per query head, the
-        cache up to the position cut into at most 32 ranges per KV head, tiles of 64
+        cache up to the position cut into at most 32 (or 64) ranges per KV head, tiles of 64
         positions with an online softmax, the last group per KV head merging."""
         group = q_heads // kv_heads
         if not (self.tuning.decode_attention == "flash" and dt in _FUSED_DTYPES
@@ -289,7 +289,7 @@ class CudaBackend(GpuBackend):
             return False
         kern = self._kernel("decode", f"attention_decode_flash{head_dim}_{SUFFIX[dt]}")
         kern.check_threads(32 * group)
-        splits = min(32, cdiv(capacity, 64))
+        splits = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
         shared = group * head_dim * 4  # each warp's roped query
         kern.reserve_shared(shared)
         part_o = self._workspace(q_heads * splits * head_dim * 4)

@@ -54,6 +54,7 @@ class CudaTuning(GpuTuning):
     l2_prefetch: bool = False  # fused gemvs prefetch their groups' weight rows into L2: sm_90+
     decode_one_launch: bool = True  # attention_decode merges in its last group (else 2 kernels)
     decode_attention: str = "flash"  # "flash" (kernels/decode.cu) or "split" (nn.cu's fused)
+    decode_splits: int = 32  # flash decoding: most ranges per KV head (at most 64)
 
     @classmethod
     def for_device(cls, capability: int, arch: str, env=os.environ) -> CudaTuning:
@@ -74,4 +75,5 @@ class CudaTuning(GpuTuning):
                    fused_warps=int(env.get("NEEDLE_FUSED_WARPS", "4")),
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
                    decode_one_launch=env.get("NEEDLE_DECODE_ONE_LAUNCH", "1") != "0",
-                   decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "flash"))
+                   decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "flash"),
+                   decode_splits=max(1, min(64, int(env.get("NEEDLE_DECODE_SPLITS", "32")))))

@@ -215,8 +215,8 @@ ONLY(f32, FUSED_GEMV(f32, float))
 // ---- attention_decode_flash_*: one token against the KV cache (numpy_ref.attention_decode) --
 // Group (KV head h, split s) of G warps, warp g = query head h * G + g. The cache up to the
 // position p (read on the device) is cut into S = min(splits, ceil((p + 1) / 64)) equal
-// ranges, one per active group, so that at any position about one group per SM has work
-// and the merge reads at most `splits` (<= 32) partials. A group walks its range in tiles
+// ranges, one per active group, so that at any position about one or two groups per SM
+// have work and the merge reads at most `splits` (<= 64) partials. A group walks its range in tiles
 // of 64 positions with an online softmax, every warp on its own query head: lanes take
 // positions for the scores (lane l: positions l and l + 32 of the tile, each key row read
 // with 16-byte loads) and dimensions for p·V (lane l: dims l, l + 32, ...), so the softmax
@@ -352,17 +352,24 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
   __syncthreads();
   if (!last) return;
   __threadfence();
+  // the merge: lane l holds the statistics of partials l and l + 32 (S <= 64)
   const i64 base = hq * p.splits;
-  const float mi = lane < S ? __ldcg(part_ml + (base + lane) * 2) : neg_inf<float>();
-  const float li = lane < S ? __ldcg(part_ml + (base + lane) * 2 + 1) : 0.f;
-  const float mm = warp_max(mi);
-  const float wi = lane < S ? m_exp(mi - mm) : 0.f;
-  const float total = warp_sum(li * wi);
+  float mi[2], li[2], wi[2];
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    const int r = lane + 32 * k;
+    mi[k] = r < S ? __ldcg(part_ml + (base + r) * 2) : neg_inf<float>();
+    li[k] = r < S ? __ldcg(part_ml + (base + r) * 2 + 1) : 0.f;
+  }
+  const float mm = warp_max(fmaxf(mi[0], mi[1]));
+#pragma unroll
+  for (int k = 0; k < 2; k++) wi[k] = lane + 32 * k < S ? m_exp(mi[k] - mm) : 0.f;
+  const float total = warp_sum(li[0] * wi[0] + li[1] * wi[1]);
   float o[PER];
 #pragma unroll
   for (int e = 0; e < PER; e++) o[e] = 0.f;
   for (int r = 0; r < S; r++) {
-    const float wr = __shfl_sync(0xffffffffu, wi, r);
+    const float wr = __shfl_sync(0xffffffffu, r < 32 ? wi[0] : wi[1], r % 32);
 #pragma unroll
     for (int e = 0; e < PER; e++) o[e] += wr * __ldcg(part_o + (base + r) * D + lane + 32 * e);
   }
