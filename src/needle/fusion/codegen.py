@@ -1,0 +1,214 @@
+"""Kernel source for fused groups (``plan.Group``): CUDA C++ for NVRTC and MSL for Metal.
+
+A group's kernel is a grid-stride loop over its n elements: it loads each leaf once, runs
+the nodes in the step's order on values of each node's storage type, and stores the
+outputs. Each node is written with the operation functors, ``load``/``store`` and casts of
+the backend's own ``elementwise`` kernel file, which the generated source is appended to
+(its instantiations cut off): a fused node computes exactly what its unfused kernel does,
+rounding to the storage type after each node as that kernel does when it writes memory.
+With no contraction of a multiply and an add across nodes (NVRTC ``--fmad=false``; Metal
+compiles with IEEE math), a fused group gives the unfused step's bits.
+
+Scalars and shapes are constants of the source: a recording freezes them anyway.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.gpu.array import scalar, simplify
+from .plan import Group
+
+CUDA_TYPES = {"float16": "half_t", "bfloat16": "bf16_t", "float32": "float", "float64": "double",
+              "int32": "int", "int64": "i64", "bool": "b8", "uint8": "u8_t", "int8": "i8_t"}
+METAL_TYPES = {"float16": "half", "bfloat16": "bfloat", "float32": "float", "int32": "int",
+               "int64": "long", "bool": "bool", "uint8": "uchar", "int8": "char"}
+_FLOAT_PARAM = ("float16", "bfloat16", "float32")  # scalar params packed as float32
+INSTANTIATION_MARK = "// ---- instantiation"
+
+
+def _functor(op: str) -> str:
+    return "SiluMul" if op == "silu_mul" else op.capitalize()
+
+
+class _Dialect:
+    types: dict
+    bool_type: str
+
+    def literal(self, dtype: str, value) -> str:
+        """The scalar param ``value`` of a ``dtype`` kernel, as its kernels receive it."""
+        v = scalar(dtype, value)
+        if dtype in _FLOAT_PARAM:
+            return self.float_bits(int(np.float32(v).view(np.uint32)))
+        if dtype == "float64":
+            return self.double_bits(int(np.float64(v).view(np.uint64)))
+        if dtype == "int64":
+            return self.long_bits(int(v) & (2**64 - 1))
+        return self.int_bits(int(v) & (2**32 - 1))
+
+    def cast(self, src: str, dst: str, x: str) -> str:
+        raise NotImplementedError
+
+    def compare(self, op: str, a: str, b: str) -> str:
+        raise NotImplementedError
+
+
+class _Cuda(_Dialect):
+    types, bool_type = CUDA_TYPES, "b8"
+
+    def float_bits(self, u):
+        return f"__int_as_float(0x{u:08x})"
+
+    def double_bits(self, u):
+        return f"__longlong_as_double(0x{u:016x}ll)"
+
+    def long_bits(self, u):
+        return f"((i64)0x{u:016x}ull)"
+
+    def int_bits(self, u):
+        return f"((int)0x{u:08x}u)"
+
+    def cast(self, src, dst, x):
+        return f"Cast<{self.types[src]}, {self.types[dst]}>()({x})"
+
+    def compare(self, op, a, b):
+        return f"(b8){_functor(op)}()({a}, {b})"
+
+
+class _Metal(_Dialect):
+    types, bool_type = METAL_TYPES, "bool"
+
+    def float_bits(self, u):
+        return f"as_type<float>(0x{u:08x}u)"
+
+    def double_bits(self, u):  # Metal has no float64 arrays
+        raise ValueError("Metal has no float64")
+
+    def long_bits(self, u):
+        return f"as_type<long>(0x{u:016x}ul)"
+
+    def int_bits(self, u):
+        return f"as_type<int>(0x{u:08x}u)"
+
+    def cast(self, src, dst, x):
+        if dst == "bool":
+            return f"(load({x}) != 0)"
+        return f"convert<{self.types[dst]}>(load({x}))"
+
+    def compare(self, op, a, b):
+        return f"{_functor(op)}()({a}, {b})"
+
+
+CUDA, METAL = _Cuda(), _Metal()
+
+
+def _index(view: tuple) -> str:
+    """The element of a gathered input that output element ``i`` reads."""
+    shape, strides, offset = view
+    shape, strides = simplify(shape, strides)
+    terms = [str(offset)] if offset else []
+    inner = 1
+    for d, s in reversed(list(zip(shape, strides))):
+        if s != 0 and d != 1:
+            part = f"(i / {inner})" if inner != 1 else "i"
+            if inner * d < 2**62 and d != 0:
+                part = f"({part} % {d})"
+            terms.append(f"{part} * {s}")
+        inner *= d
+    return " + ".join(terms) or "0"
+
+
+def body(group: Group, d: _Dialect) -> tuple[list[str], list[str]]:
+    """(statements of one element i, the kernel's pointer parameters without qualifiers:
+    leaves then outputs)."""
+    names: dict[int, str] = {}  # array id -> the value's variable
+    leaf_index = {id(x): k for k, x in enumerate(group.leaves)}
+    lines: list[str] = []
+    loaded: set[int] = set()
+
+    def value(x) -> str:
+        key = id(x)
+        if key in names:
+            return names[key]
+        k = leaf_index[key]
+        if key not in loaded:
+            loaded.add(key)
+            lines.append(f"const {d.types[x.dtype]} l{k} = in{k}[i];")
+        return f"l{k}"
+
+    for j, m in enumerate(group.nodes):
+        t = d.types[m.out.dtype]
+        kind = m.kind
+        if kind == "gather":
+            k = leaf_index[id(m.inputs[0])]
+            expr = f"in{k}[{_index(m.view)}]"
+        elif kind == "fill":
+            expr = f"store<{t}>(scalar_value<{t}>({d.literal(m.out.dtype, m.value)}))"
+        else:
+            args = [value(x) for x in m.inputs]
+            src = m.inputs[0].dtype
+            if kind == "binary" or kind == "silu_mul":
+                expr = f"store<{t}>({_functor(m.op or kind)}()(load({args[0]}), load({args[1]})))"
+            elif kind == "compare":
+                expr = d.compare(m.op, f"load({args[0]})", f"load({args[1]})")
+            elif kind == "scalar":
+                s = f"scalar_value<{t}>({d.literal(src, m.value)})"
+                expr = f"store<{t}>({_functor(m.op)}()(load({args[0]}), {s}))"
+            elif kind == "scalar_compare":
+                s = f"scalar_value<{d.types[src]}>({d.literal(src, m.value)})"
+                expr = d.compare(m.op, f"load({args[0]})", s)
+            elif kind == "unary":
+                expr = f"store<{t}>({_functor(m.op)}()(load({args[0]})))"
+            elif kind == "cast":
+                expr = args[0] if src == m.out.dtype else d.cast(src, m.out.dtype, args[0])
+            elif kind == "where":
+                expr = f"({args[0]} ? {args[1]} : {args[2]})"
+            else:  # pragma: no cover -- node_of makes no other kinds
+                raise ValueError(kind)
+        lines.append(f"const {t} v{j} = {expr};")
+        names[id(m.out)] = f"v{j}"
+    params = [f"{d.types[x.dtype]}* in{k}" for k, x in enumerate(group.leaves)]
+    for k, (_, x) in enumerate(group.outputs):
+        lines.append(f"out{k}[i] = {names[id(x)]};")
+        params.append(f"{d.types[x.dtype]}* out{k}")
+    return lines, params
+
+
+def cuda_kernel(name: str, group: Group) -> str:
+    lines, params = body(group, CUDA)
+    leaves = len(group.leaves)
+    args = [("const " if k < leaves else "") + p for k, p in enumerate(params)]
+    inner = "\n".join("    " + s for s in lines)
+    return (f'extern "C" __global__ void {name}({", ".join(args + ["NParams p"])}) {{\n'
+            "  pdl_entry();\n"
+            "  const i64 step = grid_threads();\n"
+            "  for (i64 i = global_thread(); i < p.n; i += step) {\n"
+            f"{inner}\n  }}\n}}\n")
+
+
+def metal_kernel(name: str, group: Group) -> str:
+    lines, params = body(group, METAL)
+    leaves = len(group.leaves)
+    args = [("device const " if k < leaves else "device ") + p + f" [[buffer({k})]]"
+            for k, p in enumerate(params)]
+    args.append(f"constant NParams& p [[buffer({len(params)})]]")
+    inner = "\n".join("    " + s for s in lines)
+    return (f"kernel void {name}({', '.join(args)}, GRID_ARGS) {{\n"
+            f"  GRID_STRIDE(i, p.n) {{\n{inner}\n  }}\n}}\n")
+
+
+def prelude(elementwise_source: str) -> str:
+    """The elementwise kernel file up to its instantiations: the functors and helpers."""
+    cut = elementwise_source.find(INSTANTIATION_MARK)
+    if cut < 0:
+        raise ValueError("the elementwise kernel file has no instantiation section")
+    return elementwise_source[:cut]
+
+
+def module(dialect: str, elementwise_source: str, groups: list[Group]) -> tuple[str, list]:
+    """One source holding a kernel per group, and the kernels' names (in order)."""
+    make = cuda_kernel if dialect == "cuda" else metal_kernel
+    names = [f"fused_{k}" for k in range(len(groups))]
+    parts = [prelude(elementwise_source), "// ---- fused kernels (needle.fusion)\n"]
+    parts += [make(n, g) for n, g in zip(names, groups)]
+    return "\n".join(parts), names
