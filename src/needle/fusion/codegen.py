@@ -199,7 +199,7 @@ def metal_kernel(name: str, group: Group) -> str:
 
 def prelude(elementwise_source: str) -> str:
     """The elementwise kernel file up to its instantiations: the functors and helpers."""
-    cut = elementwise_source.find(INSTANTIATION_MARK)
+    cut = elementwise_source.rfind(INSTANTIATION_MARK)  # (Metal's source has common.h's too)
     if cut < 0:
         raise ValueError("the elementwise kernel file has no instantiation section")
     return elementwise_source[:cut]
@@ -209,6 +209,6 @@ def module(dialect: str, elementwise_source: str, groups: list[Group]) -> tuple[
     """One source holding a kernel per group, and the kernels' names (in order)."""
     make = cuda_kernel if dialect == "cuda" else metal_kernel
     names = [f"fused_{k}" for k in range(len(groups))]
-    parts = [prelude(elementwise_source), "// ---- fused kernels (needle.fusion)\n"]
+    parts = [prelude(elementwise_source), '#line 1 "fused"']
     parts += [make(n, g) for n, g in zip(names, groups)]
     return "\n".join(parts), names

@@ -1,0 +1,254 @@
+"""Elementwise fusion inside ``ndl.compile`` (needle/fusion): a fused step gives the unfused
+step's results (bitwise where kernels are deterministic), with fewer kernels; what is used
+after the step is still written; unsafe moves split a group; the generated CUDA source
+compiles with NVRTC."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import needle as ndl
+from needle import nn, optim
+from needle.errors import ArgumentTypeError, DeviceError
+from needle.fusion import Call
+from needle.fusion.codegen import module
+from needle.fusion.plan import dead_arrays, plan
+
+STEPS = 6
+
+
+def _model(device):
+    ndl.init.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 24, device=device), nn.GELU(),
+                         nn.Linear(24, 24, device=device), nn.Tanh(),
+                         nn.Linear(24, 24, device=device), nn.ReLU(),
+                         nn.Linear(24, 5, device=device))
+
+
+def _train(device, fuse, held=None, steps=STEPS):
+    """A step with a classifier loss plus hand-written elementwise terms (where, sigmoid,
+    exp, scalar ops, a broadcast row), Adam, a fresh batch each call."""
+    model = _model(device)
+    opt = optim.Adam(model.parameters(), lr=0.01)
+    loss_fn = nn.SoftmaxLoss()
+
+    def step(x, y):
+        opt.zero_grad()
+        logits = model(x)
+        gate = logits.sigmoid()
+        extra = ((gate * 0.5 - 0.25) ** 2).sum() / 10.0 + (logits.exp() * 0.001).sum()
+        loss = loss_fn(logits, y) + extra
+        loss.backward()
+        opt.step()
+        if held is not None:
+            held[:] = [gate]  # used after the step: must be written on every replay
+        return loss
+
+    fn = ndl.compile(step, fuse=fuse, warn=False)
+    rng = np.random.default_rng(1)
+    losses, gates = [], []
+    for _ in range(steps):
+        x = ndl.Tensor(rng.standard_normal((8, 12)).astype(np.float32), device=device,
+                       requires_grad=False)
+        y = ndl.Tensor(rng.integers(0, 5, 8), device=device, requires_grad=False)
+        losses.append(fn(x, y).numpy())
+        if held is not None:
+            gates.append(held[0].numpy().copy())
+    return fn, (x, y), np.array(losses), [p.numpy() for p in model.parameters()], gates
+
+
+def _same(device, a, b):
+    if device.kind in ("cuda",):  # split-K matmuls may add in another order
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fused_step_matches_unfused(device):
+    fn_f, args, losses_f, params_f, gates_f = _train(device, True, held=[])
+    fn_u, _, losses_u, params_u, gates_u = _train(device, False, held=[])
+    stats_f, stats_u = fn_f.stats(*args), fn_u.stats(*args)
+    assert stats_f["recorded"] and stats_u["recorded"], (stats_f, stats_u)
+    assert stats_u["fused_kernels"] == 0
+    assert stats_f["fused_kernels"] >= 5 and stats_f["fused_calls"] > stats_f["fused_kernels"]
+    _same(device, losses_f, losses_u)
+    for a, b in zip(params_f, params_u):
+        _same(device, a, b)
+    for a, b in zip(gates_f, gates_u):  # an array held after the step is kept up to date
+        _same(device, a, b)
+    assert len({float(v) for v in losses_f}) == STEPS
+    saved = stats_f["fused_calls"] - stats_f["fused_kernels"]
+    if stats_f["graphs"]:  # fewer kernels in the graph: one per group instead of its calls
+        assert stats_f["graph_kernels"] <= stats_u["graph_kernels"] - saved
+    else:
+        assert stats_f["replay_calls"] == stats_u["replay_calls"] - saved
+
+
+def test_fused_step_matches_eager(device):
+    """The fused, replayed step against plain eager steps (no compile at all)."""
+    model_e = _model(device)
+    opt_e = optim.Adam(model_e.parameters(), lr=0.01)
+    loss_fn = nn.SoftmaxLoss()
+    rng = np.random.default_rng(1)
+    losses = []
+    for _ in range(STEPS):
+        x = ndl.Tensor(rng.standard_normal((8, 12)).astype(np.float32), device=device,
+                       requires_grad=False)
+        y = ndl.Tensor(rng.integers(0, 5, 8), device=device, requires_grad=False)
+        opt_e.zero_grad()
+        logits = model_e(x)
+        gate = logits.sigmoid()
+        loss = loss_fn(logits, y) + (((gate * 0.5 - 0.25) ** 2).sum() / 10.0
+                                     + (logits.exp() * 0.001).sum())
+        loss.backward()
+        opt_e.step()
+        losses.append(loss.numpy())
+    _, _, losses_f, params_f, _ = _train(device, True)
+    np.testing.assert_allclose(losses_f, np.array(losses), rtol=1e-5, atol=1e-6)
+    for a, p in zip(params_f, model_e.parameters()):
+        np.testing.assert_allclose(a, p.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_fusion_switch(monkeypatch):
+    dev = ndl.cpu_numpy()
+    monkeypatch.setenv("NEEDLE_FUSION", "1")
+    fn, args, *_ = _train(dev, None, steps=4)
+    assert fn.stats(*args)["fused_kernels"] > 0
+    monkeypatch.setenv("NEEDLE_FUSION", "0")
+    fn, args, *_ = _train(dev, None, steps=4)
+    assert fn.stats(*args)["fused_kernels"] == 0
+    monkeypatch.delenv("NEEDLE_FUSION")
+    fn, args, *_ = _train(dev, None, steps=4)  # the CPUs do not fuse by default
+    assert fn.stats(*args)["fused_kernels"] == 0
+    with pytest.raises(ArgumentTypeError, match="fuse must be"):
+        ndl.compile(lambda x: x, fuse="yes")
+
+
+# --- the plan, on hand-made call lists --------------------------------------------------------
+
+def _arrays(n, size=6, dtype="float32"):
+    be = ndl.cpu_numpy().backend
+    return be, [be.Array(size, dtype) for _ in range(n)]
+
+
+def test_dead_arrays_counts_references_outside_the_calls():
+    be, (a, b, c) = _arrays(3)
+    calls = [Call("ewise_relu", be.ewise_relu, (a, b), {}),
+             Call("ewise_exp", be.ewise_exp, (b, c), {})]
+    ids = {id(a), id(b), id(c)}
+    assert dead_arrays(calls) == set()
+    del b
+    assert dead_arrays(calls) == ids - {id(a), id(c)}
+    del a, c
+    assert dead_arrays(calls) == ids
+
+
+def _plan(calls):
+    groups = plan([calls], dead_arrays(calls))[0]
+    return [[calls.index(m.call) for m in g.nodes] for g in groups], groups
+
+
+def test_a_read_in_between_splits_the_group():
+    """The one-hot of a loss: used by a product before a reduction and by a difference after
+    it; the reduction reads the product, so the group parts there and the one-hot is written."""
+    be, (lab, ls, onehot_b, onehot, prod, total, sm, diff) = _arrays(8)
+    calls = [Call("scalar_eq", be.scalar_eq, (lab, 1.0, onehot_b), {}),
+             Call("ewise_cast", be.ewise_cast, (onehot_b, onehot), {}),
+             Call("ewise_mul", be.ewise_mul, (ls, onehot, prod), {}),
+             Call("reduce_sum", be.reduce_sum, (prod, total, 1, 6, 1), {}),
+             Call("ewise_sub", be.ewise_sub, (sm, onehot, diff), {})]
+    del onehot_b, onehot, prod
+    order, groups = _plan(calls)
+    assert order == [[0, 1, 2]]  # the difference alone is no group
+    (g,) = groups
+    assert [calls.index(m.call) for m, _ in g.outputs] == [1, 2]  # one-hot and product
+    assert len(g.internal) == 1
+
+
+def test_a_write_of_an_input_in_between_splits_the_group():
+    be, (x, t, u, out) = _arrays(4)
+    calls = [Call("ewise_exp", be.ewise_exp, (x, t), {}),
+             Call("fill", be.fill, (x, 0.0), {}),  # overwrites x after exp read it
+             Call("ewise_add", be.ewise_add, (t, x, u), {}),
+             Call("ewise_neg", be.ewise_neg, (u, out), {})]
+    del t, u
+    order, _ = _plan(calls)
+    assert order == [[2, 3]]
+    be2, (x2, t2, out2) = _arrays(3)
+    calls = [Call("ewise_exp", be2.ewise_exp, (x2, t2), {}),
+             Call("ewise_neg", be2.ewise_neg, (t2, out2), {})]
+    del t2
+    assert _plan(calls)[0] == [[0, 1]]
+
+
+def test_an_array_used_after_the_step_is_an_output():
+    be, (x, t, out) = _arrays(3)
+    calls = [Call("ewise_exp", be.ewise_exp, (x, t), {}),
+             Call("ewise_neg", be.ewise_neg, (t, out), {})]
+    _, groups = _plan(calls)  # t is still referenced here: not an intermediate
+    assert groups == [] or not groups[0].internal
+
+
+def test_gathered_rows_are_leaves():
+    """Linear's bias: compact of a broadcast row, added, then the activation: one group whose
+    leaves are the product and the bias itself."""
+    be, (mm, bias_row, act) = _arrays(3)
+    bias = be.Array(3, "float32")
+    wide, added = be.Array(6, "float32"), be.Array(6, "float32")
+    calls = [Call("compact", be.compact, (bias, wide, (2, 3), (0, 1), 0), {}),
+             Call("ewise_add", be.ewise_add, (mm, wide, added), {}),
+             Call("ewise_relu", be.ewise_relu, (added, act), {})]
+    del wide, added, bias_row
+    order, (g,) = _plan(calls)
+    assert order == [[0, 1, 2]]
+    assert g.leaves == [bias, mm] and [x for _, x in g.outputs] == [act]
+
+
+# --- generated CUDA source ----------------------------------------------------------------
+
+def _chain(be, dt):
+    """Every node kind on one dtype: gather of a row, add, scalar mul, compare, cast, where,
+    a unary op, multiply; plus fill."""
+    f = dt in ("float16", "bfloat16", "float32", "float64")
+    a, b, bias = be.Array(12, dt), be.Array(12, dt), be.Array(4, dt)
+    t = [be.Array(12, d) for d in (dt, dt, dt, "bool", dt, dt, dt, dt, dt)]
+    out = be.Array(12, dt)
+    calls = [Call("compact", be.compact, (bias, t[0], (3, 4), (0, 1), 0), {}),
+             Call("ewise_add", be.ewise_add, (a, t[0], t[1]), {}),
+             Call("scalar_mul", be.scalar_mul, (t[1], 3, t[2]), {}),
+             Call("scalar_gt", be.scalar_gt, (t[2], 1, t[3]), {}),
+             Call("ewise_cast", be.ewise_cast, (t[3], t[4]), {}),
+             Call("where", be.where, (t[3], t[2], b, t[5]), {}),
+             Call("ewise_exp" if f else "ewise_neg", None, (t[5], t[6]), {}),
+             Call("fill", be.fill, (t[7], 2), {}),
+             Call("ewise_maximum", be.ewise_maximum, (t[6], t[7], t[8]), {}),
+             Call("ewise_mul", be.ewise_mul, (t[8], t[4], out), {})]
+    return calls, (a, b, bias, out)
+
+
+def _cuda_compiler():
+    compiler = pytest.importorskip("needle.backends.cuda.compiler")
+    try:
+        compiler.nvrtc_version()
+    except DeviceError as e:
+        pytest.skip(f"NVRTC unavailable: {e}")
+    return compiler
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_generated_cuda_source_compiles(arch):
+    compiler = _cuda_compiler()
+    be = ndl.cpu_numpy().backend
+    groups, keep = [], []
+    for dt in ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "int8"):
+        calls, arrays = _chain(be, dt)
+        keep.append(arrays)
+        found = plan([calls], dead_arrays(calls))[0]
+        assert [len(g.nodes) for g in found] == [10], dt
+        groups += found
+    source, names = module("cuda", (compiler.KERNEL_DIR / "elementwise.cu").read_text(), groups)
+    assert names == [f"fused_{k}" for k in range(8)]
+    assert "__int_as_float(0x40400000)" in source  # the scalar 3.0 as its float32 bits
+    cubin = compiler.compile_source(source, "fused", arch, options=compiler.FUSED_OPTIONS)
+    assert len(cubin) > 1000
