@@ -137,6 +137,8 @@ def table(results: list[CaseResult], ceilings: dict[str, Ceiling], device_name: 
             lines.append("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
         else:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    for res in results:
+        lines += [f"{res.name}: {note}" for note in res.notes]
     return "\n".join(lines)
 
 
@@ -148,6 +150,7 @@ def to_json(results: list[CaseResult], ceilings: dict[str, Ceiling], device_name
     out_cases = []
     for res in results:
         entry = {"name": res.name, "group": res.group, "skipped": res.skipped,
+                 "notes": res.notes,
                  "work_per_call": res.work[0] if res.work else None,
                  "work_unit": res.work[1] if res.work else None, "ceiling": res.ceiling,
                  "check": {"peer": res.check_peer, "normwise_error": res.check_error,

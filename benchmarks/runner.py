@@ -71,6 +71,8 @@ class Bench:
     count_unit: str = ""
     ceiling: str | None = None
     rtol: float | None = 1e-4
+    # lines printed under the table after timing (e.g. a compiled step's launch counts)
+    notes: Callable[[], list[str]] | None = None
 
     def __post_init__(self):
         if self.ceiling is None and self.bytes is not None:
@@ -296,6 +298,7 @@ class CaseResult:
     check_peer: str | None = None  # the peer needle's result was compared with
     check_error: float | None = None  # needle's normwise error against it
     skipped: str | None = None  # why the case did not run at all
+    notes: list[str] = field(default_factory=list)  # Bench.notes, read after timing
 
     @property
     def wrong(self) -> bool:
@@ -347,6 +350,11 @@ def run_case(case: Case, ctx: Context, settings: Settings) -> CaseResult:
                                         settings)
     errors.update(timing_errors)
     result.impls = {n: ImplResult(timings.get(n), errors.get(n)) for n in bench.impls}
+    if bench.notes is not None:
+        try:
+            result.notes = list(bench.notes())
+        except Exception as e:  # notes are extra: their failure is reported, not fatal
+            result.notes = [f"notes failed: {_error_text(e)}"]
     peers = [n for n in outputs if n != "needle"]
     if "needle" in outputs and peers:
         result.check_peer = peers[0]
