@@ -249,6 +249,9 @@ def test_generated_cuda_source_compiles(arch):
         groups += found
     source, names = module("cuda", (compiler.KERNEL_DIR / "elementwise.cu").read_text(), groups)
     assert names == [f"fused_{k}" for k in range(8)]
+    calls, arrays = _chain(be, "float32")  # the same computation on other arrays
+    again = plan([calls], dead_arrays(calls))[0]
+    assert module("cuda", "// ---- instantiation", groups + again)[1][-1] == "fused_0"
     assert "__int_as_float(0x40400000)" in source  # the scalar 3.0 as its float32 bits
     cubin = compiler.compile_source(source, "fused", arch, options=compiler.FUSED_OPTIONS)
     assert len(cubin) > 1000

@@ -71,6 +71,7 @@ class _Entry:
     deferrable: bool = True  # no backend call of the step returns a value (fusion may defer)
     fused_groups: int = 0  # generated kernels (needle.fusion)
     fused_calls: int = 0  # backend calls they replace
+    fused_sources: int = 0  # distinct generated kernels among them
     replay_calls: int = 0  # ("record", the CPUs) calls and fused groups run by a replay
 
 
@@ -174,6 +175,7 @@ class CompiledStep:
                 "eager_calls": e.eager_calls, "optimizer_calls": e.host_calls,
                 "graphs": graphs, "graph_kernels": e.graph_kernels,
                 "fused_kernels": e.fused_groups, "fused_calls": e.fused_calls,
+                "generated_kernels": e.fused_sources,
                 "replay_calls": e.replay_calls,
                 "replay_launches": (len(e.inputs) + graphs + e.host_calls
                                     + len(_flat(e.outputs)) if graphs else e.eager_calls)}
@@ -288,6 +290,7 @@ class CompiledStep:
         try:
             fused = fusion.fuse(real, lists)
             entry.fused_groups, entry.fused_calls = fused.groups, fused.calls_fused
+            entry.fused_sources = fused.sources
             thunks = iter(fused.segments)
         except NeedleError as e:  # a generated kernel failed to build: record unfused
             warnings.warn(f"ndl.compile({getattr(self.fn, '__name__', 'fn')}): elementwise "

@@ -51,6 +51,7 @@ class Fused:
     groups: int = 0  # fused groups (one kernel each)
     calls_fused: int = 0  # backend calls those groups replace
     sizes: list = field(default_factory=list)  # calls per group
+    sources: int = 0  # distinct generated kernels (groups computing alike share one)
 
 
 def fuse(backend, segments: list[list[Call]], dead: set[int] | None = None) -> Fused:
@@ -62,8 +63,10 @@ def fuse(backend, segments: list[list[Call]], dead: set[int] | None = None) -> F
     flat = [g for groups in planned for g in groups]
     if not flat:
         return Fused([list(seg) for seg in segments])
-    kernels = (_gpu_kernels(backend, flat) if backend.name in GPU_BACKENDS
-               else [_cpu_kernel(backend, g) for g in flat])
+    if backend.name in GPU_BACKENDS:
+        kernels, sources = _gpu_kernels(backend, flat)
+    else:
+        kernels, sources = [_cpu_kernel(backend, g) for g in flat], 0
     thunk = {id(g): k for g, k in zip(flat, kernels)}
     out = []
     for seg, groups in zip(segments, planned):
@@ -82,7 +85,7 @@ def fuse(backend, segments: list[list[Call]], dead: set[int] | None = None) -> F
             c.reads = c.writes = []
             c.node = None
     return Fused(out, len(flat), sum(len(g.nodes) for g in flat),
-                 [len(g.nodes) for g in flat])
+                 [len(g.nodes) for g in flat], sources)
 
 
 def _cpu_kernel(backend, group: Group):
@@ -101,12 +104,13 @@ def _cpu_kernel(backend, group: Group):
     return run
 
 
-def _gpu_kernels(backend, groups: list[Group]) -> list:
-    """One launch per group, from one generated module."""
+def _gpu_kernels(backend, groups: list[Group]) -> tuple[list, int]:
+    """One launch per group, from one generated module; and its number of kernels."""
     cache = backend.device.executables
     source, names = module(backend.name, cache.source("elementwise"), groups)
     exe = cache.fused_executable(source)
-    return [_launcher(backend, exe.kernel(name), g) for name, g in zip(names, groups)]
+    return ([_launcher(backend, exe.kernel(name), g) for name, g in zip(names, groups)],
+            len(set(names)))
 
 
 def _launcher(backend, kernel, group: Group):

@@ -206,9 +206,17 @@ def prelude(elementwise_source: str) -> str:
 
 
 def module(dialect: str, elementwise_source: str, groups: list[Group]) -> tuple[str, list]:
-    """One source holding a kernel per group, and the kernels' names (in order)."""
+    """One source holding a kernel per distinct group, and each group's kernel name.
+    Groups that compute the same thing on other arrays (the layers of a model) share one."""
     make = cuda_kernel if dialect == "cuda" else metal_kernel
-    names = [f"fused_{k}" for k in range(len(groups))]
+    kernels: dict[str, str] = {}  # kernel text (named "@") -> its name
+    names = []
+    for g in groups:
+        text = make("@", g)
+        name = kernels.get(text)
+        if name is None:
+            name = kernels[text] = f"fused_{len(kernels)}"
+        names.append(name)
     parts = [prelude(elementwise_source), '#line 1 "fused"']
-    parts += [make(n, g) for n, g in zip(names, groups)]
+    parts += [text.replace("@", name, 1) for text, name in kernels.items()]
     return "\n".join(parts), names
