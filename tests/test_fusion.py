@@ -205,6 +205,24 @@ def test_gathered_rows_are_leaves():
     assert g.leaves == [bias, mm] and [x for _, x in g.outputs] == [act]
 
 
+def test_a_reduction_tail_is_computed_where_it_is_broadcast():
+    """sum -> divide -> broadcast to rows -> multiply: the division moves into the kernel
+    that reads it through the broadcast (computed at the index it reads)."""
+    be = ndl.cpu_numpy().backend
+    x, total, mean, wide, out = (be.Array(6), be.Array(2), be.Array(2), be.Array(6),
+                                 be.Array(6))
+    calls = [Call("reduce_sum", be.reduce_sum, (x, total, 2, 3, 1), {}),
+             Call("scalar_div", be.scalar_div, (total, 3.0, mean), {}),
+             Call("compact", be.compact, (mean, wide, (2, 3), (1, 0), 0), {}),
+             Call("ewise_mul", be.ewise_mul, (x, wide, out), {})]
+    del mean, wide
+    order, (g,) = _plan(calls)
+    assert order == [[1, 2, 3]]
+    assert g.leaves == [total, x] and g.n == 6
+    source, _ = module("cuda", "// ---- instantiation", [g])
+    assert "in0[((i / 3) % 2) * 1]" in source  # the row's total, read through the broadcast
+
+
 # --- generated CUDA source ----------------------------------------------------------------
 
 def _chain(be, dt):

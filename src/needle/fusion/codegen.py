@@ -102,50 +102,61 @@ class _Metal(_Dialect):
 CUDA, METAL = _Cuda(), _Metal()
 
 
-def _index(view: tuple) -> str:
-    """The element of a gathered input that output element ``i`` reads."""
+def _index(view: tuple, idx: str = "i") -> str:
+    """The element of a gathered input that element ``idx`` of the gather's output reads."""
     shape, strides, offset = view
     shape, strides = simplify(shape, strides)
+    at = "i" if idx == "i" else f"({idx})"
     terms = [str(offset)] if offset else []
     inner = 1
     for d, s in reversed(list(zip(shape, strides))):
         if s != 0 and d != 1:
-            part = f"(i / {inner})" if inner != 1 else "i"
-            if inner * d < 2**62 and d != 0:
-                part = f"({part} % {d})"
-            terms.append(f"{part} * {s}")
+            part = f"({at} / {inner})" if inner != 1 else at
+            terms.append(f"({part} % {d}) * {s}")
         inner *= d
     return " + ".join(terms) or "0"
 
 
-def body(group: Group, d: _Dialect) -> tuple[list[str], list[str]]:
-    """(statements of one element i, the kernel's pointer parameters without qualifiers:
-    leaves then outputs)."""
-    names: dict[int, str] = {}  # array id -> the value's variable
-    leaf_index = {id(x): k for k, x in enumerate(group.leaves)}
-    lines: list[str] = []
-    loaded: set[int] = set()
+class _Body:
+    """The statements computing a group's outputs at element ``i``: each node's value is
+    made (once per index it is needed at) from its inputs' values at that index, or, for a
+    gather, at the index its view maps it to; arrays the group does not compute before are
+    loaded from memory."""
 
-    def value(x) -> str:
-        key = id(x)
-        if key in names:
-            return names[key]
-        k = leaf_index[key]
-        if key not in loaded:
-            loaded.add(key)
-            lines.append(f"const {d.types[x.dtype]} l{k} = in{k}[i];")
-        return f"l{k}"
+    def __init__(self, group: Group, d: _Dialect):
+        self.group, self.d = group, d
+        self.producer = {id(m.out): m for m in group.nodes}
+        self.leaf = {id(x): k for k, x in enumerate(group.leaves)}
+        self.memo: dict[tuple, str] = {}
+        self.lines: list[str] = []
 
-    for j, m in enumerate(group.nodes):
-        t = d.types[m.out.dtype]
+    def read(self, reader, x, idx: str) -> str:
+        """The value of array ``x`` at ``idx`` as node ``reader`` sees it."""
+        m = self.producer.get(id(x))
+        if m is not None and m.pos < reader.pos and (
+                reader.kind != "gather" or id(x) in self.group.internal):
+            return self.value(m, idx)
+        key = ("leaf", id(x), idx)
+        name = self.memo.get(key)
+        if name is None:
+            k = self.leaf[id(x)]
+            name = self.memo[key] = f"l{k}_{len(self.memo)}"
+            self.lines.append(f"const {self.d.types[x.dtype]} {name} = in{k}[{idx}];")
+        return name
+
+    def value(self, m, idx: str) -> str:
+        key = (id(m), idx)
+        name = self.memo.get(key)
+        if name is not None:
+            return name
+        d, t = self.d, self.d.types[m.out.dtype]
         kind = m.kind
         if kind == "gather":
-            k = leaf_index[id(m.inputs[0])]
-            expr = f"in{k}[{_index(m.view)}]"
+            expr = self.read(m, m.inputs[0], _index(m.view, idx))
         elif kind == "fill":
             expr = f"store<{t}>(scalar_value<{t}>({d.literal(m.out.dtype, m.value)}))"
         else:
-            args = [value(x) for x in m.inputs]
+            args = [self.read(m, x, idx) for x in m.inputs]
             src = m.inputs[0].dtype
             if kind == "binary" or kind == "silu_mul":
                 expr = f"store<{t}>({_functor(m.op or kind)}()(load({args[0]}), load({args[1]})))"
@@ -165,13 +176,19 @@ def body(group: Group, d: _Dialect) -> tuple[list[str], list[str]]:
                 expr = f"({args[0]} ? {args[1]} : {args[2]})"
             else:  # pragma: no cover -- node_of makes no other kinds
                 raise ValueError(kind)
-        lines.append(f"const {t} v{j} = {expr};")
-        names[id(m.out)] = f"v{j}"
+        name = self.memo[key] = f"v{len(self.memo)}"
+        self.lines.append(f"const {t} {name} = {expr};")
+        return name
+
+
+def body(group: Group, d: _Dialect) -> tuple[list[str], list[str]]:
+    """(statements of one element i, the kernel's pointer parameters without qualifiers:
+    leaves then outputs)."""
+    b = _Body(group, d)
+    stores = [f"out{k}[i] = {b.value(m, 'i')};" for k, (m, _) in enumerate(group.outputs)]
     params = [f"{d.types[x.dtype]}* in{k}" for k, x in enumerate(group.leaves)]
-    for k, (_, x) in enumerate(group.outputs):
-        lines.append(f"out{k}[i] = {names[id(x)]};")
-        params.append(f"{d.types[x.dtype]}* out{k}")
-    return lines, params
+    params += [f"{d.types[x.dtype]}* out{k}" for k, (_, x) in enumerate(group.outputs)]
+    return b.lines + stores, params
 
 
 def cuda_kernel(name: str, group: Group) -> str:

@@ -28,6 +28,9 @@ from ..backends.api import BINARY_OPS, UNARY_OPS
 from .call import Call, is_array
 
 _COMPARE = frozenset(("eq", "ne", "lt", "le", "gt", "ge"))
+# a unit inlined into a gather is computed again for every element that reads it (a
+# broadcast reads one many times): only short ones, such as a reduction's tail
+MAX_INLINED = 8
 
 
 @dataclass(eq=False)
@@ -161,8 +164,7 @@ def _plan_segment(calls: list[Call], dead: set[int], writers: dict,
         if key not in dead or len(writers[key]) != 1:
             continue
         rs = [c for c in readers.get(key, []) if c is not nd.call]
-        if rs and all(c.node is not None and c.node.kind != "gather"
-                      and nd.pos < c.pos <= last and first <= c.pos
+        if rs and all(c.node is not None and nd.pos < c.pos <= last and first <= c.pos
                       and all(x is not nd.out for x in c.writes) for c in rs):
             elidable.add(key)
     # components joined through elidable arrays
@@ -182,11 +184,50 @@ def _plan_segment(calls: list[Call], dead: set[int], writers: dict,
     comps: dict[int, list] = {}
     for nd in nodes:
         comps.setdefault(find(id(nd)), []).append(nd)
-    groups: list[Group] = []
+    units: list[Group] = []
     for members in comps.values():
-        if len(members) > 1:
-            groups += _split(sorted(members, key=lambda m: m.pos), calls, elidable, readers)
-    return sorted((g for g in groups if len(g.nodes) > 1), key=lambda g: g.pos)
+        units += _split(sorted(members, key=lambda m: m.pos), calls, elidable, readers)
+    units = _inline_gathered(units, calls, elidable, readers)
+    return sorted((g for g in units if len(g.nodes) > 1), key=lambda g: g.pos)
+
+
+def _inline_gathered(units: list[Group], calls: list, elidable: set,
+                     readers: dict) -> list[Group]:
+    """Merge a unit whose results are only gathered (broadcast, strided) by one other unit
+    into that one: the gathering kernel computes them at the index it reads (the tail of a
+    reduction, a constant). Repeated until nothing merges."""
+    unit_of = {id(m.call): u for u in units for m in u.nodes}
+    changed = True
+    while changed:
+        changed = False
+        for h in sorted(units, key=lambda u: -u.pos):
+            targets = set()
+            for _, x in h.outputs:
+                rs = readers.get(id(x), [])
+                if id(x) not in elidable or not all(
+                        c.node is not None and c.node.kind == "gather" for c in rs
+                        if c is not _writer(h, x)):
+                    targets = None
+                    break
+                targets |= {id(unit_of.get(id(c))) for c in rs if c is not _writer(h, x)}
+            if not targets or len(targets) != 1 or len(h.nodes) > MAX_INLINED:
+                continue
+            g = next(u for u in units if id(u) == next(iter(targets)))
+            if g is h or g.pos < h.pos:
+                continue
+            merged = _make(sorted(h.nodes + g.nodes, key=lambda m: m.pos), elidable, readers)
+            if merged.outputs and _conflict(merged, calls) is None and \
+                    len({m.n for m, _ in merged.outputs}) == 1:
+                units = [u for u in units if u is not h and u is not g] + [merged]
+                for m in merged.nodes:
+                    unit_of[id(m.call)] = merged
+                changed = True
+                break
+    return units
+
+
+def _writer(group: Group, x):
+    return next(m.call for m in group.nodes if m.out is x)
 
 
 def _make(members: list, elidable: set, readers: dict) -> Group:
@@ -196,14 +237,16 @@ def _make(members: list, elidable: set, readers: dict) -> Group:
                 and all(id(c) in ids for c in readers.get(id(m.out), []) if c is not m.call)}
     made, leaves, seen, outputs = set(), [], set(), []
     for m in members:
-        for x in m.inputs:
-            if (m.kind == "gather" or id(x) not in made) and id(x) not in seen:
+        for x in m.inputs:  # read from memory unless the group computed it before
+            if (id(x) not in made or (m.kind == "gather" and id(x) not in internal)) \
+                    and id(x) not in seen:
                 seen.add(id(x))
                 leaves.append(x)
         made.add(id(m.out))
         if id(m.out) not in internal:
             outputs.append((m, m.out))
-    return Group(members, internal, leaves, outputs, members[0].n)
+    n = outputs[0][0].n if outputs else members[-1].n
+    return Group(members, internal, leaves, outputs, n)
 
 
 def _split(members: list, calls: list, elidable: set, readers: dict) -> list[Group]:
@@ -216,7 +259,7 @@ def _split(members: list, calls: list, elidable: set, readers: dict) -> list[Gro
     after = [m for m in members if m.pos >= at]
     out = []
     for part in (before, after):
-        if len(part) > 1:
+        if part:
             out += _split(part, calls, elidable, readers)
     return out
 
@@ -233,7 +276,7 @@ def _conflict(group: Group, calls: list) -> int | None:
         m = member.get(c.pos)
         if m is not None and id(m.call) in ids:
             for x in m.inputs:
-                if m.kind == "gather" and id(x) in written:
+                if m.kind == "gather" and id(x) in written and id(x) not in group.internal:
                     return c.pos  # a gather reads memory the group has not written yet
                 if id(x) not in written:
                     read_leaves.add(id(x))
