@@ -80,7 +80,8 @@ def test_fused_step_matches_unfused(device):
     assert len({float(v) for v in losses_f}) == STEPS
     saved = stats_f["fused_calls"] - stats_f["fused_kernels"]
     if stats_f["graphs"]:  # fewer kernels in the graph: one per group instead of its calls
-        assert stats_f["graph_kernels"] <= stats_u["graph_kernels"] - saved
+        # (not exactly ``saved`` fewer: some calls launch no kernel, e.g. a same-dtype cast)
+        assert stats_f["graph_kernels"] < 0.6 * stats_u["graph_kernels"], (stats_f, stats_u)
     else:
         assert stats_f["replay_calls"] == stats_u["replay_calls"] - saved
 
