@@ -111,6 +111,28 @@ def test_fused_step_matches_eager(device):
         np.testing.assert_allclose(a, p.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_host_read_while_recording_runs_the_call_eagerly(device):
+    """A read that only the recorded (third) call makes: nothing of that call has run yet
+    when fusion keeps the calls back, so the call runs eagerly and returns the right value."""
+    calls = []
+
+    def step(x):
+        calls.append(1)
+        y = (x * 2.0 + 1.0).relu() - 0.5
+        if len(calls) == 3:
+            float(y.sum().numpy())
+        return y * 3.0
+
+    fn = ndl.compile(step, fuse=True, warn=False)
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        data = rng.standard_normal((4, 5)).astype(np.float32)
+        x = ndl.Tensor(data, device=device, requires_grad=False)
+        want = (np.maximum(data * 2 + 1, 0) - 0.5) * 3
+        np.testing.assert_allclose(fn(x).numpy(), want, rtol=1e-6)
+    assert "numpy" in (fn.fallback_reason(x) or "")
+
+
 def test_fusion_switch(monkeypatch):
     dev = ndl.cpu_numpy()
     monkeypatch.setenv("NEEDLE_FUSION", "1")
@@ -271,6 +293,6 @@ def test_generated_cuda_source_compiles(arch):
     calls, arrays = _chain(be, "float32")  # the same computation on other arrays
     again = plan([calls], dead_arrays(calls))[0]
     assert module("cuda", "// ---- instantiation", groups + again)[1][-1] == "fused_0"
-    assert "__int_as_float(0x40400000)" in source  # the scalar 3.0 as its float32 bits
+    assert "__int_as_float((int)0x40400000u)" in source  # the scalar 3.0 as float32 bits
     cubin = compiler.compile_source(source, "fused", arch, options=compiler.FUSED_OPTIONS)
     assert len(cubin) > 1000

@@ -292,10 +292,14 @@ class CompiledStep:
             entry.fused_groups, entry.fused_calls = fused.groups, fused.calls_fused
             entry.fused_sources = fused.sources
             thunks = iter(fused.segments)
-        except NeedleError as e:  # a generated kernel failed to build: record unfused
+        except Exception as e:  # (a generated kernel that fails to build): record unfused
             warnings.warn(f"ndl.compile({getattr(self.fn, '__name__', 'fn')}): elementwise "
-                          f"fusion failed, recording without it: {e}", CompileFallbackWarning,
-                          stacklevel=4)
+                          f"fusion failed, recording without it: {type(e).__name__}: {e}",
+                          CompileFallbackWarning, stacklevel=4)
+            for seg in lists:
+                for c in seg:
+                    c.reads = c.writes = []
+                    c.node = None
             thunks = iter(lists)
         out = []
         for kind, item in segments:

@@ -102,7 +102,7 @@ class StepRecorder:
     def not_capturable(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-        if self.mode == "capture":
+        if self.mode in ("capture", "defer"):  # nothing has run: the step runs eagerly
             raise NotCapturableError(reason)
 
     def allocated(self, array):

@@ -57,7 +57,7 @@ class _Cuda(_Dialect):
     types, bool_type = CUDA_TYPES, "b8"
 
     def float_bits(self, u):
-        return f"__int_as_float(0x{u:08x})"
+        return f"__int_as_float((int)0x{u:08x}u)"
 
     def double_bits(self, u):
         return f"__longlong_as_double(0x{u:016x}ll)"
