@@ -133,6 +133,35 @@ def test_a_host_read_while_recording_runs_the_call_eagerly(device):
     assert "numpy" in (fn.fallback_reason(x) or "")
 
 
+def test_work_outside_the_backend_keeps_its_place(device):
+    """Device work that bypasses the backend (NCCL collectives do: they go on the queue's
+    stream) is kept back with the step's calls through ``step_hooks.deferred``, so it runs
+    after the fused kernel that makes its input. Here: a queue copy of a result."""
+    from needle import step_hooks
+
+    def copy(src, dst):
+        be = device.backend
+        if not hasattr(be, "queue"):
+            be.compact(src._handle, dst._handle, dst.shape, dst.strides, 0)  # the CPUs
+            return
+        be.queue.copy(src._handle.buffer, 0, dst._handle.buffer, 0, src.size * 4)
+
+    def step(x):
+        y = ((x * 2.0).exp() + 1.0).realize_cached_data()
+        z = ndl.backend_ndarray.NDArray.make(y.shape, device=device, dtype="float32")
+        if not step_hooks.deferred(lambda: copy(y, z), y, z):
+            copy(y, z)
+        return ndl.Tensor.make_const(z) * 3.0 - 1.0
+
+    fn = ndl.compile(step, fuse=True, warn=False)
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        data = rng.standard_normal((3, 4)).astype(np.float32)
+        x = ndl.Tensor(data, device=device, requires_grad=False)
+        np.testing.assert_allclose(fn(x).numpy(), (np.exp(data * 2) + 1) * 3 - 1, rtol=1e-5)
+    assert fn.stats(x)["recorded"]
+
+
 def test_fusion_switch(monkeypatch):
     dev = ndl.cpu_numpy()
     monkeypatch.setenv("NEEDLE_FUSION", "1")

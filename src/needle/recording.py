@@ -160,6 +160,16 @@ class StepRecorder:
             self.calls.append(Call("from_numpy", real.from_numpy, (self.uploads[k], out), {}))
         return real.from_numpy(a, out)
 
+    def defer(self, run, arrays) -> bool:
+        """Keep ``run`` (device work outside the backend) back in "defer" mode, as a call that
+        may read and write each of ``arrays`` (step_hooks.deferred)."""
+        if self.mode != "defer" or self._paused or threading.get_ident() != self.thread:
+            return False
+        handles = tuple(a.realize_cached_data()._handle if hasattr(a, "realize_cached_data")
+                        else a._handle for a in arrays)
+        self.calls.append(Call("outside_backend", lambda *_: run(), handles, {}))
+        return True
+
     # --- optimizer and scheduler steps ----------------------------------------------------
     def host_step(self, owner, run) -> bool:
         """Run ``owner``'s step now (probe, record) or at replay (capture); in the recording
