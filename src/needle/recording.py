@@ -19,7 +19,12 @@ from .backends.api import required_functions
 from .errors import NeedleError
 from .fusion.call import Call
 
-_WORK = frozenset(required_functions()) - {"Array", "to_numpy", "synchronize", "from_numpy"}
+# device work of the array API and of the capabilities that have any (a replay, a capture
+# and fusion's deferral must see each in its place)
+_CAPABILITY_WORK = frozenset(("sample", "paged_write", "paged_attention", "quant_matmul",
+                              "dequantize"))
+_WORK = (frozenset(required_functions()) | _CAPABILITY_WORK) - {
+    "Array", "to_numpy", "synchronize", "from_numpy"}
 _HOST_READS = {"to_numpy": ".item()/.numpy() or another read of device data",
                "to_numpy_later": "an asynchronous read of device data",
                "host_view": "a host view of device data (DLPack, numpy)",
