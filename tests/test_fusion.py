@@ -242,6 +242,23 @@ def test_an_array_used_after_the_step_is_an_output():
     assert groups == [] or not groups[0].internal
 
 
+def test_a_group_with_too_many_buffers_is_split():
+    """A sum of 40 arrays would take 41 buffers, more than a Metal kernel binds."""
+    from needle.fusion.plan import MAX_BUFFERS
+
+    be, xs = _arrays(40)
+    acc = xs[0]
+    calls = []
+    for x in xs[1:]:
+        nxt = be.Array(6, "float32")
+        calls.append(Call("ewise_add", be.ewise_add, (acc, x, nxt), {}))
+        acc = nxt
+    del nxt, x
+    _, groups = _plan(calls)
+    assert len(groups) >= 2 and sum(len(g.nodes) for g in groups) == len(calls)
+    assert all(len(g.leaves) + len(g.outputs) <= MAX_BUFFERS for g in groups)
+
+
 def test_gathered_rows_are_leaves():
     """Linear's bias: compact of a broadcast row, added, then the activation: one group whose
     leaves are the product and the bias itself."""

@@ -31,6 +31,9 @@ _COMPARE = frozenset(("eq", "ne", "lt", "le", "gt", "ge"))
 # a unit inlined into a gather is computed again for every element that reads it (a
 # broadcast reads one many times): only short ones, such as a reduction's tail
 MAX_INLINED = 8
+# buffers one generated kernel takes (Metal binds at most 31 with its params; CUDA's launch
+# block has 64 slots): a group with more is split in two
+MAX_BUFFERS = 24
 
 
 @dataclass(eq=False)
@@ -217,7 +220,8 @@ def _inline_gathered(units: list[Group], calls: list, elidable: set,
                 continue
             merged = _make(sorted(h.nodes + g.nodes, key=lambda m: m.pos), elidable, readers)
             if merged.outputs and _conflict(merged, calls) is None and \
-                    len({m.n for m, _ in merged.outputs}) == 1:
+                    len({m.n for m, _ in merged.outputs}) == 1 and \
+                    len(merged.leaves) + len(merged.outputs) <= MAX_BUFFERS:
                 units = [u for u in units if u is not h and u is not g] + [merged]
                 for m in merged.nodes:
                     unit_of[id(m.call)] = merged
@@ -253,6 +257,8 @@ def _split(members: list, calls: list, elidable: set, readers: dict) -> list[Gro
     """``members`` as one group, or split where moving them to the last one is unsafe."""
     group = _make(members, elidable, readers)
     at = _conflict(group, calls)
+    if at is None and len(group.leaves) + len(group.outputs) > MAX_BUFFERS:
+        at = members[len(members) // 2].pos
     if at is None:
         return [group]
     before = [m for m in members if m.pos < at]
