@@ -342,3 +342,22 @@ def test_generated_cuda_source_compiles(arch):
     assert "__int_as_float((int)0x40400000u)" in source  # the scalar 3.0 as float32 bits
     cubin = compiler.compile_source(source, "fused", arch, options=compiler.FUSED_OPTIONS)
     assert len(cubin) > 1000
+
+
+def test_generated_msl_builds_for_every_dtype():
+    """The same chains as MSL, built by the Metal device's compiler (the emulator's clang on
+    Linux: NEEDLE_METAL_EMULATOR=1); each kernel becomes a pipeline."""
+    dev = ndl.metal()
+    if not dev.enabled():
+        pytest.skip(f"metal disabled: {dev.reason}")
+    be = ndl.cpu_numpy().backend
+    groups, keep = [], []
+    for dt in ("float32", "float16", "bfloat16", "int32", "int64", "uint8", "int8"):
+        calls, arrays = _chain(be, dt)
+        keep.append(arrays)
+        groups += plan([calls], dead_arrays(calls))[0]
+    cache = dev.backend.device.executables
+    source, names = module("metal", cache.source("elementwise"), groups)
+    assert "as_type<float>(0x40400000u)" in source
+    exe = cache.fused_executable(source)
+    assert all(exe.kernel(name).max_threads > 0 for name in names)
