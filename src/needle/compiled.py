@@ -273,7 +273,10 @@ class CompiledStep:
                              if isinstance(t, Tensor) else t)
         del out, rec  # (the step's tensors go: fusion sees which arrays are still used)
         if fuse:
-            segments = self._fused(entry, real, segments, capture)
+            try:
+                segments = self._fused(entry, real, segments, capture)
+            except NeedleError as e:  # nothing of the step has run yet: run it eagerly
+                return self._eager_after_failure(entry, f"capture failed: {e}", args, kwargs)
         entry.segments = segments
         entry.graph_kernels = sum(getattr(cb, "kernels", 0) for kind, cb in segments
                                   if kind == "graph")
@@ -284,15 +287,14 @@ class CompiledStep:
 
     def _fused(self, entry, real, segments: list, capture: bool) -> list:
         """The recorded call lists with elementwise groups fused (``needle.fusion``); on a
-        device with graphs, each list then captured into a graph."""
+        device with graphs, each list then captured into a graph. Where fusion fails (a
+        generated kernel that does not build or launch), the lists unfused, with a warning."""
         gc.collect()  # tensors in reference cycles hold arrays too
         lists = [item for kind, item in segments if kind == "calls"]
         try:
             fused = fusion.fuse(real, lists)
-            entry.fused_groups, entry.fused_calls = fused.groups, fused.calls_fused
-            entry.fused_sources = fused.sources
-            thunks = iter(fused.segments)
-        except Exception as e:  # (a generated kernel that fails to build): record unfused
+            out = self._as_segments(real, segments, fused.segments, capture)
+        except Exception as e:
             warnings.warn(f"ndl.compile({getattr(self.fn, '__name__', 'fn')}): elementwise "
                           f"fusion failed, recording without it: {type(e).__name__}: {e}",
                           CompileFallbackWarning, stacklevel=4)
@@ -300,20 +302,35 @@ class CompiledStep:
                 for c in seg:
                     c.reads = c.writes = []
                     c.node = None
-            thunks = iter(lists)
+            return self._as_segments(real, segments, lists, capture)
+        entry.fused_groups, entry.fused_calls = fused.groups, fused.calls_fused
+        entry.fused_sources = fused.sources
+        return out
+
+    @staticmethod
+    def _as_segments(real, segments: list, lists: list, capture: bool) -> list:
+        """``segments`` with its call lists replaced by ``lists`` (each captured into a graph
+        on a device with graphs; those made are closed if one fails)."""
+        thunks = iter(lists)
         out = []
-        for kind, item in segments:
-            if kind != "calls":
-                out.append((kind, item))
-                continue
-            items = next(thunks)
-            if not capture:
-                out.append(("calls", items))
-            elif items:
-                with real.capture() as cb:
-                    for run in items:
-                        run()
-                out.append(("graph", cb))
+        try:
+            for kind, item in segments:
+                if kind != "calls":
+                    out.append((kind, item))
+                    continue
+                items = next(thunks)
+                if not capture:
+                    out.append(("calls", items))
+                elif items:
+                    with real.capture() as cb:
+                        for run in items:
+                            run()
+                    out.append(("graph", cb))
+        except BaseException:
+            for kind, item in out:
+                if kind == "graph":
+                    item.close()
+            raise
         return out
 
     def _check_same(self, rec: StepRecorder) -> None:
