@@ -149,7 +149,7 @@ def _case(low: str | None):
         tokens = s["batch"] * s["seq"]
         return Bench(impls, flops=6.0 * tokens * _weights(s),
                      ceiling=f"matmul_{low or 'float32'}", rtol=None,
-                     notes=lambda: launch_notes(impls))
+                     later_notes=lambda: launch_notes(impls))
     return build
 
 

@@ -106,7 +106,7 @@ def _mlp_step(ctx: Context) -> Bench:
             impls["torch:compile"] = _torch_step(ctx, widths, batches, compiled=True)
     weights = sum(a * b for a, b in zip(widths, widths[1:]))
     return Bench(impls, flops=6.0 * batch * weights, ceiling="matmul_float32", rtol=None,
-                 notes=lambda: launch_notes(impls))
+                 later_notes=lambda: launch_notes(impls))
 
 
 def cases(ctx: Context) -> list[Case]:

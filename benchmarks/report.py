@@ -84,11 +84,19 @@ def progress_line(i: int, n: int, res: CaseResult, seconds: float) -> str:
 
 # --- the table --------------------------------------------------------------------------------
 
-def _check_text(res: CaseResult) -> str:
+def _check_text(res: CaseResult, fw: str) -> str:
+    """needle's row: its error against the checked peer; another peer's row: how far that
+    peer's result is from needle's (information only: the first peer decides WRONG)."""
     if res.check_error is None:
         return ""
-    verdict = "WRONG" if res.wrong else "ok"
-    return f"{verdict} ({res.check_error:.0e} vs {res.check_peer})"
+    if fw == "needle":
+        verdict = "WRONG" if res.wrong else "ok"
+        return f"{verdict} ({res.check_error:.0e} vs {res.check_peer})"
+    err = res.peer_errors.get(fw)
+    if fw == res.check_peer or err is None:
+        return ""
+    agrees = res.rtol is None or err <= res.rtol
+    return f"{'agrees' if agrees else 'DIFFERS'} ({err:.0e} vs needle)"
 
 
 def table(results: list[CaseResult], ceilings: dict[str, Ceiling], device_name: str,
@@ -125,7 +133,7 @@ def table(results: list[CaseResult], ceilings: dict[str, Ceiling], device_name: 
                 format_rate(rate, res.work[1]) if rate and res.work else "",
                 f"{100 * rate / ceiling.rate:.0f}%" if rate and ceiling else "",
                 f"{res.ratio(fw):.3g}" if fw != "needle" and res.ratio(fw) else "",
-                _check_text(res) if fw == "needle" else "",
+                _check_text(res, fw),
             ))
     regular = [r for r in rows if r[2] not in ("skipped", "failed")]
     widths = [max([len(h)] + [len(r[i]) for r in (rows if i < 3 else regular)])
@@ -137,9 +145,14 @@ def table(results: list[CaseResult], ceilings: dict[str, Ceiling], device_name: 
             lines.append("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
         else:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    noted: dict[str, list[str]] = {}  # a note shared by several cases is printed once
     for res in results:
-        lines += [f"{res.name}: {note}" for note in res.notes]
-    return "\n".join(lines)
+        for note in res.notes:
+            names = noted.setdefault(note, [])
+            if res.name not in names:
+                names.append(res.name)
+    notes = [f"note ({', '.join(names)}): {note}" for note, names in noted.items()]
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 # --- JSON -------------------------------------------------------------------------------------
@@ -150,11 +163,12 @@ def to_json(results: list[CaseResult], ceilings: dict[str, Ceiling], device_name
     out_cases = []
     for res in results:
         entry = {"name": res.name, "group": res.group, "skipped": res.skipped,
-                 "notes": res.notes,
                  "work_per_call": res.work[0] if res.work else None,
                  "work_unit": res.work[1] if res.work else None, "ceiling": res.ceiling,
+                 "notes": res.notes,
                  "check": {"peer": res.check_peer, "normwise_error": res.check_error,
-                           "rtol": res.rtol, "ok": not res.wrong},
+                           "rtol": res.rtol, "ok": not res.wrong,
+                           "peers": res.peer_errors},
                  "impls": {}}
         for fw, r in res.impls.items():
             entry["impls"][fw] = {

@@ -71,8 +71,9 @@ class Bench:
     count_unit: str = ""
     ceiling: str | None = None
     rtol: float | None = 1e-4
-    # lines printed under the table after timing (e.g. a compiled step's launch counts)
-    notes: Callable[[], list[str]] | None = None
+    notes: list[str] = field(default_factory=list)  # printed under the table (e.g. set-up times)
+    # more notes, made after timing (e.g. a compiled step's launch counts)
+    later_notes: Callable[[], list[str]] | None = None
 
     def __post_init__(self):
         if self.ceiling is None and self.bytes is not None:
@@ -297,8 +298,9 @@ class CaseResult:
     rtol: float | None = None
     check_peer: str | None = None  # the peer needle's result was compared with
     check_error: float | None = None  # needle's normwise error against it
+    peer_errors: dict[str, float] = field(default_factory=dict)  # ... against every peer
     skipped: str | None = None  # why the case did not run at all
-    notes: list[str] = field(default_factory=list)  # Bench.notes, read after timing
+    notes: list[str] = field(default_factory=list)  # the case's own remarks (Bench.notes)
 
     @property
     def wrong(self) -> bool:
@@ -337,6 +339,7 @@ def run_case(case: Case, ctx: Context, settings: Settings) -> CaseResult:
         result.skipped = f"could not build: {_error_text(e)}"
         return result
     result.work, result.ceiling, result.rtol = bench.work, bench.ceiling, bench.rtol
+    result.notes = list(bench.notes)
     outputs: dict[str, np.ndarray] = {}
     errors: dict[str, str] = {}
     if bench.rtol is not None:
@@ -350,15 +353,16 @@ def run_case(case: Case, ctx: Context, settings: Settings) -> CaseResult:
                                         settings)
     errors.update(timing_errors)
     result.impls = {n: ImplResult(timings.get(n), errors.get(n)) for n in bench.impls}
-    if bench.notes is not None:
+    if bench.later_notes is not None:
         try:
-            result.notes = list(bench.notes())
+            result.notes += list(bench.later_notes())
         except Exception as e:  # notes are extra: their failure is reported, not fatal
-            result.notes = [f"notes failed: {_error_text(e)}"]
+            result.notes.append(f"notes failed: {_error_text(e)}")
     peers = [n for n in outputs if n != "needle"]
     if "needle" in outputs and peers:
+        result.peer_errors = {p: normwise_error(outputs["needle"], outputs[p]) for p in peers}
         result.check_peer = peers[0]
-        result.check_error = normwise_error(outputs["needle"], outputs[peers[0]])
+        result.check_error = result.peer_errors[peers[0]]
     del bench, outputs
     gc.collect()
     for fw in ctx.frameworks.values():

@@ -48,18 +48,34 @@ def main() -> None:
         t = per_op(be, lambda x=x, w=w: x @ w)
         print(f"gemv {name:<29} {t * 1e6:>8.2f} {out_f * in_f * 2 / t / 1e9:>8.0f}")
     x, d, w = arr((1, 2048)), arr((1, 2048)), arr((2048,))
+    for name, (out_f, in_f, kind) in {"qkv": (2560, 2048, None), "gate_up": (5632, 2048, "swiglu"),
+                                      "lm_head": (32000, 2048, None)}.items():
+        rows = out_f * (2 if kind else 1)
+        wt = arr((rows, in_f))
+        t = per_op(be, lambda wt=wt, kind=kind: nd.rmsnorm_matvec(x, w, wt, 1e-5, kind))
+        print(f"{'rmsnorm_matvec ' + name:<34} {t * 1e6:>8.2f} {rows * in_f * 2 / t / 1e9:>8.0f}")
+    for name, (out_f, in_f) in {"o": (2048, 2048), "down": (2048, 5632)}.items():
+        wt, a = arr((out_f, in_f)), arr((1, in_f))
+        t = per_op(be, lambda wt=wt, a=a: nd.matvec_add(a, wt, d))
+        print(f"{'matvec_add ' + name:<34} {t * 1e6:>8.2f} {out_f * in_f * 2 / t / 1e9:>8.0f}")
     t = per_op(be, lambda: nd.add_rmsnorm(x, d, w, 1e-5, inplace=True))
     print(f"{'add_rmsnorm 2048':<34} {t * 1e6:>8.2f}")
     gu = arr((1, 11264))
     t = per_op(be, lambda: gu.swiglu())
     print(f"{'swiglu 5632':<34} {t * 1e6:>8.2f}")
     qkv = arr((2560,))
-    cos, sin = arr((2048, 32)), arr((2048, 32))
-    keys, values = arr((1, 4, 2048, 64)), arr((1, 4, 2048, 64))
-    for p in (128, 640, 1152):
+    cos, sin = arr((8192, 32)), arr((8192, 32))
+    keys, values = arr((1, 4, 8192, 64)), arr((1, 4, 8192, 64))
+    for p in (128, 640, 1152, 4000, 8000):
         pos = nd.array(np.array([p], np.int32), device=dev)
         t = per_op(be, lambda pos=pos: nd.attention_decode(qkv, cos, sin, pos, keys, values, 32))
         print(f"{'attention_decode p=' + str(p):<34} {t * 1e6:>8.2f}")
+    with be.tuned(decode_attention="split"):
+        for p in (128, 1152, 8000):
+            pos = nd.array(np.array([p], np.int32), device=dev)
+            t = per_op(be, lambda pos=pos: nd.attention_decode(qkv, cos, sin, pos, keys, values,
+                                                               32))
+            print(f"{'attention_decode split p=' + str(p):<34} {t * 1e6:>8.2f}")
     tok = nd.zeros((1, 1), "int32", dev)
     t = per_op(be, lambda: tok.fill(3))
     print(f"{'fill (a near-empty kernel)':<34} {t * 1e6:>8.2f}")

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 from benchmarks import __main__ as bench_main
-from benchmarks import runner
+from benchmarks import report, runner
 from benchmarks.frameworks import frameworks_for
 from benchmarks.runner import Bench, Case, Context, Impl, Settings, Skip, run_case
 
@@ -107,6 +107,25 @@ def test_a_wrong_needle_result_is_flagged(ctx):
     bad = run_case(_case(lambda a: a * 2.01), ctx, FAST)
     assert bad.wrong and bad.check_error > 1e-3
     assert bad.median("needle") > 0  # still timed: the table shows both
+
+
+def test_every_peer_is_compared_and_notes_reach_the_table_and_json(ctx):
+    def build(c: Context) -> Bench:
+        sets = c.input_sets(lambda rng: (rng.standard_normal(64, dtype=np.float32),))
+        impls = c.bind({"needle": lambda a: a * 2.0, "numpy": lambda a: a * 2.0}, sets)
+        impls["numpy:off"] = Impl(lambda a: a * 2.5, sets)  # a second peer, another answer
+        return Bench(impls, bytes=512, notes=["set up in 0 s", "set up in 0 s"])
+
+    res = run_case(Case("peers", "test", build), ctx, FAST)
+    assert res.check_peer == "numpy" and not res.wrong  # the first peer decides
+    assert res.peer_errors["numpy"] == 0.0 and res.peer_errors["numpy:off"] > 0.1
+    info = {"cpu": "x", "cpus_usable": 1, "cpu_count": 1, "frameworks": {}}
+    text = report.table([res], {}, "cpu_numpy", FAST, info)
+    assert "ok (0e+00 vs numpy)" in text and "DIFFERS (2e-01 vs needle)" in text
+    assert text.count("set up in 0 s") == 1 and "note (peers): set up in 0 s" in text
+    data = report.to_json([res], {}, "cpu_numpy", FAST, info, True, {})
+    assert data["cases"][0]["notes"] == ["set up in 0 s"] * 2
+    assert data["cases"][0]["check"]["peers"]["numpy:off"] == res.peer_errors["numpy:off"]
 
 
 def test_a_failing_implementation_is_reported_and_the_others_timed(ctx):

@@ -244,6 +244,20 @@ def test_attention_decode_long_cache(device, rng):
         st.check_caches(p)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attention_decode_long_cache_grouped(device, dtype, rng):
+    """Llama shapes far into a cache: 8 query heads per KV head of size 64, capacity 9000
+    (CUDA: 32 ranges of up to 282 positions, each walked in tiles of 64 with an online
+    softmax, merged by the last group), before, at and after tile boundaries."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    st = DecodeState(device, dtype, 16, 2, 64, 9000, rng)
+    for p in (64, 2047, 2048, 8999):
+        qkv = st.qkv()
+        assert_close(st.run(qkv, p), st.expected(qkv, p), dtype, "reduction")
+        st.check_caches(p)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_attention_decode_position_out_of_range(device, dtype, rng):
     """p = capacity, p = -1 and p >= the tables' rows give NaN and leave the caches as they

@@ -33,6 +33,8 @@ CAPABILITY_TESTS = {
     "bf16_tensor_cores": ["backends/test_cuda.py::test_matmul_half_tensor_cores_and_fallback",
                           "backends/test_cuda.py::test_tensor_core_attention"],
     "fused_decode": ["backends/test_cuda.py::test_fused_decode_is_one_launch"],
+    "fused_matvec": ["models/test_llama_vs_hf.py::test_five_operation_decode_matches_composed",
+                     "backend_ndarray/test_fused_matvec.py::test_rmsnorm_matvec"],
     "paged_attention": ["backend_ndarray/test_paged.py::test_paged_attention_matches_reference",
                         "backend_ndarray/test_paged.py::test_paged_write_stores_rows_and_skips_padding"],
     "precompile": ["backends/test_cuda_compile.py::test_precompile_ahead_fills_the_disk_cache",

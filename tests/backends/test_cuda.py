@@ -407,15 +407,20 @@ def test_fused_decode_is_one_launch(dtype):
 
     be = DEV.backend
     assert "fused_decode" in be.capabilities
-    st = DecodeState(DEV, dtype, 8, 2, 64, 300, RNG)
-    qkv = st.qkv()
-    with be.profile() as prof:
-        fused = st.run(qkv, 200).numpy()
     sfx = "bf16" if dtype == "bfloat16" else "f32"
-    attention = {k: t.calls for k, t in prof.totals.items() if k.startswith("attention")}
-    assert attention == {f"attention_decode_fused_{sfx}": 1}, prof.table()
-    want = st.expected(qkv, 200)
-    assert relerr(fused, want) < (2e-2 if dtype == "bfloat16" else 1e-4)
+    st = DecodeState(DEV, dtype, 8, 2, 64, 300, RNG)
+    for kind, kernel in (("flash", f"attention_decode_flash64_{sfx}"),
+                         ("split", f"attention_decode_fused_{sfx}")):
+        with be.tuned(decode_attention=kind):
+            for p in (200, 201):
+                qkv = st.qkv()
+                with be.profile() as prof:
+                    fused = st.run(qkv, p).numpy()
+                attention = {k: t.calls for k, t in prof.totals.items()
+                             if k.startswith("attention")}
+                assert attention == {kernel: 1}, prof.table()
+                want = st.expected(qkv, p)
+                assert relerr(fused, want) < (2e-2 if dtype == "bfloat16" else 1e-4), kind
 
 
 @gpu

@@ -25,8 +25,8 @@ FAMILIES = sorted(p.stem for p in compiler.KERNEL_DIR.glob("*.cu"))
 
 
 def test_the_kernel_families_exist():
-    assert FAMILIES == ["elementwise", "gemm_tma", "layout", "matmul", "nn", "optim", "paged",
-                        "quant", "reduce", "sampling"]
+    assert FAMILIES == ["decode", "elementwise", "gemm_tma", "layout", "matmul", "nn", "optim",
+                        "paged", "quant", "reduce", "sampling"]
 
 
 @needs_nvrtc

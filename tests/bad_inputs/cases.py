@@ -23,6 +23,7 @@ A = nd.array(np.arange(6, dtype=np.float32).reshape(2, 3), device=DEV)
 V = nd.array(np.arange(3, dtype=np.float32), device=DEV)
 S = nd.array(np.array(2.0, dtype=np.float32), device=DEV)
 I = nd.array(np.array([0, 1, 2], dtype=np.int32), device=DEV)
+OTHER = nd.cpu() if DEV == nd.cpu_numpy() else nd.cpu_numpy()
 """,
     "ops": """
 import numpy as np
@@ -211,6 +212,36 @@ def _arrays() -> list[tuple[str, str | tuple[str, ...]]]:
         c.append((f"I.fill({bad})", ("integer", "int32")))
     c.append(("I.astype('int64') * 2**63", ("integer", "int64")))
     c.append(("A.astype('float32').reshape((2, 3)).permute((1,))", ("axes", "axis")))
+    c += _decode_projections()
+    return c
+
+
+def _decode_projections() -> list[tuple[str, str | tuple[str, ...]]]:
+    """nd.rmsnorm_matvec / nd.matvec_add: A (2, 3) is x, V (3,) the norm's weight, A also a
+    (p=2, dim=3) projection, so total is (2, 2)."""
+    c: list[tuple[str, str | tuple[str, ...]]] = []
+    c.append(("nd.rmsnorm_matvec(A, V, A.transpose())", "weight"))           # (3, 2): dim 2
+    c.append(("nd.rmsnorm_matvec(A, V, V)", "weight"))                       # not a matrix
+    c.append(("nd.rmsnorm_matvec(A, V, A[:1], activation='swiglu')", "weight"))  # odd rows
+    c.append(("nd.rmsnorm_matvec(A, V[:2], A)", "norm_weight"))
+    c.append(("nd.rmsnorm_matvec(A, V, A.astype('float16'))", ("weight", "dtype")))
+    c.append(("nd.rmsnorm_matvec(I, I, A)", "x"))                            # integer x
+    c.append(("nd.rmsnorm_matvec(S, V, A)", "x"))                            # 0-d x
+    c.append(("nd.rmsnorm_matvec(A, V, A, activation='gelu')", "activation"))
+    c.append(("nd.rmsnorm_matvec(A, V, A, eps='a')", "eps"))
+    c.append(("nd.rmsnorm_matvec(A, V, np.ones((2, 3), np.float32))", "weight"))
+    c.append(("nd.rmsnorm_matvec(A, [1.0, 1.0, 1.0], A)", "norm_weight"))
+    c.append(("nd.rmsnorm_matvec(np.ones((2, 3)), V, A)", "x"))
+    c.append(("nd.rmsnorm_matvec(A, V, A.to(OTHER))", "weight"))
+    c.append(("nd.rmsnorm_matvec(A, V.to(OTHER), A)", "norm_weight"))
+    c.append(("nd.matvec_add(A, A, V)", "total"))                            # wrong shape
+    c.append(("nd.matvec_add(A, A, nd.zeros((2, 4), device=DEV)[:, ::2])", "total"))  # non-compact
+    c.append(("nd.matvec_add(A, A, nd.zeros((2, 2), dtype='float16', device=DEV))", "total"))
+    c.append(("nd.matvec_add(A, A, nd.zeros((2, 2), device=OTHER))", "total"))
+    c.append(("nd.matvec_add(A, A, 0.0)", "total"))
+    c.append(("nd.matvec_add(A, A.transpose(), nd.zeros((2, 3), device=DEV))", "weight"))
+    c.append(("nd.matvec_add(A, A.astype('float64'), nd.zeros((2, 2), device=DEV))", ("weight", "dtype")))
+    c.append(("nd.matvec_add(I, A, nd.zeros((3,), device=DEV))", "a"))
     return c
 
 

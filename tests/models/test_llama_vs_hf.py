@@ -62,6 +62,29 @@ def test_cached_decode_matches_full_forward(checkpoints, device, name):
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_five_operation_decode_matches_composed(checkpoints, device, name, monkeypatch):
+    """The decode step as five fused operations per layer (rmsnorm_matvec, attention_decode,
+    matvec_add, rmsnorm_matvec with SwiGLU, matvec_add; qwen2 adds its QKV bias) gives the
+    composed step's logits and the full forward pass's, in float32 and bfloat16."""
+    seq = PROMPT + [5, 6, 7, 200]
+    for dtype, tol in (("float32", 1e-4), ("bfloat16", 3e-2)):
+        logits = {}
+        for choice in ("1", "0"):
+            monkeypatch.setenv("NEEDLE_FUSED_DECODE", choice)
+            directory, _ = checkpoints(name)
+            model = load_pretrained(directory, device=device, dtype=dtype, max_seq_len=32)
+            assert all(model.transformer.five_ops) == (choice == "1")
+            decoder = model.decoder()
+            steps = [decoder.prefill(PROMPT).numpy()[0]]
+            steps += [decoder.step(t).numpy()[0] for t in seq[len(PROMPT):]]
+            logits[choice] = np.stack(steps).astype(np.float64)
+            full = model(np.array([seq])).numpy()[0][len(PROMPT) - 1:].astype(np.float64)
+        assert rel_error(logits["1"], logits["0"]) < tol, dtype
+        assert rel_error(logits["1"], full) < tol, dtype
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_greedy_step_on_the_device(checkpoints, device):
     """``Decoder.greedy_step`` (argmax, next token and position kept on the device, captured
     on GPUs) picks what the host sampler picks from ``step``'s logits, also when the caller

@@ -1,6 +1,7 @@
 """The array layer: NDArray over the device backends
 (``from needle import backend_ndarray as nd``)."""
 
+from .decode import matvec_add, rmsnorm_matvec
 from .device import (
                      Device,
                      all_devices,
@@ -14,35 +15,35 @@ from .device import (
 )
 from .dtypes import ALL_DTYPES, promote
 from .functions import (
-    add_rmsnorm,
-    attention,
-    attention_decode,
-    broadcast_to,
-    concatenate,
-    exp,
-    flip,
-    from_dlpack,
-    log,
-    max,
-    maximum,
-    minimum,
-    reshape,
-    scatter_add,
-    sqrt,
-    stack,
-    sum,
-    tanh,
-    transpose,
-    where,
+                     add_rmsnorm,
+                     attention,
+                     attention_decode,
+                     broadcast_to,
+                     concatenate,
+                     exp,
+                     flip,
+                     from_dlpack,
+                     log,
+                     max,
+                     maximum,
+                     minimum,
+                     reshape,
+                     scatter_add,
+                     sqrt,
+                     stack,
+                     sum,
+                     tanh,
+                     transpose,
+                     where,
 )
 from .ndarray import (
-    NDArray,
-    array,
-    broadcast_shapes,
-    empty,
-    full,
-    ones,
-    zeros,
+                     NDArray,
+                     array,
+                     broadcast_shapes,
+                     empty,
+                     full,
+                     ones,
+                     zeros,
 )
 from .paged import paged_attention, paged_write
 from .quant import QuantizedMatrix, quant_matmul
@@ -51,7 +52,7 @@ from .updates import adam_update, sgd_update, state_dtype
 
 __all__ = [
     "ALL_DTYPES", "Device", "NDArray", "QuantizedMatrix", "quant_matmul",
-    "adam_update", "add_rmsnorm", "all_devices", "array",
+    "adam_update", "add_rmsnorm", "matvec_add", "rmsnorm_matvec", "all_devices", "array",
     "as_device", "attention", "attention_decode",
     "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
     "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",

@@ -35,6 +35,8 @@ CAPABILITIES = {
     "host_memory": "wrap() and host_view(): arrays in host memory that numpy can view",
     "bf16_tensor_cores": "bfloat16/float16 matmul and attention run on matrix units",
     "fused_decode": "attention_decode is one launch (RoPE, KV write, attention and merge)",
+    "fused_matvec": "rmsnorm_matvec, rmsnorm_matvec_swiglu and matvec_add of one row are one "
+                    "kernel each, faster than the ops they fuse (the decode step uses them)",
     "sampling": "sample() chooses tokens from logits on the device (numpy_ref/sampling.py)",
     "precompile": "precompile(dtypes) starts compiling the kernels of those dtypes in parallel "
                   "(returns at once; a kernel's first use waits for its own compile); "
@@ -113,6 +115,14 @@ class ArrayBackend(Protocol):
                          keys: Array, values: Array, out: Array, q_heads: int, kv_heads: int,
                          head_dim: int, capacity: int, table_rows: int,
                          scale: float) -> None: ...
+
+    # the decode step's fused projections (numpy_ref/decode.py)
+    def rmsnorm_matvec(self, x: Array, w: Array, weight: Array, out: Array, rows: int,
+                       dim: int, p: int, eps: float) -> None: ...
+    def rmsnorm_matvec_swiglu(self, x: Array, w: Array, weight: Array, out: Array, rows: int,
+                              dim: int, p: int, eps: float) -> None: ...
+    def matvec_add(self, a: Array, weight: Array, total: Array, rows: int, dim: int,
+                   p: int) -> None: ...
 
     # optimizer updates, in place
     def adam_update(self, param: Array, grad: Array, m: Array, v: Array, lr: float,

@@ -3,19 +3,26 @@
 Read it as llama2.c's ``forward``: each line one named step. Every family runs this code;
 where one departs from Llama (``architectures.py``) a branch says so. The decode step
 keeps all shapes fixed and reads the token and its position from device buffers, so a GPU
-backend can capture it once and replay it for every token (``decoder.py``); its residual
-adds ride on the next norm (``add_rmsnorm``) and, where a layer allows, attention is the
-one fused ``attention_decode`` (RoPE, cache write and attention in one call).
+backend can capture it once and replay it for every token (``decoder.py``). A plain Llama
+layer is five fused array operations (``_fused_layer``): norm + QKV projection, attention
+(RoPE, cache write and attention in one ``attention_decode``), output projection +
+residual, norm + gate/up projection + SiLU·mul, down projection + residual. Other layers
+(Gemma 2's extra norms, Qwen3's head norms, quantized weights) compose the same steps from
+single operations, their residual adds riding on the next norm (``add_rmsnorm``).
+The five-operation form is used where the backend declares ``fused_matvec`` (its fused
+kernels are faster); ``NEEDLE_FUSED_DECODE=1`` or ``0`` forces it on or off.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
 from .. import backend_ndarray as nd
 from ..backend_ndarray import NDArray, dtypes
+from ..backends.api import has
 from . import attention
 from .cache import DecodeState, KVCache, RotaryTables
 from .config import ModelConfig
@@ -29,6 +36,13 @@ class Transformer:
                  max_seq_len: int):
         self.cfg, self.weights, self.rope, self.max_seq_len = cfg, weights, rope, max_seq_len
         self.fused = [attention.is_fused(cfg, i, max_seq_len) for i in range(cfg.num_layers)]
+        # layers whose decode step is the five fused operations (``_fused_layer``): where
+        # the backend's fused projections are faster than the ops they fuse, or when asked
+        choice = os.environ.get("NEEDLE_FUSED_DECODE", "auto")
+        fuse = choice == "1" or (choice == "auto" and has(weights.embed.device.backend,
+                                                          "fused_matvec"))
+        self.five_ops = [fuse and self.fused[i] and _fusable(cfg, layer)
+                         for i, layer in enumerate(weights.layers)]
         # Gemma scales embeddings by sqrt(hidden) rounded to the model's dtype
         dtype = dtypes.to_numpy_dtype(weights.embed.dtype)
         self.embed_scale = (float(np.asarray(math.sqrt(cfg.hidden_size), dtype))
@@ -90,6 +104,10 @@ class Transformer:
         x = self._embed(state.token)
         delta = None  # the previous block's output, added to x by the next norm
         for i, layer in enumerate(w.layers):
+            if self.five_ops[i]:
+                x = self._fused_layer(i, layer, x if delta is None else x + delta, state, cache)
+                delta = None
+                continue
             x, h = _add_norm(x, delta, layer.attn_norm, cfg)
             a = layer.o(self._decode_attention(i, layer, h, state, cache))
             if layer.post_attn_norm is not None:
@@ -98,8 +116,27 @@ class Transformer:
             delta = layer.down(self._gate(layer.gate_up(h)))
             if layer.post_mlp_norm is not None:
                 delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
-        _, h = _add_norm(x, delta, w.final_norm, cfg)
-        return self._logits(h).reshape((1, cfg.vocab_size))
+        if delta is None and _plain(w.lm_head):
+            logits = nd.rmsnorm_matvec(x, w.final_norm, w.lm_head.weight, cfg.rms_norm_eps)
+        else:
+            _, h = _add_norm(x, delta, w.final_norm, cfg)
+            logits = w.lm_head(h)
+        return attention.softcap(logits, cfg.final_softcap).reshape((1, cfg.vocab_size))
+
+    def _fused_layer(self, i: int, layer: LayerWeights, x: NDArray, state: DecodeState,
+                     cache: KVCache) -> NDArray:
+        """One Llama layer for one token as five fused array operations; the residual
+        stream x (1, 1, hidden) is updated in place and returned."""
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        qkv = nd.rmsnorm_matvec(x, layer.attn_norm, layer.qkv.weight, eps)
+        if layer.qkv.bias is not None:  # Qwen2
+            qkv = qkv + layer.qkv.bias
+        a = nd.attention_decode(qkv, self.rope.cos, self.rope.sin, state.position,
+                                cache.keys[i], cache.values[i], cfg.num_heads, cfg.attn_scale)
+        nd.matvec_add(a.reshape(x.shape[:-1] + (a.size,)), layer.o.weight, x)
+        gated = nd.rmsnorm_matvec(x, layer.mlp_norm, layer.gate_up.weight, eps,
+                                  activation="swiglu")
+        return nd.matvec_add(gated, layer.down.weight, x)
 
     def _decode_attention(self, i: int, layer: LayerWeights, h: NDArray, state: DecodeState,
                           cache: KVCache) -> NDArray:
@@ -141,6 +178,20 @@ class Transformer:
 
     def _logits(self, h: NDArray) -> NDArray:
         return attention.softcap(self.weights.lm_head(h), self.cfg.final_softcap)
+
+
+def _plain(projection) -> bool:
+    """A projection the fused operations can read: dense weights, no bias."""
+    return isinstance(projection.weight, NDArray) and projection.bias is None
+
+
+def _fusable(cfg: ModelConfig, layer: LayerWeights) -> bool:
+    """Whether a layer is a plain pre-norm Llama block (SwiGLU, no extra norms, dense
+    weights), which the five fused operations compute."""
+    return (cfg.arch.activation == "silu" and layer.q_norm is None
+            and layer.post_attn_norm is None and layer.post_mlp_norm is None
+            and isinstance(layer.qkv.weight, NDArray)
+            and all(_plain(p) for p in (layer.o, layer.gate_up, layer.down)))
 
 
 def _add_norm(x: NDArray, delta: NDArray | None, weight: NDArray,

@@ -17,6 +17,8 @@ from ..gpu import GpuArray, GpuBackend
 from ..gpu.array import (
     ACC,
     ATTN,
+    DECODE,
+    FUSED_GEMV,
     MATMUL,
     MAX_GRID_YZ,
     SUFFIX,
@@ -30,12 +32,20 @@ from .tensor_map import matrix_map
 from .tuning import CudaTuning
 
 _HALF = ("float16", "bfloat16")
+_FUSED_DTYPES = ("float16", "bfloat16", "float32")
+
 # kernel files by NVRTC time on an H100 host (nn 4.5 s, elementwise 3.9 s, matmul 3.0 s for
 # one dtype shard), so the slowest start first
 _COMPILE_ORDER = {"nn": 0, "elementwise": 1, "matmul": 2, "reduce": 3}
 _SAMPLE = struct.Struct("3q")  # sampling.cu's SampleParams: rows, vocab, cached
 _SAMPLE_THREADS = 1024
 _SAMPLE_STATIC = 4096  # sampling.cu's static shared memory (2.6 KiB), rounded up
+
+
+def _overlap(a, b) -> bool:
+    """Whether two buffers share memory (same allocation, intersecting byte ranges)."""
+    return (a.handle == b.handle and a.offset < b.offset + b.nbytes
+            and b.offset < a.offset + a.nbytes)
 
 
 class CudaBackend(GpuBackend):
@@ -49,6 +59,8 @@ class CudaBackend(GpuBackend):
         if tuning.mma:
             caps.add("bf16_tensor_cores")
         caps.add("fused_decode")  # CUDA ships only the one-launch attention_decode
+        if self.tuning.fused_matvec:
+            caps.add("fused_matvec")
         caps.add("sampling")
         caps.add("precompile")
         self.capabilities = frozenset(caps)
@@ -217,6 +229,29 @@ class CudaBackend(GpuBackend):
             self._launch_1d(f"gemv_combine_{sfx}", batch * m * p, (part, out.buffer), combine,
                             "matmul")
 
+    # --- the decode step's fused projections (kernels/decode.cu) ----------------------------
+    def _fused_matvec_special(self, kind, x, w, weight, out, rows, dim, p, eps) -> bool:
+        """One row: a warp per output row, 16-byte loads; the norm is summed by each warp
+        along with its dot products."""
+        dt, tuning = x.dtype, self.tuning
+        item = ITEMSIZE.get(dt, 0)
+        if not (tuning.fused_matvec and rows == 1 and dt in _FUSED_DTYPES
+                and dim % (16 // item) == 0 and not _overlap(x.buffer, out.buffer)
+                and all(aligned16(a.buffer) for a in (x, weight, out) + ((w,) if w else ()))):
+            return False
+        name = {"rmsnorm": "rmsnorm_gemv", "rmsnorm_swiglu": "rmsnorm_gemv_swiglu",
+                "add": "gemv_add"}[kind]
+        kern = self._kernel("decode", f"{name}_{SUFFIX[dt]}")
+        warps = max(1, min(tuning.fused_warps, kern.max_threads // 32))
+        per_warp = 1  # rows in a warp run one after another: many warps hide latency better
+        groups = cdiv(cdiv(p, per_warp), warps)
+        flags = 1 if tuning.l2_prefetch else 0
+        params = FUSED_GEMV.pack(dim, p, per_warp, eps, flags)
+        buffers = ((x.buffer, weight.buffer, out.buffer) if kind == "add" else
+                   (x.buffer, w.buffer, weight.buffer, out.buffer))
+        self.queue.dispatch(kern, (groups, 1, 1), (32 * warps, 1, 1), buffers, params)
+        return True
+
     # --- attention -------------------------------------------------------------------------
     def _attention_special(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
                            kv_capacity, head_dim, scale, causal) -> bool:
@@ -241,6 +276,32 @@ class CudaBackend(GpuBackend):
                             params, shared)
         return True
 
+    def _flash_decode(self, dt, qkv, cos, sin, position, keys, values, out, q_heads: int,
+                      kv_heads: int, head_dim: int, capacity: int, table_rows: int,
+                      scale: float) -> bool:
+        """attention_decode as flash-decoding (kernels/decode.cu): a warp per query head, the
+        cache up to the position cut into at most 32 ranges per KV head, tiles of 64
+        positions with an online softmax, the last group per KV head merging."""
+        group = q_heads // kv_heads
+        if not (self.tuning.decode_attention == "flash" and dt in _FUSED_DTYPES
+                and head_dim in (64, 128) and group <= 16
+                and all(aligned16(a.buffer) for a in (keys, values))):
+            return False
+        kern = self._kernel("decode", f"attention_decode_flash{head_dim}_{SUFFIX[dt]}")
+        kern.check_threads(32 * group)
+        splits = min(32, cdiv(capacity, 64))
+        shared = (group + 2) * head_dim * 4
+        kern.reserve_shared(shared)
+        part_o = self._workspace(q_heads * splits * head_dim * 4)
+        part_ml = self._workspace(q_heads * splits * 2 * 4)
+        params = DECODE.pack(q_heads, kv_heads, head_dim, capacity, table_rows, splits, 64,
+                             *split_scale(scale))
+        self.queue.dispatch(kern, (kv_heads, splits, 1), (32 * group, 1, 1),
+                            (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
+                             keys.buffer, values.buffer, part_o, part_ml, out.buffer,
+                             self._counters(kv_heads)), params, shared)
+        return True
+
     def attention_decode(self, qkv, cos, sin, position, keys, values, out, q_heads: int,
                          kv_heads: int, head_dim: int, capacity: int, table_rows: int,
                          scale: float) -> None:
@@ -249,6 +310,13 @@ class CudaBackend(GpuBackend):
         KV head to finish merges (counted with one atomic counter per KV head)."""
         dt = self._need(qkv.dtype, ("float16", "bfloat16", "float32", "float64"),
                         "attention_decode")
+        if not self.tuning.decode_one_launch:
+            super().attention_decode(qkv, cos, sin, position, keys, values, out, q_heads,
+                                     kv_heads, head_dim, capacity, table_rows, scale)
+            return
+        if self._flash_decode(dt, qkv, cos, sin, position, keys, values, out, q_heads,
+                              kv_heads, head_dim, capacity, table_rows, scale):
+            return
         group, chunk, splits, shared = self._decode_plan(dt, q_heads, kv_heads, head_dim,
                                                          capacity)
         stride = head_dim + (2 if ITEMSIZE[dt] == 2 else 1)

@@ -1,7 +1,7 @@
 """``GpuBackend``: the array API (design §3) for every GPU, written once against the HAL.
 
 Each kernel family is a mixin in its own module (elementwise, layout, reduce, matmul, nn,
-optim) and the services beyond the array API are in ``services``; this class puts them
+decode, optim) and the services beyond the array API are in ``services``; this class puts them
 together over one ``hal.Device``. Everything here is generic: a device backend supplies the
 HAL device (queue, allocator, executable cache) and kernel files that follow the ABI in
 docs/kernels.md, and subclasses this class for its own tuning and its own faster kernels
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ...hal import Device
 from .base import GpuTuning
+from .decode import DecodeOps
 from .elementwise import ElementwiseOps
 from .layout import LayoutOps
 from .matmul import MatmulOps
@@ -27,8 +28,8 @@ from .reduce import ReduceOps
 from .services import ServiceOps
 
 
-class GpuBackend(ElementwiseOps, LayoutOps, ReduceOps, MatmulOps, NNOps, OptimOps,
-                 PagedOps, QuantOps, ServiceOps):
+class GpuBackend(ElementwiseOps, LayoutOps, ReduceOps, MatmulOps, NNOps, DecodeOps,
+                 OptimOps, PagedOps, QuantOps, ServiceOps):
     """The array API over one HAL device. One instance per device."""
 
     def __init__(self, device: Device, name: str, tuning: GpuTuning | None = None):

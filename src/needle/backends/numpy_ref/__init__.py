@@ -21,6 +21,7 @@ import sys
 
 from ...errors import DeviceError
 from .core import Array
+from .decode import matvec_add, rmsnorm_matvec, rmsnorm_matvec_swiglu
 from .elementwise import (
     ewise_abs,
     ewise_add,

@@ -464,6 +464,12 @@ template void gemm_serial<float>(int64_t, int64_t, int64_t, const float*, int64_
 template void gemm_serial<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t,
                                   const double*, int64_t, int64_t, double*, int64_t);
 
+void matmul_nt(DType dt, const void* a, const void* b, void* out, int64_t m, int64_t n,
+               int64_t p) {
+  const MatmulArgs g{m, n, p, 1, m * n, n * p, false, true};
+  kMatmul[dt](a, b, out, g);  // float dtypes always have a kernel: nothing is raised here
+}
+
 void bind_matmul(nb::module_& m) {
   m.def("matmul", &matmul, nb::arg("a"), nb::arg("b"), nb::arg("out"), nb::arg("m"),
         nb::arg("n"), nb::arg("p"), nb::kw_only(), nb::arg("batch") = 1,

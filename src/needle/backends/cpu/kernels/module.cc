@@ -3,6 +3,7 @@
 #include "common.h"
 
 namespace needle {
+void bind_decode(nb::module_& m);  // decode.cc
 void bind_optim(nb::module_& m);  // optim.cc
 void bind_paged(nb::module_& m);  // paged.cc
 void bind_quant(nb::module_& m);  // quant.cc
@@ -22,6 +23,7 @@ NB_MODULE(_cpu, m) {
   needle::bind_reduce(m);
   needle::bind_matmul(m);
   needle::bind_nn(m);
+  needle::bind_decode(m);
   needle::bind_optim(m);
   needle::bind_paged(m);
   needle::bind_quant(m);

@@ -196,6 +196,16 @@ __device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15
 __device__ __forceinline__ i64 global_thread() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ i64 grid_threads() { return (i64)gridDim.x * blockDim.x; }
 
+// ---- streaming loads: 16 bytes read once (weights), not kept in L1 -----------------------
+template <class T, int V>
+__device__ __forceinline__ Vec<T, V> ld_stream(const Vec<T, V>* p) {
+  static_assert(sizeof(Vec<T, V>) == 16, "16-byte vectors");
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return *reinterpret_cast<Vec<T, V>*>(&r);
+}
+
 // ---- warp reductions ----------------------------------------------------------------------
 template <class C> __device__ __forceinline__ C warp_sum(C v) {
 #pragma unroll

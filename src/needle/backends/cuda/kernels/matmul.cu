@@ -504,18 +504,11 @@ __device__ __forceinline__ void matmul_generic(const T* __restrict__ A, const T*
 // out[j] = sum_k a[k] * B[j][k]: B stored (p, n); a warp per output, 16-byte loads along k.
 // Bandwidth-bound (decoding streams every weight once per token), so each lane issues
 // GEMV_UNROLL independent 16-byte loads of its row before using any (a 2048-long bf16 row is
-// then one round trip), and the weights bypass L1 so the activation vector stays there.
+// then one round trip), and the weights bypass L1 (ld_stream) so the activation vector stays
+// there.
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 8
 #endif
-template <class T, int V>
-__device__ __forceinline__ Vec<T, V> ld_stream(const Vec<T, V>* p) {
-  static_assert(sizeof(Vec<T, V>) == 16, "16-byte vectors");
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return *reinterpret_cast<Vec<T, V>*>(&r);
-}
 
 template <class T>
 __device__ __forceinline__ void gemv_t(const T* __restrict__ a, const T* __restrict__ B,

@@ -1,0 +1,100 @@
+"""The decode step's fused projections (``nd.rmsnorm_matvec``, ``nd.matvec_add``).
+
+A Llama layer for one token is five array operations: ``rmsnorm_matvec`` (norm + QKV),
+``attention_decode``, ``matvec_add`` (output projection + residual), ``rmsnorm_matvec``
+with ``activation="swiglu"`` (norm + gate/up + SiLU·mul), ``matvec_add`` (down +
+residual). Each is one kernel on CUDA; ``numpy_ref/decode.py`` defines what they compute
+(the same roundings as the unfused ops). Weights are (out, in), as checkpoints store them.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from ..errors import ArgumentError, ArgumentTypeError, DeviceError, DTypeError, ShapeError
+from . import dtypes
+from .ndarray import NDArray
+
+
+def _operand(x: NDArray, other, name: str, what: str, first: str) -> NDArray:
+    """``other`` checked to be an NDArray on x's device (x is called ``first``)."""
+    if not isinstance(other, NDArray):
+        raise ArgumentTypeError(f"{name}: {what} must be an NDArray, got "
+                                f"{type(other).__name__}")
+    if other.device != x.device:
+        raise DeviceError(f"{name}: {what} is on {other.device.name} and {first} on "
+                          f"{x.device.name}; move one with .to(device)")
+    return other
+
+
+def _rows_of(x: NDArray, name: str, what: str) -> tuple[NDArray, int, int]:
+    """(x compact, rows, dim) of x read as rows along its last axis."""
+    if not isinstance(x, NDArray):
+        raise ArgumentTypeError(f"{name}: {what} must be an NDArray, got {type(x).__name__}")
+    if not dtypes.is_floating(x.dtype):
+        raise DTypeError(f"{name}: {what} must be floating-point, got {x.dtype}")
+    if x.ndim == 0:
+        raise ShapeError(f"{name}: {what} needs at least one dimension")
+    dim = x.shape[-1]
+    return x.compact(), (x.size // dim if dim else 0), dim
+
+
+def _matrix(x: NDArray, weight: NDArray, dim: int, name: str, factor: int = 1,
+            first: str = "x") -> int:
+    """Rows of the projection ``weight`` (out, dim), checked against x (called ``first``);
+    ``factor`` 2 means gate rows then up rows, and the output has half of them."""
+    _operand(x, weight, name, "weight", first)
+    if weight.ndim != 2 or weight.shape[1] != dim or weight.shape[0] % factor:
+        what = "(2 * p, dim): gate rows then up rows" if factor == 2 else "(p, dim)"
+        raise ShapeError(f"{name}: weight must be {what} with dim = {dim} ({first}'s last axis), "
+                         f"got {weight.shape}")
+    if weight.dtype != x.dtype:
+        raise DTypeError(f"{name}: weight ({weight.dtype}) and {first} ({x.dtype}) must have one "
+                         "dtype; cast one with astype")
+    return weight.shape[0] // factor
+
+
+def rmsnorm_matvec(x: NDArray, norm_weight: NDArray, weight: NDArray, eps: float = 1e-6,
+                   activation: str | None = None) -> NDArray:
+    """``rmsnorm(x) * norm_weight @ weight.T`` in one pass: shape (..., p) for weight
+    (p, dim). With ``activation="swiglu"``, weight is (2p, dim), gate rows then up rows,
+    and the result is ``silu(gate) * up`` (..., p). Rounded as the separate ops would be."""
+    if activation not in (None, "swiglu"):
+        raise ArgumentError(f"rmsnorm_matvec: activation must be None or 'swiglu', got "
+                         f"{activation!r}")
+    name = "rmsnorm_matvec"
+    a, rows, dim = _rows_of(x, name, "x")
+    w = x._param(_operand(x, norm_weight, name, "norm_weight", "x"), dim, f"{name} norm_weight")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise ArgumentTypeError(f"{name}: eps must be a real number, got {type(eps).__name__}")
+    swiglu = activation == "swiglu"
+    p = _matrix(x, weight, dim, name, 2 if swiglu else 1)
+    out = a._empty_like(a.shape[:-1] + (p,))
+    if out.size and dim:
+        kernel = "rmsnorm_matvec_swiglu" if swiglu else "rmsnorm_matvec"
+        getattr(x.device.backend, kernel)(a._handle, w._handle, weight.compact()._handle,
+                                          out._handle, rows, dim, p, float(eps))
+    elif out.size:
+        out.fill(0)
+    return out
+
+
+def matvec_add(a: NDArray, weight: NDArray, total: NDArray) -> NDArray:
+    """``total += a @ weight.T`` in place (the product rounded first, as ``total + a @
+    weight.T`` would be) and returns total: a projection added into the residual stream.
+    a (..., dim), weight (p, dim), total (..., p) compact, with a's leading shape."""
+    name = "matvec_add"
+    x, rows, dim = _rows_of(a, name, "a")
+    p = _matrix(a, weight, dim, name, first="a")
+    _operand(a, total, name, "total", "a")
+    if total.shape != a.shape[:-1] + (p,):
+        raise ShapeError(f"{name}: total must have shape {a.shape[:-1] + (p,)}, got "
+                         f"{total.shape}")
+    if total.dtype != a.dtype:
+        raise DTypeError(f"{name}: total ({total.dtype}) and a ({a.dtype}) must have one dtype")
+    if not total.is_compact():
+        raise ShapeError(f"{name} writes total in place: pass a compact array")
+    if total.size and dim:
+        a.device.backend.matvec_add(x._handle, weight.compact()._handle, total._handle, rows,
+                                    dim, p)
+    return total

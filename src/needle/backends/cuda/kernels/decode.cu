@@ -1,0 +1,371 @@
+// The decode step's fused projections (numpy_ref/decode.py; docs/kernels.md, "decode"):
+//   rmsnorm_gemv_*         out[j] = r * (W (x * nw))[j],      r = 1 / sqrt(mean(x^2) + eps)
+//   rmsnorm_gemv_swiglu_*  out[j] = silu(g) * u,  g = r (W (x nw))[j], u = r (W (x nw))[p + j]
+//   gemv_add_*             x[j] = x[j] + (W a)[j], in place (the residual stream)
+// One token (a single row). W is (rows, k) as checkpoints store it; a warp streams whole rows
+// with 16-byte loads that bypass L1 (ld_stream), reading x and nw (L1-cached) in the same
+// rounds, so the norm costs no extra pass, synchronization or shared memory: each warp sums
+// x^2 along with its dot product (every warp in the same order, so r is the same in all) and
+// scales its sums by r at the end. The normed vector stays in float32 (the composed ops round
+// it to T first): within the dtype's tolerance of the definition, and closer to float64.
+// Option (params.flags): FG_PREFETCH asks for the group's weight rows in L2 before waiting for
+// the previous kernel (griddepcontrol.wait), since weights do not depend on it.
+#include "common.cuh"
+
+struct FusedGemvParams {  // gpu/array.py FUSED_GEMV
+  i64 k, p, rows_per_warp;
+  float eps;
+  int flags;  // FG_PREFETCH
+};
+constexpr int FG_PREFETCH = 1;
+
+namespace fg {
+// groups of 4 warps; at least 5 groups per SM caps registers at 102 per thread, so that
+// 20 warps per SM keep their loads in flight (gemv_t's occupancy; without the cap, v2's
+// rounds of 8 vectors of each of w, x and nw took 171-228 registers, 2-3 groups per SM)
+constexpr int MAX_THREADS = 128, MIN_GROUPS = 5;
+
+// bytes of W from row `row` on, into L2, asynchronously (one thread)
+__device__ __forceinline__ void prefetch_rows(const void* row, u64 bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const char* p = static_cast<const char*>(row);
+  while (bytes) {  // the instruction takes a 32-bit size
+    const u32 n = bytes > (1u << 30) ? (1u << 30) : (u32)bytes;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+    p += n;
+    bytes -= n;
+  }
+#endif
+}
+
+// R weight rows of one warp against the vector x (times nw, for a norm), 16-byte vectors.
+// A round loads U vectors of each row, of x and of nw together (as gemv_t does), so every
+// load of the round is in flight at once; U keeps a round at 16 vectors per lane (gemv_t's
+// 8 weight + 8 activation vectors), which with at least 5 groups per SM fits 96 registers.
+template <class T, int R, bool NORM>
+struct Rows {
+  static constexpr int V = 16 / sizeof(T), U = NORM ? 16 / (R + 2) : 7;  // 7: room for the residual
+  typedef Vec<T, V> Vt;
+  Vt w[R][U], xv[U], gv[U];
+
+  __device__ __forceinline__ void fetch(const Vt* const (&rows)[R], i64 base, i64 nv) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const i64 q = base + u * 32;
+      if (q < nv) {
+#pragma unroll
+        for (int r = 0; r < R; r++) w[r][u] = ld_stream<T, V>(rows[r] + q);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void fetch_x(const Vt* x, const Vt* nw, i64 base, i64 nv) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const i64 q = base + u * 32;
+      if (q < nv) {
+        xv[u] = x[q];
+        if (NORM) gv[u] = nw[q];
+      }
+    }
+  }
+
+  // acc[r] = sum over k of rows[r][k] * x[k] (* nw[k]), and ss = sum of x[k]^2, summed over
+  // the warp
+  __device__ __forceinline__ void dot(const Vt* const (&rows)[R], const Vt* x, const Vt* nw,
+                                     i64 nv, float (&acc)[R], float& ss) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
+    ss = 0.f;
+    for (i64 base = lane; base < nv; base += 32 * U) {
+      fetch(rows, base, nv);
+      fetch_x(x, nw, base, nv);
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (base + u * 32 < nv) {
+#pragma unroll
+          for (int e = 0; e < V; e++) {
+            float xe = load(xv[u].v[e]);
+            if (NORM) {
+              ss += xe * xe;
+              xe *= load(gv[u].v[e]);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] += load(w[r][u].v[e]) * xe;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+    if (NORM) ss = warp_sum(ss);
+  }
+};
+
+// rows of this warp: [first, first + count) of p outputs
+struct Span {
+  i64 first, count;
+  __device__ Span(const FusedGemvParams& p) {
+    const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    first = warp * p.rows_per_warp;
+    const i64 left = p.p - first;
+    count = left < 0 ? 0 : (left < p.rows_per_warp ? left : p.rows_per_warp);
+  }
+};
+
+// the group's rows [g0, g0 + n) of W (and, for SwiGLU, the up rows p + g0, ...) into L2
+template <class T>
+__device__ __forceinline__ void prefetch_group(const T* W, const FusedGemvParams& p,
+                                               bool swiglu) {
+  if (!(p.flags & FG_PREFETCH) || threadIdx.x != 0) return;
+  const i64 per_group = (i64)(blockDim.x / 32) * p.rows_per_warp, g0 = blockIdx.x * per_group;
+  const i64 n = p.p - g0 < per_group ? p.p - g0 : per_group;
+  if (n <= 0) return;
+  const u64 bytes = (u64)n * p.k * sizeof(T);
+  prefetch_rows(W + g0 * p.k, bytes);
+  if (swiglu) prefetch_rows(W + (p.p + g0) * p.k, bytes);
+}
+
+// KIND 0: rmsnorm_gemv, 1: rmsnorm_gemv_swiglu, 2: gemv_add (x is then a, and out total)
+template <class T, int KIND>
+__device__ __forceinline__ void fused_gemv(const T* __restrict__ x, const T* __restrict__ nw,
+                                           const T* __restrict__ W, T* out,
+                                           const FusedGemvParams& p) {
+  typedef typename Acc<T>::type C;
+  constexpr int R = KIND == 1 ? 2 : 1, V = 16 / sizeof(T);
+  constexpr bool NORM = KIND != 2;
+  typedef Vec<T, V> Vt;
+  const i64 nv = p.k / V;
+  const Span span(p);
+  prefetch_group(W, p, KIND == 1);
+  Rows<T, R, NORM> rows;
+  pdl_entry();  // x (and total) are the previous kernels' outputs
+  const Vt* xv = reinterpret_cast<const Vt*>(x);
+  const Vt* gv = reinterpret_cast<const Vt*>(nw);
+  for (i64 i = 0; i < span.count; i++) {
+    const i64 j = span.first + i;
+    const Vt* row[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) row[r] = reinterpret_cast<const Vt*>(W + (j + (r ? p.p : 0)) * p.k);
+    // the residual's old value, asked for now so that its latency hides behind the dot
+    const C before = KIND == 2 && (threadIdx.x & 31) == 0 ? (C)load(out[j]) : C(0);
+    float acc[R], ss;
+    rows.dot(row, xv, gv, nv, acc, ss);
+    if ((threadIdx.x & 31) != 0) continue;
+    if (KIND == 2) {
+      out[j] = store<T>(before + (C)load(store<T>((C)acc[0])));
+      continue;
+    }
+    const C rs = C(1) / m_sqrt((C)ss / (C)p.k + (C)p.eps);
+    if (KIND == 1) {
+      const C g = load(store<T>((C)acc[0] * rs)), u = load(store<T>((C)acc[R - 1] * rs));
+      out[j] = store<T>(g * (C(0.5) * (m_tanh(C(0.5) * g) + C(1))) * u);  // swiglu's form
+    } else {
+      out[j] = store<T>((C)acc[0] * rs);
+    }
+  }
+}
+}  // namespace fg
+
+#define FUSED_GEMV(SFX, T)                                                                     \
+  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS, fg::MIN_GROUPS)                                \
+      rmsnorm_gemv_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                    \
+                         const T* __restrict__ w, T* __restrict__ out, FusedGemvParams p) {    \
+    fg::fused_gemv<T, 0>(x, nw, w, out, p);                                                    \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS, fg::MIN_GROUPS)                                \
+      rmsnorm_gemv_swiglu_##SFX(const T* __restrict__ x, const T* __restrict__ nw,             \
+                                const T* __restrict__ w, T* __restrict__ out,                  \
+                                FusedGemvParams p) {                                           \
+    fg::fused_gemv<T, 1>(x, nw, w, out, p);                                                    \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(fg::MAX_THREADS, fg::MIN_GROUPS)                                \
+      gemv_add_##SFX(const T* __restrict__ a, const T* __restrict__ w, T* total,               \
+                     FusedGemvParams p) {                                                      \
+    fg::fused_gemv<T, 2>(a, a, w, total, p);                                                   \
+  }
+
+ONLY(f16, FUSED_GEMV(f16, half_t))
+ONLY(bf16, FUSED_GEMV(bf16, bf16_t))
+ONLY(f32, FUSED_GEMV(f32, float))
+
+// ---- attention_decode_flash_*: one token against the KV cache (numpy_ref.attention_decode) --
+// Group (KV head h, split s) of G warps, warp g = query head h * G + g. The cache up to the
+// position p (read on the device) is cut into S = min(splits, ceil((p + 1) / 64)) equal
+// ranges, one per active group, so that at any position about one group per SM has work
+// and the merge reads at most `splits` (<= 32) partials. A group walks its range in tiles
+// of 64 positions with an online softmax, every warp on its own query head: lanes take
+// positions for the scores (lane l: positions l and l + 32 of the tile, each key row read
+// with 16-byte loads) and dimensions for p·V (lane l: dims l, l + 32, ...), so the softmax
+// needs only warp shuffles and the group meets at a barrier once (the new key and value).
+// The group whose range holds p ropes the new key, writes key and value to the cache and
+// keeps them in shared memory for its own use. With one split the group writes the output;
+// otherwise the group that finishes last for its KV head merges (a counter per KV head).
+struct FlashParams {  // gpu/array.py DECODE layout: decode_flash reuses attention_decode's
+  i64 q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
+  float scale, scale_lo;
+};
+
+namespace fd {
+constexpr int TILE = 64;
+
+template <class T, int D>
+__device__ __forceinline__ float dot_row(const float* q, const T* row) {  // q (smem) . row
+  constexpr int V = 16 / sizeof(T);
+  typedef Vec<T, V> Vt;
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < D / V; c++) {
+    const Vt k = reinterpret_cast<const Vt*>(row)[c];
+#pragma unroll
+    for (int e = 0; e < V; e++) acc += q[c * V + e] * load(k.v[e]);
+  }
+  return acc;
+}
+
+template <class T, int D>
+__device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __restrict__ cs,
+                                      const T* __restrict__ sn, const int* __restrict__ position,
+                                      T* keys, T* values, float* __restrict__ part_o,
+                                      float* __restrict__ part_ml, T* __restrict__ out,
+                                      unsigned* counters, const FlashParams& p, float* smem) {
+  constexpr int HALF = D / 2, PER = D / 32;  // dims per lane in p.V
+  const int G = blockDim.x / 32, g = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const i64 h = blockIdx.x, s = blockIdx.y, hq = h * G + g;
+  const i64 pos = position[0];
+  if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) {  // nothing written: NaN out
+    if (s == 0)
+      for (int d = lane; d < D; d += 32) out[hq * D + d] = store<T>(0.f / 0.f);
+    return;
+  }
+  const i64 n = pos + 1;
+  const i64 S = p.splits < (n + TILE - 1) / TILE ? p.splits : (n + TILE - 1) / TILE;
+  if (s >= S) return;
+  const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
+  float* q = smem + g * D;         // this warp's roped query
+  float* knew = smem + G * D;      // the new position's roped key and value, if in range
+  float* vnew = knew + D;
+  const T* c_row = cs + pos * HALF;
+  const T* s_row = sn + pos * HALF;
+  // 1. rope: the query of this warp's head; warp 0 also the key (and the value) at p
+  const bool holds = pos < end;
+  for (int i = lane; i < HALF; i += 32) {
+    const float c = load(c_row[i]), sv = load(s_row[i]);
+    const T* x = qkv + hq * D;
+    const float x1 = load(x[i]), x2 = load(x[i + HALF]);
+    q[i] = load(store<T>(x1 * c - x2 * sv));  // rounded as rope's output is
+    q[i + HALF] = load(store<T>(x2 * c + x1 * sv));
+    if (holds && g == 0) {
+      const T* kx = qkv + (p.q_heads + h) * D;
+      const float k1 = load(kx[i]), k2 = load(kx[i + HALF]);
+      const T r1 = store<T>(k1 * c - k2 * sv), r2 = store<T>(k2 * c + k1 * sv);
+      keys[(h * p.capacity + pos) * D + i] = r1;
+      keys[(h * p.capacity + pos) * D + i + HALF] = r2;
+      knew[i] = load(r1);
+      knew[i + HALF] = load(r2);
+    }
+  }
+  if (holds && g == 0)
+    for (int d = lane; d < D; d += 32) {
+      const T v = qkv[(p.q_heads + p.kv_heads + h) * D + d];
+      values[(h * p.capacity + pos) * D + d] = v;
+      vnew[d] = load(v);
+    }
+  __syncthreads();
+  const float scale = p.scale + p.scale_lo;
+  const T* kc = keys + h * p.capacity * D;
+  const T* vc = values + h * p.capacity * D;
+  float m = neg_inf<float>(), l = 0.f, acc[PER];
+#pragma unroll
+  for (int e = 0; e < PER; e++) acc[e] = 0.f;
+  for (i64 t0 = start; t0 < end; t0 += TILE) {
+    // 2. scores of this tile: lane l has positions t0 + l and t0 + 32 + l
+    float sc[2];
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      const i64 j = t0 + half * 32 + lane;
+      sc[half] = neg_inf<float>();
+      if (j < end) sc[half] = (j == pos ? dot_row<float, D>(q, knew)
+                                        : dot_row<T, D>(q, kc + j * D)) * scale;
+    }
+    const float mt = warp_max(fmaxf(sc[0], sc[1]));
+    const float mn = fmaxf(m, mt);
+    const float alpha = m_exp(m - mn);  // 0 on the first tile (m = -inf)
+    float pr[2];
+#pragma unroll
+    for (int half = 0; half < 2; half++) pr[half] = m_exp(sc[half] - mn);  // 0 past the end
+    l = l * alpha + warp_sum(pr[0] + pr[1]);
+    m = mn;
+#pragma unroll
+    for (int e = 0; e < PER; e++) acc[e] *= alpha;
+    // 3. p.V: lane l owns dims l, l + 32, ...; the probabilities come by shuffle
+    const int rows = end - t0 < TILE ? (int)(end - t0) : TILE;
+    for (int r = 0; r < rows; r++) {
+      const float pj = __shfl_sync(0xffffffffu, r < 32 ? pr[0] : pr[1], r % 32);
+      const i64 j = t0 + r;
+      if (j == pos) {
+#pragma unroll
+        for (int e = 0; e < PER; e++) acc[e] += pj * vnew[lane + 32 * e];
+      } else {
+        const T* vr = vc + j * D;
+#pragma unroll
+        for (int e = 0; e < PER; e++) acc[e] += pj * load(vr[lane + 32 * e]);
+      }
+    }
+  }
+  if (S == 1) {
+#pragma unroll
+    for (int e = 0; e < PER; e++) out[hq * D + lane + 32 * e] = store<T>(acc[e] / l);
+    return;
+  }
+  // 4. partials, then the merge in the group that finishes last for this KV head
+  const i64 slot = hq * p.splits + s;
+#pragma unroll
+  for (int e = 0; e < PER; e++) part_o[slot * D + lane + 32 * e] = acc[e];
+  if (lane == 0) {
+    part_ml[slot * 2] = m;
+    part_ml[slot * 2 + 1] = l;
+  }
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(counters + h, 1u) == (unsigned)(S - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const i64 base = hq * p.splits;
+  const float mi = lane < S ? __ldcg(part_ml + (base + lane) * 2) : neg_inf<float>();
+  const float li = lane < S ? __ldcg(part_ml + (base + lane) * 2 + 1) : 0.f;
+  const float mm = warp_max(mi);
+  const float wi = lane < S ? m_exp(mi - mm) : 0.f;
+  const float total = warp_sum(li * wi);
+  float o[PER];
+#pragma unroll
+  for (int e = 0; e < PER; e++) o[e] = 0.f;
+  for (int r = 0; r < S; r++) {
+    const float wr = __shfl_sync(0xffffffffu, wi, r);
+#pragma unroll
+    for (int e = 0; e < PER; e++) o[e] += wr * __ldcg(part_o + (base + r) * D + lane + 32 * e);
+  }
+#pragma unroll
+  for (int e = 0; e < PER; e++) out[hq * D + lane + 32 * e] = store<T>(o[e] / total);
+  if (threadIdx.x == 0) counters[h] = 0u;  // ready for the next launch
+}
+}  // namespace fd
+
+#define FLASH_DECODE(SFX, T, D)                                                                \
+  extern "C" __global__ void __launch_bounds__(512)                                            \
+      attention_decode_flash##D##_##SFX(const T* __restrict__ qkv, const T* __restrict__ cs,   \
+                                        const T* __restrict__ sn, const int* __restrict__ pos, \
+                                        T* keys, T* values, float* __restrict__ part_o,        \
+                                        float* __restrict__ part_ml, T* __restrict__ out,      \
+                                        unsigned* counters, FlashParams p) {                   \
+    pdl_entry();                                                                               \
+    extern __shared__ __align__(16) float fd_smem[];                                           \
+    fd::flash<T, D>(qkv, cs, sn, pos, keys, values, part_o, part_ml, out, counters, p, fd_smem); \
+  }
+#define FLASH_DECODE_ALL(SFX, T) FLASH_DECODE(SFX, T, 64) FLASH_DECODE(SFX, T, 128)
+ONLY(f16, FLASH_DECODE_ALL(f16, half_t))
+ONLY(bf16, FLASH_DECODE_ALL(bf16, bf16_t))
+ONLY(f32, FLASH_DECODE_ALL(f32, float))
