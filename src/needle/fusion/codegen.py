@@ -60,7 +60,7 @@ class _Cuda(_Dialect):
         return f"__int_as_float((int)0x{u:08x}u)"
 
     def double_bits(self, u):
-        return f"__longlong_as_double(0x{u:016x}ll)"
+        return f"__longlong_as_double((i64)0x{u:016x}ull)"
 
     def long_bits(self, u):
         return f"((i64)0x{u:016x}ull)"
