@@ -6,8 +6,12 @@ outputs. Each node is written with the operation functors, ``load``/``store`` an
 the backend's own ``elementwise`` kernel file, which the generated source is appended to
 (its instantiations cut off): a fused node computes exactly what its unfused kernel does,
 rounding to the storage type after each node as that kernel does when it writes memory.
-With no contraction of a multiply and an add across nodes (NVRTC ``--fmad=false``; Metal
-compiles with IEEE math), a fused group gives the unfused step's bits.
+A multiply of one node and an add of the next must not become one fused multiply-add (one
+rounding instead of two): CUDA passes each float value through an empty ``asm`` statement,
+which the compiler cannot see through, and compiles with the kernel files' own options, so
+each operation compiles as in its own kernel and a fused group gives the unfused step's
+bits. MSL has no such barrier: Metal compiles with IEEE math (no fast math); the emulator's
+clang contracts only within one expression, so there too the bits are the unfused ones.
 
 Scalars and shapes are constants of the source: a recording freezes them anyway.
 """
@@ -35,6 +39,11 @@ class _Dialect:
     types: dict
     bool_type: str
 
+    def barrier(self, t: str, name: str) -> str:
+        """A statement after value ``name`` of type ``t`` that stops the compiler from
+        contracting it with what follows ('' where none is needed or possible)."""
+        return ""
+
     def literal(self, dtype: str, value) -> str:
         """The scalar param ``value`` of a ``dtype`` kernel, as its kernels receive it."""
         v = scalar(dtype, value)
@@ -55,6 +64,10 @@ class _Dialect:
 
 class _Cuda(_Dialect):
     types, bool_type = CUDA_TYPES, "b8"
+
+    def barrier(self, t, name):
+        code = {"float": "f", "double": "d"}.get(t)
+        return f' asm("" : "+{code}"({name}));' if code else ""
 
     def float_bits(self, u):
         return f"__int_as_float((int)0x{u:08x}u)"
@@ -177,7 +190,8 @@ class _Body:
             else:  # pragma: no cover -- node_of makes no other kinds
                 raise ValueError(kind)
         name = self.memo[key] = f"v{len(self.memo)}"
-        self.lines.append(f"const {t} {name} = {expr};")
+        barrier = d.barrier(t, name) if kind not in ("gather", "where") else ""
+        self.lines.append(f"{'' if barrier else 'const '}{t} {name} = {expr};{barrier}")
         return name
 
 

@@ -25,7 +25,7 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 # NEEDLE_CUDA_OPTIONS adds NVRTC options (tuning defines such as -DTC_STAGES=3); they are
 # part of the disk-cache key, so changing them recompiles.
 OPTIONS = ("-std=c++17", "-DNDEBUG", *os.environ.get("NEEDLE_CUDA_OPTIONS", "").split())
-FUSED_OPTIONS = (*OPTIONS, "--fmad=false")  # generated kernels (fused_executable)
+FUSED_OPTIONS = OPTIONS  # generated kernels (fused_executable): as the kernel files
 _SHARED_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
 SHARDS = ("f16", "bf16", "f32", "f64", "i32", "i64", "b8", "u8", "i8")
 _SHARD_OF = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
@@ -206,8 +206,8 @@ class CudaExecutableCache(ExecutableCache):
 
     def fused_executable(self, source: str) -> CudaExecutable:
         """A module of generated kernels (``needle.fusion``), compiled once per source and
-        cached on disk. Without ``--fmad``: a multiply and an add of two fused operations
-        stay two roundings, as in their own kernels."""
+        cached on disk; the same options as the kernel files, so each operation compiles as
+        in its own kernel (codegen.py keeps the compiler from contracting across them)."""
         image = cached_image("fused", source, self.arch, self.ptx, self.disk, None,
                              FUSED_OPTIONS)
         return CudaExecutable("fused", image, self.sm_count)
