@@ -215,8 +215,8 @@ def _inline_gathered(units: list[Group], calls: list, elidable: set,
                 targets |= {id(unit_of.get(id(c))) for c in rs if c is not _writer(h, x)}
             if not targets or len(targets) != 1 or len(h.nodes) > MAX_INLINED:
                 continue
-            g = next(u for u in units if id(u) == next(iter(targets)))
-            if g is h or g.pos < h.pos:
+            g = next((u for u in units if id(u) == next(iter(targets))), None)
+            if g is None or g is h or g.pos < h.pos:
                 continue
             merged = _make(sorted(h.nodes + g.nodes, key=lambda m: m.pos), elidable, readers)
             if merged.outputs and _conflict(merged, calls) is None and \
