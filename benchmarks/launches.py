@@ -18,8 +18,9 @@ def launch_notes(impls: dict[str, Impl]) -> list[str]:
         if not s.get("recorded"):
             lines.append(f"{name}: not recorded ({s.get('reason')})")
             continue
-        fused = (f"; {s['fused_kernels']} generated kernels stand for {s['fused_calls']} "
-                 "elementwise calls" if s["fused_kernels"] else "; no fusion")
+        fused = (f"; {s['fused_kernels']} launches of {s['generated_kernels'] or 'CPU-run'} "
+                 f"generated kernels stand for {s['fused_calls']} elementwise calls"
+                 if s["fused_kernels"] else "; no fusion")
         if s["graphs"]:
             work = f"{s['graph_kernels']} kernels in {s['graphs']} graph(s)"
         else:
