@@ -18,9 +18,13 @@ def launch_notes(impls: dict[str, Impl]) -> list[str]:
         if not s.get("recorded"):
             lines.append(f"{name}: not recorded ({s.get('reason')})")
             continue
-        fused = (f"; {s['fused_kernels']} launches of {s['generated_kernels'] or 'CPU-run'} "
-                 f"generated kernels stand for {s['fused_calls']} elementwise calls"
-                 if s["fused_kernels"] else "; no fusion")
+        if not s["fused_kernels"]:
+            fused = "; no fusion"
+        elif s["generated_kernels"]:
+            fused = (f"; {s['fused_kernels']} launches of {s['generated_kernels']} generated "
+                     f"kernels stand for {s['fused_calls']} elementwise calls")
+        else:  # the CPUs (fuse=True): the plan, run op by op
+            fused = f"; {s['fused_kernels']} fused groups of {s['fused_calls']} calls"
         if s["graphs"]:
             work = f"{s['graph_kernels']} kernels in {s['graphs']} graph(s)"
         else:
