@@ -213,6 +213,7 @@ def cuda_kernel(name: str, group: Group) -> str:
     return (f'extern "C" __global__ void {name}({", ".join(args + ["NParams p"])}) {{\n'
             "  pdl_entry();\n"
             "  const i64 step = grid_threads();\n"
+            "#pragma unroll 4\n"  # several elements' loads in flight per thread
             "  for (i64 i = global_thread(); i < p.n; i += step) {\n"
             f"{inner}\n  }}\n}}\n")
 
