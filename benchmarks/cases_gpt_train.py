@@ -11,7 +11,9 @@ Two cases, ``fp32`` and ``bf16`` (the forward pass and loss under ``ndl.autocast
 ``torch.autocast``; float32 weights and optimizer state, backward outside the block). Four
 ways each: ``needle``, ``needle:compiled`` (``ndl.compile``), ``torch`` and, on CUDA,
 ``torch:compile`` (``torch.compile(model)``: Inductor for forward and backward; the
-optimizer stays eager, as compiling it too takes minutes for this model).
+optimizer stays eager, as compiling it too takes minutes for this model). On cuda and metal,
+``needle:nofuse`` is the compiled step without elementwise fusion (``fuse=False``); the lines
+under the table give each recorded step's kernels per replay.
 
 The rate is 6 x tokens x weights (the matmul work of forward and backward, attention left
 out) against the peer's matmul rate of the dtype.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .launches import launch_notes
 from .runner import Bench, Case, Context, Impl, Skip
 
 LR = 3e-4
@@ -44,7 +47,8 @@ def _batches(ctx: Context, s: dict):
     return ctx.input_sets(make)
 
 
-def _needle_impl(ctx: Context, s: dict, batches, low: str | None, compiled: bool) -> Impl:
+def _needle_impl(ctx: Context, s: dict, batches, low: str | None, compiled: bool,
+                 fuse: bool | None = None) -> Impl:
     try:
         import needle as ndl
         from needle import nn, optim
@@ -68,7 +72,7 @@ def _needle_impl(ctx: Context, s: dict, batches, low: str | None, compiled: bool
         opt.step()
         return loss
 
-    fn = ndl.compile(step) if compiled else step
+    fn = ndl.compile(step, fuse=fuse) if compiled else step
     inputs = [(ndl.Tensor(x, device=dev, requires_grad=False),
                ndl.Tensor(y, device=dev, requires_grad=False)) for x, y in batches]
     return Impl(fn, inputs)
@@ -136,13 +140,16 @@ def _case(low: str | None):
         batches = _batches(ctx, s)
         impls = {"needle": _needle_impl(ctx, s, batches, low, False),
                  "needle:compiled": _needle_impl(ctx, s, batches, low, True)}
+        if ctx.gpu:  # the A/B of fusion
+            impls["needle:nofuse"] = _needle_impl(ctx, s, batches, low, True, fuse=False)
         if "torch" in ctx.frameworks:
             impls["torch"] = _torch_impl(ctx, s, batches, low, False)
             if ctx.kind == "cuda":
                 impls["torch:compile"] = _torch_impl(ctx, s, batches, low, True)
         tokens = s["batch"] * s["seq"]
         return Bench(impls, flops=6.0 * tokens * _weights(s),
-                     ceiling=f"matmul_{low or 'float32'}", rtol=None)
+                     ceiling=f"matmul_{low or 'float32'}", rtol=None,
+                     later_notes=lambda: launch_notes(impls))
     return build
 
 

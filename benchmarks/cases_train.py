@@ -1,9 +1,11 @@
 """Training case (issue 3): one step of an MLP, Adam, cross-entropy, against PyTorch.
 
 Four ways to run it (issue 13): ``needle`` eager, ``needle:compiled`` (the same step under
-``ndl.compile``: a recorded replay), ``torch`` eager and, on CUDA, ``torch:compile``
-(``torch.compile(step, mode="reduce-overhead")``: Inductor kernels in CUDA graphs, optimizer
-included).
+``ndl.compile``: a recorded replay, elementwise chains fused where the device fuses),
+``torch`` eager and, on CUDA, ``torch:compile`` (``torch.compile(step,
+mode="reduce-overhead")``: Inductor kernels in CUDA graphs, optimizer included). On cuda and
+metal ``needle:nofuse`` is the recorded step without fusion (``fuse=False``), and the lines
+under the table give each recorded step's kernels per replay.
 
 One step is what a training loop repeats: reset the gradients, forward, loss, backward, Adam
 update, then the device synchronize the runner adds. Both frameworks train the same shape of
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .launches import launch_notes
 from .runner import Bench, Case, Context, Impl, Skip
 
 LR = 1e-3
@@ -35,7 +38,8 @@ def _batches(ctx: Context, widths: list[int], batch: int) -> list[tuple[np.ndarr
     return ctx.input_sets(make)
 
 
-def _needle_step(ctx: Context, widths: list[int], batches, compiled: bool = False) -> Impl:
+def _needle_step(ctx: Context, widths: list[int], batches, compiled: bool = False,
+                 fuse: bool | None = None) -> Impl:
     try:
         from needle import nn, optim
         from needle.autograd import Tensor
@@ -59,7 +63,7 @@ def _needle_step(ctx: Context, widths: list[int], batches, compiled: bool = Fals
 
     if compiled:
         import needle as ndl
-        step = ndl.compile(step)
+        step = ndl.compile(step, fuse=fuse)
     inputs = [(Tensor(x, device=dev, requires_grad=False), Tensor(y, device=dev,
                                                                  requires_grad=False))
               for x, y in batches]
@@ -94,12 +98,15 @@ def _mlp_step(ctx: Context) -> Bench:
     batches = _batches(ctx, widths, batch)
     impls = {"needle": _needle_step(ctx, widths, batches),
              "needle:compiled": _needle_step(ctx, widths, batches, compiled=True)}
+    if ctx.gpu:  # the A/B of fusion (the CPUs do not fuse by default)
+        impls["needle:nofuse"] = _needle_step(ctx, widths, batches, compiled=True, fuse=False)
     if "torch" in ctx.frameworks:
         impls["torch"] = _torch_step(ctx, widths, batches)
         if ctx.kind == "cuda":  # reduce-overhead means CUDA graphs
             impls["torch:compile"] = _torch_step(ctx, widths, batches, compiled=True)
     weights = sum(a * b for a, b in zip(widths, widths[1:]))
-    return Bench(impls, flops=6.0 * batch * weights, ceiling="matmul_float32", rtol=None)
+    return Bench(impls, flops=6.0 * batch * weights, ceiling="matmul_float32", rtol=None,
+                 later_notes=lambda: launch_notes(impls))
 
 
 def cases(ctx: Context) -> list[Case]:

@@ -72,6 +72,8 @@ class Bench:
     ceiling: str | None = None
     rtol: float | None = 1e-4
     notes: list[str] = field(default_factory=list)  # printed under the table (e.g. set-up times)
+    # more notes, made after timing (e.g. a compiled step's launch counts)
+    later_notes: Callable[[], list[str]] | None = None
 
     def __post_init__(self):
         if self.ceiling is None and self.bytes is not None:
@@ -351,6 +353,11 @@ def run_case(case: Case, ctx: Context, settings: Settings) -> CaseResult:
                                         settings)
     errors.update(timing_errors)
     result.impls = {n: ImplResult(timings.get(n), errors.get(n)) for n in bench.impls}
+    if bench.later_notes is not None:
+        try:
+            result.notes += list(bench.later_notes())
+        except Exception as e:  # notes are extra: their failure is reported, not fatal
+            result.notes.append(f"notes failed: {_error_text(e)}")
     peers = [n for n in outputs if n != "needle"]
     if "needle" in outputs and peers:
         result.peer_errors = {p: normwise_error(outputs["needle"], outputs[p]) for p in peers}

@@ -1,5 +1,6 @@
 """Compile time, replay time and launches per step of the compiled MLP and GPT training
-steps (issue 13): ``python scripts/compile_stats.py [device]`` (default cuda)."""
+steps (issue 13), with and without elementwise fusion:
+``python scripts/compile_stats.py [device]`` (default cuda)."""
 
 import sys
 import time
@@ -58,22 +59,29 @@ def gpt(low: bool):
 
 
 def main() -> None:
-    for name, (step, args) in (("mlp", mlp()), ("gpt_fp32", gpt(False)),
-                               ("gpt_bf16", gpt(True))):
-        fn = ndl.compile(step)
-        first = []
-        for _ in range(3):  # watched, watched, recorded
-            start = time.perf_counter()
-            fn(*args)
-            dev.synchronize()
-            first.append(round(time.perf_counter() - start, 3))
+    cases = (("mlp", mlp), ("gpt_fp32", lambda: gpt(False)), ("gpt_bf16", lambda: gpt(True)))
+    for name, make in cases:
+        for fuse in (False, True):
+            run(name, make, fuse)
+
+
+def run(name: str, make, fuse: bool) -> None:
+    step, args = make()
+    fn = ndl.compile(step, fuse=fuse)
+    first = []
+    for _ in range(3):  # watched, watched, recorded
         start = time.perf_counter()
-        for _ in range(20):
-            fn(*args)
+        fn(*args)
         dev.synchronize()
-        replay = (time.perf_counter() - start) / 20
-        print(f"{name}: calls 1-3 {first} s; replay {replay * 1e3:.3f} ms; "
-              f"{fn.stats(*args)}", flush=True)
+        first.append(round(time.perf_counter() - start, 3))
+    start = time.perf_counter()
+    for _ in range(20):
+        fn(*args)
+    dev.synchronize()
+    replay = (time.perf_counter() - start) / 20
+    print(f"{name} {'fused' if fuse else 'unfused'}: calls 1-3 {first} s; "
+          f"replay {replay * 1e3:.3f} ms; "
+          f"{fn.stats(*args)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,11 @@ state are updated in place. One recording per signature: a new shape records ane
 from __future__ import annotations
 
 import functools
+import gc
 import warnings
 from dataclasses import dataclass, field
 
-from . import step_hooks
+from . import fusion, step_hooks
 from .autograd import Tensor
 from .backend_ndarray import NDArray
 from .backends.api import has
@@ -67,6 +68,11 @@ class _Entry:
     device: object = None
     last: object = None  # the recorder of the previous watched call
     params: list = field(default_factory=list)  # (parameter, its buffer) the optimizer saw
+    deferrable: bool = True  # no backend call of the step returns a value (fusion may defer)
+    fused_groups: int = 0  # generated kernels (needle.fusion)
+    fused_calls: int = 0  # backend calls they replace
+    fused_sources: int = 0  # distinct generated kernels among them
+    replay_calls: int = 0  # ("record", the CPUs) calls and fused groups run by a replay
 
 
 def _device_of(args, kwargs):
@@ -103,10 +109,14 @@ def _map(obj, f):
 class CompiledStep:
     """What ``ndl.compile(fn)`` returns (see the module's docstring)."""
 
-    def __init__(self, fn, warn: bool = True):
+    def __init__(self, fn, warn: bool = True, fuse: bool | None = None):
         if not callable(fn):
             raise ArgumentTypeError(f"ndl.compile: fn must be callable, got {type(fn).__name__}")
-        self.fn, self.warn = fn, warn
+        if fuse is not None and not isinstance(fuse, bool):
+            raise ArgumentTypeError(f"ndl.compile: fuse must be True, False or None (the "
+                                    f"default: NEEDLE_FUSION, else on for cuda and metal), "
+                                    f"got {fuse!r}")
+        self.fn, self.warn, self.fuse = fn, warn, fuse
         self._entries: dict[tuple, _Entry] = {}
         functools.update_wrapper(self, fn)
 
@@ -164,6 +174,9 @@ class CompiledStep:
         return {"recorded": e.reason is None and e.calls >= 3, "reason": e.reason,
                 "eager_calls": e.eager_calls, "optimizer_calls": e.host_calls,
                 "graphs": graphs, "graph_kernels": e.graph_kernels,
+                "fused_kernels": e.fused_groups, "fused_calls": e.fused_calls,
+                "generated_kernels": e.fused_sources,
+                "replay_calls": e.replay_calls,
                 "replay_launches": (len(e.inputs) + graphs + e.host_calls
                                     + len(_flat(e.outputs)) if graphs else e.eager_calls)}
 
@@ -197,6 +210,7 @@ class CompiledStep:
             self._give_up(entry, rec.reason)
         entry.eager_calls = len(rec.log) + rec.host_calls
         entry.host_calls = rec.host_calls
+        entry.deferrable = entry.deferrable and rec.returned is None
         return out, rec
 
     def _static_inputs(self, entry, args, kwargs):
@@ -221,7 +235,9 @@ class CompiledStep:
         real = device.backend
         call_args = self._static_inputs(entry, args, kwargs)
         capture = has(real, "graphs")
-        rec = StepRecorder("capture" if capture else "record", real, entry.last)
+        fuse = fusion.enabled(real, self.fuse) and entry.deferrable
+        mode = "record" if not capture else "defer" if fuse else "capture"
+        rec = StepRecorder(mode, real, entry.last)
         entry.last = None
         try:
             if capture:
@@ -229,13 +245,13 @@ class CompiledStep:
             device._backend = BackendProxy(real, rec)
             step_hooks.recorder = rec
             try:
-                if capture:
+                if mode == "capture":
                     rec._begin_graph()
                 out = self.fn(*call_args[0], **call_args[1])
-                if capture:
+                if mode == "capture":
                     rec._end_graph()
             except BaseException as e:
-                if capture:
+                if mode == "capture":
                     rec._end_graph(e)
                 raise
             finally:
@@ -251,15 +267,71 @@ class CompiledStep:
         if rec.reason is not None:  # ("record") noted, not raised: the call itself ran
             self._give_up(entry, rec.reason)
             return out
-        entry.segments = rec.finish()
+        segments = rec.finish()
         entry.params = rec.params
-        entry.graph_kernels = sum(getattr(cb, "kernels", 0) for kind, cb in entry.segments
-                                  if kind == "graph") or rec.graph_calls
         entry.outputs = _map(out, lambda t: t.realize_cached_data()
                              if isinstance(t, Tensor) else t)
+        del out, rec  # (the step's tensors go: fusion sees which arrays are still used)
+        if fuse:
+            try:
+                segments = self._fused(entry, real, segments, capture)
+            except NeedleError as e:  # nothing of the step has run yet: run it eagerly
+                return self._eager_after_failure(entry, f"capture failed: {e}", args, kwargs)
+        entry.segments = segments
+        entry.graph_kernels = sum(getattr(cb, "kernels", 0) for kind, cb in segments
+                                  if kind == "graph")
+        entry.replay_calls = sum(len(item) for kind, item in segments if kind == "calls")
         if capture:  # nothing ran yet: the capture only recorded
             self._run_segments(entry)
         return self._fresh_outputs(entry)  # later replays overwrite the recorded outputs
+
+    def _fused(self, entry, real, segments: list, capture: bool) -> list:
+        """The recorded call lists with elementwise groups fused (``needle.fusion``); on a
+        device with graphs, each list then captured into a graph. Where fusion fails (a
+        generated kernel that does not build or launch), the lists unfused, with a warning."""
+        gc.collect()  # tensors in reference cycles hold arrays too
+        lists = [item for kind, item in segments if kind == "calls"]
+        try:
+            fused = fusion.fuse(real, lists)
+            out = self._as_segments(real, segments, fused.segments, capture)
+        except Exception as e:
+            warnings.warn(f"ndl.compile({getattr(self.fn, '__name__', 'fn')}): elementwise "
+                          f"fusion failed, recording without it: {type(e).__name__}: {e}",
+                          CompileFallbackWarning, stacklevel=4)
+            for seg in lists:
+                for c in seg:
+                    c.reads = c.writes = []
+                    c.node = None
+            return self._as_segments(real, segments, lists, capture)
+        entry.fused_groups, entry.fused_calls = fused.groups, fused.calls_fused
+        entry.fused_sources = fused.sources
+        return out
+
+    @staticmethod
+    def _as_segments(real, segments: list, lists: list, capture: bool) -> list:
+        """``segments`` with its call lists replaced by ``lists`` (each captured into a graph
+        on a device with graphs; those made are closed if one fails)."""
+        thunks = iter(lists)
+        out = []
+        try:
+            for kind, item in segments:
+                if kind != "calls":
+                    out.append((kind, item))
+                    continue
+                items = next(thunks)
+                if not capture:
+                    out.append(("calls", items))
+                elif items:
+                    with real.capture() as cb:
+                        for run in items:
+                            run()
+                    out.append(("graph", cb))
+        except BaseException:
+            for kind, item in out:
+                if kind == "graph":
+                    item.close()
+            raise
+        return out
 
     def _check_same(self, rec: StepRecorder) -> None:
         prev = rec.previous
@@ -288,8 +360,8 @@ class CompiledStep:
             if kind == "graph":
                 item.replay()
             elif kind == "calls":
-                for fn, a, k in item:
-                    fn(*a, **k)
+                for run in item:
+                    run()
             else:
                 item()
 
@@ -308,10 +380,12 @@ def _flat(obj) -> list:
     return found
 
 
-def compile(fn=None, *, warn: bool = True):  # noqa: A001 -- ndl.compile, as torch.compile
+def compile(fn=None, *, warn: bool = True, fuse: bool | None = None):  # noqa: A001 -- as torch
     """Record ``fn`` (a training step: forward, backward, optimizer update) and replay it on
     later calls (see ``needle.compiled``). Use as ``ndl.compile(step)`` or ``@ndl.compile``;
-    ``warn=False`` silences the ``CompileFallbackWarning`` of a step that runs eagerly."""
+    ``warn=False`` silences the ``CompileFallbackWarning`` of a step that runs eagerly.
+    ``fuse``: fuse chains of elementwise calls into generated kernels (``needle.fusion``);
+    None follows ``NEEDLE_FUSION`` (0 or 1), else fuses on cuda and metal only."""
     if fn is None:
-        return lambda f: CompiledStep(f, warn)
-    return CompiledStep(fn, warn)
+        return lambda f: CompiledStep(f, warn, fuse)
+    return CompiledStep(fn, warn, fuse)

@@ -2,8 +2,9 @@
 
 ``BackendProxy`` stands in for a device's backend during the call: every array-API call, upload,
 allocation and host read goes through it to a ``StepRecorder``, which notes them ("probe"),
-keeps the calls for a Python replay ("record", the CPUs) or lets the device capture them into
-command buffers ("capture", backends with ``graphs``), and turns optimizer and scheduler
+keeps the calls for a Python replay ("record", the CPUs), lets the device capture them into
+command buffers ("capture", backends with ``graphs``) or keeps them without running them, to
+be fused and then captured ("defer", ``needle.fusion``), and turns optimizer and scheduler
 steps into host segments (``step_hooks``).
 """
 
@@ -16,8 +17,14 @@ import numpy as np
 
 from .backends.api import required_functions
 from .errors import NeedleError
+from .fusion.call import Call
 
-_WORK = frozenset(required_functions()) - {"Array", "to_numpy", "synchronize", "from_numpy"}
+# device work of the array API and of the capabilities that have any (a replay, a capture
+# and fusion's deferral must see each in its place)
+_CAPABILITY_WORK = frozenset(("sample", "paged_write", "paged_attention", "quant_matmul",
+                              "dequantize"))
+_WORK = (frozenset(required_functions()) | _CAPABILITY_WORK) - {
+    "Array", "to_numpy", "synchronize", "from_numpy"}
 _HOST_READS = {"to_numpy": ".item()/.numpy() or another read of device data",
                "to_numpy_later": "an asynchronous read of device data",
                "host_view": "a host view of device data (DLPack, numpy)",
@@ -74,8 +81,8 @@ class BackendProxy:
 
 
 class StepRecorder:
-    """Watches (mode "probe"), records ("record", the CPUs) or captures ("capture", devices
-    with graphs) one call of the step."""
+    """Watches (mode "probe"), records ("record", the CPUs), captures ("capture", devices
+    with graphs) or defers ("defer": kept, not run, for fusion) one call of the step."""
 
     def __init__(self, mode: str, backend, previous: StepRecorder | None = None):
         self.mode, self.backend, self.previous = mode, backend, previous
@@ -84,11 +91,12 @@ class StepRecorder:
         self.uploads: list[np.ndarray] = []
         self.allocations: list = []  # strong refs: ids stay unique while we compare
         self.reason: str | None = None
-        self.calls: list[tuple] = []  # ("record") the backend calls, in order
+        self.calls: list[Call] = []  # ("record", "defer") the backend calls, in order
         self.segments: list = []
         self.host_calls = 0
         self.params: list = []  # (parameter, buffer handle) of the optimizers stepped
         self.graph_calls = 0  # work calls inside graph segments ("capture")
+        self.returned: str | None = None  # ("probe") a work call that returned a value
         self._paused = False
         self._capture = None  # the open capture context ("capture")
         self._staged: list = []  # ("capture") device copies of the previous call's uploads
@@ -99,7 +107,7 @@ class StepRecorder:
     def not_capturable(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-        if self.mode == "capture":
+        if self.mode in ("capture", "defer"):  # nothing has run: the step runs eagerly
             raise NotCapturableError(reason)
 
     def allocated(self, array):
@@ -121,9 +129,15 @@ class StepRecorder:
                 "carried from call to call by new arrays (BatchNorm running statistics, "
                 "gradients accumulated without opt.zero_grad()), which a replay would not "
                 "see; zero the gradients in the step, use module.eval() for BatchNorm")
+        if self.mode == "defer":
+            self.calls.append(Call(name, fn, args, kwargs))
+            return None
         if self.mode == "record":
-            self.calls.append((fn, args, kwargs))
-        return fn(*args, **kwargs)
+            self.calls.append(Call(name, fn, args, kwargs))
+        result = fn(*args, **kwargs)
+        if result is not None and self.returned is None:
+            self.returned = name  # a value the step reads: such calls cannot be deferred
+        return result
 
     def upload(self, a: np.ndarray, out) -> None:
         real = self.backend
@@ -143,9 +157,23 @@ class StepRecorder:
             staged = self._staged[k]
             real.compact(staged, out, (a.size,), (1,), 0)
             return None
+        if self.mode == "defer":
+            self.calls.append(Call("compact", real.compact,
+                                   (self._staged[k], out, (a.size,), (1,), 0), {}))
+            return None
         if self.mode == "record":
-            self.calls.append((real.from_numpy, (self.uploads[k], out), {}))
+            self.calls.append(Call("from_numpy", real.from_numpy, (self.uploads[k], out), {}))
         return real.from_numpy(a, out)
+
+    def defer(self, run, arrays) -> bool:
+        """Keep ``run`` (device work outside the backend) back in "defer" mode, as a call that
+        may read and write each of ``arrays`` (step_hooks.deferred)."""
+        if self.mode != "defer" or self._paused or threading.get_ident() != self.thread:
+            return False
+        handles = tuple(a.realize_cached_data()._handle if hasattr(a, "realize_cached_data")
+                        else a._handle for a in arrays)
+        self.calls.append(Call("outside_backend", lambda *_: run(), handles, {}))
+        return True
 
     # --- optimizer and scheduler steps ----------------------------------------------------
     def host_step(self, owner, run) -> bool:
@@ -166,6 +194,11 @@ class StepRecorder:
             self._end_graph()
             self.segments.append(("host", replay_step))
             self._begin_graph()
+            return True
+        if self.mode == "defer":  # runs at replay, after the calls made so far
+            self.segments.append(("calls", self.calls))
+            self.segments.append(("host", replay_step))
+            self.calls = []
             return True
         params = getattr(owner, "params", [])
         before = [id(p.realize_cached_data()._handle) for p in params]
@@ -214,7 +247,7 @@ class StepRecorder:
             self.graph_calls += calls
 
     def finish(self) -> list:
-        if self.mode == "record" and self.calls:
+        if self.mode in ("record", "defer") and self.calls:
             self.segments.append(("calls", self.calls))
         self.calls = []
         return self.segments

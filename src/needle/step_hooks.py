@@ -17,6 +17,15 @@ def recording() -> bool:
     return recorder is not None
 
 
+def deferred(run, *arrays) -> bool:
+    """Device work that reaches the device's queue without going through its backend (NCCL
+    collectives on its stream) calls this first: while ``ndl.compile`` keeps a step's
+    backend calls back to fuse them, it keeps ``run`` back too, in its place among them, and
+    returns True (the caller returns). ``arrays``: the NDArrays ``run`` reads or writes.
+    False otherwise (the caller runs it now)."""
+    return recorder is not None and recorder.defer(run, arrays)
+
+
 def handled(owner, run) -> bool:
     """Give ``run`` (``owner``'s step without this hook) to the recorder; True when it took
     it (the caller returns), False outside a recording (the caller runs it)."""

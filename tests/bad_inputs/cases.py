@@ -326,6 +326,7 @@ def _ops() -> list[tuple[str, str | tuple[str, ...]]]:
     c.append(("ndl.amp.GradScaler(init_scale=0)", "init_scale"))
     c.append(("ndl.amp.GradScaler(growth_factor=0.5)", "growth_factor"))
     c.append(("ndl.compile(5)", ("fn", "callable")))
+    c.append(("ndl.compile(lambda x: x, fuse='yes')", "fuse"))
     return c
 
 

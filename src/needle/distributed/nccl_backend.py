@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from .. import step_hooks
 from ..backend_ndarray import NDArray
 from ..errors import DistributedError
 from . import nccl
@@ -46,22 +47,30 @@ class NcclBackend:
 
     # --- collectives ---------------------------------------------------------------------
     def all_reduce(self, x: NDArray, op: str) -> None:
+        if step_hooks.deferred(lambda: self.all_reduce(x, op), x):  # ndl.compile, fusing
+            return
         p = self._address(x)
         self._check(nccl.library().ncclAllReduce(p, p, x.size, nccl.DTYPES[x.dtype],
                                                  nccl.OPS[op], self.comm, self._stream),
                     "ncclAllReduce")
 
     def all_gather(self, x: NDArray, out: NDArray) -> None:
+        if step_hooks.deferred(lambda: self.all_gather(x, out), x, out):
+            return
         self._check(nccl.library().ncclAllGather(self._address(x), self._address(out), x.size,
                                                  nccl.DTYPES[x.dtype], self.comm, self._stream),
                     "ncclAllGather")
 
     def reduce_scatter(self, x: NDArray, out: NDArray, op: str) -> None:
+        if step_hooks.deferred(lambda: self.reduce_scatter(x, out, op), x, out):
+            return
         self._check(nccl.library().ncclReduceScatter(
             self._address(x), self._address(out), out.size, nccl.DTYPES[x.dtype],
             nccl.OPS[op], self.comm, self._stream), "ncclReduceScatter")
 
     def broadcast(self, x: NDArray, src: int) -> None:
+        if step_hooks.deferred(lambda: self.broadcast(x, src), x):
+            return
         p = self._address(x)
         self._check(nccl.library().ncclBroadcast(p, p, x.size, nccl.DTYPES[x.dtype], src,
                                                  self.comm, self._stream), "ncclBroadcast")

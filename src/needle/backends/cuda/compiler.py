@@ -25,6 +25,7 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 # NEEDLE_CUDA_OPTIONS adds NVRTC options (tuning defines such as -DTC_STAGES=3); they are
 # part of the disk-cache key, so changing them recompiles.
 OPTIONS = ("-std=c++17", "-DNDEBUG", *os.environ.get("NEEDLE_CUDA_OPTIONS", "").split())
+FUSED_OPTIONS = OPTIONS  # generated kernels (fused_executable): as the kernel files
 _SHARED_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
 SHARDS = ("f16", "bf16", "f32", "f64", "i32", "i64", "b8", "u8", "i8")
 _SHARD_OF = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
@@ -203,6 +204,14 @@ class CudaExecutableCache(ExecutableCache):
                 started.append(unit)
         return started
 
+    def fused_executable(self, source: str) -> CudaExecutable:
+        """A module of generated kernels (``needle.fusion``), compiled once per source and
+        cached on disk; the same options as the kernel files, so each operation compiles as
+        in its own kernel (codegen.py keeps the compiler from contracting across them)."""
+        image = cached_image("fused", source, self.arch, self.ptx, self.disk, None,
+                             FUSED_OPTIONS)
+        return CudaExecutable("fused", image, self.sm_count)
+
     def wait_precompiled(self) -> None:
         """Wait for every compile started by ``precompile_async`` (raising its error)."""
         for future in list(self._pending.values()):
@@ -210,10 +219,10 @@ class CudaExecutableCache(ExecutableCache):
 
 
 def cached_image(family: str, source: str, arch: str, ptx: bool, disk: DiskCache,
-                 shard: str | None = None) -> bytes:
+                 shard: str | None = None, options: tuple[str, ...] | None = None) -> bytes:
     """The CUBIN (or PTX) of a kernel file (one shard of it) from the disk cache, compiling
     it on a miss."""
-    options = shard_options(shard)
+    options = shard_options(shard) if options is None else options
     key = DiskCache.key(source, *headers().values(), arch, " ".join(options),
                         repr(nvrtc_version()))
     suffix = ".ptx" if ptx else ".cubin"

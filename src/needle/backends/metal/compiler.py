@@ -136,6 +136,11 @@ class MetalExecutableCache(ExecutableCache):
                 raise
             raise KernelCompileError(f"kernel {name}: {e}") from None
 
+    def fused_executable(self, source: str) -> MetalExecutable:
+        """A library of generated kernels (``needle.fusion``); ``source`` is complete MSL."""
+        return MetalExecutable("fused", compile_library(self._mtl, self._api, source, "fused"),
+                               self._mtl)
+
     def _compile(self, family: str, source: str) -> Executable:
         return MetalExecutable(family, compile_library(self._mtl, self._api, source, family),
                                self._mtl)

@@ -83,6 +83,11 @@ class MetalCapture(CommandBuffer):
                 else:
                     self._queue._encode_copy(*args)
 
+    @property
+    def kernels(self) -> int:
+        """Dispatches recorded (copies not counted), as CudaGraph.kernels."""
+        return sum(1 for kind, _ in self.commands if kind == "dispatch")
+
     def describe(self) -> str:
         return f"recording of {len(self.commands)} commands"
 
