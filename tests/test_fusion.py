@@ -152,7 +152,13 @@ def test_fused_transformer_step_matches_unfused(device, low):
     assert stats_f["graph_kernels"] < 0.7 * stats_u["graph_kernels"], (stats_f, stats_u)
     _same(device, losses_f, losses_u, low)
     for a, b in zip(params_f, params_u):
-        _same(device, a, b, low)
+        if device.kind == "cuda":
+            # the key projection's bias has a zero gradient in exact arithmetic (softmax is
+            # shift-invariant), so AdamW turns split-K rounding noise into steps of ~lr:
+            # parameters may differ by up to lr per step (3e-3 x 5); a wrong fusion is far off
+            np.testing.assert_allclose(a, b, rtol=2e-2, atol=1.5e-2)
+        else:
+            _same(device, a, b, low)
 
 
 def test_a_host_read_while_recording_runs_the_call_eagerly(device):
