@@ -58,16 +58,20 @@ def _inputs(rng, lead: tuple[int, ...], dim: int, out_rows: int, dtype: str):
     return x, w, weight
 
 
+def every_size(test):
+    """Parametrize a test over FLOATS x ROWS x DIMS x OUTS (dtype, rows, dim, p)."""
+    for name, values in (("p", OUTS), ("dim", DIMS), ("rows", ROWS), ("dtype", FLOATS)):
+        test = pytest.mark.parametrize(name, values)(test)
+    return test
+
+
 def _skip_dtype(device, dtype) -> bool:
     return check_unsupported_dtype(device, dtype)
 
 
 # --- rmsnorm_matvec ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("dim", DIMS)
-@pytest.mark.parametrize("p", OUTS)
+@every_size
 def test_rmsnorm_matvec(device, dtype, rows, dim, p, rng):
     if _skip_dtype(device, dtype):
         return
@@ -82,10 +86,7 @@ def test_rmsnorm_matvec(device, dtype, rows, dim, p, rng):
     assert_equal(W, weight)
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("dim", DIMS)
-@pytest.mark.parametrize("p", OUTS)
+@every_size
 def test_rmsnorm_matvec_swiglu(device, dtype, rows, dim, p, rng):
     if _skip_dtype(device, dtype):
         return
@@ -98,10 +99,7 @@ def test_rmsnorm_matvec_swiglu(device, dtype, rows, dim, p, rng):
     assert_close(got, _silu_mul(gate_up[:, :p], gate_up[:, p:]), dtype, "matmul")
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("dim", DIMS)
-@pytest.mark.parametrize("p", OUTS)
+@every_size
 def test_matvec_add(device, dtype, rows, dim, p, rng):
     if _skip_dtype(device, dtype):
         return
