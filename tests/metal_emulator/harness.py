@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -49,8 +50,30 @@ FAST_MATH_FLAGS = ["-ffinite-math-only", "-fno-signed-zeros", "-freciprocal-math
 
 # ---- step 1: expand ------------------------------------------------------------------------
 
+# clang 17 or later: the shim needs address spaces with _Float16 and __bf16 as arithmetic types
+COMPILERS = ("clang++-19", "clang++-18", "clang++-17", "clang++")
+
+
 def compiler() -> str:
-    return os.environ.get("NEEDLE_METAL_EMULATOR_CXX", "clang++")
+    """``NEEDLE_METAL_EMULATOR_CXX``, else the newest versioned clang++ on PATH, else clang++
+    (the shim stops with a message naming clang-19 if that is older than clang 17)."""
+    env = os.environ.get("NEEDLE_METAL_EMULATOR_CXX")
+    if env:
+        return env
+    return next((c for c in COMPILERS if shutil.which(c)), COMPILERS[-1])
+
+
+# how clang prints the shim's address spaces (include/metal_stdlib), and their MSL names
+ADDRESS_SPACES = {"1": "device", "2": "constant", "3": "threadgroup"}
+
+
+def compile_error(log: str) -> MSLCompileError:
+    """The compiler's log with address spaces called by their MSL names."""
+    log = re.sub(r"__attribute__\(\(address_space\(([123])\)\)\)",
+                 lambda m: ADDRESS_SPACES[m.group(1)], log)
+    log = re.sub(r"address space '([123])'",
+                 lambda m: f"address space '{ADDRESS_SPACES[m.group(1)]}'", log)
+    return MSLCompileError(log)
 
 
 def version_macros(msl: int) -> list[str]:
@@ -70,7 +93,7 @@ def expand(source: str, msl: int = 310) -> str:
              *version_macros(msl), SOURCE_NAME],
             cwd=tmp, capture_output=True, text=True)
     if proc.returncode:
-        raise MSLCompileError(proc.stderr)
+        raise compile_error(proc.stderr)
     return proc.stdout
 
 
@@ -88,7 +111,7 @@ def _threadgroup_variables(text: str) -> str:
     """``threadgroup T a[N], b[M];`` in a function body, as references into the threadgroup
     arena of the emulator (emu::tg_static): shared by the threads of a threadgroup, bounds- and
     race-checked like dynamic threadgroup memory. Pointers and references into threadgroup memory
-    are ordinary locals and keep the address-space qualifier."""
+    are ordinary locals and keep the address-space qualifier; so do these references."""
     out, pos, site = [], 0, 0
     current, pieces = None, []
 
@@ -103,7 +126,7 @@ def _threadgroup_variables(text: str) -> str:
             pieces = []
         current = m
         full = f"{type_} {dims}" if dims else type_
-        pieces.append(f"{type_} (&{name}){dims} = *reinterpret_cast<{type_} (*){dims}>("
+        pieces.append(f"threadgroup {type_} (&{name}){dims} = *(threadgroup {type_} (*){dims})("
                       f"::emu::tg_static({site}, sizeof({full}), alignof({type_}), "
                       f"\"{name}\"))")
         site += 1
@@ -167,7 +190,7 @@ def check(source: str, flags: list[str] | None = None, msl: int = 310) -> None:
                               + (flags or []) + [str(path)],
                               capture_output=True, text=True)
     if proc.returncode:
-        raise MSLCompileError(proc.stderr)
+        raise compile_error(proc.stderr)
 
 
 # ---- building and running ------------------------------------------------------------------
@@ -306,7 +329,7 @@ def build(source: str, fast_math: bool = False, msl: int = 310) -> Library:
                                   capture_output=True, text=True)
             tu.unlink()
             if proc.returncode:
-                raise MSLCompileError(proc.stderr)
+                raise compile_error(proc.stderr)
             meta.write_text(json.dumps([_to_json(k) for k in kernels]))
             os.replace(tmp_lib, lib)
     return Library(lib, [_from_json(k) for k in json.loads(meta.read_text())])
