@@ -29,7 +29,8 @@ POSITIONS = {
     "thread_execution_width": "t.simd_width",
     "simdgroups_per_threadgroup": "t.simdgroups",
 }
-_SYNC = re.compile(r"\b(threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
+_SYNC = re.compile(r"\b(threadgroup_barrier|simdgroup_barrier|simdgroup_multiply\w*|simd_\w+|"
+                   r"quad_\w+)\s*\(")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _HOST_NAME = re.compile(r'template\s*\[\[\s*host_name\s*\(\s*((?:"[^"]*"\s*)+)\)\s*\]\]')
 
