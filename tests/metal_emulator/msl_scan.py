@@ -61,6 +61,10 @@ class Kernel:
     # template kernels (the kernel's own `threadgroup` variables; MSL allows them nowhere else)
     static_bytes: str = "0"
     tparams: str = ""
+    # [[max_total_threads_per_threadgroup(N)]] on the kernel (0: none)
+    max_threads_attr: int = 0
+    # stack frame of the compiled kernel (harness.build; the thread limit is derived from it)
+    frame_bytes: int = 0
 
     @property
     def buffers(self) -> list[int]:
@@ -238,18 +242,19 @@ def scan(expanded: str) -> list[Kernel]:
         if is_kernel and header.lstrip().startswith("template"):
             lt = header.index("<")
             tparams = header[lt + 1:_angle_end(header, lt) - 1]
-            templates[name] = (params, body, tparams)
+            templates[name] = (params, body, tparams, _max_threads_attr(header, name))
         elif is_kernel:
-            kernels.append(_kernel(name, name, params, body + params, definitions, body))
+            kernels.append(_kernel(name, name, params, body + params, definitions, body,
+                                   max_threads=_max_threads_attr(header, name)))
     for host_name, statement in instantiations:
         target = _instantiated(statement)
         if target is None or target[0] not in templates:
             raise MSLCompileError(f"{SOURCE_NAME}: cannot tell which kernel template "
                                   f"host_name(\"{host_name}\") instantiates")
         name, args = target
-        params, body, tparams = templates[name]
+        params, body, tparams, max_threads = templates[name]
         kernels.append(_kernel(host_name, f"{name}<{args}>", params, body + args, definitions,
-                               body, tparams))
+                               body, tparams, max_threads))
     names = [k.name for k in kernels]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
@@ -257,12 +262,28 @@ def scan(expanded: str) -> list[Kernel]:
     return kernels
 
 
+_MAX_THREADS_ATTR = re.compile(r"\[\[[^\]]*\bmax_total_threads_per_threadgroup\s*\(\s*([^)]*)\)")
+
+
+def _max_threads_attr(header: str, kernel: str) -> int:
+    """N of ``[[max_total_threads_per_threadgroup(N)]]`` in a kernel's header, 0 without it."""
+    m = _MAX_THREADS_ATTR.search(header)
+    if m is None:
+        return 0
+    if not m.group(1).strip().isdigit() or not 1 <= int(m.group(1)) <= 1024:
+        raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: "
+                              f"max_total_threads_per_threadgroup({m.group(1).strip()}) needs an "
+                              "integer literal from 1 to 1024 (the emulator reads it from the "
+                              "expanded source)")
+    return int(m.group(1))
+
+
 def _kernel(name: str, call: str, params: str, reach: str, definitions, body: str,
-            tparams: str = "") -> Kernel:
+            tparams: str = "", max_threads: int = 0) -> Kernel:
     parsed = tuple(_parse_param(p, name) for p in _split_params(params))
     sizes = [f"sizeof({type_} {dims})" for _, type_, _, dims in _tg_declarations("{" + body)]
     return Kernel(name, call, parsed, _reaches_sync(reach, definitions),
-                  " + ".join(["0"] + sizes), tparams)
+                  " + ".join(["0"] + sizes), tparams, max_threads)
 
 
 def _reaches_sync(text: str, definitions: dict[str, list[str]]) -> bool:
