@@ -1,7 +1,8 @@
 """Metal without Apple hardware (design §6): run needle's Metal backend on Linux.
 
 * ``include/metal_stdlib``: the Metal Shading Language standard library subset needle's
-  kernels use, as C++ for clang++ 17 or later (with ``include/emulator_runtime.h``, which runs threads).
+  kernels use, as C++ for clang++ 17 or later (with ``include/emulator_runtime.h``, which runs
+  threads).
 * ``harness``: turns an MSL source into a CPU shared library whose kernels run dispatches,
   threads of a threadgroup as cooperatively scheduled fibers where they synchronise.
 * ``fake_metal``: the subset of PyObjC's ``Metal`` module the backend calls, on the harness.
