@@ -364,11 +364,14 @@ def build(source: str, fast_math: bool = False, msl: int = 310) -> Library:
             stem = root / f"{key}.{os.getpid()}"
             tu = stem.with_suffix(".cpp")
             tu.write_text(translation_unit(expanded, kernels))
+            # thread limits come from the code without the hooks' calls: with hooks, a second
+            # compile (at the same time) measures the kernels' stack frames
+            jobs = [(flags + ([] if hooks else ["-fstack-usage"]), stem.with_suffix(".so"))]
+            if hooks:
+                jobs.append((code + ["-c", "-fstack-usage"], stem.with_suffix(".o")))
             try:
-                _compile(flags + ([] if hooks else ["-fstack-usage"]), tu, stem.with_suffix(".so"))
-                if hooks:  # thread limits come from the code without the hooks' calls
-                    _compile(code + ["-c", "-fstack-usage"], tu, stem.with_suffix(".o"))
-                    stem.with_suffix(".o").unlink()
+                _compile(jobs, tu)
+                stem.with_suffix(".o").unlink(missing_ok=True)
                 frames = frame_sizes(stem.with_suffix(".su").read_text())
             finally:
                 tu.unlink()
@@ -380,11 +383,15 @@ def build(source: str, fast_math: bool = False, msl: int = 310) -> Library:
     return Library(lib, [_from_json(k) for k in json.loads(meta.read_text())])
 
 
-def _compile(flags: list[str], tu: Path, out: Path) -> None:
-    proc = subprocess.run(base_flags() + flags + [str(tu), "-o", str(out)], capture_output=True,
-                          text=True)
-    if proc.returncode:
-        raise compile_error(proc.stderr)
+def _compile(jobs: list[tuple[list[str], Path]], tu: Path) -> None:
+    """Compile ``tu`` once per (flags, output) job, the jobs running at the same time."""
+    procs = [subprocess.Popen(base_flags() + flags + [str(tu), "-o", str(out)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for flags, out in jobs]
+    logs = [(p.communicate()[1], p.returncode) for p in procs]
+    for log, returncode in logs:
+        if returncode:
+            raise compile_error(log)
 
 
 def _to_json(k: Kernel) -> dict:
