@@ -94,6 +94,16 @@ def test_register_heavy_kernels_get_fewer_threads(lib):
         assert 32 <= lib.max_threads[name] <= 320 and lib.max_threads[name] % 32 == 0
 
 
+def test_limits_do_not_depend_on_the_memory_checks(lib, monkeypatch):
+    """Frames are measured on the code without the checks' hooks, whether or not the library
+    runs with them."""
+    monkeypatch.setenv("NEEDLE_METAL_EMULATOR_CHECKS", "none")
+    unchecked = harness.build(SOURCE)
+    assert unchecked.max_threads == lib.max_threads
+    assert {k.name: k.frame_bytes for k in unchecked.kernels.values()} == \
+        {k.name: k.frame_bytes for k in lib.kernels.values()}
+
+
 def test_the_attribute_caps_the_limit(lib):
     assert lib.kernels["capped"].max_threads_attr == 96
     assert lib.max_threads["capped"] == 96

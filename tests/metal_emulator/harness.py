@@ -376,6 +376,10 @@ def build(source: str, fast_math: bool = False, msl: int = 310) -> Library:
             finally:
                 tu.unlink()
                 stem.with_suffix(".su").unlink(missing_ok=True)
+            missing = [k.name for i, k in enumerate(kernels) if i not in frames]
+            if missing:
+                raise MSLCompileError(f"{compiler()} reported no stack frame for kernels "
+                                      f"{missing} (-fstack-usage); the thread limits need it")
             kernels = [dataclasses.replace(k, frame_bytes=frames[i])
                        for i, k in enumerate(kernels)]
             meta.write_text(json.dumps([_to_json(k) for k in kernels]))
