@@ -82,6 +82,20 @@ def test_address_space_mistakes_do_not_compile(body, message):
     assert "__attribute__((address_space" not in info.value.log  # spaces go by their MSL names
 
 
+@pytest.mark.parametrize("param, spaces", [
+    ("float* out [[buffer(0)]]", "device or constant"),
+    ("thread float* out [[buffer(0)]]", "device or constant"),
+    ("device float* out [[threadgroup(0)]]", "threadgroup"),
+])
+def test_kernel_arguments_need_their_address_space(param, spaces):
+    """MSL requires an address space on a kernel's pointer and reference arguments."""
+    source = f"#include <metal_stdlib>\nkernel void k({param}) {{ out[0] = 1.0f; }}\n"
+    with pytest.raises(harness.MSLCompileError) as info:
+        harness.check(source)
+    assert f"kernel k: parameter '{param}' must be declared in the {spaces} address space" \
+        in info.value.log
+
+
 def test_kernel_files_compile_with_distinct_address_spaces():
     """The shim really has the four spaces: a device pointer is not a threadgroup one."""
     source = "#include <metal_stdlib>\nusing namespace metal;\n" \

@@ -176,6 +176,10 @@ def _split_params(params: str) -> list[str]:
     return out
 
 
+# the address spaces a kernel argument bound by each attribute may be declared in
+_PARAM_SPACES = {"buffer": ("device", "constant"), "threadgroup": ("threadgroup",)}
+
+
 def _parse_param(text: str, kernel: str) -> Param:
     attrs = re.findall(r"\[\[\s*(\w+)\s*(?:\(\s*(\d+)\s*\))?\s*\]\]", text)
     declarator = re.sub(r"\[\[.*?\]\]", "", text)
@@ -193,6 +197,12 @@ def _parse_param(text: str, kernel: str) -> Param:
         if not by_ref and "*" not in declarator:
             raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: buffer parameter '{text}' "
                                   "must be a pointer or a reference")
+        spaces = _PARAM_SPACES[name]
+        if not any(re.search(rf"\b{space}\b", declarator) for space in spaces):
+            raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: parameter '{text}' must be "
+                                  f"declared in the {' or '.join(spaces)} address space (MSL "
+                                  "requires an address space on kernel pointer and reference "
+                                  "arguments)")
         return Param(name, idx, by_ref and name == "buffer", "", pname)
     if name in POSITIONS:
         return Param("position", -1, False, name, pname)
