@@ -252,6 +252,15 @@ def test_simdgroup_matrix_product(lib):
     np.testing.assert_allclose(c, a @ b.T + 1.0, rtol=1e-5)
 
 
+def test_simdgroup_matrix_product_needs_the_whole_simd_group(lib):
+    """A matrix is spread over the 32 lanes (two elements each): a simd-group of 16 threads
+    cannot hold one, and MSL requires every lane to take part."""
+    a, b, c = (np.zeros((8, 8), np.float32) for _ in range(3))
+    error = _run(lib, "mma", {0: a, 1: b, 2: c}, (1, 1, 1), (16, 1, 1))
+    assert "kernel mma" in error and "simdgroup_multiply_accumulate" in error
+    assert "all 32 lanes" in error
+
+
 def test_half_and_bfloat_round_to_nearest_even(lib):
     special = [0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.99, 65520.0, 1e-8, 6e-8,
                2.0**-24 * 1.5, 2.0**-14, 3.0e38, -1.0000001, 1 + 2.0**-11, 1 + 3 * 2.0**-11]

@@ -100,10 +100,12 @@ def test_limit_rules_from_the_environment(monkeypatch):
     import Metal
 
     monkeypatch.setenv("NEEDLE_METAL_EMULATOR_MAX_THREADS", "matmul_*=128, *=512")
-    assert Metal.thread_limit("matmul_nn_f32") == 128
-    assert Metal.thread_limit("softmax_f32") == 512
+    assert Metal.thread_limit("matmul_nn_f32", 1024) == 128
+    assert Metal.thread_limit("softmax_f32", 1024) == 512
     monkeypatch.setenv("NEEDLE_METAL_EMULATOR_MAX_THREADS", "96")
-    assert Metal.thread_limit("softmax_f32") == 96
+    assert Metal.thread_limit("softmax_f32", 1024) == 96
     monkeypatch.setenv("NEEDLE_METAL_EMULATOR_MAX_THREADS", "100")
     with pytest.raises(ValueError, match="multiple of 32"):
-        Metal.thread_limit("softmax_f32")
+        Metal.thread_limit("softmax_f32", 1024)
+    monkeypatch.delenv("NEEDLE_METAL_EMULATOR_MAX_THREADS")
+    assert Metal.thread_limit("softmax_f32", 672) == 672  # no rule: the derived limit

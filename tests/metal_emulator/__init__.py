@@ -1,7 +1,8 @@
 """Metal without Apple hardware (design §6): run needle's Metal backend on Linux.
 
 * ``include/metal_stdlib``: the Metal Shading Language standard library subset needle's
-  kernels use, as C++ for clang++ (with ``include/emulator_runtime.h``, which runs threads).
+  kernels use, as C++ for clang++ 17 or later (with ``include/emulator_runtime.h``, which runs
+  threads).
 * ``harness``: turns an MSL source into a CPU shared library whose kernels run dispatches,
   threads of a threadgroup as cooperatively scheduled fibers where they synchronise.
 * ``fake_metal``: the subset of PyObjC's ``Metal`` module the backend calls, on the harness.
@@ -24,8 +25,8 @@ def install() -> None:
     """Make ``import Metal`` (and ``import objc``) give the emulator. Call before anything
     asks ``metal()``."""
     if shutil.which(harness.compiler()) is None:
-        raise RuntimeError(f"the Metal emulator needs a C++ compiler ({harness.compiler()}, "
-                           "e.g. apt-get install clang); set NEEDLE_METAL_EMULATOR_CXX to use "
+        raise RuntimeError(f"the Metal emulator needs clang 17 or later ({harness.compiler()}, "
+                           "e.g. apt-get install clang-19); set NEEDLE_METAL_EMULATOR_CXX to use "
                            "another")
     sys.modules["Metal"] = fake_metal
     sys.modules["objc"] = fake_objc

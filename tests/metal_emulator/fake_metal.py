@@ -188,13 +188,14 @@ class _Library:
 
 
 # Per-pipeline thread limits for tests: fnmatch pattern of kernel names -> limit; the first
-# match wins, then NEEDLE_METAL_EMULATOR_MAX_THREADS, then the device's 1024.
+# match wins, then NEEDLE_METAL_EMULATOR_MAX_THREADS, then the limit derived from the kernel.
 pipeline_limits: dict[str, int] = {}
 
 
-def thread_limit(kernel: str) -> int:
+def thread_limit(kernel: str, derived: int) -> int:
     """maxTotalThreadsPerThreadgroup of ``kernel``'s pipeline. Real pipelines report less than
-    the device's 1024 when a kernel needs many registers; tests choose per pipeline, through
+    the device's 1024 when a kernel needs many registers; ``derived`` is the emulator's model of
+    that (harness.derived_thread_limit). Tests may replace it per pipeline, through
     ``pipeline_limits`` or ``NEEDLE_METAL_EMULATOR_MAX_THREADS`` (a number for every pipeline,
     or ``pattern=N,...`` with fnmatch patterns of kernel names, e.g. ``matmul_*=128,*=512``)."""
     rules = list(pipeline_limits.items())
@@ -211,15 +212,16 @@ def thread_limit(kernel: str) -> int:
                 raise ValueError(f"pipeline limit {limit} for {kernel}: use a multiple of "
                                  f"{SIMD_WIDTH} up to {MAX_THREADS_PER_GROUP}")
             return limit
-    return MAX_THREADS_PER_GROUP
+    return derived
 
 
 class _PipelineState:
     def __init__(self, function: _Function):
         self._function = function
-        self._max_threads = thread_limit(function.name())
+        compiled = function._library._compiled
+        self._max_threads = thread_limit(function.name(), compiled.max_threads[function.name()])
         # the kernel's own `threadgroup` variables, as Metal's compiler sizes them
-        self._static = function._library._compiled.static_bytes[function.name()]
+        self._static = compiled.static_bytes[function.name()]
 
     def maxTotalThreadsPerThreadgroup(self) -> int:
         return self._max_threads

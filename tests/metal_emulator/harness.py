@@ -17,11 +17,13 @@ A source goes through three steps:
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import fcntl
 import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -49,8 +51,30 @@ FAST_MATH_FLAGS = ["-ffinite-math-only", "-fno-signed-zeros", "-freciprocal-math
 
 # ---- step 1: expand ------------------------------------------------------------------------
 
+# clang 17 or later: the shim needs address spaces with _Float16 and __bf16 as arithmetic types
+COMPILERS = ("clang++-19", "clang++-18", "clang++-17", "clang++")
+
+
 def compiler() -> str:
-    return os.environ.get("NEEDLE_METAL_EMULATOR_CXX", "clang++")
+    """``NEEDLE_METAL_EMULATOR_CXX``, else the newest versioned clang++ on PATH, else clang++
+    (the shim stops with a message naming clang-19 if that is older than clang 17)."""
+    env = os.environ.get("NEEDLE_METAL_EMULATOR_CXX")
+    if env:
+        return env
+    return next((c for c in COMPILERS if shutil.which(c)), COMPILERS[-1])
+
+
+# how clang prints the shim's address spaces (include/metal_stdlib), and their MSL names
+ADDRESS_SPACES = {"1": "device", "2": "constant", "3": "threadgroup"}
+
+
+def compile_error(log: str) -> MSLCompileError:
+    """The compiler's log with address spaces called by their MSL names."""
+    log = re.sub(r"__attribute__\(\(address_space\(([123])\)\)\)",
+                 lambda m: ADDRESS_SPACES[m.group(1)], log)
+    log = re.sub(r"address space '([123])'",
+                 lambda m: f"address space '{ADDRESS_SPACES[m.group(1)]}'", log)
+    return MSLCompileError(log)
 
 
 def version_macros(msl: int) -> list[str]:
@@ -70,7 +94,7 @@ def expand(source: str, msl: int = 310) -> str:
              *version_macros(msl), SOURCE_NAME],
             cwd=tmp, capture_output=True, text=True)
     if proc.returncode:
-        raise MSLCompileError(proc.stderr)
+        raise compile_error(proc.stderr)
     return proc.stdout
 
 
@@ -88,7 +112,7 @@ def _threadgroup_variables(text: str) -> str:
     """``threadgroup T a[N], b[M];`` in a function body, as references into the threadgroup
     arena of the emulator (emu::tg_static): shared by the threads of a threadgroup, bounds- and
     race-checked like dynamic threadgroup memory. Pointers and references into threadgroup memory
-    are ordinary locals and keep the address-space qualifier."""
+    are ordinary locals and keep the address-space qualifier; so do these references."""
     out, pos, site = [], 0, 0
     current, pieces = None, []
 
@@ -103,7 +127,7 @@ def _threadgroup_variables(text: str) -> str:
             pieces = []
         current = m
         full = f"{type_} {dims}" if dims else type_
-        pieces.append(f"{type_} (&{name}){dims} = *reinterpret_cast<{type_} (*){dims}>("
+        pieces.append(f"threadgroup {type_} (&{name}){dims} = *(threadgroup {type_} (*){dims})("
                       f"::emu::tg_static({site}, sizeof({full}), alignof({type_}), "
                       f"\"{name}\"))")
         site += 1
@@ -136,7 +160,7 @@ def translation_unit(expanded: str, kernels: list[Kernel]) -> str:
         parts.append(
             f"static void needle_emu_body_{i}(const emu::Dispatch* d, void* const* tg, "
             f"const emu::ThreadIds& t) {{\n  (void)d; (void)tg; (void)t;\n"
-            f"  {k.call}({', '.join(args)});\n}}\n"
+            f"  [[clang::always_inline]] {k.call}({', '.join(args)});\n}}\n"
             f'extern "C" int needle_emu_kernel_{i}(emu::Dispatch* d) {{\n'
             f"  return emu::dispatch(d, needle_emu_body_{i}, {str(k.synchronises).lower()}, "
             f'"{k.name}", &needle_emu_names_{i});\n}}')
@@ -167,7 +191,40 @@ def check(source: str, flags: list[str] | None = None, msl: int = 310) -> None:
                               + (flags or []) + [str(path)],
                               capture_output=True, text=True)
     if proc.returncode:
-        raise MSLCompileError(proc.stderr)
+        raise compile_error(proc.stderr)
+
+
+# ---- the pipeline's thread limit, derived from the kernel ---------------------------------------
+
+# Apple's compiler lowers a pipeline's maxTotalThreadsPerThreadgroup when its kernel needs many
+# registers: a threadgroup's threads share one GPU core's register file. The model (docs/metal.md,
+# "Pipeline thread limits"): a thread needs the bytes of the kernel's stack frame on x86-64 at -O2
+# without the access hooks (what did not fit the 16 general and 16 vector registers, arrays
+# included; the kernel and every `inline` helper are inlined into it, as a GPU compiler does)
+# plus those registers themselves, counted as REGISTER_BASE bytes. The register file of an
+# Apple7 core (M1) is 384 KiB; the limit is what fits it, a multiple of the execution width
+# (32), at least 32, at most the device's 1024 and the kernel's
+# [[max_total_threads_per_threadgroup(N)]].
+REGISTER_FILE = 384 * 1024
+REGISTER_BASE = 128
+SIMD_WIDTH = 32
+DEVICE_MAX_THREADS = 1024
+
+
+def derived_thread_limit(frame_bytes: int, attribute: int = 0) -> int:
+    """maxTotalThreadsPerThreadgroup for a kernel whose stack frame is ``frame_bytes``."""
+    fits = REGISTER_FILE // (frame_bytes + REGISTER_BASE) // SIMD_WIDTH * SIMD_WIDTH
+    limit = min(max(fits, SIMD_WIDTH), DEVICE_MAX_THREADS)
+    return min(limit, attribute) if attribute else limit
+
+
+_BODY_FRAME = re.compile(r"needle_emu_body_(\d+)E\S*\t(\d+)\t")
+
+
+def frame_sizes(stack_usage: str) -> dict[int, int]:
+    """Kernel index -> stack frame bytes of its trampoline body (the kernel inlined into it), from
+    clang's -fstack-usage output."""
+    return {int(m.group(1)): int(m.group(2)) for m in _BODY_FRAME.finditer(stack_usage)}
 
 
 # ---- building and running ------------------------------------------------------------------
@@ -231,6 +288,9 @@ class Library:
         self.kernels = {k.name: k for k in kernels}
         self._entry = {}
         self.static_bytes: dict[str, int] = {}  # per kernel, as Metal's pipelines report it
+        # per kernel: maxTotalThreadsPerThreadgroup derived from its registers and attribute
+        self.max_threads = {k.name: derived_thread_limit(k.frame_bytes, k.max_threads_attr)
+                            for k in kernels}
         for i, k in enumerate(kernels):
             fn = getattr(self._dll, f"needle_emu_kernel_{i}")
             fn.argtypes = [ctypes.POINTER(_Dispatch)]
@@ -281,10 +341,12 @@ def build(source: str, fast_math: bool = False, msl: int = 310) -> Library:
     """Compile ``source`` as MSL version ``msl`` into a library (cached on disk by content),
     or MSLCompileError."""
     # without checks, kernels are built without the access hooks (as fast as before them)
-    flags = ["-O2", "-fPIC", "-shared", "-pthread", "-w", f"-DNEEDLE_EMU_MSL={msl}"] + \
-        (CHECK_FLAGS if default_checks() else []) + (FAST_MATH_FLAGS if fast_math else [])
+    code = ["-O2", "-fPIC", "-pthread", "-w", f"-DNEEDLE_EMU_MSL={msl}"] + \
+        (FAST_MATH_FLAGS if fast_math else [])
     if os.environ.get("NEEDLE_METAL_EMULATOR_UCONTEXT") == "1":
-        flags.append("-DNEEDLE_EMU_UCONTEXT")
+        code.append("-DNEEDLE_EMU_UCONTEXT")
+    hooks = CHECK_FLAGS if default_checks() else []
+    flags = code + ["-shared"] + hooks
     digest = hashlib.sha256()
     for part in (compiler(), " ".join(flags), source, Path(__file__).read_text(),
                  (Path(__file__).parent / "msl_scan.py").read_text(),
@@ -299,25 +361,51 @@ def build(source: str, fast_math: bool = False, msl: int = 310) -> Library:
         if not (lib.exists() and meta.exists()):
             expanded = expand(source, msl)
             kernels = scan(expanded)
-            tu = root / f"{key}.{os.getpid()}.cpp"
+            stem = root / f"{key}.{os.getpid()}"
+            tu = stem.with_suffix(".cpp")
             tu.write_text(translation_unit(expanded, kernels))
-            tmp_lib = root / f"{key}.{os.getpid()}.so"
-            proc = subprocess.run(base_flags() + flags + [str(tu), "-o", str(tmp_lib)],
-                                  capture_output=True, text=True)
-            tu.unlink()
-            if proc.returncode:
-                raise MSLCompileError(proc.stderr)
+            # thread limits come from the code without the hooks' calls: with hooks, a second
+            # compile (at the same time) measures the kernels' stack frames
+            jobs = [(flags + ([] if hooks else ["-fstack-usage"]), stem.with_suffix(".so"))]
+            if hooks:
+                jobs.append((code + ["-c", "-fstack-usage"], stem.with_suffix(".o")))
+            try:
+                _compile(jobs, tu)
+                stem.with_suffix(".o").unlink(missing_ok=True)
+                frames = frame_sizes(stem.with_suffix(".su").read_text())
+            finally:
+                tu.unlink()
+                stem.with_suffix(".su").unlink(missing_ok=True)
+            missing = [k.name for i, k in enumerate(kernels) if i not in frames]
+            if missing:
+                raise MSLCompileError(f"{compiler()} reported no stack frame for kernels "
+                                      f"{missing} (-fstack-usage); the thread limits need it")
+            kernels = [dataclasses.replace(k, frame_bytes=frames[i])
+                       for i, k in enumerate(kernels)]
             meta.write_text(json.dumps([_to_json(k) for k in kernels]))
-            os.replace(tmp_lib, lib)
+            os.replace(stem.with_suffix(".so"), lib)
     return Library(lib, [_from_json(k) for k in json.loads(meta.read_text())])
+
+
+def _compile(jobs: list[tuple[list[str], Path]], tu: Path) -> None:
+    """Compile ``tu`` once per (flags, output) job, the jobs running at the same time."""
+    procs = [subprocess.Popen(base_flags() + flags + [str(tu), "-o", str(out)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for flags, out in jobs]
+    logs = [(p.communicate()[1], p.returncode) for p in procs]
+    for log, returncode in logs:
+        if returncode:
+            raise compile_error(log)
 
 
 def _to_json(k: Kernel) -> dict:
     return {"name": k.name, "call": k.call, "synchronises": k.synchronises,
             "params": [[p.kind, p.index, p.by_ref, p.position, p.name] for p in k.params],
-            "static_bytes": k.static_bytes, "tparams": k.tparams}
+            "static_bytes": k.static_bytes, "tparams": k.tparams,
+            "max_threads_attr": k.max_threads_attr, "frame_bytes": k.frame_bytes}
 
 
 def _from_json(d: dict) -> Kernel:
     return Kernel(d["name"], d["call"], tuple(Param(*p) for p in d["params"]),
-                  d["synchronises"], d["static_bytes"], d["tparams"])
+                  d["synchronises"], d["static_bytes"], d["tparams"], d["max_threads_attr"],
+                  d["frame_bytes"])

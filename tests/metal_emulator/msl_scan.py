@@ -29,7 +29,8 @@ POSITIONS = {
     "thread_execution_width": "t.simd_width",
     "simdgroups_per_threadgroup": "t.simdgroups",
 }
-_SYNC = re.compile(r"\b(threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
+_SYNC = re.compile(r"\b(threadgroup_barrier|simdgroup_barrier|simdgroup_multiply\w*|simd_\w+|"
+                   r"quad_\w+)\s*\(")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _HOST_NAME = re.compile(r'template\s*\[\[\s*host_name\s*\(\s*((?:"[^"]*"\s*)+)\)\s*\]\]')
 
@@ -60,6 +61,10 @@ class Kernel:
     # template kernels (the kernel's own `threadgroup` variables; MSL allows them nowhere else)
     static_bytes: str = "0"
     tparams: str = ""
+    # [[max_total_threads_per_threadgroup(N)]] on the kernel (0: none)
+    max_threads_attr: int = 0
+    # stack frame of the compiled kernel (harness.build; the thread limit is derived from it)
+    frame_bytes: int = 0
 
     @property
     def buffers(self) -> list[int]:
@@ -171,6 +176,10 @@ def _split_params(params: str) -> list[str]:
     return out
 
 
+# the address spaces a kernel argument bound by each attribute may be declared in
+_PARAM_SPACES = {"buffer": ("device", "constant"), "threadgroup": ("threadgroup",)}
+
+
 def _parse_param(text: str, kernel: str) -> Param:
     attrs = re.findall(r"\[\[\s*(\w+)\s*(?:\(\s*(\d+)\s*\))?\s*\]\]", text)
     declarator = re.sub(r"\[\[.*?\]\]", "", text)
@@ -188,6 +197,12 @@ def _parse_param(text: str, kernel: str) -> Param:
         if not by_ref and "*" not in declarator:
             raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: buffer parameter '{text}' "
                                   "must be a pointer or a reference")
+        spaces = _PARAM_SPACES[name]
+        if not any(re.search(rf"\b{space}\b", declarator) for space in spaces):
+            raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: parameter '{text}' must be "
+                                  f"declared in the {' or '.join(spaces)} address space (MSL "
+                                  "requires an address space on kernel pointer and reference "
+                                  "arguments)")
         return Param(name, idx, by_ref and name == "buffer", "", pname)
     if name in POSITIONS:
         return Param("position", -1, False, name, pname)
@@ -237,18 +252,19 @@ def scan(expanded: str) -> list[Kernel]:
         if is_kernel and header.lstrip().startswith("template"):
             lt = header.index("<")
             tparams = header[lt + 1:_angle_end(header, lt) - 1]
-            templates[name] = (params, body, tparams)
+            templates[name] = (params, body, tparams, _max_threads_attr(header, name))
         elif is_kernel:
-            kernels.append(_kernel(name, name, params, body + params, definitions, body))
+            kernels.append(_kernel(name, name, params, body + params, definitions, body,
+                                   max_threads=_max_threads_attr(header, name)))
     for host_name, statement in instantiations:
         target = _instantiated(statement)
         if target is None or target[0] not in templates:
             raise MSLCompileError(f"{SOURCE_NAME}: cannot tell which kernel template "
                                   f"host_name(\"{host_name}\") instantiates")
         name, args = target
-        params, body, tparams = templates[name]
+        params, body, tparams, max_threads = templates[name]
         kernels.append(_kernel(host_name, f"{name}<{args}>", params, body + args, definitions,
-                               body, tparams))
+                               body, tparams, max_threads))
     names = [k.name for k in kernels]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
@@ -256,12 +272,28 @@ def scan(expanded: str) -> list[Kernel]:
     return kernels
 
 
+_MAX_THREADS_ATTR = re.compile(r"\[\[[^\]]*\bmax_total_threads_per_threadgroup\s*\(\s*([^)]*)\)")
+
+
+def _max_threads_attr(header: str, kernel: str) -> int:
+    """N of ``[[max_total_threads_per_threadgroup(N)]]`` in a kernel's header, 0 without it."""
+    m = _MAX_THREADS_ATTR.search(header)
+    if m is None:
+        return 0
+    if not m.group(1).strip().isdigit() or not 1 <= int(m.group(1)) <= 1024:
+        raise MSLCompileError(f"{SOURCE_NAME}: kernel {kernel}: "
+                              f"max_total_threads_per_threadgroup({m.group(1).strip()}) needs an "
+                              "integer literal from 1 to 1024 (the emulator reads it from the "
+                              "expanded source)")
+    return int(m.group(1))
+
+
 def _kernel(name: str, call: str, params: str, reach: str, definitions, body: str,
-            tparams: str = "") -> Kernel:
+            tparams: str = "", max_threads: int = 0) -> Kernel:
     parsed = tuple(_parse_param(p, name) for p in _split_params(params))
     sizes = [f"sizeof({type_} {dims})" for _, type_, _, dims in _tg_declarations("{" + body)]
     return Kernel(name, call, parsed, _reaches_sync(reach, definitions),
-                  " + ".join(["0"] + sizes), tparams)
+                  " + ".join(["0"] + sizes), tparams, max_threads)
 
 
 def _reaches_sync(text: str, definitions: dict[str, list[str]]) -> bool:

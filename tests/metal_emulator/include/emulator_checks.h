@@ -20,8 +20,8 @@
 // memory (threadgroup_barrier with mem_threadgroup/mem_device, or simdgroup_barrier for two
 // threads of one simd-group) released in between. Threads of different threadgroups are never
 // ordered within a dispatch, so a device word written by one threadgroup and touched by another
-// is a race. Atomic operations are exempt. Simdgroup-matrix loads and stores act for the whole
-// simd-group (a "collective" thread that conflicts with each of its lanes). Race checking needs
+// is a race. Atomic operations are exempt. Simdgroup-matrix loads and stores are each lane's own
+// accesses (every lane holds a fragment of the matrix). Race checking needs
 // one worker per dispatch (threadgroups in order), which dispatch() arranges.
 #pragma once
 
@@ -38,7 +38,6 @@ enum Space : int { kThreadgroupSpace = 0, kDeviceSpace = 1 };
 constexpr uint32_t kMemDevice = 1, kMemThreadgroup = 2;  // msl::metal::mem_flags bits
 constexpr size_t kArenaBytes = 192 * 1024;  // threadgroup memory of one worker, red zones included
 constexpr size_t kRedzone = 1024;
-constexpr uint32_t kCollective = 0x80000000u;
 constexpr size_t kPageWords = 1024;
 
 struct OutOfBounds {};  // thrown by the access hook so that the access itself never happens
@@ -64,7 +63,6 @@ struct Checker {
   bool active = false;  // a kernel body runs on this worker
   bool reported = false;
   int atomic = 0;       // > 0 inside an atomic operation
-  uint32_t collective = 0;
   const char* kernel = "";
   uint32_t groups[3] = {1, 1, 1}, tg_threads = 1;
   // who runs now
@@ -137,26 +135,14 @@ struct Checker {
   // ---- describing threads and places ---------------------------------------------------------
 
   void describe_actor(char* out, size_t n, uint32_t actor) const {
-    uint32_t g = actor & ~kCollective, t = 0;
-    if (actor & kCollective) {
-      t = g % 32;
-      g /= 32;
-    } else {
-      t = g % tg_threads;
-      g /= tg_threads;
-    }
+    const uint32_t t = actor % tg_threads, g = actor / tg_threads;
     const uint32_t gx = g % groups[0], gy = (g / groups[0]) % groups[1],
                    gz = g / (groups[0] * groups[1]);
-    if (actor & kCollective)
-      snprintf(out, n, "simd-group %u (a simdgroup_matrix operation) of threadgroup (%u,%u,%u)",
-               t, gx, gy, gz);
-    else
-      snprintf(out, n, "thread %u (simd-group %u) of threadgroup (%u,%u,%u)", t, t / 32, gx, gy,
-               gz);
+    snprintf(out, n, "thread %u (simd-group %u) of threadgroup (%u,%u,%u)", t, t / 32, gx, gy,
+             gz);
   }
 
   uint32_t actor_now() const {
-    if (collective) return collective;
     return group_linear * tg_threads + local;
   }
 
@@ -190,7 +176,7 @@ struct Checker {
   void shadow_word(Shadow& s, uint8_t mask, bool write, int space, const Block& b,
                    uintptr_t word) {
     const uint32_t actor = actor_now();
-    const uint32_t sg = collective ? (collective & 31u) : (local / 32u);
+    const uint32_t sg = local / 32u;
     if (s.write.valid && (s.write.mask & mask) && !ordered(s.write, space, actor, sg))
       return race(s.write, true, write, space, b, word, actor);
     if (write) {

@@ -138,18 +138,6 @@ struct AtomicScope {
   ~AtomicScope() { if (tls_worker) --tls_worker->check.atomic; }
 };
 
-// A simdgroup_matrix load or store, done by lane 0 for its whole simd-group: its accesses
-// belong to the simd-group, which conflicts with each of its lanes.
-struct Collective {
-  Collective() {
-    if (tls_worker) {
-      const ThreadIds* t = tls_worker->ids;
-      tls_worker->check.collective = kCollective | (t->group_linear * 32 + t->simdgroup);
-    }
-  }
-  ~Collective() { if (tls_worker) tls_worker->check.collective = 0; }
-};
-
 inline void report_outside_fiber(const char* what) {
   Worker* w = tls_worker;
   if (w == nullptr) return;  // called outside any dispatch: nothing to synchronise
@@ -256,6 +244,19 @@ inline const unsigned char (*simd_exchange(const T& value, uint32_t& mask,
   }
   mask = s.mask[parity];
   return s.slots[parity];
+}
+
+// A simdgroup_matrix product reached by fewer than the 32 lanes of its simd-group (a partial
+// simd-group, or lanes that diverged): undefined in MSL, an error here.
+inline void report_partial_simdgroup(const char* what) {
+  Worker* w = tls_worker;
+  if (w == nullptr) return;
+  char msg[256];
+  snprintf(msg, sizeof(msg),
+           "kernel %s: %s was executed by only some lanes of simd-group %u; MSL requires all 32 "
+           "lanes of a simd-group to execute simdgroup_matrix operations together",
+           w->run->kernel, what, w->ids->simdgroup);
+  w->run->fail(msg);
 }
 
 inline uint32_t current_lane() { return tls_worker ? tls_worker->ids->lane : 0; }
