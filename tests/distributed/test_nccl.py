@@ -91,7 +91,6 @@ def test_collectives_are_recorded_in_a_cuda_graph(nccl_group):
 
 
 def test_tensor_parallel_decode_is_captured(nccl_group, tmp_path):
-    pytest.importorskip("transformers")
     from needle.models import load_pretrained
 
     from ..models.hf_models import build
