@@ -66,22 +66,15 @@ def main() -> None:
     qkv = arr((2560,))
     cos, sin = arr((8192, 32)), arr((8192, 32))
     keys, values = arr((1, 4, 8192, 64)), arr((1, 4, 8192, 64))
-    for p in (128, 640, 1152, 4000, 8000):
-        pos = nd.array(np.array([p], np.int32), device=dev)
-        t = per_op(be, lambda pos=pos: nd.attention_decode(qkv, cos, sin, pos, keys, values, 32))
-        print(f"{'attention_decode p=' + str(p):<34} {t * 1e6:>8.2f}")
-    with be.tuned(decode_splits=64):
-        for p in (1152, 8000):
-            pos = nd.array(np.array([p], np.int32), device=dev)
-            t = per_op(be, lambda pos=pos: nd.attention_decode(qkv, cos, sin, pos, keys, values,
-                                                               32))
-            print(f"{'attention_decode 64 splits p=' + str(p):<34} {t * 1e6:>8.2f}")
-    with be.tuned(decode_attention="split"):
-        for p in (128, 1152, 8000):
-            pos = nd.array(np.array([p], np.int32), device=dev)
-            t = per_op(be, lambda pos=pos: nd.attention_decode(qkv, cos, sin, pos, keys, values,
-                                                               32))
-            print(f"{'attention_decode split p=' + str(p):<34} {t * 1e6:>8.2f}")
+    for label, positions, tuning in (("", (128, 640, 1152, 4000, 8000), {}),
+                                     ("64 splits ", (1152, 8000), {"decode_splits": 64}),
+                                     ("split ", (128, 1152, 8000), {"decode_attention": "split"})):
+        with be.tuned(**tuning):
+            for p in positions:
+                pos = nd.array(np.array([p], np.int32), device=dev)
+                t = per_op(be, lambda pos=pos: nd.attention_decode(qkv, cos, sin, pos, keys,
+                                                                   values, 32))
+                print(f"{'attention_decode ' + label + 'p=' + str(p):<34} {t * 1e6:>8.2f}")
     tok = nd.zeros((1, 1), "int32", dev)
     t = per_op(be, lambda: tok.fill(3))
     print(f"{'fill (a near-empty kernel)':<34} {t * 1e6:>8.2f}")

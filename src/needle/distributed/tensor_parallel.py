@@ -17,7 +17,6 @@ two row-parallel projections replaced by ones that all-reduce.
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from ..models.causal_lm import CausalLM
 from ..models.checkpoint import Checkpoint
 from ..models.config import ModelConfig
 from ..models.generation_config import GenerationConfig
-from ..models.loader import LoadStats, _dtype, _max_seq_len
+from ..models.loader import LoadStats, _dtype, _max_seq_len, build
 from ..models.tokenizer import load_tokenizer
 from ..models.weights import Projection
 from .collectives import all_reduce
@@ -136,14 +135,9 @@ def load_tensor_parallel(path: str | Path, dtype: str | None = None,
         read += host.nbytes
         return nd.array(host, dtype=dtype, device=device)
 
-    start = time.perf_counter()
-    try:
-        model = CausalLM(local, weights, max_seq_len, device, dtype)
-        device.synchronize()
-    finally:
-        checkpoint.close()
+    model, seconds = build(local, weights, max_seq_len, device, dtype, checkpoint)
     make_row_parallel(model)
-    model.load_stats = LoadStats(read, time.perf_counter() - start)
+    model.load_stats = LoadStats(read, seconds)
     model.generation_config = GenerationConfig.read(path, full.eos_token_ids)
     model.tokenizer = load_tokenizer(path)
     return model

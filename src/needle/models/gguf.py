@@ -241,14 +241,12 @@ class GGUFWeights:
 def load_gguf(path, device, dtype, max_seq_len, resolve):
     """The CausalLM of a GGUF file; ``resolve(cfg, device, dtype, max_seq_len)`` applies
     load_pretrained's argument rules and returns them checked."""
-    import time
 
     from ..backends.api import has
     from . import memory
-    from .causal_lm import CausalLM
     from .generation_config import GenerationConfig
     from .gguf_tokenizer import gguf_tokenizer
-    from .loader import INFERENCE_DTYPES, LoadStats
+    from .loader import INFERENCE_DTYPES, LoadStats, build
     from .quantized import quantized_estimate
 
     file = GGUFFile(path)
@@ -262,10 +260,8 @@ def load_gguf(path, device, dtype, max_seq_len, resolve):
     if has(device.backend, "precompile"):  # compile kernels while the weights load
         device.backend.precompile((dtype,) + INFERENCE_DTYPES)
     source = GGUFWeights(file, cfg, device, dtype)
-    start = time.perf_counter()
-    model = CausalLM(cfg, source, max_seq_len, device, dtype)
-    device.synchronize()
-    model.load_stats = LoadStats(source.bytes_read, time.perf_counter() - start)
+    model, seconds = build(cfg, source, max_seq_len, device, dtype)
+    model.load_stats = LoadStats(source.bytes_read, seconds)
     model.generation_config = GenerationConfig(eos_token_ids=cfg.eos_token_ids)
     model.tokenizer = gguf_tokenizer(file)
     return model

@@ -98,16 +98,25 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
         read += host.nbytes
         return nd.array(host, dtype=dtype, device=device)
 
+    model, seconds = build(cfg, weights, max_seq_len, device, dtype, checkpoint)
+    model.load_stats = LoadStats(read, seconds)
+    model.generation_config = generation
+    model.tokenizer = load_tokenizer(path)
+    return model
+
+
+def build(cfg: ModelConfig, weights, max_seq_len: int, device: Device, dtype: str,
+          checkpoint=None) -> tuple[CausalLM, float]:
+    """The model from ``weights(name, shape)`` with its work finished on the device, and the
+    seconds that took; ``checkpoint`` (when given) is closed whatever happens."""
     start = time.perf_counter()
     try:
         model = CausalLM(cfg, weights, max_seq_len, device, dtype)
         device.synchronize()
     finally:
-        checkpoint.close()
-    model.load_stats = LoadStats(read, time.perf_counter() - start)
-    model.generation_config = generation
-    model.tokenizer = load_tokenizer(path)
-    return model
+        if checkpoint is not None:
+            checkpoint.close()
+    return model, time.perf_counter() - start
 
 
 def _resolve(cfg: ModelConfig, device, dtype, max_seq_len):

@@ -17,7 +17,6 @@ from ..gpu import GpuArray, GpuBackend
 from ..gpu.array import (
     ACC,
     ATTN,
-    DECODE,
     FUSED_GEMV,
     MATMUL,
     MAX_GRID_YZ,
@@ -33,6 +32,8 @@ from .tuning import CudaTuning
 
 _HALF = ("float16", "bfloat16")
 _FUSED_DTYPES = ("float16", "bfloat16", "float32")
+_FUSED_GEMVS = {"rmsnorm": "rmsnorm_gemv", "rmsnorm_swiglu": "rmsnorm_gemv_swiglu",
+                "add": "gemv_add"}  # decode.cu's kernel for each kind of fused projection
 
 # kernel files by NVRTC time on an H100 host (nn 4.5 s, elementwise 3.9 s, matmul 3.0 s for
 # one dtype shard), so the slowest start first
@@ -233,23 +234,19 @@ class CudaBackend(GpuBackend):
     def _fused_matvec_special(self, kind, x, w, weight, out, rows, dim, p, eps) -> bool:
         """One row: a warp per output row, 16-byte loads; the norm is summed by each warp
         along with its dot products."""
-        dt, tuning = x.dtype, self.tuning
+        dt = x.dtype
         item = ITEMSIZE.get(dt, 0)
-        if not (tuning.fused_matvec and rows == 1 and dt in _FUSED_DTYPES
+        if not (self.tuning.fused_matvec and rows == 1 and dt in _FUSED_DTYPES
                 and dim % (16 // item) == 0 and not _overlap(x.buffer, out.buffer)
                 and all(aligned16(a.buffer) for a in (x, weight, out) + ((w,) if w else ()))):
             return False
-        name = {"rmsnorm": "rmsnorm_gemv", "rmsnorm_swiglu": "rmsnorm_gemv_swiglu",
-                "add": "gemv_add"}[kind]
-        kern = self._kernel("decode", f"{name}_{SUFFIX[dt]}")
-        warps = max(1, min(tuning.fused_warps, kern.max_threads // 32))
-        per_warp = 1  # rows in a warp run one after another: many warps hide latency better
-        groups = cdiv(cdiv(p, per_warp), warps)
-        flags = 1 if tuning.l2_prefetch else 0
-        params = FUSED_GEMV.pack(dim, p, per_warp, eps, flags)
+        kern = self._kernel("decode", f"{_FUSED_GEMVS[kind]}_{SUFFIX[dt]}")
+        kern.check_threads(128)
+        # one row per warp; flags 1: the L2 prefetch (measured slower, kept as a switch)
+        params = FUSED_GEMV.pack(dim, p, 1, eps, int(self.tuning.l2_prefetch))
         buffers = ((x.buffer, weight.buffer, out.buffer) if kind == "add" else
                    (x.buffer, w.buffer, weight.buffer, out.buffer))
-        self.queue.dispatch(kern, (groups, 1, 1), (32 * warps, 1, 1), buffers, params)
+        self.queue.dispatch(kern, (cdiv(p, 4), 1, 1), (128, 1, 1), buffers, params)
         return True
 
     # --- attention -------------------------------------------------------------------------
@@ -292,10 +289,8 @@ class CudaBackend(GpuBackend):
         splits = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
         shared = group * head_dim * 4  # each warp's roped query
         kern.reserve_shared(shared)
-        part_o = self._workspace(q_heads * splits * head_dim * 4)
-        part_ml = self._workspace(q_heads * splits * 2 * 4)
-        params = DECODE.pack(q_heads, kv_heads, head_dim, capacity, table_rows, splits, 64,
-                             *split_scale(scale))
+        part_o, part_ml, params = self._decode_launch_state(
+            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, 64, scale)
         self.queue.dispatch(kern, (kv_heads, splits, 1), (32 * group, 1, 1),
                             (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
                              keys.buffer, values.buffer, part_o, part_ml, out.buffer,
@@ -310,10 +305,6 @@ class CudaBackend(GpuBackend):
         KV head to finish merges (counted with one atomic counter per KV head)."""
         dt = self._need(qkv.dtype, ("float16", "bfloat16", "float32", "float64"),
                         "attention_decode")
-        if not self.tuning.decode_one_launch:
-            super().attention_decode(qkv, cos, sin, position, keys, values, out, q_heads,
-                                     kv_heads, head_dim, capacity, table_rows, scale)
-            return
         if self._flash_decode(dt, qkv, cos, sin, position, keys, values, out, q_heads,
                               kv_heads, head_dim, capacity, table_rows, scale):
             return

@@ -50,9 +50,7 @@ class CudaTuning(GpuTuning):
     fused_matvec: bool = False  # the decode step's norm/SwiGLU/residual fused into its gemvs
     # (off by default: on the H100 the fused kernels are still slower than gemv + add_rmsnorm,
     # docs/cuda_notes.md v9)
-    fused_warps: int = 4  # warps per group of the fused gemvs
     l2_prefetch: bool = False  # fused gemvs prefetch their groups' weight rows into L2: sm_90+
-    decode_one_launch: bool = True  # attention_decode merges in its last group (else 2 kernels)
     decode_attention: str = "flash"  # "flash" (kernels/decode.cu) or "split" (nn.cu's fused)
     decode_splits: int = 32  # flash decoding: most ranges per KV head (at most 64)
 
@@ -72,8 +70,6 @@ class CudaTuning(GpuTuning):
                    wg_stages=_stages(options, "WG_STAGES", 4),
                    tma_stages=_stages(options, "GEMM_TMA_STAGES", 4),
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "0") == "1",
-                   fused_warps=int(env.get("NEEDLE_FUSED_WARPS", "4")),
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
-                   decode_one_launch=env.get("NEEDLE_DECODE_ONE_LAUNCH", "1") != "0",
                    decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "flash"),
                    decode_splits=max(1, min(64, int(env.get("NEEDLE_DECODE_SPLITS", "32")))))

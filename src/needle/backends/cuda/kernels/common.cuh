@@ -196,6 +196,13 @@ __device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15
 __device__ __forceinline__ i64 global_thread() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ i64 grid_threads() { return (i64)gridDim.x * blockDim.x; }
 
+// ---- attention_decode's params (gpu/array.py DECODE): nn.cu's split kernel and decode.cu's
+// flash-decoding kernel take the same ones
+struct DecodeParams {
+  i64 q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
+  float scale, scale_lo;  // float64 kernels use scale + scale_lo
+};
+
 // ---- streaming loads: 16 bytes read once (weights), not kept in L1 -----------------------
 template <class T, int V>
 __device__ __forceinline__ Vec<T, V> ld_stream(const Vec<T, V>* p) {

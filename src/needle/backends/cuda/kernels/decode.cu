@@ -224,10 +224,6 @@ ONLY(f32, FUSED_GEMV(f32, float))
 // The group whose range holds p ropes the new key and writes key and value to the cache
 // before its barrier, then reads them back like the other rows. With one split the group writes the output;
 // otherwise the group that finishes last for its KV head merges (a counter per KV head).
-struct FlashParams {  // gpu/array.py DECODE layout: decode_flash reuses attention_decode's
-  i64 q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
-  float scale, scale_lo;
-};
 
 namespace fd {
 constexpr int TILE = 64, VB = 16;  // positions per tile, V rows loaded per batch
@@ -251,7 +247,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
                                       const T* __restrict__ sn, const int* __restrict__ position,
                                       T* keys, T* values, float* __restrict__ part_o,
                                       float* __restrict__ part_ml, T* __restrict__ out,
-                                      unsigned* counters, const FlashParams& p, float* smem) {
+                                      unsigned* counters, const DecodeParams& p, float* smem) {
   constexpr int HALF = D / 2, PER = D / 32;  // dims per lane in p.V
   const int G = blockDim.x / 32, g = threadIdx.x / 32, lane = threadIdx.x % 32;
   const i64 h = blockIdx.x, s = blockIdx.y, hq = h * G + g;
@@ -385,7 +381,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
                                         const T* __restrict__ sn, const int* __restrict__ pos, \
                                         T* keys, T* values, float* __restrict__ part_o,        \
                                         float* __restrict__ part_ml, T* __restrict__ out,      \
-                                        unsigned* counters, FlashParams p) {                   \
+                                        unsigned* counters, DecodeParams p) {                   \
     pdl_entry();                                                                               \
     extern __shared__ __align__(16) float fd_smem[];                                           \
     fd::flash<T, D>(qkv, cs, sn, pos, keys, values, part_o, part_ml, out, counters, p, fd_smem); \

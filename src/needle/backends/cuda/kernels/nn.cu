@@ -7,10 +7,6 @@
 struct RowParams { i64 rows, dim; };
 template <class S> struct NormParams { i64 rows, dim; S eps; };
 struct RopeParams { i64 batch, seq, heads, head_dim; };
-struct DecodeParams {  // attention_decode (gpu.py _DECODE)
-  i64 q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
-  float scale, scale_lo;  // float64 kernels use scale + scale_lo
-};
 struct AttnParams {
   i64 batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, splits, chunk;
   float scale;
