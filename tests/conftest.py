@@ -89,6 +89,14 @@ def device(request) -> nd.Device:
     return dev
 
 
+def devices_with(capability: str) -> list[nd.Device]:
+    """The devices whose backend declares ``capability``, and the disabled ones (which the
+    ``device`` fixture skips for their absent hardware), for parametrizing ``device``."""
+    from needle.backends.api import has
+
+    return [d for d in ALL_DEVICES if not d.enabled() or has(d.backend, capability)]
+
+
 @pytest.fixture(scope="session", name="enabled_devices")
 def enabled_devices_fixture() -> list[nd.Device]:
     return enabled_devices()

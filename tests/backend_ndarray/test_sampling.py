@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 
 import needle.backend_ndarray as nd
-from needle.backends.api import has
 from needle.backends.numpy_ref import sampling as ref
 from needle.errors import DeviceError, DTypeError, ShapeError
 
-from ..conftest import check_unsupported_dtype
+from ..conftest import check_unsupported_dtype, devices_with
 
 
 @pytest.mark.parametrize("top_k,top_p,min_p,penalty", [
@@ -94,14 +93,18 @@ SETTINGS = {"greedy": (0, 0, 1, 0, 1), "plain": (1.0, 0, 1, 0, 1), "top_k": (0.8
             "cold": (0.05, 0, 0.5, 0, 1)}
 
 
+# the backends that sample on the device (capability "sampling"); the others sample on the host
+ON_DEVICE = pytest.mark.parametrize("device", devices_with("sampling"), indirect=True,
+                                    ids=lambda d: d.name)
+
+
+@ON_DEVICE
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("case", list(SETTINGS))
 @pytest.mark.parametrize("vocab", [7, 1000, 32000])
 def test_devices_match_the_reference(device, dtype, case, vocab):
     """Every backend with the capability picks the reference's tokens and marks them seen
     (float32 rounding may move a boundary: at most 1 row in 64 may differ)."""
-    if not has(device.backend, "sampling"):
-        pytest.skip(f"{device.name} samples on the host")
     if check_unsupported_dtype(device, dtype):
         return
     rng = np.random.default_rng(vocab)
@@ -117,10 +120,9 @@ def test_devices_match_the_reference(device, dtype, case, vocab):
     np.testing.assert_array_equal(seen_dev.numpy()[got == want], want_seen[got == want])
 
 
+@ON_DEVICE
 def test_large_vocabulary(device):
     """Llama 3's 128256-token vocabulary, one row."""
-    if not has(device.backend, "sampling"):
-        pytest.skip(f"{device.name} samples on the host")
     rng = np.random.default_rng(1)
     args = _case(rng, 2, 128256, "float32", SETTINGS["all"])
     want, _ = _reference(*args, "float32")

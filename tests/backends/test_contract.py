@@ -15,6 +15,8 @@ import needle.backend_ndarray as nd
 from needle.backends import api
 from needle.errors import DeviceError, DTypeError
 
+from ..conftest import devices_with
+
 TESTS = Path(__file__).resolve().parent.parent
 
 # capability -> tests (path relative to tests/ :: function) that fail if it breaks
@@ -102,10 +104,10 @@ def test_has_knows_every_name():
         api.has(backend, "graph")
 
 
+@pytest.mark.parametrize("device", devices_with("memory_stats"), indirect=True,
+                         ids=lambda d: d.name)
 def test_memory_stats_capability(device):
     backend = device.backend
-    if not api.has(backend, "memory_stats"):
-        pytest.skip(f"{device.name} keeps no device-memory pool")
     x = nd.array(np.ones(1 << 16, np.float32), device=device)
     stats = backend.memory_stats()
     assert stats.in_use >= x.nbytes and stats.peak >= stats.in_use
