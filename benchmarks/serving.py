@@ -39,7 +39,7 @@ def build_model(device, quick: bool):
     from needle.backends.api import has
     from needle.models import LlamaConfig, LlamaForCausalLM
 
-    from .cases_llm import TINY, TINYLLAMA, _random_weights
+    from .llm_models import TINY, TINYLLAMA, host_random_weights
 
     big = not quick and device.name.startswith("cuda")
     shapes, dtype = (TINYLLAMA, "bfloat16") if big else (TINY, "float32")
@@ -48,7 +48,7 @@ def build_model(device, quick: bool):
     raw = {"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 4096,
            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False, **shapes}
     cfg = LlamaConfig.from_dict(raw, source="benchmark config")
-    weights = _random_weights(cfg, dtype)
+    weights = host_random_weights(cfg, dtype)
     from needle.backend_ndarray import NDArray
 
     model = LlamaForCausalLM(cfg, lambda name, shape: NDArray(weights[name], device=device,

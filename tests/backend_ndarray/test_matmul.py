@@ -144,3 +144,38 @@ def test_matmul_large_k_precision(device, rng):
     """A long inner dimension of positive values: the fp32 sum must stay within 1e-4."""
     x, y = random(rng, (3, 20000), "float32", 0, 1), random(rng, (20000, 2), "float32", 0, 1)
     compare(device, lambda a, b: a @ b, [x, y], expected=np.matmul, kind="matmul")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("mkn", [(2, 64, 72), (9, 520, 200), (33, 200, 130), (64, 2048, 320),
+                                 (128, 1032, 96), (100, 40, 17000)], ids=str)
+def test_matmul_few_rows_times_transposed_weight(device, dtype, mkn, rng):
+    """x (m, k) @ W.T, W stored (n, k), for 2..128 rows: a batched decode step's projections
+    (CUDA: skinny.cu; ragged n, k not a multiple of its 256-wide chunks, one k slice or
+    several merged)."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    m, k, n = mkn
+    x, w = _data(rng, (m, k), dtype), _data(rng, (n, k), dtype)
+    got = _check(device, x, w, views=[lambda a: a, _t])
+    assert got.shape == (m, n)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_matmul_few_rows_take_the_skinny_kernel_on_cuda(dtype, rng):
+    """The route is part of the contract of speed: a batched decode step's projections must
+    reach skinny.cu, with k split (merged by gemv_combine) and not; and a batch of them."""
+    dev = nd.cuda()
+    if not dev.enabled():
+        pytest.skip(f"cuda disabled: {dev.reason}")
+    for m, k, n, batch in ((64, 2048, 2048, 1), (16, 64, 70000, 1), (24, 512, 300, 3)):
+        x = _data(rng, (batch, m, k), dtype)
+        w = _data(rng, (batch, n, k), dtype)
+        with dev.backend.profile() as prof:
+            got = nd.array(x, device=dev) @ nd.array(w, device=dev).permute((0, 2, 1))
+        rows = next(r for r in (8, 16, 32, 64, 128) if r >= m)
+        names = set(prof.totals)
+        assert any(name.startswith(f"matmul_skinny_tc{rows}_") for name in names), names
+        want = np.matmul(x.astype(np.float64), w.astype(np.float64).transpose(0, 2, 1))
+        np.testing.assert_allclose(got.numpy().astype(np.float64), want, rtol=2e-2,
+                                   atol=2e-2 * math.sqrt(k))

@@ -54,6 +54,52 @@ def test_paged_attention_matches_reference(device, dtype, rng):
                                rtol=TOL[dtype], atol=TOL[dtype])
 
 
+def _model_case(rng, q_heads, kv_heads, d, lengths, page_size=16):
+    """Sequences of ``lengths`` on shuffled pages of 16 positions, one query per sequence at
+    its last position plus two earlier queries of the longest: a serving step's shapes."""
+    max_pages = -(-max(lengths) // page_size)
+    num_pages = sum(-(-n // page_size) for n in lengths) + 3
+    order = rng.permutation(num_pages)
+    tables, used = -np.ones((len(lengths), max_pages), np.int32), 0
+    for s, n in enumerate(lengths):
+        need = -(-n // page_size)
+        tables[s, :need] = order[used:used + need]
+        used += need
+    longest = int(np.argmax(lengths))
+    seq_of = np.array(list(range(len(lengths))) + [longest, longest], np.int32)
+    positions = np.array([n - 1 for n in lengths] + [63, 64], np.int32)
+    q = rng.standard_normal((len(seq_of), q_heads, d)).astype(np.float32)
+    kp, vp = _pool(rng, num_pages, page_size, kv_heads, d)
+    return q, kp, vp, tables, seq_of, positions
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("heads", [(32, 4, 64), (8, 1, 128), (12, 12, 64), (16, 2, 80)],
+                         ids=str)
+def test_paged_attention_model_shapes(device, dtype, heads, rng):
+    """Head sizes 64 and 128 with 1 to 16 query heads per KV head over sequences of 1 to 700
+    positions (CUDA: the flash kernel, its ranges merged in the kernel for the long ones;
+    head size 80 takes the general kernel)."""
+    if not supports(device, dtype):
+        pytest.skip(f"{device.name} has no {dtype}")
+    q, kp, vp, tables, seq_of, positions = _model_case(rng, *heads, [1, 17, 130, 700, 64])
+
+    def run(dev):
+        a = [nd.array(x, dtype=dtype, device=dev) for x in (q, kp, vp)]
+        return nd.paged_attention(a[0], a[1], a[2], tables, seq_of, positions,
+                                  heads[2] ** -0.5).numpy()
+
+    want, got = run(nd.cpu_numpy()), run(device)
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32),
+                               rtol=TOL[dtype], atol=TOL[dtype])
+    bad = tables.copy()
+    bad[3, 40] = -1  # a hole far into the longest sequence: NaN for its queries only
+    a = [nd.array(x, dtype=dtype, device=device) for x in (q, kp, vp)]
+    out = nd.paged_attention(a[0], a[1], a[2], bad, seq_of, positions).numpy()
+    hit = np.isin(np.arange(len(seq_of)), [3])  # positions 63, 64 of seq 3 end before page 40
+    assert np.isnan(out[hit]).all() and not np.isnan(out[~hit]).any()
+
+
 def test_reference_equals_dense_causal_attention(rng):
     """Pages gathered in table order are the dense cache: plain attention agrees."""
     q, kp, vp, tables, seq_of, positions = _case(rng)

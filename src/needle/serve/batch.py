@@ -114,30 +114,38 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
     ids, positions, slots = batch.tokens, batch.positions, batch.slots
     cos, sin = tr.rope.cos.take(positions), tr.rope.sin.take(positions)  # (T, d / 2)
     x = tr._embed(ids)  # (1, T, hidden)
+    eps = cfg.rms_norm_eps
+    delta = None  # the last sublayer's output, added to x by the next norm (add_rmsnorm)
     for i, layer in enumerate(w.layers):
-        h = x.rmsnorm(layer.attn_norm, cfg.rms_norm_eps)
+        x, h = _add_norm(x, delta, layer.attn_norm, eps)
         qkv = layer.qkv(h)
         q = qkv[:, :, :hq * d].reshape((1, t, hq, d))
         k = qkv[:, :, hq * d:(hq + hkv) * d].reshape((1, t, hkv, d))
         v = qkv[:, :, (hq + hkv) * d:].reshape((t, hkv, d))
         if layer.q_norm is not None:  # Qwen3: each head normed before RoPE
-            q, k = (q.rmsnorm(layer.q_norm, cfg.rms_norm_eps),
-                    k.rmsnorm(layer.k_norm, cfg.rms_norm_eps))
+            q, k = q.rmsnorm(layer.q_norm, eps), k.rmsnorm(layer.k_norm, eps)
         q, k = q.rope(cos, sin), k.rope(cos, sin)
         nd.paged_write(k.reshape((t, hkv, d)), v, slots, cache.keys[i], cache.values[i])
         a = _attention(cfg, q.reshape((t, hq, d)), cache.keys[i], cache.values[i], batch)
         a = layer.o(a.reshape((1, t, hq * d)))
         if layer.post_attn_norm is not None:
-            a = a.rmsnorm(layer.post_attn_norm, cfg.rms_norm_eps)
-        x = x + a
-        h = x.rmsnorm(layer.mlp_norm, cfg.rms_norm_eps)
-        m = layer.down(tr._gate(layer.gate_up(h)))
+            a = a.rmsnorm(layer.post_attn_norm, eps)
+        x, h = _add_norm(x, a, layer.mlp_norm, eps)
+        delta = layer.down(tr._gate(layer.gate_up(h)))
         if layer.post_mlp_norm is not None:
-            m = m.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
-        x = x + m
+            delta = delta.rmsnorm(layer.post_mlp_norm, eps)
+    x, h = _add_norm(x, delta, w.final_norm, eps)
     rows = batch.rows if logit_rows == t else batch.rows[:logit_rows]
-    last = x.reshape((t, x.shape[-1])).take(rows)  # (R, hidden)
-    return tr._logits(last.rmsnorm(w.final_norm, cfg.rms_norm_eps))
+    return tr._logits(h.reshape((t, x.shape[-1])).take(rows))  # (R, vocab)
+
+
+def _add_norm(x: NDArray, delta: NDArray | None, weight: NDArray,
+              eps: float) -> tuple[NDArray, NDArray]:
+    """(x + delta, rmsnorm(x + delta) * weight) in one pass, the sum written into x; the
+    norm alone when there is nothing to add yet."""
+    if delta is None:
+        return x, x.rmsnorm(weight, eps)
+    return nd.add_rmsnorm(x, delta, weight, eps, inplace=True)
 
 
 def _attention(cfg, q: NDArray, keys: NDArray, values: NDArray, batch: DeviceBatch) -> NDArray:

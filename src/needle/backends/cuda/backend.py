@@ -27,6 +27,7 @@ from ..gpu.array import (
     cdiv,
     split_scale,
 )
+from ..gpu.paged import PAGED_FLASH
 from .tensor_map import matrix_map
 from .tuning import CudaTuning
 
@@ -37,6 +38,7 @@ _FUSED_GEMVS = {"rmsnorm": "rmsnorm_gemv", "rmsnorm_swiglu": "rmsnorm_gemv_swigl
 
 # kernel files by NVRTC time on an H100 host (nn 4.5 s, elementwise 3.9 s, matmul 3.0 s for
 # one dtype shard), so the slowest start first
+SKINNY_STRIDE = 128 + 32  # skinny.cu's shared-memory row of X, in elements
 _COMPILE_ORDER = {"nn": 0, "elementwise": 1, "matmul": 2, "reduce": 3}
 _SAMPLE = struct.Struct("3q")  # sampling.cu's SampleParams: rows, vocab, cached
 _SAMPLE_THREADS = 1024
@@ -106,6 +108,10 @@ class CudaBackend(GpuBackend):
                 and stride_b % width == 0 and aligned16(b.buffer)):
             self._skinny(a, b, out, m, n, p, batch, stride_a, stride_b)
             return True
+        if (tb and not ta and 2 <= m <= self.tuning.skinny_tc and dt in _HALF and n % 8 == 0
+                and stride_a % 8 == 0 and stride_b % 8 == 0
+                and aligned16(a.buffer) and aligned16(b.buffer)):
+            return self._skinny_tc(a, b, out, m, n, p, batch, stride_a, stride_b)
         tc = (self.tuning.mma and dt in _HALF and n % 8 == 0 and p % 8 == 0
               and (batch == 1 or stride_a % 8 == 0 and stride_b % 8 == 0)
               # the tensor-core pipeline's stages must fit in shared memory
@@ -230,6 +236,35 @@ class CudaBackend(GpuBackend):
             self._launch_1d(f"gemv_combine_{sfx}", batch * m * p, (part, out.buffer), combine,
                             "matmul")
 
+    def _skinny_tc(self, a, b, out, m: int, n: int, p: int, batch: int, stride_a: int,
+                   stride_b: int) -> bool:
+        """X (m, n) @ W^T, W stored (p, n), for a few rows of X on tensor cores (skinny.cu):
+        groups of 64 rows of W and a slice of k, about one group per SM, W read once; the
+        slices' float32 partials are added by ``gemv_combine``."""
+        rows = next(r for r in (8, 16, 32, 64, 128) if r >= m)
+        shared = 2 * rows * SKINNY_STRIDE * 2  # two stages of X
+        if shared > self.device.max_shared_bytes or batch > MAX_GRID_YZ:
+            return False
+        sfx = SUFFIX[a.dtype]
+        k = self._kernel("skinny", f"matmul_skinny_tc{rows}_{sfx}")
+        k.check_threads(128)
+        k.reserve_shared(shared)
+        groups = cdiv(p, 64) * batch
+        # about one group per SM (measured against two, four and eight: docs/cuda_notes.md)
+        splits = max(1, min(cdiv(self.device.compute_units, groups), cdiv(n, 256),
+                            MAX_GRID_YZ))
+        chunk = cdiv(cdiv(n, splits), 64) * 64
+        splits = cdiv(n, chunk)
+        part = self._workspace(splits * batch * m * p * 4) if splits > 1 else out.buffer
+        params = MATMUL.pack(m, n, p, batch, stride_a, stride_b, 0, 1, splits, chunk)
+        self.queue.dispatch(k, (cdiv(p, 64), splits, batch), (128, 1, 1),
+                            (a.buffer, b.buffer, out.buffer, part), params, shared)
+        if splits > 1:
+            combine = MATMUL.pack(1, n, batch * m * p, 1, 0, 0, 0, 0, splits, chunk)
+            self._launch_1d(f"gemv_combine_{sfx}", batch * m * p, (part, out.buffer), combine,
+                            "matmul")
+        return True
+
     # --- the decode step's fused projections (kernels/decode.cu) ----------------------------
     def _fused_matvec_special(self, kind, x, w, weight, out, rows, dim, p, eps) -> bool:
         """One row: a warp per output row, 16-byte loads; the norm is summed by each warp
@@ -321,6 +356,35 @@ class CudaBackend(GpuBackend):
                             (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
                              keys.buffer, values.buffer, part_o, part_ml, out.buffer,
                              self._counters(kv_heads)), params, shared)
+
+    def _paged_attention_special(self, dt, q, key_pages, value_pages, block_tables, seq_of,
+                                 positions, out, tokens, q_heads, kv_heads, head_dim,
+                                 page_size, max_pages, num_pages, scale) -> bool:
+        """paged_attention_flash (kernels/paged.cu): flash decoding through the block
+        tables, a group per (token, KV head, range of positions) with a warp per query head
+        of the group; ranges enough for about two groups per SM, merged in the kernel."""
+        group = q_heads // kv_heads
+        if not (self.tuning.paged_flash and head_dim in (64, 128) and group <= 16
+                and dt in ("float16", "bfloat16", "float32") and kv_heads <= MAX_GRID_YZ
+                and all(aligned16(x.buffer) for x in (q, key_pages, value_pages))):
+            return False
+        kern = self._kernel("paged", f"paged_attention_flash{head_dim}_{SUFFIX[dt]}")
+        kern.check_threads(32 * group)
+        # the tile's keys and values (64 rows each) and slots; per warp its query and scores
+        shared = 2 * 64 * head_dim * ITEMSIZE[dt] + 64 * 4 + group * (head_dim + 64) * 4
+        kern.reserve_shared(shared)
+        splits = max(1, min(32, cdiv(2 * self.device.compute_units, tokens * kv_heads)))
+        heads = tokens * q_heads
+        part_o = self._workspace(heads * splits * head_dim * 4)
+        part_ml = self._workspace(heads * splits * 2 * 4)
+        params = PAGED_FLASH.pack(tokens, q_heads, kv_heads, page_size, max_pages, num_pages,
+                                  splits, scale)
+        self.queue.dispatch(kern, (tokens, kv_heads, splits), (32 * group, 1, 1),
+                            (q.buffer, key_pages.buffer, value_pages.buffer,
+                             block_tables.buffer, seq_of.buffer, positions.buffer, part_o,
+                             part_ml, out.buffer, self._counters(tokens * kv_heads)), params,
+                            shared)
+        return True
 
     # --- compiling ahead ------------------------------------------------------------------
     def precompile(self, dtypes, families=None) -> list[str]:

@@ -7,6 +7,10 @@ Environment overrides (docs/cuda.md lists them):
 - ``NEEDLE_WGMMA_TILE=128|256``: the wgmma kernel's N tile (default: by problem size).
 - ``NEEDLE_TC_TILE=256``: the sm_80 tensor-core GEMM's 128x256 tile (default 128x128).
 - ``NEEDLE_PDL=0``: no programmatic dependent launch inside graph captures.
+- ``NEEDLE_PAGED_ATTENTION=simple``: paged attention by the group-per-query-head kernel
+  instead of flash decoding (paged.cu).
+- ``NEEDLE_SKINNY_TC=N``: products X @ W^T of 2..N rows (default 128; 0: none) take the
+  skinny tensor-core kernel (skinny.cu) instead of the tiled GEMMs.
 - ``NEEDLE_CUDA_OPTIONS``: extra NVRTC options; its ``-DTC_STAGES=``, ``-DWG_STAGES=`` and
   ``-DGEMM_TMA_STAGES=`` defines set pipeline depths that the launches must size shared
   memory for, so they are read here too.
@@ -36,6 +40,8 @@ class CudaTuning(GpuTuning):
     split_k: bool = True  # float32 products with few output tiles split K over more groups
     transpose: bool = True  # compact() of transposed matrices by a tiled transpose kernel
     skinny: bool = True  # products of <= 8 rows read B once (matmul_skinny)
+    skinny_tc: int = 128  # X @ W^T of 2..this many rows on tensor cores, W read once
+    # (skinny.cu: a batched decode step's projections); 0 turns it off
     half_scatter: bool = True  # small fp16/bf16 scatter_adds in place (a decode step's K/V)
     mma: bool = False  # tensor-core (mma.sync) GEMMs and prefill attention: sm_80+
     wgmma: bool = False  # Hopper warpgroup MMA GEMMs: sm_90a
@@ -52,6 +58,8 @@ class CudaTuning(GpuTuning):
     # docs/cuda_notes.md v9)
     l2_prefetch: bool = False  # fused gemvs prefetch their groups' weight rows into L2: sm_90+
     decode_attention: str = "flash"  # "flash" (kernels/decode.cu) or "split" (nn.cu's fused)
+    paged_flash: bool = True  # paged_attention by flash decoding (paged.cu), not the
+    # group-per-query-head kernel
     decode_splits: int = 32  # flash decoding: most ranges per KV head (at most 64)
 
     @classmethod
@@ -65,11 +73,14 @@ class CudaTuning(GpuTuning):
                    gemm="wgmma" if env.get("NEEDLE_GEMM") == "wgmma" else "tma",
                    wgmma_tile=env.get("NEEDLE_WGMMA_TILE"),
                    tc_tile=256 if env.get("NEEDLE_TC_TILE", "128") == "256" else 128,
+                   skinny_tc=int(env.get("NEEDLE_SKINNY_TC", "128")) if capability >= 80
+                   else 0,
                    pdl=target >= 90 and env.get("NEEDLE_PDL", "1") != "0",
                    tc_stages=_stages(options, "TC_STAGES", 4),
                    wg_stages=_stages(options, "WG_STAGES", 4),
                    tma_stages=_stages(options, "GEMM_TMA_STAGES", 4),
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "0") == "1",
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
+                   paged_flash=env.get("NEEDLE_PAGED_ATTENTION", "flash") == "flash",
                    decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "flash"),
                    decode_splits=max(1, min(64, int(env.get("NEEDLE_DECODE_SPLITS", "32")))))

@@ -213,6 +213,21 @@ __device__ __forceinline__ Vec<T, V> ld_stream(const Vec<T, V>* p) {
   return *reinterpret_cast<Vec<T, V>*>(&r);
 }
 
+// ---- attention: q (float32, shared memory) . one row of D keys, 16-byte loads -------------
+template <class T, int D>
+__device__ __forceinline__ float dot_row(const float* q, const T* row) {
+  constexpr int V = 16 / sizeof(T);
+  typedef Vec<T, V> Vt;
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < D / V; c++) {
+    const Vt k = reinterpret_cast<const Vt*>(row)[c];
+#pragma unroll
+    for (int e = 0; e < V; e++) acc += q[c * V + e] * load(k.v[e]);
+  }
+  return acc;
+}
+
 // ---- warp reductions ----------------------------------------------------------------------
 template <class C> __device__ __forceinline__ C warp_sum(C v) {
 #pragma unroll

@@ -229,20 +229,6 @@ namespace fd {
 constexpr int TILE = 64, VB = 16;  // positions per tile, V rows loaded per batch
 
 template <class T, int D>
-__device__ __forceinline__ float dot_row(const float* q, const T* row) {  // q (smem) . row
-  constexpr int V = 16 / sizeof(T);
-  typedef Vec<T, V> Vt;
-  float acc = 0.f;
-#pragma unroll
-  for (int c = 0; c < D / V; c++) {
-    const Vt k = reinterpret_cast<const Vt*>(row)[c];
-#pragma unroll
-    for (int e = 0; e < V; e++) acc += q[c * V + e] * load(k.v[e]);
-  }
-  return acc;
-}
-
-template <class T, int D>
 __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __restrict__ cs,
                                       const T* __restrict__ sn, const int* __restrict__ position,
                                       T* keys, T* values, float* __restrict__ part_o,

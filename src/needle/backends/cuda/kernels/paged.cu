@@ -4,11 +4,17 @@
 // positions 0..p in chunks of 128 through its block table: a thread per position scores
 // q·k, the group takes the chunk's max and sum of exp (online softmax), and threads over
 // head_dim accumulate p·V. Scores and sums in C (float, double for f64).
+// paged_attention_flash{64,128}: the serving path's kernel (head_dim 64 or 128, at most 16
+// query heads per KV head): flash decoding through the block table, below.
 #include "common.cuh"
 
 struct PagedWriteParams { i64 tokens, row, num_slots; };
 struct PagedParams {
   i64 tokens, q_heads, kv_heads, head_dim, page_size, max_pages, num_pages;
+  float scale;
+};
+struct PagedFlashParams {  // gpu/paged.py PAGED_FLASH
+  i64 tokens, q_heads, kv_heads, page_size, max_pages, num_pages, splits;
   float scale;
 };
 
@@ -109,6 +115,152 @@ __device__ void attend(const T* __restrict__ q, const T* __restrict__ kp,
 }
 }  // namespace paged
 
+// ---- paged_attention_flash{D}: group (token t, KV head h, split s) of G warps, warp g for
+// query head h * G + g (the group's query heads share every key and value row it loads,
+// through L1). Positions 0..p of token t are cut into S = min(splits, ceil((p + 1) / 64))
+// ranges, one per active group; a group walks its range in tiles of 64 positions with an
+// online softmax: the group stages the tile's key and value rows (found through the block
+// table) in shared memory, each warp scores them with D / 8 lanes per row (16-byte reads),
+// then lane l holds positions l and l + 32 for the softmax and owns dims l, l + 32, ... for
+// p·V, the probabilities passed by shuffle. With S = 1 the group writes the output;
+// otherwise it leaves float32 partials and the group that finishes last for (t, h) merges
+// (one counter per (t, h), left at zero). Every group checks the whole block-table row, so
+// a bad page id gives the whole query NaN, as numpy_ref does.
+namespace pf {
+constexpr int TILE = 64;
+
+template <class T, int D>
+__device__ __forceinline__ void flash(const T* __restrict__ q, const T* __restrict__ kp,
+                                      const T* __restrict__ vp, const int* __restrict__ tables,
+                                      const int* __restrict__ seq_of,
+                                      const int* __restrict__ positions, float* __restrict__ part_o,
+                                      float* __restrict__ part_ml, T* __restrict__ out,
+                                      unsigned* counters, const PagedFlashParams& p, float* smem) {
+  constexpr int PER = D / 32;
+  const int G = blockDim.x / 32, g = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const i64 t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, hq = h * G + g;
+  const i64 pos = positions[t], row = p.kv_heads * D, ps = p.page_size;
+  const int* table = tables + (i64)seq_of[t] * p.max_pages;
+  T* o = out + (t * p.q_heads + hq) * D;
+  bool bad = pos < 0 || pos / ps >= p.max_pages;
+  if (!bad)
+    for (i64 j = threadIdx.x; j <= pos / ps; j += blockDim.x)
+      if (table[j] < 0 || table[j] >= p.num_pages) bad = true;
+  if (__syncthreads_or(bad)) {  // kernels cannot raise: NaN, as numpy_ref gives
+    if (s == 0)
+      for (int d = lane; d < D; d += 32) o[d] = store<T>(0.f / 0.f);
+    return;
+  }
+  const i64 n = pos + 1;
+  const i64 S = p.splits < (n + TILE - 1) / TILE ? p.splits : (n + TILE - 1) / TILE;
+  if (s >= S) return;
+  const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
+  // shared memory: the tile's keys and values (64 rows of D), its slots, then per warp its
+  // query and the tile's scores. The group stages each tile once (16-byte copies, whole
+  // lines); its G warps, one per query head, read it from there, not from L2 G times.
+  T* ks = reinterpret_cast<T*>(smem);
+  T* vs = ks + TILE * D;
+  int* slot_s = reinterpret_cast<int*>(vs + TILE * D);
+  float* qs = reinterpret_cast<float*>(slot_s + TILE) + g * (D + TILE);
+  float* sc_s = qs + D;
+  for (int i = lane; i < D; i += 32) qs[i] = load(q[(t * p.q_heads + hq) * D + i]);
+  const float scale = p.scale;
+  const T* kh = kp + h * D;
+  const T* vh = vp + h * D;
+  // scores: LPR lanes read one key row together (16 bytes each), RPI rows per read
+  constexpr int V = 16 / sizeof(T), LPR = D / V, RPI = 32 / LPR;
+  const int kr = lane / LPR, kc = lane % LPR;
+  float m = neg_inf<float>(), l = 0.f, acc[PER];
+#pragma unroll
+  for (int e = 0; e < PER; e++) acc[e] = 0.f;
+  for (i64 t0 = start; t0 < end; t0 += TILE) {
+    const int rows = end - t0 < TILE ? (int)(end - t0) : TILE;
+    __syncthreads();  // every warp is done with the previous tile
+    for (int j = threadIdx.x; j < TILE; j += blockDim.x)  // a pool holds < 2^31 slots
+      slot_s[j] = j < rows ? (int)(table[(t0 + j) / ps] * ps + (t0 + j) % ps) : -1;
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * TILE * LPR; i += blockDim.x) {
+      const int value = i >= TILE * LPR, r = (i / LPR) % TILE, c = i % LPR, sl = slot_s[r];
+      uint4 chunk = make_uint4(0u, 0u, 0u, 0u);
+      if (sl >= 0) chunk = *reinterpret_cast<const uint4*>((value ? vh : kh) + (i64)sl * row + c * V);
+      *reinterpret_cast<uint4*>((value ? vs : ks) + r * D + c * V) = chunk;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int i = 0; i < TILE / RPI; i++) {
+      const int jj = i * RPI + kr;
+      const Vec<T, V> kv = *reinterpret_cast<const Vec<T, V>*>(ks + jj * D + kc * V);
+      float part = 0.f;
+#pragma unroll
+      for (int e = 0; e < V; e++) part += qs[kc * V + e] * load(kv.v[e]);
+#pragma unroll
+      for (int o = LPR / 2; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+      if (kc == 0) sc_s[jj] = jj < rows ? part * scale : neg_inf<float>();
+    }
+    __syncwarp();
+    const float sc[2] = {sc_s[lane], sc_s[lane + 32]};
+    const float mn = fmaxf(m, warp_max(fmaxf(sc[0], sc[1])));
+    const float alpha = m_exp(m - mn);  // 0 on the first tile (m = -inf)
+    float pr[2];
+#pragma unroll
+    for (int half = 0; half < 2; half++) pr[half] = m_exp(sc[half] - mn);  // 0 past the end
+    l = l * alpha + warp_sum(pr[0] + pr[1]);
+    m = mn;
+#pragma unroll
+    for (int e = 0; e < PER; e++) acc[e] = acc[e] * alpha;
+#pragma unroll 4
+    for (int r = 0; r < TILE; r++) {  // rows past the end are zeros with probability 0
+      const float pj = __shfl_sync(0xffffffffu, r < 32 ? pr[0] : pr[1], r % 32);
+#pragma unroll
+      for (int e = 0; e < PER; e++) acc[e] += pj * load(vs[r * D + lane + 32 * e]);
+    }
+  }
+  if (S == 1) {
+#pragma unroll
+    for (int e = 0; e < PER; e++) o[lane + 32 * e] = store<T>(acc[e] / l);
+    return;
+  }
+  const i64 base = (t * p.q_heads + hq) * p.splits;
+#pragma unroll
+  for (int e = 0; e < PER; e++) part_o[(base + s) * D + lane + 32 * e] = acc[e];
+  if (lane == 0) {
+    part_ml[(base + s) * 2] = m;
+    part_ml[(base + s) * 2 + 1] = l;
+  }
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  unsigned* counter = counters + t * p.kv_heads + h;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned)(S - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // the merge: lane l holds the statistics of partials l and l + 32 (S <= 64)
+  float mi[2], li[2], wi[2];
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    const int r = lane + 32 * k;
+    mi[k] = r < S ? __ldcg(part_ml + (base + r) * 2) : neg_inf<float>();
+    li[k] = r < S ? __ldcg(part_ml + (base + r) * 2 + 1) : 0.f;
+  }
+  const float mm = warp_max(fmaxf(mi[0], mi[1]));
+#pragma unroll
+  for (int k = 0; k < 2; k++) wi[k] = lane + 32 * k < S ? m_exp(mi[k] - mm) : 0.f;
+  const float total = warp_sum(li[0] * wi[0] + li[1] * wi[1]);
+  float r_o[PER];
+#pragma unroll
+  for (int e = 0; e < PER; e++) r_o[e] = 0.f;
+  for (int r = 0; r < S; r++) {
+    const float wr = __shfl_sync(0xffffffffu, r < 32 ? wi[0] : wi[1], r % 32);
+#pragma unroll
+    for (int e = 0; e < PER; e++) r_o[e] += wr * __ldcg(part_o + (base + r) * D + lane + 32 * e);
+  }
+#pragma unroll
+  for (int e = 0; e < PER; e++) o[lane + 32 * e] = store<T>(r_o[e] / total);
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch
+}
+}  // namespace pf
+
 #define PAGED(SFX, T, C)                                                                       \
   extern "C" __global__ void paged_write_##SFX(const T* __restrict__ k, const T* __restrict__ v, \
                                                const int* __restrict__ slots, T* kp, T* vp,     \
@@ -125,6 +277,24 @@ __device__ void attend(const T* __restrict__ q, const T* __restrict__ kp,
     paged::attend<T, C>(q, kp, vp, tables, seq_of, positions, out, p);                         \
   }
 
+#define PAGED_FLASH(SFX, T, D)                                                                 \
+  extern "C" __global__ void __launch_bounds__(512, 1)                                            \
+      paged_attention_flash##D##_##SFX(                                                        \
+          const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp,         \
+          const int* __restrict__ tables, const int* __restrict__ seq_of,                      \
+          const int* __restrict__ positions, float* __restrict__ part_o,                       \
+          float* __restrict__ part_ml, T* __restrict__ out, unsigned* counters,                \
+          PagedFlashParams p) {                                                                \
+    pdl_entry();                                                                               \
+    extern __shared__ __align__(16) float pf_smem[];                                           \
+    pf::flash<T, D>(q, kp, vp, tables, seq_of, positions, part_o, part_ml, out, counters, p,   \
+                    pf_smem);                                                                  \
+  }
+#define PAGED_FLASH_ALL(SFX, T) PAGED_FLASH(SFX, T, 64) PAGED_FLASH(SFX, T, 128)
+
+ONLY(f16, PAGED_FLASH_ALL(f16, half_t))
+ONLY(bf16, PAGED_FLASH_ALL(bf16, bf16_t))
+ONLY(f32, PAGED_FLASH_ALL(f32, float))
 ONLY(f16, PAGED(f16, half_t, float))
 ONLY(bf16, PAGED(bf16, bf16_t, float))
 ONLY(f32, PAGED(f32, float, float))
