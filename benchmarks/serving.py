@@ -31,6 +31,7 @@ import numpy as np
 
 PROMPT = 128
 LONG_PROMPT = 2000
+LAG = 32  # decode steps the first stream may be ahead of the last one (prompts read 512/step)
 STREAMS = (1, 8, 32, 64)
 
 
@@ -78,7 +79,11 @@ def decode_at(engine, streams: int, warmup: int, tokens: int, rng) -> dict:
 
     vocab = engine.model.config.vocab_size
     clock = Clock()
-    params = RequestParams(max_tokens=warmup + tokens + 1, ignore_eos=True)
+    # The first requests decode while the last ones still read their prompts (up to ~20
+    # steps for 64 streams); room for that lag keeps every stream running through the
+    # timed steps, so that no stream finishes early and no smaller batch is captured
+    # mid-measurement.
+    params = RequestParams(max_tokens=warmup + tokens + LAG, ignore_eos=True)
     reqs = []
     for _ in range(streams):
         r = engine.make_request(prompt(rng, PROMPT, vocab), params)
@@ -89,6 +94,8 @@ def decode_at(engine, streams: int, warmup: int, tokens: int, rng) -> dict:
     for _ in range(tokens):
         engine.step()
     seconds = time.perf_counter() - start
+    if any(r.finished for r in reqs):
+        raise RuntimeError("a stream finished inside the timed steps: raise LAG")
     made = engine.metrics.generated - made
     gaps = np.concatenate([np.diff(t[warmup:warmup + tokens]) for t in clock.times.values()])
     for r in reqs:
@@ -161,7 +168,8 @@ def main(argv=None) -> int:
     print(f"built the {size} model on {device.name} in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
     rng = np.random.default_rng(0)
-    budget = max(streams) * (PROMPT + args.warmup + args.tokens + 32) + 2 * (LONG_PROMPT + 64)
+    budget = (max(streams) * (PROMPT + args.warmup + args.tokens + LAG + 16)
+              + 2 * (LONG_PROMPT + 64))
     from needle.serve.pages import PagedKVCache
 
     page_bytes = PagedKVCache.page_bytes(model.config, 16, model.dtype)

@@ -175,3 +175,19 @@ def test_normwise_error():
     assert runner.normwise_error(np.array([np.nan, -4.0, np.inf]), e) == math.inf
     assert runner.normwise_error(np.array([np.nan, 2.0]), np.array([np.nan, 2.0])) == 0.0
     assert runner.normwise_error(e[:2], e) == math.inf
+
+
+def test_serving_benchmark_runs_quick_on_cpu(tmp_path, capsys):
+    """``python -m benchmarks.serving --quick``: every stream decodes through the timed
+    steps (none finishes early), the table and the JSON hold every case."""
+    from benchmarks import serving
+
+    out = tmp_path / "serving.json"
+    assert serving.main(["--device", "cpu", "--quick", "--warmup", "1", "--tokens", "3",
+                         "--streams", "1,3", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [d["streams"] for d in result["decode"]] == [1, 3]
+    assert all(d["tokens_per_s"] > 0 and d["itl_p50_ms"] > 0 for d in result["decode"])
+    assert result["ttft_under_load"]["background_streams"] == 32
+    assert result["ttft_under_load"]["ttft_ms"] > 0
+    assert "x single" in capsys.readouterr().out

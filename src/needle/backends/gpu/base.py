@@ -35,6 +35,7 @@ class GpuBase:
         self._kernels: dict[str, object] = {}
         self._geometry: dict[str, tuple] = {}
         self._counter_array: GpuArray | None = None
+        self._outgrown_counters: list[GpuArray] = []  # still read by captured graphs
         self.Array = self._new_array
 
     @contextmanager
@@ -80,7 +81,10 @@ class GpuBase:
         """n zeroed 32-bit counters that kernels using them leave zeroed (kept, not pooled)."""
         have = self._counter_array
         if have is None or have.size < n:
-            have = self._counter_array = self._new_array(max(n, 64), "int32")
+            if have is not None:  # a captured graph may use it: never give it back
+                self._outgrown_counters.append(have)
+            have = self._counter_array = self._new_array(max(n, 2 * have.size if have else 0,
+                                                              1024), "int32")
             self.fill(have, 0)
         return have.buffer
 
