@@ -97,7 +97,11 @@ def decode_at(engine, streams: int, warmup: int, tokens: int, rng) -> dict:
     if any(r.finished for r in reqs):
         raise RuntimeError("a stream finished inside the timed steps: raise LAG")
     made = engine.metrics.generated - made
-    gaps = np.concatenate([np.diff(t[warmup:warmup + tokens]) for t in clock.times.values()])
+    # gaps between tokens made inside the timed steps (a stream's earlier tokens may fall in
+    # steps that also read other streams' prompts)
+    end = start + seconds
+    gaps = np.concatenate([np.diff([x for x in t if start <= x <= end])
+                           for t in clock.times.values()])
     for r in reqs:
         engine.cancel(r)
     engine.run_until_idle()

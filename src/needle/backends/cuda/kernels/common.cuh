@@ -239,3 +239,68 @@ template <class C> __device__ __forceinline__ C warp_max(C v) {
   for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+
+// ---- flash decoding's online softmax over a tile of 64 positions whose scores lane l holds
+// for positions l and l + 32 (-inf past the end): the running max m and sum l updated, the
+// accumulator rescaled, pr the tile's weights (0 past the end)
+template <int PER>
+__device__ __forceinline__ void online_softmax_tile(const float (&sc)[2], float& m, float& l,
+                                                    float (&acc)[PER], float (&pr)[2]) {
+  const float mn = fmaxf(m, warp_max(fmaxf(sc[0], sc[1])));
+  const float alpha = m_exp(m - mn);  // 0 on the first tile (m = -inf)
+#pragma unroll
+  for (int half = 0; half < 2; half++) pr[half] = m_exp(sc[half] - mn);
+  l = l * alpha + warp_sum(pr[0] + pr[1]);
+  m = mn;
+#pragma unroll
+  for (int e = 0; e < PER; e++) acc[e] *= alpha;
+}
+
+// ---- flash decoding's last step (decode.cu, paged.cu): a group of warps, one per query head,
+// leaves its range's float32 partials (acc: lane owns dims lane + 32e; m, l: the softmax
+// statistics) at slot base + s, and the group that finishes last of the S ranges (counted
+// on *counter, left at zero) merges them (lane l holds partials l and l + 32: S <= 64) and
+// writes the head's output o[0..D).
+template <class T, int D>
+__device__ __forceinline__ void flash_merge(const float (&acc)[D / 32], float m, float l,
+                                            float* __restrict__ part_o,
+                                            float* __restrict__ part_ml, i64 base, i64 s, i64 S,
+                                            unsigned* counter, T* __restrict__ o) {
+  constexpr int PER = D / 32;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int e = 0; e < PER; e++) part_o[(base + s) * D + lane + 32 * e] = acc[e];
+  if (lane == 0) {
+    part_ml[(base + s) * 2] = m;
+    part_ml[(base + s) * 2 + 1] = l;
+  }
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned)(S - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float mi[2], li[2], wi[2];
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    const int r = lane + 32 * k;
+    mi[k] = r < S ? __ldcg(part_ml + (base + r) * 2) : neg_inf<float>();
+    li[k] = r < S ? __ldcg(part_ml + (base + r) * 2 + 1) : 0.f;
+  }
+  const float mm = warp_max(fmaxf(mi[0], mi[1]));
+#pragma unroll
+  for (int k = 0; k < 2; k++) wi[k] = lane + 32 * k < S ? m_exp(mi[k] - mm) : 0.f;
+  const float total = warp_sum(li[0] * wi[0] + li[1] * wi[1]);
+  float r_o[PER];
+#pragma unroll
+  for (int e = 0; e < PER; e++) r_o[e] = 0.f;
+  for (int r = 0; r < S; r++) {
+    const float wr = __shfl_sync(0xffffffffu, r < 32 ? wi[0] : wi[1], r % 32);
+#pragma unroll
+    for (int e = 0; e < PER; e++) r_o[e] += wr * __ldcg(part_o + (base + r) * D + lane + 32 * e);
+  }
+#pragma unroll
+  for (int e = 0; e < PER; e++) o[lane + 32 * e] = store<T>(r_o[e] / total);
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch
+}

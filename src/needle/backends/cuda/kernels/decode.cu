@@ -285,16 +285,8 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
       const i64 j = t0 + half * 32 + lane;
       sc[half] = j < end ? dot_row<T, D>(q, kc + j * D) * scale : neg_inf<float>();
     }
-    const float mt = warp_max(fmaxf(sc[0], sc[1]));
-    const float mn = fmaxf(m, mt);
-    const float alpha = m_exp(m - mn);  // 0 on the first tile (m = -inf)
     float pr[2];
-#pragma unroll
-    for (int half = 0; half < 2; half++) pr[half] = m_exp(sc[half] - mn);  // 0 past the end
-    l = l * alpha + warp_sum(pr[0] + pr[1]);
-    m = mn;
-#pragma unroll
-    for (int e = 0; e < PER; e++) acc[e] *= alpha;
+    online_softmax_tile<PER>(sc, m, l, acc, pr);
     // 3. p.V: lane l owns dims l, l + 32, ...; rows in batches of 16 loads, the
     // probabilities by shuffle
     const int rows = end - t0 < TILE ? (int)(end - t0) : TILE;
@@ -320,44 +312,8 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
     return;
   }
   // 4. partials, then the merge in the group that finishes last for this KV head
-  const i64 slot = hq * p.splits + s;
-#pragma unroll
-  for (int e = 0; e < PER; e++) part_o[slot * D + lane + 32 * e] = acc[e];
-  if (lane == 0) {
-    part_ml[slot * 2] = m;
-    part_ml[slot * 2 + 1] = l;
-  }
-  __threadfence();
-  __syncthreads();
-  __shared__ bool last;
-  if (threadIdx.x == 0) last = atomicAdd(counters + h, 1u) == (unsigned)(S - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // the merge: lane l holds the statistics of partials l and l + 32 (S <= 64)
-  const i64 base = hq * p.splits;
-  float mi[2], li[2], wi[2];
-#pragma unroll
-  for (int k = 0; k < 2; k++) {
-    const int r = lane + 32 * k;
-    mi[k] = r < S ? __ldcg(part_ml + (base + r) * 2) : neg_inf<float>();
-    li[k] = r < S ? __ldcg(part_ml + (base + r) * 2 + 1) : 0.f;
-  }
-  const float mm = warp_max(fmaxf(mi[0], mi[1]));
-#pragma unroll
-  for (int k = 0; k < 2; k++) wi[k] = lane + 32 * k < S ? m_exp(mi[k] - mm) : 0.f;
-  const float total = warp_sum(li[0] * wi[0] + li[1] * wi[1]);
-  float o[PER];
-#pragma unroll
-  for (int e = 0; e < PER; e++) o[e] = 0.f;
-  for (int r = 0; r < S; r++) {
-    const float wr = __shfl_sync(0xffffffffu, r < 32 ? wi[0] : wi[1], r % 32);
-#pragma unroll
-    for (int e = 0; e < PER; e++) o[e] += wr * __ldcg(part_o + (base + r) * D + lane + 32 * e);
-  }
-#pragma unroll
-  for (int e = 0; e < PER; e++) out[hq * D + lane + 32 * e] = store<T>(o[e] / total);
-  if (threadIdx.x == 0) counters[h] = 0u;  // ready for the next launch
+  flash_merge<T, D>(acc, m, l, part_o, part_ml, hq * p.splits, s, S, counters + h,
+                    out + hq * D);
 }
 }  // namespace fd
 

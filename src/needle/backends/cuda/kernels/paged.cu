@@ -199,15 +199,8 @@ __device__ __forceinline__ void flash(const T* __restrict__ q, const T* __restri
     }
     __syncwarp();
     const float sc[2] = {sc_s[lane], sc_s[lane + 32]};
-    const float mn = fmaxf(m, warp_max(fmaxf(sc[0], sc[1])));
-    const float alpha = m_exp(m - mn);  // 0 on the first tile (m = -inf)
     float pr[2];
-#pragma unroll
-    for (int half = 0; half < 2; half++) pr[half] = m_exp(sc[half] - mn);  // 0 past the end
-    l = l * alpha + warp_sum(pr[0] + pr[1]);
-    m = mn;
-#pragma unroll
-    for (int e = 0; e < PER; e++) acc[e] = acc[e] * alpha;
+    online_softmax_tile<PER>(sc, m, l, acc, pr);
 #pragma unroll 4
     for (int r = 0; r < TILE; r++) {  // rows past the end are zeros with probability 0
       const float pj = __shfl_sync(0xffffffffu, r < 32 ? pr[0] : pr[1], r % 32);
@@ -220,44 +213,8 @@ __device__ __forceinline__ void flash(const T* __restrict__ q, const T* __restri
     for (int e = 0; e < PER; e++) o[lane + 32 * e] = store<T>(acc[e] / l);
     return;
   }
-  const i64 base = (t * p.q_heads + hq) * p.splits;
-#pragma unroll
-  for (int e = 0; e < PER; e++) part_o[(base + s) * D + lane + 32 * e] = acc[e];
-  if (lane == 0) {
-    part_ml[(base + s) * 2] = m;
-    part_ml[(base + s) * 2 + 1] = l;
-  }
-  __threadfence();
-  __syncthreads();
-  __shared__ bool last;
-  unsigned* counter = counters + t * p.kv_heads + h;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned)(S - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // the merge: lane l holds the statistics of partials l and l + 32 (S <= 64)
-  float mi[2], li[2], wi[2];
-#pragma unroll
-  for (int k = 0; k < 2; k++) {
-    const int r = lane + 32 * k;
-    mi[k] = r < S ? __ldcg(part_ml + (base + r) * 2) : neg_inf<float>();
-    li[k] = r < S ? __ldcg(part_ml + (base + r) * 2 + 1) : 0.f;
-  }
-  const float mm = warp_max(fmaxf(mi[0], mi[1]));
-#pragma unroll
-  for (int k = 0; k < 2; k++) wi[k] = lane + 32 * k < S ? m_exp(mi[k] - mm) : 0.f;
-  const float total = warp_sum(li[0] * wi[0] + li[1] * wi[1]);
-  float r_o[PER];
-#pragma unroll
-  for (int e = 0; e < PER; e++) r_o[e] = 0.f;
-  for (int r = 0; r < S; r++) {
-    const float wr = __shfl_sync(0xffffffffu, r < 32 ? wi[0] : wi[1], r % 32);
-#pragma unroll
-    for (int e = 0; e < PER; e++) r_o[e] += wr * __ldcg(part_o + (base + r) * D + lane + 32 * e);
-  }
-#pragma unroll
-  for (int e = 0; e < PER; e++) o[lane + 32 * e] = store<T>(r_o[e] / total);
-  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch
+  flash_merge<T, D>(acc, m, l, part_o, part_ml, (t * p.q_heads + hq) * p.splits, s, S,
+                    counters + t * p.kv_heads + h, o);
 }
 }  // namespace pf
 
