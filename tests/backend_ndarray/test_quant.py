@@ -19,6 +19,9 @@ CASES = [
     (1, 37, 100, 8, None, True), (3, 5, 61, 8, 16, True), (1, 64, 256, 8, 32, True),
     (1, 33, 100, 4, 32, True), (2, 7, 75, 4, 64, False), (1, 70, 512, 4, 128, True),
     (1, 16, 256, 4, 64, False), (12, 9, 128, 4, 32, True), (12, 9, 96, 8, None, True),
+    # groups that are no multiple of 8 (int4's start mid-word: the CPU's general path;
+    # int8's start at any byte), five rows (the CPU's four-row blocks and a remainder)
+    (1, 5, 50, 4, 12, True), (2, 13, 77, 4, 20, False), (1, 11, 90, 8, 12, True),
 ]
 
 
