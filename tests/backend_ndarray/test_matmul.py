@@ -146,13 +146,14 @@ def test_matmul_large_k_precision(device, rng):
     compare(device, lambda a, b: a @ b, [x, y], expected=np.matmul, kind="matmul")
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "int32", "int64"])
 @pytest.mark.parametrize("mkn", [(2, 64, 72), (9, 520, 200), (33, 200, 130), (64, 2048, 320),
+                                 (3, 37, 9), (16, 300, 130),
                                  (128, 1032, 96), (100, 40, 17000)], ids=str)
 def test_matmul_few_rows_times_transposed_weight(device, dtype, mkn, rng):
     """x (m, k) @ W.T, W stored (n, k), for 2..128 rows: a batched decode step's projections
-    (CUDA: skinny.cu; ragged n, k not a multiple of its 256-wide chunks, one k slice or
-    several merged)."""
+    (CUDA: skinny.cu; ragged n, k not a multiple of its chunks, one k slice or several
+    merged; CPU: dot products up to 16 rows, two rows and four columns a pass, odd m and n)."""
     if check_unsupported_dtype(device, dtype):
         return
     m, k, n = mkn

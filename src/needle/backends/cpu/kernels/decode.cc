@@ -62,65 +62,6 @@ void normed_row(const S* v, const S* w, int64_t dim, double eps, acc_t<S>* h) {
   for (int64_t i = 0; i < dim; ++i) h[i] = load(store<S>(load(v[i]) * inv * load(w[i])));
 }
 
-// acc[r * ld + q] = h[r] . W[q] for r < rows, q < n, W holding n rows of length dim. Four
-// weight rows at a time: each load of h serves four of them, and the four rows (a few KiB)
-// stay in cache while the rows of h pass over them, so the weights stream once; two rows of
-// h per pass share each widened weight element (eight sums: within 16 vector registers).
-template <class S, class T>
-void dot_block(const T* h, int64_t rows, const S* W, int64_t n, int64_t dim, T* acc,
-               int64_t ld) {
-  int64_t q = 0;
-  for (; q + 4 <= n; q += 4) {
-    const S *w0 = W + q * dim, *w1 = w0 + dim, *w2 = w1 + dim, *w3 = w2 + dim;
-    int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-      const T *ha = h + r * dim, *hb = ha + dim;
-      T a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
-#pragma omp simd reduction(+ : a0, a1, a2, a3, b0, b1, b2, b3)
-      for (int64_t k = 0; k < dim; ++k) {
-        const T x0 = (T)load(w0[k]), x1 = (T)load(w1[k]), x2 = (T)load(w2[k]),
-                x3 = (T)load(w3[k]);
-        const T u = ha[k], v = hb[k];
-        a0 += u * x0;
-        a1 += u * x1;
-        a2 += u * x2;
-        a3 += u * x3;
-        b0 += v * x0;
-        b1 += v * x1;
-        b2 += v * x2;
-        b3 += v * x3;
-      }
-      T* o = acc + r * ld + q;
-      o[0] = a0, o[1] = a1, o[2] = a2, o[3] = a3;
-      o[ld] = b0, o[ld + 1] = b1, o[ld + 2] = b2, o[ld + 3] = b3;
-    }
-    for (; r < rows; ++r) {
-      const T* hr = h + r * dim;
-      T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-      for (int64_t k = 0; k < dim; ++k) {
-        const T hk = hr[k];
-        s0 += hk * (T)load(w0[k]);
-        s1 += hk * (T)load(w1[k]);
-        s2 += hk * (T)load(w2[k]);
-        s3 += hk * (T)load(w3[k]);
-      }
-      T* o = acc + r * ld + q;
-      o[0] = s0, o[1] = s1, o[2] = s2, o[3] = s3;
-    }
-  }
-  for (; q < n; ++q) {
-    const S* wq = W + q * dim;
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* hr = h + r * dim;
-      T s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t k = 0; k < dim; ++k) s += hr[k] * (T)load(wq[k]);
-      acc[r * ld + q] = s;
-    }
-  }
-}
-
 // The epilogue of one output element o from its product(s), each first rounded to S as the
 // matmul would store it: swiglu as swiglu_kernel (nn.cc) computes it, the add as ewise_add
 // (o holds total's old value, the only case where it is read).

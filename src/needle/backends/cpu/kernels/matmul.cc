@@ -65,11 +65,6 @@ template <class S> using gemm_t =
 // folds it into one broadcast (0 + s is not the identity for s = -0.0 and would be computed).
 template <class T> inline vec_t<T> splat(T s) { return s - vec_t<T>{}; }
 
-template <class T, class S> inline T widen(S x) {
-  if constexpr (std::is_integral_v<T>) return (T)x;
-  else return (T)load(x);
-}
-
 // C[MR x NR] (+)= A-panel . B-panel over kc steps; pa is kc x MR, pb kc x NR (aligned).
 template <class T>
 void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb, T* __restrict c,
@@ -306,40 +301,12 @@ void gemv_rows(const S* a, const S* b, int64_t brs, int64_t k0, int64_t k1, int6
   }
 }
 
-// out[j] = a . B[:, j] for B with contiguous columns (transposed): dot products, four
-// columns at a time so that each load of `a` serves four of them.
-template <class S, class T>
-void gemv_dots(const S* a, const S* b, int64_t bcs, int64_t n, int64_t j0, int64_t j1, T* out) {
-  int64_t j = j0;
-  for (; j + 4 <= j1; j += 4) {
-    const S *c0 = b + j * bcs, *c1 = c0 + bcs, *c2 = c1 + bcs, *c3 = c2 + bcs;
-    T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-    for (int64_t k = 0; k < n; ++k) {
-      const T ak = widen<T>(a[k]);
-      s0 += ak * widen<T>(c0[k]);
-      s1 += ak * widen<T>(c1[k]);
-      s2 += ak * widen<T>(c2[k]);
-      s3 += ak * widen<T>(c3[k]);
-    }
-    out[j] = s0;
-    out[j + 1] = s1;
-    out[j + 2] = s2;
-    out[j + 3] = s3;
-  }
-  for (; j < j1; ++j) {
-    const S* col = b + j * bcs;
-    T s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t k = 0; k < n; ++k) s += widen<T>(a[k]) * widen<T>(col[k]);
-    out[j] = s;
-  }
-}
-
 struct MatmulArgs {
   int64_t m, n, p, batch, stride_a, stride_b;
   bool ta, tb;
 };
+
+constexpr int64_t kFewRows = 64;  // dot products beat packing up to here (cpu_notes.md)
 
 template <class S> void matmul_kernel(const void* a_, const void* b_, void* out_,
                                       const MatmulArgs& g) {
@@ -353,19 +320,22 @@ template <class S> void matmul_kernel(const void* a_, const void* b_, void* out_
   const int64_t brs = g.tb ? 1 : p, bcs = g.tb ? n : 1;
   const int nt = max_threads();
 
-  if (m == 1) {  // matrix-vector (decoding): B is streamed once, nothing is packed
-    if (g.tb) {  // dot products, columns split across threads
-      const int64_t width = std::max<int64_t>(64, (p + 4 * nt - 1) / (4 * nt));
-      const int64_t blocks = (p + width - 1) / width;
-      std::vector<T> res((size_t)g.batch * p);
-      parallel_items(g.batch * blocks, width * n, [&](int64_t it) {
-        const int64_t bi = it / blocks, j0 = it % blocks * width;
-        gemv_dots(a + bi * g.stride_a, b + bi * g.stride_b, bcs, n, j0, std::min(p, j0 + width),
-                  res.data() + bi * p);
-      });
-      for (int64_t i = 0; i < g.batch * p; ++i) out[i] = store<S>(res[i]);
-      return;
-    }
+  // A few rows times a transposed B (decoding one or a batch of sequences: x @ W.T): dot
+  // products (dot_block, matmul.h), columns split across threads, B streamed once and never
+  // packed. Packing a (2560, 2048) weight for the GEMM costs ~5 ms, 27x one row's product.
+  if (g.tb && !g.ta && m <= kFewRows) {
+    const int64_t width = std::max<int64_t>(64, (p + 4 * nt - 1) / (4 * nt));
+    const int64_t blocks = (p + width - 1) / width;
+    std::vector<T> res((size_t)g.batch * m * p);
+    parallel_items(g.batch * blocks, width * n * m, [&](int64_t it) {
+      const int64_t bi = it / blocks, j0 = it % blocks * width, j1 = std::min(p, j0 + width);
+      dot_block<S, T>(a + bi * g.stride_a, m, b + bi * g.stride_b + j0 * n, j1 - j0, n,
+                      res.data() + bi * m * p + j0, p);
+    });
+    for (int64_t i = 0; i < g.batch * m * p; ++i) out[i] = store<S>(res[i]);
+    return;
+  }
+  if (m == 1) {  // matrix-vector (decoding) with B's rows contiguous: B is streamed once
     // rows of B split across threads (each streams a contiguous band), partial sums added
     const int64_t band = std::max<int64_t>(16, (n + 2 * nt - 1) / (2 * nt));
     const int64_t bands = std::max<int64_t>(1, (n + band - 1) / band);
