@@ -36,9 +36,9 @@ _FUSED_DTYPES = ("float16", "bfloat16", "float32")
 _FUSED_GEMVS = {"rmsnorm": "rmsnorm_gemv", "rmsnorm_swiglu": "rmsnorm_gemv_swiglu",
                 "add": "gemv_add"}  # decode.cu's kernel for each kind of fused projection
 
+SKINNY_STRIDE = 128 + 32  # skinny.cu's shared-memory row of X, in elements
 # kernel files by NVRTC time on an H100 host (nn 4.5 s, elementwise 3.9 s, matmul 3.0 s for
 # one dtype shard), so the slowest start first
-SKINNY_STRIDE = 128 + 32  # skinny.cu's shared-memory row of X, in elements
 _COMPILE_ORDER = {"nn": 0, "elementwise": 1, "matmul": 2, "reduce": 3}
 _SAMPLE = struct.Struct("3q")  # sampling.cu's SampleParams: rows, vocab, cached
 _SAMPLE_THREADS = 1024

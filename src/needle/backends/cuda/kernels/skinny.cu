@@ -14,7 +14,8 @@
 //    summed, so lane (g = lane / 4, t = lane % 4) loads k = 8t..8t+7 of W rows g and g + 8
 //    and of X row g as whole 16-byte vectors and feeds them to two mma's whose logical k
 //    pairs (2t, 2t+1) and (2t+8, 2t+9) are physical k 8t+{0,1}, 8t+{2,3} (first) and
-//    8t+{4,5}, 8t+{6,7} (second): A and B agree on the permutation, so the sum is exact;
+//    8t+{4,5}, 8t+{6,7} (second): A and B agree on the permutation, so the products summed
+//    are the same;
 //  * with one slice the group writes out (rounded once from float32); with several it writes
 //    float32 partials part[(split * batch + z) * M + row][col] that matmul.cu's gemv_combine
 //    adds in a second launch (spread over the whole GPU: the last group of a row block
