@@ -2,6 +2,7 @@
 
     python -m benchmarks.serving --device cuda            # TinyLlama-1.1B shapes, bf16
     python -m benchmarks.serving --device cpu --quick     # a tiny model: a smoke test
+    python -m benchmarks.serving --device cpu --size 1.1b --streams 1,8 --tokens 8 --no-ttft
 
 The model is TinyLlama-1.1B-shaped (hidden 2048, 22 layers, 32 heads, 4 KV heads, vocab
 32000) with random bfloat16 weights made in memory, on a GPU; with ``--quick`` (or on a
@@ -35,14 +36,15 @@ LAG = 32  # decode steps the first stream may be ahead of the last one (prompts 
 STREAMS = (1, 8, 32, 64)
 
 
-def build_model(device, quick: bool):
-    """A random-weight Llama: 1.1B-shaped in bf16, or tiny (quick / CPU)."""
+def build_model(device, quick: bool, size: str = "auto"):
+    """A random-weight Llama: 1.1B-shaped in bf16, or tiny; ``size`` "auto" is 1.1B on a
+    GPU and tiny elsewhere (or with ``quick``)."""
     from needle.backends.api import has
     from needle.models import LlamaConfig, LlamaForCausalLM
 
     from .llm_models import TINY, TINYLLAMA, host_random_weights
 
-    big = not quick and device.name.startswith("cuda")
+    big = size == "1.1b" or (size == "auto" and not quick and device.name.startswith("cuda"))
     shapes, dtype = (TINYLLAMA, "bfloat16") if big else (TINY, "float32")
     if has(device.backend, "precompile"):  # kernels compile while the weights are made
         device.backend.precompile((dtype, "int32", "int64"))
@@ -154,9 +156,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__)
     p.add_argument("--device", default="auto")
     p.add_argument("--quick", action="store_true", help="a tiny model: a smoke test")
+    p.add_argument("--size", choices=("auto", "tiny", "1.1b"), default="auto",
+                   help="the model: 1.1B shapes (bf16) or tiny; auto: 1.1B on a GPU")
     p.add_argument("--warmup", type=int, default=8, help="tokens before timing")
     p.add_argument("--tokens", type=int, default=64, help="timed steps per case")
     p.add_argument("--streams", default=",".join(map(str, STREAMS)))
+    p.add_argument("--no-ttft", action="store_true",
+                   help="skip the time-to-first-token cases (long prompts: slow on a CPU)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     from needle.backend_ndarray import device_from_name
@@ -168,7 +174,7 @@ def main(argv=None) -> int:
         return 2
     streams = [int(s) for s in args.streams.split(",")]
     t0 = time.perf_counter()
-    model, size = build_model(device, args.quick)
+    model, size = build_model(device, args.quick, args.size)
     print(f"built the {size} model on {device.name} in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
     rng = np.random.default_rng(0)
@@ -187,8 +193,9 @@ def main(argv=None) -> int:
     for n in streams:
         results["decode"].append(decode_at(engine, n, args.warmup, args.tokens, rng))
         print(f"  {results['decode'][-1]}", file=sys.stderr, flush=True)
-    results["ttft_alone"] = ttft(engine, 0, args.warmup, rng)
-    results["ttft_under_load"] = ttft(engine, 32, args.warmup, rng)
+    if not args.no_ttft:
+        results["ttft_alone"] = ttft(engine, 0, args.warmup, rng)
+        results["ttft_under_load"] = ttft(engine, 32, args.warmup, rng)
     report(results)
     if args.json:
         with open(args.json, "w") as f:
@@ -205,6 +212,8 @@ def report(r: dict) -> None:
         print(f"{d['streams']:>8} {d['tokens_per_s']:>10.0f} {d['tokens_per_s'] / single:>9.1f}"
               f" {d['itl_p50_ms']:>11.2f} {d['itl_p99_ms']:>11.2f}")
     for key in ("ttft_alone", "ttft_under_load"):
+        if key not in r:
+            continue
         t = r[key]
         print(f"TTFT of a {LONG_PROMPT}-token prompt with {t['background_streams']} streams "
               f"decoding: {t['ttft_ms']:.1f} ms (longest gap of those streams: "

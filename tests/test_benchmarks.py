@@ -191,3 +191,6 @@ def test_serving_benchmark_runs_quick_on_cpu(tmp_path, capsys):
     assert result["ttft_under_load"]["background_streams"] == 32
     assert result["ttft_under_load"]["ttft_ms"] > 0
     assert "x single" in capsys.readouterr().out
+    assert serving.main(["--device", "cpu", "--size", "tiny", "--no-ttft", "--warmup", "1",
+                         "--tokens", "2", "--streams", "2", "--json", str(out)]) == 0
+    assert "ttft_alone" not in json.loads(out.read_text())
