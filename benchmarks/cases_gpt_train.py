@@ -47,21 +47,21 @@ def _batches(ctx: Context, s: dict):
     return ctx.input_sets(make)
 
 
-def _needle_impl(ctx: Context, s: dict, batches, low: str | None, compiled: bool,
-                 fuse: bool | None = None) -> Impl:
-    try:
-        import needle as ndl
-        from needle import nn, optim
-    except ImportError as e:
-        raise Skip(f"needle is not importable ({e})") from None
-    dev = ctx.device
+def needle_gpt_step(device, vocab: int, dim: int, hidden: int, layers: int, heads: int,
+                    seq: int, lr: float, low: str | None):
+    """(step, optimizer) of needle's GPT, built from seed 0: ``step(x, y)`` is one AdamW
+    step on token ids x and next-token targets y, its forward pass and loss under
+    ``ndl.autocast(low)`` when ``low`` is set; returns the loss. Also the fusion tests'
+    model (tests/test_fusion.py)."""
+    import needle as ndl
+    from needle import nn, optim
+
     ndl.init.manual_seed(0)
-    embed = nn.Embedding(s["vocab"], s["dim"], device=dev)
-    body = nn.Transformer(s["dim"], 4 * s["dim"], s["layers"], num_heads=s["heads"],
-                          max_len=s["seq"], batch_first=True, device=dev)
-    head = nn.Linear(s["dim"], s["vocab"], device=dev)
-    params = embed.parameters() + body.parameters() + head.parameters()
-    opt = optim.AdamW(params, lr=LR)
+    embed = nn.Embedding(vocab, dim, device=device)
+    body = nn.Transformer(dim, hidden, layers, num_heads=heads, max_len=seq, batch_first=True,
+                          device=device)
+    head = nn.Linear(dim, vocab, device=device)
+    opt = optim.AdamW(embed.parameters() + body.parameters() + head.parameters(), lr=lr)
     loss_fn = nn.SoftmaxLoss()
 
     def step(x, y):
@@ -72,6 +72,18 @@ def _needle_impl(ctx: Context, s: dict, batches, low: str | None, compiled: bool
         opt.step()
         return loss
 
+    return step, opt
+
+
+def _needle_impl(ctx: Context, s: dict, batches, low: str | None, compiled: bool,
+                 fuse: bool | None = None) -> Impl:
+    try:
+        import needle as ndl
+    except ImportError as e:
+        raise Skip(f"needle is not importable ({e})") from None
+    dev = ctx.device
+    step, _ = needle_gpt_step(dev, s["vocab"], s["dim"], 4 * s["dim"], s["layers"], s["heads"],
+                              s["seq"], LR, low)
     fn = ndl.compile(step, fuse=fuse) if compiled else step
     inputs = [(ndl.Tensor(x, device=dev, requires_grad=False),
                ndl.Tensor(y, device=dev, requires_grad=False)) for x, y in batches]

@@ -3,14 +3,13 @@
 import re
 
 import pytest
+import sklearn  # noqa: F401 - the demo's data (the data extra)
 
 import needle as ndl
 from needle import demo, nn
 from needle.data import DataLoader, DigitsDataset
 
 from .test_plot import read_png
-
-pytest.importorskip("sklearn")
 
 
 def test_demo_one_epoch(tmp_path, capsys):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from benchmarks.cases_gpt_train import needle_gpt_step
 
 import needle as ndl
 import needle.backend_ndarray as nd
@@ -131,23 +132,8 @@ def test_fused_transformer_step_matches_unfused(gpu, low):
     device = gpu
 
     def train(fuse):
-        ndl.init.manual_seed(0)
-        embed = nn.Embedding(32, 16, device=device)
-        body = nn.Transformer(16, 32, 1, num_heads=2, max_len=8, batch_first=True,
-                              device=device)
-        head = nn.Linear(16, 32, device=device)
-        opt = optim.AdamW(embed.parameters() + body.parameters() + head.parameters(),
-                          lr=3e-3)
-        loss_fn = nn.SoftmaxLoss()
-
-        def step(x, y):
-            opt.zero_grad()
-            with ndl.autocast(low or "bfloat16", enabled=low is not None):
-                loss = loss_fn(head(body(embed(x))), y)
-            loss.backward()
-            opt.step()
-            return loss
-
+        step, opt = needle_gpt_step(device, vocab=32, dim=16, hidden=32, layers=1, heads=2,
+                                    seq=8, lr=3e-3, low=low)
         fn = ndl.compile(step, fuse=fuse, warn=False)
         rng = np.random.default_rng(4)
         losses = []

@@ -5,14 +5,13 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 import needle as ndl
 from needle import optim
 from needle.errors import ModelFormatError, NeedleError
 
 from .conftest import supports
-
-torch = pytest.importorskip("torch")
 
 REF = ndl.cpu_numpy()  # formula tests run on the reference; device tests take ``device``
 TARGET = np.array([[0.5, -1.0, 2.0], [1.5, 0.0, -0.5]])

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import needle.backend_ndarray as nd
 from needle.errors import DTypeError
 
 from ..conftest import assert_equal
 from .compare import np_dtype, on
-
-torch = pytest.importorskip("torch")
 
 EXCHANGED = ("float32", "float16", "float64", "int32", "int64", "bool", "uint8", "int8")
 

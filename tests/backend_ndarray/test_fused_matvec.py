@@ -65,15 +65,11 @@ def every_size(test):
     return test
 
 
-def _skip_dtype(device, dtype) -> bool:
-    return check_unsupported_dtype(device, dtype)
-
-
 # --- rmsnorm_matvec ------------------------------------------------------------------------
 
 @every_size
 def test_rmsnorm_matvec(device, dtype, rows, dim, p, rng):
-    if _skip_dtype(device, dtype):
+    if check_unsupported_dtype(device, dtype):
         return
     x, w, weight = _inputs(rng, (rows,), dim, p, dtype)
     X, Wn, W = on(device, x), on(device, w), on(device, weight)
@@ -88,7 +84,7 @@ def test_rmsnorm_matvec(device, dtype, rows, dim, p, rng):
 
 @every_size
 def test_rmsnorm_matvec_swiglu(device, dtype, rows, dim, p, rng):
-    if _skip_dtype(device, dtype):
+    if check_unsupported_dtype(device, dtype):
         return
     x, w, weight = _inputs(rng, (rows,), dim, 2 * p, dtype)
     X, Wn, W = on(device, x), on(device, w), on(device, weight)
@@ -101,7 +97,7 @@ def test_rmsnorm_matvec_swiglu(device, dtype, rows, dim, p, rng):
 
 @every_size
 def test_matvec_add(device, dtype, rows, dim, p, rng):
-    if _skip_dtype(device, dtype):
+    if check_unsupported_dtype(device, dtype):
         return
     a, _, weight = _inputs(rng, (rows,), dim, p, dtype)
     t0 = random(rng, (rows, p), dtype, -2, 2)

@@ -231,7 +231,8 @@ def test_half_scatter_add_rounds_once(dtype, itype):
 # --- misaligned and foreign buffers ---------------------------------------------------------
 @gpu
 def test_misaligned_dlpack_buffers_take_the_scalar_path():
-    torch = pytest.importorskip("torch")
+    import torch
+
     t = torch.arange(1027, dtype=torch.float32, device="cuda")
     x = nd.from_dlpack(t[1:], device=DEV)  # 4 bytes past an aligned address
     y = nd.from_dlpack(t[3:1026], device=DEV)
@@ -243,7 +244,8 @@ def test_misaligned_dlpack_buffers_take_the_scalar_path():
 
 @gpu
 def test_dlpack_zero_copy_with_torch_both_ways():
-    torch = pytest.importorskip("torch")
+    import torch
+
     t = torch.randn(64, 33, device="cuda")
     a = nd.from_dlpack(t, device=DEV)
     np.testing.assert_array_equal(a.numpy(), t.cpu().numpy())
@@ -258,16 +260,6 @@ def test_dlpack_zero_copy_with_torch_both_ways():
     assert u[1, 1].item() == -1.0  # needle writes, torch sees
     tt = torch.from_dlpack(on(np.arange(6, dtype=np.float32).reshape(2, 3)).T)
     assert torch.equal(tt.cpu(), torch.arange(6.0).reshape(2, 3).T)  # strides survive
-
-
-@gpu
-def test_dlpack_with_cupy():
-    cp = pytest.importorskip("cupy")
-    c = cp.arange(10, dtype=cp.int64)
-    a = nd.from_dlpack(c, device=DEV)
-    np.testing.assert_array_equal((a + 1).numpy(), np.arange(1, 11))
-    back = cp.from_dlpack(on(np.linspace(0, 1, 5).astype(np.float32)))
-    np.testing.assert_allclose(cp.asnumpy(back), np.linspace(0, 1, 5), rtol=1e-6)
 
 
 # --- graphs, profiling, tracing, memory -----------------------------------------------------
@@ -586,7 +578,8 @@ def test_tma_matmul_in_a_graph_replays_with_new_inputs():
 def test_gemm_tma_compiles_for_hopper_and_older_archs():
     """gemm_tma.cu builds for sm_90a (TMA, mbarriers, setmaxnreg, m64n256 wgmma) and, with
     empty bodies, for sm_80 and sm_90 (CI's every-file compile covers those too)."""
-    compiler = pytest.importorskip("needle.backends.cuda.compiler")
+    from needle.backends.cuda import compiler
+
     try:
         compiler.nvrtc_version()
     except DeviceError as e:

@@ -10,9 +10,8 @@ import re
 
 import pytest
 
+from needle.backends.cuda import compiler
 from needle.errors import DeviceError, KernelCompileError
-
-compiler = pytest.importorskip("needle.backends.cuda.compiler")
 
 try:
     compiler.nvrtc_version()

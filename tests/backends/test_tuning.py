@@ -11,7 +11,6 @@ from needle.errors import DeviceError
 
 
 def test_cuda_tuning_from_the_device_and_the_environment():
-    pytest.importorskip("cuda.bindings")
     from needle.backends.cuda.tuning import CudaTuning
 
     hopper = CudaTuning.for_device(90, "sm_90a", env={})

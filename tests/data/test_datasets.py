@@ -94,7 +94,6 @@ def test_cifar10_refuses_code_in_pickles(tmp_path):
 
 
 def test_digits_split_is_deterministic_and_disjoint():
-    pytest.importorskip("sklearn")
     train, test = data.DigitsDataset(train=True), data.DigitsDataset(train=False)
     assert len(train) + len(test) == 1797 and len(test) == 359
     x, y = train.get_batch(np.arange(len(train)))

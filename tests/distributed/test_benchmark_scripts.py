@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from .jobs import needs_mpi, run_job
+from .jobs import run_job
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
-@needs_mpi
 @pytest.mark.parametrize("script, args, expect", [
     ("distributed_allreduce.py", ("--min-mib", "0.25", "--max-mib", "0.5", "--samples", "2"),
      "all_reduce float32 sum, 2 ranks, mpi on cpu"),

@@ -9,10 +9,9 @@ from needle import backend_ndarray as nd
 from needle import distributed as dist
 from needle.errors import DistributedError
 
-from .jobs import needs_mpi, run_job
+from .jobs import run_job
 
 
-@needs_mpi
 def test_contract_on_two_processes():
     job = run_job("collectives_contract.py")
     assert job.returncode == 0, job.stdout + job.stderr
@@ -36,7 +35,6 @@ def test_unknown_backend_and_wrong_device():
     assert not dist.is_initialized()
 
 
-@needs_mpi
 def test_single_process_group():
     """A process started alone is rank 0 of 1 (MPI singleton): collectives are identities."""
     g = dist.init_process_group(backend="mpi", device="cpu_numpy", timeout=10)
@@ -53,7 +51,6 @@ def test_single_process_group():
 
 
 
-@needs_mpi
 def test_checked_calls_catch_ranks_that_disagree():
     job = run_job("mismatch.py", env={"NEEDLE_DIST_CHECK": "1"})
     assert job.returncode == 0, job.stdout + job.stderr

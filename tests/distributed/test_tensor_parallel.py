@@ -17,7 +17,7 @@ from needle.models import load_pretrained
 from needle.models.config import ModelConfig
 
 from ..models.hf_models import build, build_with_tokenizer
-from .jobs import needs_mpi, run_job
+from .jobs import run_job
 
 PROMPT = [1, 17, 92, 5, 201, 33, 8]
 # variant, overrides: Llama (GQA), Qwen2 (q/k/v biases), Phi-3 (fused qkv and gate_up,
@@ -39,7 +39,6 @@ def model_dir(tmp_path_factory):
     return get
 
 
-@needs_mpi
 def test_two_ranks_give_the_logits_and_tokens_of_one(model_dir, tmp_path):
     model_dirs = [model_dir(variant) for variant, _ in MODELS]
     job = run_job("tp_logits.py", str(tmp_path), *map(str, model_dirs))
@@ -101,7 +100,6 @@ def _generate(directory, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-@needs_mpi
 @pytest.mark.parametrize("sampling", [(), ("--temperature", "0.9", "--seed", "4")])
 def test_generate_tp2_writes_what_tp1_writes(cli_model, sampling):
     one, two = _generate(cli_model, *sampling), _generate(cli_model, "--tp", "2", *sampling)

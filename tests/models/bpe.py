@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-tokenizers = pytest.importorskip("tokenizers")
+import tokenizers
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
+import torch
+import transformers
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,

@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import transformers
 
 from needle.errors import ModelFormatError
 from needle.models.chat import ChatTemplateError
 from needle.models.tokenizer import Tokenizer
 
 from .bpe import train
-
-transformers = pytest.importorskip("transformers")
 
 SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
             "<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "[INST]",

@@ -8,13 +8,12 @@ import json
 
 import numpy as np
 import pytest
+import transformers
 
 from needle.models import ModelConfig, load_pretrained
 
 from .conftest import VARIANT_NAMES
 from .hf_models import TINY, build, reference_logits
-
-transformers = pytest.importorskip("transformers")
 
 
 def as_transformers_4(raw: dict) -> dict:

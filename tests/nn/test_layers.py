@@ -4,13 +4,12 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 import needle as ndl
 from needle import init, nn
 
 from ..conftest import assert_close
-
-torch = pytest.importorskip("torch")
 
 
 def tensor(x, device, requires_grad=True):

@@ -2,13 +2,12 @@
 
 import numpy as np
 import pytest
+import torch
 
 import needle as ndl
 from needle import nn
 
 from ..conftest import assert_close
-
-torch = pytest.importorskip("torch")
 
 
 def copy_to_torch(cells, theirs):

@@ -2,13 +2,10 @@
 checkpoint continues with exactly the losses of an uninterrupted run."""
 
 import numpy as np
-import pytest
 
 import needle as ndl
 from needle import init, nn, optim
 from needle.data import ArrayDataset, DataLoader, DigitsDataset
-
-pytest.importorskip("sklearn")
 
 
 def flat_digits(train: bool) -> ArrayDataset:

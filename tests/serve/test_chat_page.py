@@ -21,8 +21,7 @@ from .test_server import KEY, NAME, Running, _wait_idle  # noqa: E402
 _MAC_CHROME = "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome"  # macOS runners
 CHROMIUM = (shutil.which("chromium") or shutil.which("chromium-browser")
             or (_MAC_CHROME if os.path.exists(_MAC_CHROME) else None))
-pytestmark = pytest.mark.skipif(CHROMIUM is None,
-                                reason="no chromium on PATH (apt-get install -y chromium)")
+assert CHROMIUM is not None, "no chromium on PATH: apt-get install -y chromium (the README)"
 
 
 @pytest.fixture(scope="module")
