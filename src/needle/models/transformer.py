@@ -116,12 +116,12 @@ class Transformer:
             delta = layer.down(self._gate(layer.gate_up(h)))
             if layer.post_mlp_norm is not None:
                 delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
-        if delta is None and _plain(w.lm_head):
-            logits = nd.rmsnorm_matvec(x, w.final_norm, w.lm_head.weight, cfg.rms_norm_eps)
+        if delta is None and _plain(w.lm_head):  # after a five-operation layer
+            logits = attention.softcap(nd.rmsnorm_matvec(x, w.final_norm, w.lm_head.weight,
+                                                         cfg.rms_norm_eps), cfg.final_softcap)
         else:
-            _, h = _add_norm(x, delta, w.final_norm, cfg)
-            logits = w.lm_head(h)
-        return attention.softcap(logits, cfg.final_softcap).reshape((1, cfg.vocab_size))
+            logits = self._logits(_add_norm(x, delta, w.final_norm, cfg)[1])
+        return logits.reshape((1, cfg.vocab_size))
 
     def _fused_layer(self, i: int, layer: LayerWeights, x: NDArray, state: DecodeState,
                      cache: KVCache) -> NDArray:

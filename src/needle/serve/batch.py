@@ -18,6 +18,7 @@ import numpy as np
 from .. import backend_ndarray as nd
 from ..backend_ndarray import NDArray
 from ..errors import NeedleError
+from ..models.transformer import _add_norm
 from .pages import PagedKVCache
 
 
@@ -117,7 +118,7 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
     eps = cfg.rms_norm_eps
     delta = None  # the last sublayer's output, added to x by the next norm (add_rmsnorm)
     for i, layer in enumerate(w.layers):
-        x, h = _add_norm(x, delta, layer.attn_norm, eps)
+        x, h = _add_norm(x, delta, layer.attn_norm, cfg)
         qkv = layer.qkv(h)
         q = qkv[:, :, :hq * d].reshape((1, t, hq, d))
         k = qkv[:, :, hq * d:(hq + hkv) * d].reshape((1, t, hkv, d))
@@ -130,22 +131,13 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
         a = layer.o(a.reshape((1, t, hq * d)))
         if layer.post_attn_norm is not None:
             a = a.rmsnorm(layer.post_attn_norm, eps)
-        x, h = _add_norm(x, a, layer.mlp_norm, eps)
+        x, h = _add_norm(x, a, layer.mlp_norm, cfg)
         delta = layer.down(tr._gate(layer.gate_up(h)))
         if layer.post_mlp_norm is not None:
             delta = delta.rmsnorm(layer.post_mlp_norm, eps)
-    x, h = _add_norm(x, delta, w.final_norm, eps)
+    x, h = _add_norm(x, delta, w.final_norm, cfg)
     rows = batch.rows if logit_rows == t else batch.rows[:logit_rows]
     return tr._logits(h.reshape((t, x.shape[-1])).take(rows))  # (R, vocab)
-
-
-def _add_norm(x: NDArray, delta: NDArray | None, weight: NDArray,
-              eps: float) -> tuple[NDArray, NDArray]:
-    """(x + delta, rmsnorm(x + delta) * weight) in one pass, the sum written into x; the
-    norm alone when there is nothing to add yet."""
-    if delta is None:
-        return x, x.rmsnorm(weight, eps)
-    return nd.add_rmsnorm(x, delta, weight, eps, inplace=True)
 
 
 def _attention(cfg, q: NDArray, keys: NDArray, values: NDArray, batch: DeviceBatch) -> NDArray:

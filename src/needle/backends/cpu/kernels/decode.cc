@@ -26,11 +26,11 @@ namespace {
 
 enum class Epilogue { none, swiglu, add };
 
-// Up to this many rows the fused streaming loop runs; above it, the GEMM path. Each row of h
-// costs one more pass over the weights' block in cache, which a GEMM tile amortizes; but the
-// GEMM packs (transposes) the whole weight per call, which small batches do not repay.
-// Measured on 2 cores, (rows, 2048) x (2560, 2048) bf16: fused 1.0/2.2/7.7/17.6 ms for
-// 4/8/16/32 rows, GEMM 9.2/9.2/14.5/16.9 ms (docs/cpu_notes.md).
+// Up to this many rows the fused streaming loop runs; above it, h goes to a buffer and
+// matmul_nt does the product (dot_block up to 64 rows, the blocked GEMM beyond: the GEMM
+// packs the whole weight per call, which small batches do not repay). Measured on 2 cores,
+// (rows, 2048) x (2560, 2048) bf16, before matmul had its few-row path: fused
+// 1.0/2.2/7.7/17.6 ms for 4/8/16/32 rows, GEMM 9.2/9.2/14.5/16.9 ms (docs/cpu_notes.md).
 constexpr int64_t kFusedRows = 16;
 
 // Accumulation type: float for f32/f16/bf16, double for f64 (as matmul's).
