@@ -14,13 +14,12 @@ from needle.data import ArrayDataset, DataLoader
 from needle.distributed import DistributedSampler
 from needle.errors import ArgumentError, DistributedError
 
-from .jobs import SCRIPTS, needs_mpi, run_job
+from .jobs import SCRIPTS, run_job
 
 sys.path.insert(0, str(SCRIPTS))
 import ddp_train  # noqa: E402
 
 
-@needs_mpi
 def test_two_ranks_train_as_one_process_on_the_whole_batch(tmp_path):
     path = tmp_path / "ddp.safetensors"
     job = run_job("ddp_train.py", str(path))

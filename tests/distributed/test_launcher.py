@@ -10,7 +10,7 @@ import pytest
 from needle.cli import main as needle_main
 from needle.errors import DistributedError
 
-from .jobs import SCRIPTS, needs_mpi, run_job
+from .jobs import SCRIPTS, run_job
 
 
 def test_ranks_get_their_variables_and_a_failure_stops_the_rest():
@@ -24,7 +24,6 @@ def test_ranks_get_their_variables_and_a_failure_stops_the_rest():
     assert "needle run: rank 1 exited with status 3; stopping the other ranks" in job.stderr
 
 
-@needs_mpi
 def test_mpi_rank_failure_is_named():
     start = time.monotonic()
     job = run_job("fail_rank.py")
@@ -34,7 +33,6 @@ def test_mpi_rank_failure_is_named():
     assert "needle run: rank 1 exited with status 3" in job.stderr
 
 
-@needs_mpi
 def test_a_hung_rank_times_out_the_others():
     start = time.monotonic()
     job = run_job("fail_rank.py", "hang", options=("--timeout", "2"))
