@@ -67,6 +67,8 @@ def main() -> None:
     cos, sin = arr((8192, 32)), arr((8192, 32))
     keys, values = arr((1, 4, 8192, 64)), arr((1, 4, 8192, 64))
     for label, positions, tuning in (("", (128, 640, 1152, 4000, 8000), {}),
+                                     ("flash ", (128, 1152, 8000), {"decode_attention": "flash"}),
+                                     ("tc ", (128, 1152, 8000), {"decode_attention": "tc"}),
                                      ("64 splits ", (1152, 8000), {"decode_splits": 64}),
                                      ("split ", (128, 1152, 8000), {"decode_attention": "split"})):
         with be.tuned(**tuning):

@@ -401,7 +401,8 @@ def test_fused_decode_is_one_launch(dtype):
     assert "fused_decode" in be.capabilities
     sfx = "bf16" if dtype == "bfloat16" else "f32"
     st = DecodeState(DEV, dtype, 8, 2, 64, 300, RNG)
-    for kind, kernel in (("flash", f"attention_decode_flash64_{sfx}"),
+    tc = f"attention_decode_{'tc' if dtype == 'bfloat16' else 'flash'}64_{sfx}"
+    for kind, kernel in (("tc", tc), ("flash", f"attention_decode_flash64_{sfx}"),
                          ("split", f"attention_decode_fused_{sfx}")):
         with be.tuned(decode_attention=kind):
             for p in (200, 201):
@@ -429,6 +430,32 @@ def test_flash_decode_ranges(splits):
             qkv = st.qkv()
             got = st.run(qkv, p).numpy()
             assert relerr(got, st.expected(qkv, p)) < 1e-4, (splits, p)
+
+
+@gpu
+@pytest.mark.parametrize("dtype,d,q_heads,kv_heads", [("bfloat16", 64, 32, 4),
+                                                      ("float16", 128, 6, 2),
+                                                      ("bfloat16", 128, 16, 1)])
+@pytest.mark.parametrize("splits", [1, 7, 64])
+def test_tensor_core_decode_ranges(dtype, d, q_heads, kv_heads, splits):
+    """attention_decode on tensor cores (decode_tc.cu: a KV head's query heads as the rows of
+    an mma tile, 8, 3 and 16 of them) with 1, 7 and 64 ranges per KV head, at the first
+    position, tile edges and far into a cache, against the float64 step; one kernel."""
+    from tests.backend_ndarray.test_decode_ops import DecodeState
+
+    be = DEV.backend
+    if not be.tuning.mma:
+        pytest.skip("tensor-core decode needs sm_80")
+    st = DecodeState(DEV, dtype, q_heads, kv_heads, d, 9000, RNG)
+    with be.tuned(decode_attention="tc", decode_splits=splits):
+        for p in (0, 63, 64, 4095, 8999):
+            qkv = st.qkv()
+            with be.profile() as prof:
+                got = st.run(qkv, p).numpy()
+            assert {k for k in prof.totals if k.startswith("attention")} == \
+                {f"attention_decode_tc{d}_{'bf16' if dtype == 'bfloat16' else 'f16'}"}
+            tol = 2e-2 if dtype == "bfloat16" else 5e-3
+            assert relerr(got, st.expected(qkv, p)) < tol, (splits, p)
 
 
 @gpu
@@ -467,7 +494,8 @@ def _tma_product(a, b, dtype, poison=True, n_major=False):
     out = nd.NDArray.make((batch, m, p), device=DEV, dtype=dtype)
     if poison:
         out.fill(np.nan)
-    with DEV.backend.profile() as prof:
+    # (products of <= 128 rows would take the skinny kernel, skinny.cu)
+    with DEV.backend.tuned(skinny_tc=0), DEV.backend.profile() as prof:
         DEV.backend.matmul(A.handle, B.handle, out.handle, m, n, p, batch=batch,
                            stride_a=m * n, stride_b=p * n, transpose_b=not n_major)
         got = out.numpy()

@@ -313,20 +313,49 @@ class CudaBackend(GpuBackend):
                       scale: float) -> bool:
         """attention_decode as flash-decoding (kernels/decode.cu): a warp per query head, the
         cache up to the position cut into at most 32 (or 64) ranges per KV head, tiles of 64
-        positions with an online softmax, the last group per KV head merging."""
+        positions staged in shared memory (3 in flight, 2 in float32) with an online softmax,
+        the last group per KV head merging."""
         group = q_heads // kv_heads
-        if not (self.tuning.decode_attention == "flash" and dt in _FUSED_DTYPES
+        if not (self.tuning.decode_attention in ("flash", "tc") and dt in _FUSED_DTYPES
                 and head_dim in (64, 128) and group <= 16
                 and all(aligned16(a.buffer) for a in (keys, values))):
             return False
         kern = self._kernel("decode", f"attention_decode_flash{head_dim}_{SUFFIX[dt]}")
         kern.check_threads(32 * group)
         splits = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
-        shared = group * head_dim * 4  # each warp's roped query
+        item, stages = ITEMSIZE[dt], 2 if dt == "float32" else 3
+        # the staged key and value tiles, each warp's roped query and scores, the new row
+        shared = (stages * 2 * 64 * head_dim * item + group * (head_dim + 64) * 4
+                  + 2 * head_dim * item)
         kern.reserve_shared(shared)
         part_o, part_ml, params = self._decode_launch_state(
             dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, 64, scale)
         self.queue.dispatch(kern, (kv_heads, splits, 1), (32 * group, 1, 1),
+                            (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
+                             keys.buffer, values.buffer, part_o, part_ml, out.buffer,
+                             self._counters(kv_heads)), params, shared)
+        return True
+
+    def _tc_decode(self, dt, qkv, cos, sin, position, keys, values, out, q_heads: int,
+                   kv_heads: int, head_dim: int, capacity: int, table_rows: int,
+                   scale: float) -> bool:
+        """attention_decode on tensor cores (kernels/decode_tc.cu): a KV head's query heads
+        are the 16 rows of an mma tile, 4 warps share each 64-position tile (16 keys each),
+        ranges per KV head as in flash decoding, the last group merging."""
+        group = q_heads // kv_heads
+        if not (self.tuning.decode_attention == "tc" and self.tuning.mma and dt in _HALF
+                and head_dim in (64, 128) and group <= 16
+                and all(aligned16(a.buffer) for a in (keys, values))):
+            return False
+        kern = self._kernel("decode_tc", f"attention_decode_tc{head_dim}_{SUFFIX[dt]}")
+        splits = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
+        # Q tile (16 rows), 4 (D 64) or 2 stages of key and value tiles (64 KiB), the new
+        # row (decode_tc.cu Smem)
+        shared = 16 * head_dim * 2 + 64 * 1024 + 2 * head_dim * 2
+        kern.reserve_shared(shared)
+        part_o, part_ml, params = self._decode_launch_state(
+            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, 64, scale)
+        self.queue.dispatch(kern, (kv_heads, splits, 1), (128, 1, 1),
                             (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
                              keys.buffer, values.buffer, part_o, part_ml, out.buffer,
                              self._counters(kv_heads)), params, shared)
@@ -340,8 +369,9 @@ class CudaBackend(GpuBackend):
         KV head to finish merges (counted with one atomic counter per KV head)."""
         dt = self._need(qkv.dtype, ("float16", "bfloat16", "float32", "float64"),
                         "attention_decode")
-        if self._flash_decode(dt, qkv, cos, sin, position, keys, values, out, q_heads,
-                              kv_heads, head_dim, capacity, table_rows, scale):
+        args = (dt, qkv, cos, sin, position, keys, values, out, q_heads, kv_heads, head_dim,
+                capacity, table_rows, scale)
+        if self._tc_decode(*args) or self._flash_decode(*args):
             return
         group, chunk, splits, shared = self._decode_plan(dt, q_heads, kv_heads, head_dim,
                                                          capacity)

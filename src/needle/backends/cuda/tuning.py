@@ -9,6 +9,9 @@ Environment overrides (docs/cuda.md lists them):
 - ``NEEDLE_PDL=0``: no programmatic dependent launch inside graph captures.
 - ``NEEDLE_PAGED_ATTENTION=simple``: paged attention by the group-per-query-head kernel
   instead of flash decoding (paged.cu).
+- ``NEEDLE_DECODE_ATTENTION=flash|split``: one token's attention by the scalar
+  flash-decoding kernel (decode.cu) or nn.cu's split kernel instead of the tensor-core one
+  (decode_tc.cu); ``NEEDLE_DECODE_SPLITS=N``: most ranges per KV head (default 32).
 - ``NEEDLE_SKINNY_TC=N``: products X @ W^T of 2..N rows (default 128; 0: none) take the
   skinny tensor-core kernel (skinny.cu) instead of the tiled GEMMs.
 - ``NEEDLE_CUDA_OPTIONS``: extra NVRTC options; its ``-DTC_STAGES=``, ``-DWG_STAGES=`` and
@@ -57,7 +60,8 @@ class CudaTuning(GpuTuning):
     # (off by default: on the H100 the fused kernels are still slower than gemv + add_rmsnorm,
     # docs/cuda_notes.md v9)
     l2_prefetch: bool = False  # fused gemvs prefetch their groups' weight rows into L2: sm_90+
-    decode_attention: str = "flash"  # "flash" (kernels/decode.cu) or "split" (nn.cu's fused)
+    decode_attention: str = "tc"  # "tc" (kernels/decode_tc.cu: fp16/bf16 on tensor cores,
+    # sm_80+; other dtypes take flash), "flash" (kernels/decode.cu) or "split" (nn.cu's)
     paged_flash: bool = True  # paged_attention by flash decoding (paged.cu), not the
     # group-per-query-head kernel
     decode_splits: int = 32  # flash decoding: most ranges per KV head (at most 64)
@@ -82,5 +86,5 @@ class CudaTuning(GpuTuning):
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "0") == "1",
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
                    paged_flash=env.get("NEEDLE_PAGED_ATTENTION", "flash") == "flash",
-                   decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "flash"),
+                   decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "tc"),
                    decode_splits=max(1, min(64, int(env.get("NEEDLE_DECODE_SPLITS", "32")))))

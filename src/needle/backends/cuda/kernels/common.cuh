@@ -213,21 +213,6 @@ __device__ __forceinline__ Vec<T, V> ld_stream(const Vec<T, V>* p) {
   return *reinterpret_cast<Vec<T, V>*>(&r);
 }
 
-// ---- attention: q (float32, shared memory) . one row of D keys, 16-byte loads -------------
-template <class T, int D>
-__device__ __forceinline__ float dot_row(const float* q, const T* row) {
-  constexpr int V = 16 / sizeof(T);
-  typedef Vec<T, V> Vt;
-  float acc = 0.f;
-#pragma unroll
-  for (int c = 0; c < D / V; c++) {
-    const Vt k = reinterpret_cast<const Vt*>(row)[c];
-#pragma unroll
-    for (int e = 0; e < V; e++) acc += q[c * V + e] * load(k.v[e]);
-  }
-  return acc;
-}
-
 // ---- warp reductions ----------------------------------------------------------------------
 template <class C> __device__ __forceinline__ C warp_sum(C v) {
 #pragma unroll
@@ -254,6 +239,41 @@ __device__ __forceinline__ void online_softmax_tile(const float (&sc)[2], float&
   m = mn;
 #pragma unroll
   for (int e = 0; e < PER; e++) acc[e] *= alpha;
+}
+
+// ---- flash decoding's work on one tile of 64 positions staged in shared memory (decode.cu,
+// paged.cu): this warp's scores of the key rows ks (D / V lanes per row, 16-byte reads; rows
+// at and past `rows` score -inf) through its 64 floats sc_s, the online softmax, then p·V
+// over the value rows vs (lane l owns dims l, l + 32, ...; the rows past `rows` must be
+// zeros: probability 0 times garbage could be NaN). qs: the warp's query, float32.
+constexpr int FLASH_TILE = 64;
+template <class T, int D>
+__device__ __forceinline__ void flash_tile(const T* ks, const T* vs, const float* qs,
+                                           float* sc_s, int rows, float scale, float& m,
+                                           float& l, float (&acc)[D / 32]) {
+  constexpr int PER = D / 32, V = 16 / sizeof(T), LPR = D / V, RPI = 32 / LPR;
+  const int lane = threadIdx.x % 32, kr = lane / LPR, kc = lane % LPR;
+#pragma unroll 8
+  for (int i = 0; i < FLASH_TILE / RPI; i++) {
+    const int jj = i * RPI + kr;
+    const Vec<T, V> kv = *reinterpret_cast<const Vec<T, V>*>(ks + jj * D + kc * V);
+    float part = 0.f;
+#pragma unroll
+    for (int e = 0; e < V; e++) part += qs[kc * V + e] * load(kv.v[e]);
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+    if (kc == 0) sc_s[jj] = jj < rows ? part * scale : neg_inf<float>();
+  }
+  __syncwarp();
+  const float sc[2] = {sc_s[lane], sc_s[lane + 32]};
+  float pr[2];
+  online_softmax_tile<PER>(sc, m, l, acc, pr);
+#pragma unroll 4
+  for (int r = 0; r < FLASH_TILE; r++) {
+    const float pj = __shfl_sync(0xffffffffu, r < 32 ? pr[0] : pr[1], r % 32);
+#pragma unroll
+    for (int e = 0; e < PER; e++) acc[e] += pj * load(vs[r * D + lane + 32 * e]);
+  }
 }
 
 // ---- flash decoding's last step (decode.cu, paged.cu): a group of warps, one per query head,
@@ -295,10 +315,23 @@ __device__ __forceinline__ void flash_merge(const float (&acc)[D / 32], float m,
   float r_o[PER];
 #pragma unroll
   for (int e = 0; e < PER; e++) r_o[e] = 0.f;
-  for (int r = 0; r < S; r++) {
-    const float wr = __shfl_sync(0xffffffffu, r < 32 ? wi[0] : wi[1], r % 32);
+  // partials in batches of 8, every load of a batch issued before any is used: one L2 round
+  // trip per batch, not per partial (past S the loads give 0 and the weights are 0)
+  constexpr int B = 8;
+  for (int r0 = 0; r0 < S; r0 += B) {
+    float v[B][PER];
 #pragma unroll
-    for (int e = 0; e < PER; e++) r_o[e] += wr * __ldcg(part_o + (base + r) * D + lane + 32 * e);
+    for (int u = 0; u < B; u++)
+#pragma unroll
+      for (int e = 0; e < PER; e++)
+        v[u][e] = r0 + u < S ? __ldcg(part_o + (base + r0 + u) * D + lane + 32 * e) : 0.f;
+#pragma unroll
+    for (int u = 0; u < B; u++) {
+      const int r = r0 + u;  // < 64
+      const float wr = __shfl_sync(0xffffffffu, r < 32 ? wi[0] : wi[1], r % 32);
+#pragma unroll
+      for (int e = 0; e < PER; e++) r_o[e] += wr * v[u][e];
+    }
   }
 #pragma unroll
   for (int e = 0; e < PER; e++) o[lane + 32 * e] = store<T>(r_o[e] / total);

@@ -11,6 +11,7 @@
 // Option (params.flags): FG_PREFETCH asks for the group's weight rows in L2 before waiting for
 // the previous kernel (griddepcontrol.wait), since weights do not depend on it.
 #include "common.cuh"
+#include "tensor_core.cuh"
 
 struct FusedGemvParams {  // gpu/array.py FUSED_GEMV
   i64 k, p, rows_per_warp;
@@ -216,17 +217,58 @@ ONLY(f32, FUSED_GEMV(f32, float))
 // Group (KV head h, split s) of G warps, warp g = query head h * G + g. The cache up to the
 // position p (read on the device) is cut into S = min(splits, ceil((p + 1) / 64)) equal
 // ranges, one per active group, so that at any position about one or two groups per SM
-// have work and the merge reads at most `splits` (<= 64) partials. A group walks its range in tiles
-// of 64 positions with an online softmax, every warp on its own query head: lanes take
-// positions for the scores (lane l: positions l and l + 32 of the tile, each key row read
-// with 16-byte loads) and dimensions for p·V (lane l: dims l, l + 32, ...), so the softmax
-// needs only warp shuffles and the group meets at a barrier once (the new key and value).
-// The group whose range holds p ropes the new key and writes key and value to the cache
-// before its barrier, then reads them back like the other rows. With one split the group writes the output;
-// otherwise the group that finishes last for its KV head merges (a counter per KV head).
+// have work and the merge reads at most `splits` (<= 64) partials. A group walks its range in
+// tiles of 64 positions: the whole group copies each tile's key and value rows (contiguous in
+// the cache) into shared memory with 16-byte asynchronous copies, NS tiles in flight, and
+// every warp scores and weighs them from there for its own query head (flash_tile: an online
+// softmax in shuffles). So each row is read from memory once per group, in whole lines, and
+// the copies of the next tiles overlap the work on this one. The first copies start before
+// the RoPE; the group whose range holds p ropes the new key, writes key and value to the
+// cache, and patches them into the staged tile (its copy may predate the write). With one
+// split the group writes the output; otherwise the group that finishes last for its KV head
+// merges (a counter per KV head).
 
 namespace fd {
-constexpr int TILE = 64, VB = 16;  // positions per tile, V rows loaded per batch
+constexpr int TILE = FLASH_TILE;
+template <class T> struct Stages {  // tiles in flight: 16 or 32 KiB each (64 KiB in float32)
+  static constexpr int N = sizeof(T) == 4 ? 2 : 3;
+};
+
+// 16 bytes global -> shared, asynchronously on sm_80+ (zeros where !live; src is not read)
+__device__ __forceinline__ void copy16(void* dst, const void* src, bool live) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  tc::cp_async16(tc::smem_u32(dst), src, live ? 16 : 0);
+#else
+  *reinterpret_cast<uint4*>(dst) =
+      live ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+__device__ __forceinline__ void copies_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  tc::cp_commit();
+#endif
+}
+template <int N> __device__ __forceinline__ void copies_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  tc::cp_wait<N>();
+#endif
+}
+
+// rows [t0, t0 + rows) of one KV head's keys kc and values vc into ks, vs (TILE rows each;
+// the rows past `rows` zero), by the whole group
+template <class T, int D>
+__device__ __forceinline__ void stage_tile(const T* kc, const T* vc, i64 t0, int rows, T* ks,
+                                           T* vs) {
+  constexpr int ROW = D * (int)sizeof(T) / 16, CH = TILE * ROW;  // 16-byte chunks
+  const char* k0 = reinterpret_cast<const char*>(kc + t0 * D);
+  const char* v0 = reinterpret_cast<const char*>(vc + t0 * D);
+  for (int i = threadIdx.x; i < 2 * CH; i += blockDim.x) {
+    const bool value = i >= CH;
+    const int c = value ? i - CH : i;
+    copy16(reinterpret_cast<char*>(value ? vs : ks) + c * 16, (value ? v0 : k0) + (i64)c * 16,
+           c / ROW < rows);
+  }
+}
 
 template <class T, int D>
 __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __restrict__ cs,
@@ -234,7 +276,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
                                       T* keys, T* values, float* __restrict__ part_o,
                                       float* __restrict__ part_ml, T* __restrict__ out,
                                       unsigned* counters, const DecodeParams& p, float* smem) {
-  constexpr int HALF = D / 2, PER = D / 32;  // dims per lane in p.V
+  constexpr int HALF = D / 2, PER = D / 32, NS = Stages<T>::N;
   const int G = blockDim.x / 32, g = threadIdx.x / 32, lane = threadIdx.x % 32;
   const i64 h = blockIdx.x, s = blockIdx.y, hq = h * G + g;
   const i64 pos = position[0];
@@ -247,64 +289,78 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
   const i64 S = p.splits < (n + TILE - 1) / TILE ? p.splits : (n + TILE - 1) / TILE;
   if (s >= S) return;
   const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
-  float* q = smem + g * D;         // this warp's roped query
+  const i64 tiles = (end - start + TILE - 1) / TILE;
+  // shared memory: NS stages of (key tile, value tile), per warp its query and the tile's
+  // scores (float32), then the new key and value row
+  T* stages = reinterpret_cast<T*>(smem);
+  float* qs = reinterpret_cast<float*>(stages + NS * 2 * TILE * D) + g * (D + TILE);
+  float* sc_s = qs + D;
+  T* new_kv = reinterpret_cast<T*>(reinterpret_cast<float*>(stages + NS * 2 * TILE * D) +
+                                   G * (D + TILE));
+  const T* kc = keys + h * p.capacity * D;
+  const T* vc = values + h * p.capacity * D;
+  auto rows_of = [&](i64 t) { return (int)(end - start - t * TILE < TILE ? end - start - t * TILE
+                                                                         : TILE); };
+  // 1. the first tiles' copies in flight while the queries are roped
+#pragma unroll
+  for (int t = 0; t < NS - 1; t++) {
+    if (t < tiles) {
+      T* st = stages + t * 2 * TILE * D;
+      stage_tile<T, D>(kc, vc, start + t * TILE, rows_of(t), st, st + TILE * D);
+    }
+    copies_commit();
+  }
+  // 2. rope: the query of this warp's head; in the group holding p, warp 0 also the key,
+  // written (with the value) to the cache and kept for the staged tile
+  const bool holds = pos < end;
   const T* c_row = cs + pos * HALF;
   const T* s_row = sn + pos * HALF;
-  // 1. rope: the query of this warp's head; warp 0 also the key (and the value) at p
-  const bool holds = pos < end;
   for (int i = lane; i < HALF; i += 32) {
     const float c = load(c_row[i]), sv = load(s_row[i]);
     const T* x = qkv + hq * D;
     const float x1 = load(x[i]), x2 = load(x[i + HALF]);
-    q[i] = load(store<T>(x1 * c - x2 * sv));  // rounded as rope's output is
-    q[i + HALF] = load(store<T>(x2 * c + x1 * sv));
+    qs[i] = load(store<T>(x1 * c - x2 * sv));  // rounded as rope's output is
+    qs[i + HALF] = load(store<T>(x2 * c + x1 * sv));
     if (holds && g == 0) {
       const T* kx = qkv + (p.q_heads + h) * D;
       const float k1 = load(kx[i]), k2 = load(kx[i + HALF]);
       const T r1 = store<T>(k1 * c - k2 * sv), r2 = store<T>(k2 * c + k1 * sv);
-      keys[(h * p.capacity + pos) * D + i] = r1;
-      keys[(h * p.capacity + pos) * D + i + HALF] = r2;
+      keys[(h * p.capacity + pos) * D + i] = new_kv[i] = r1;
+      keys[(h * p.capacity + pos) * D + i + HALF] = new_kv[i + HALF] = r2;
     }
   }
   if (holds && g == 0)
     for (int d = lane; d < D; d += 32)
-      values[(h * p.capacity + pos) * D + d] = qkv[(p.q_heads + p.kv_heads + h) * D + d];
-  __syncthreads();  // the new row in the cache, q of every warp, seen by the whole group
+      values[(h * p.capacity + pos) * D + d] = new_kv[D + d] =
+          qkv[(p.q_heads + p.kv_heads + h) * D + d];
   const float scale = p.scale + p.scale_lo;
-  const T* kc = keys + h * p.capacity * D;
-  const T* vc = values + h * p.capacity * D;
   float m = neg_inf<float>(), l = 0.f, acc[PER];
 #pragma unroll
   for (int e = 0; e < PER; e++) acc[e] = 0.f;
-  for (i64 t0 = start; t0 < end; t0 += TILE) {
-    // 2. scores of this tile: lane l has positions t0 + l and t0 + 32 + l (the new row at p
-    // is read back from the cache: warp 0 wrote it before the barrier)
-    float sc[2];
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-      const i64 j = t0 + half * 32 + lane;
-      sc[half] = j < end ? dot_row<T, D>(q, kc + j * D) * scale : neg_inf<float>();
+  for (i64 t = 0; t < tiles; t++) {
+    // 3. the copies of tile t + NS - 1 into the stage that tile t - 1 used (every warp left
+    // it at the barrier below), then wait for tile t's
+    if (t + NS - 1 < tiles) {
+      T* st = stages + ((t + NS - 1) % NS) * 2 * TILE * D;
+      stage_tile<T, D>(kc, vc, start + (t + NS - 1) * TILE, rows_of(t + NS - 1), st,
+                       st + TILE * D);
     }
-    float pr[2];
-    online_softmax_tile<PER>(sc, m, l, acc, pr);
-    // 3. p.V: lane l owns dims l, l + 32, ...; rows in batches of 16 loads, the
-    // probabilities by shuffle
-    const int rows = end - t0 < TILE ? (int)(end - t0) : TILE;
-    for (int r0 = 0; r0 < rows; r0 += VB) {
-      float vv[VB][PER];
-#pragma unroll
-      for (int u = 0; u < VB; u++)
-#pragma unroll
-        for (int e = 0; e < PER; e++)
-          vv[u][e] = r0 + u < rows ? load(vc[(t0 + r0 + u) * D + lane + 32 * e]) : 0.f;
-#pragma unroll
-      for (int u = 0; u < VB; u++) {
-        const int r = r0 + u;
-        const float pj = __shfl_sync(0xffffffffu, r < 32 ? pr[0] : pr[1], r % 32);
-#pragma unroll
-        for (int e = 0; e < PER; e++) acc[e] += pj * vv[u][e];
+    copies_commit();
+    copies_wait<NS - 1>();
+    __syncthreads();  // tile t, the queries and the new row seen by the whole group
+    const i64 t0 = start + t * TILE;
+    const int rows = rows_of(t);
+    T* ks = stages + (t % NS) * 2 * TILE * D;
+    T* vs = ks + TILE * D;
+    if (holds && pos < t0 + rows) {  // the same branch for the whole group
+      for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        ks[(pos - t0) * D + d] = new_kv[d];
+        vs[(pos - t0) * D + d] = new_kv[D + d];
       }
+      __syncthreads();
     }
+    flash_tile<T, D>(ks, vs, qs, sc_s, rows, scale, m, l, acc);
+    __syncthreads();  // the stage is free for tile t + NS
   }
   if (S == 1) {
 #pragma unroll

@@ -759,14 +759,8 @@ __device__ __forceinline__ void combine(const float* __restrict__ part_o, const 
 namespace fa {
 constexpr int BR = 64, BC = 64, THREADS = 128;
 
-template <int D> __device__ __forceinline__ u32 swz(int r, int ch) {
-  return (u32)(r * D + ((ch ^ (r & 7)) << 3)) * 2u;
-}
-__device__ __forceinline__ float ex2(float x) {  // 2^x; 2^-inf = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+using tc::ex2;
+using tc::swz;
 
 template <class T, int D>
 __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict__ k,

@@ -127,7 +127,7 @@ __device__ void attend(const T* __restrict__ q, const T* __restrict__ kp,
 // (one counter per (t, h), left at zero). Every group checks the whole block-table row, so
 // a bad page id gives the whole query NaN, as numpy_ref does.
 namespace pf {
-constexpr int TILE = 64;
+constexpr int TILE = FLASH_TILE;
 
 template <class T, int D>
 __device__ __forceinline__ void flash(const T* __restrict__ q, const T* __restrict__ kp,
@@ -167,9 +167,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ q, const T* __restri
   const float scale = p.scale;
   const T* kh = kp + h * D;
   const T* vh = vp + h * D;
-  // scores: LPR lanes read one key row together (16 bytes each), RPI rows per read
-  constexpr int V = 16 / sizeof(T), LPR = D / V, RPI = 32 / LPR;
-  const int kr = lane / LPR, kc = lane % LPR;
+  constexpr int V = 16 / sizeof(T), LPR = D / V;  // 16-byte chunks per row
   float m = neg_inf<float>(), l = 0.f, acc[PER];
 #pragma unroll
   for (int e = 0; e < PER; e++) acc[e] = 0.f;
@@ -186,27 +184,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ q, const T* __restri
       *reinterpret_cast<uint4*>((value ? vs : ks) + r * D + c * V) = chunk;
     }
     __syncthreads();
-#pragma unroll 8
-    for (int i = 0; i < TILE / RPI; i++) {
-      const int jj = i * RPI + kr;
-      const Vec<T, V> kv = *reinterpret_cast<const Vec<T, V>*>(ks + jj * D + kc * V);
-      float part = 0.f;
-#pragma unroll
-      for (int e = 0; e < V; e++) part += qs[kc * V + e] * load(kv.v[e]);
-#pragma unroll
-      for (int o = LPR / 2; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-      if (kc == 0) sc_s[jj] = jj < rows ? part * scale : neg_inf<float>();
-    }
-    __syncwarp();
-    const float sc[2] = {sc_s[lane], sc_s[lane + 32]};
-    float pr[2];
-    online_softmax_tile<PER>(sc, m, l, acc, pr);
-#pragma unroll 4
-    for (int r = 0; r < TILE; r++) {  // rows past the end are zeros with probability 0
-      const float pj = __shfl_sync(0xffffffffu, r < 32 ? pr[0] : pr[1], r % 32);
-#pragma unroll
-      for (int e = 0; e < PER; e++) acc[e] += pj * load(vs[r * D + lane + 32 * e]);
-    }
+    flash_tile<T, D>(ks, vs, qs, sc_s, rows, scale, m, l, acc);
   }
   if (S == 1) {
 #pragma unroll

@@ -34,6 +34,17 @@ __device__ __forceinline__ void ldsm_x4_t(u32 addr, u32 (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+// byte offset of 16-byte chunk ch of row r in a [rows][D] tile of 2-byte elements stored with
+// chunk c of row r at c ^ (r & 7): eight consecutive rows' chunk ch fall in different banks, so
+// ldmatrix reads them without conflicts
+template <int D> __device__ __forceinline__ u32 swz(int r, int ch) {
+  return (u32)(r * D + ((ch ^ (r & 7)) << 3)) * 2u;
+}
+__device__ __forceinline__ float ex2(float x) {  // 2^x; 2^-inf = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 template <class T> struct Mma;
 template <> struct Mma<bf16_t> {
   __device__ static void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {

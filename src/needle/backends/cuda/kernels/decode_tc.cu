@@ -1,0 +1,327 @@
+// attention_decode_tc{64,128}_{f16,bf16}: one token against the KV cache on tensor cores
+// (numpy_ref.attention_decode; sm_80+). The G <= 16 query heads of a KV head are the 16 rows
+// of one mma.sync m16n8k16 A operand (rows past G are zeros), so a 64-position tile costs a
+// warp 2 * D / 16 * 2 mma for its 16 keys instead of ~1000 scalar instructions per head:
+// flash_tile's scalar loops made long caches instruction-bound (docs/cuda_notes.md v11).
+//
+// Group (KV head h, split s) of 4 warps; the cache up to the position p is cut into
+// S = min(splits, ceil((p + 1) / 64)) ranges as in attention_decode_flash. The group stages
+// each 64-position tile of keys and values in shared memory (cp.async, NS tiles in flight,
+// swizzled for ldmatrix); warp w scores keys 16w..16w+15 of every tile (S = Q Kᵀ), keeps an
+// online softmax (base 2) for the 16 rows and adds P V (P from the score registers, as
+// FlashAttention-2 does). Then the 4 warps' states are merged through shared memory into the
+// group's (m, l, o) per head; with one split the group writes the output, otherwise it leaves
+// float32 partials and the group that finishes last for its KV head merges them.
+// The group whose range holds p ropes the new key, writes key and value to the cache and
+// patches them into the staged tile (its copy may predate the write).
+#include "common.cuh"
+#include "tensor_core.cuh"
+
+namespace dtc {
+constexpr int TILE = 64, WARPS = 4, ROWS = 16;
+
+template <class T, int D>
+struct Smem {  // byte offsets into the dynamic shared memory; NS tiles in flight (64 KiB)
+  static constexpr int NS = D == 64 ? 4 : 2;
+  static constexpr u32 Q = 0, KV = ROWS * D * 2, STAGE = 2 * TILE * D * 2;
+  static constexpr u32 NEW = KV + NS * STAGE, BYTES = NEW + 2 * D * 2;
+  // after the loop, over the stages: per warp per row (m, l) then o[D], then the merge
+  // weights of the partials (16 rows x 64)
+  static constexpr u32 ML = KV, O = ML + WARPS * ROWS * 2 * 4, W = O + WARPS * ROWS * D * 4;
+  static_assert(W + ROWS * 64 * 4 <= NEW, "the merge fits over the stages");
+};
+
+// rows [t0, t0 + rows) of keys kc and values vc (contiguous rows of D) into the swizzled
+// stage at byte offset st (keys, then values), zeros past `rows`
+template <class T, int D>
+__device__ __forceinline__ void stage_tile(const T* kc, const T* vc, i64 t0, int rows, u32 st) {
+  constexpr int CH = D / 8;
+  for (int i = threadIdx.x; i < TILE * CH; i += blockDim.x) {
+    const int r = i / CH, ch = i % CH;
+    const bool live = r < rows;
+    const i64 off = live ? (t0 + r) * D + ch * 8 : 0;
+    tc::cp_async16(st + tc::swz<D>(r, ch), kc + off, live ? 16 : 0);
+    tc::cp_async16(st + TILE * D * 2 + tc::swz<D>(r, ch), vc + off, live ? 16 : 0);
+  }
+}
+
+template <class T, int D>
+__device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restrict__ cs,
+                                    const T* __restrict__ sn, const int* __restrict__ position,
+                                    T* keys, T* values, float* __restrict__ part_o,
+                                    float* __restrict__ part_ml, T* __restrict__ out,
+                                    unsigned* counters, const DecodeParams& p,
+                                    unsigned char* smem) {
+  typedef Smem<T, D> L;
+  constexpr int HALF = D / 2, KD = D / 16, NO = D / 8, NS = L::NS;
+  const int G = (int)(p.q_heads / p.kv_heads);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const i64 h = blockIdx.x, s = blockIdx.y;
+  const i64 pos = position[0];
+  if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) {  // nothing written: NaN out
+    if (s == 0)
+      for (int i = tid; i < G * D; i += blockDim.x) out[h * G * D + i] = store<T>(0.f / 0.f);
+    return;
+  }
+  const i64 n = pos + 1;
+  const i64 S = p.splits < (n + TILE - 1) / TILE ? p.splits : (n + TILE - 1) / TILE;
+  if (s >= S) return;
+  const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
+  const int tiles = (int)((end - start + TILE - 1) / TILE);
+  const u32 base = tc::smem_u32(smem);
+  const T* kc = keys + h * p.capacity * D;
+  const T* vc = values + h * p.capacity * D;
+  auto rows_of = [&](int t) {
+    const i64 left = end - start - (i64)t * TILE;
+    return (int)(left < TILE ? left : TILE);
+  };
+  // 1. the first tiles' copies in flight while the queries are roped
+#pragma unroll
+  for (int t = 0; t < NS - 1; t++) {
+    if (t < tiles) stage_tile<T, D>(kc, vc, start + (i64)t * TILE, rows_of(t), base + L::KV + t * L::STAGE);
+    tc::cp_commit();
+  }
+  // 2. rope: the group's query heads into the Q tile (rows past G zero); in the group holding
+  // p, the key too, written with the value to the cache and kept for the staged tile
+  const bool holds = pos < end;
+  T* qs = reinterpret_cast<T*>(smem + L::Q);
+  T* new_kv = reinterpret_cast<T*>(smem + L::NEW);
+  const T* c_row = cs + pos * HALF;
+  const T* s_row = sn + pos * HALF;
+  for (int i = tid; i < ROWS * HALF; i += blockDim.x) {
+    const int r = i / HALF, d = i % HALF;
+    T r1 = store<T>(0.f), r2 = r1;
+    if (r < G) {
+      const T* x = qkv + (h * G + r) * D;
+      const float c = load(c_row[d]), sv = load(s_row[d]);
+      const float x1 = load(x[d]), x2 = load(x[d + HALF]);
+      r1 = store<T>(x1 * c - x2 * sv);
+      r2 = store<T>(x2 * c + x1 * sv);
+    }
+    qs[tc::swz<D>(r, d / 8) / 2 + d % 8] = r1;
+    qs[tc::swz<D>(r, (d + HALF) / 8) / 2 + d % 8] = r2;
+  }
+  if (holds) {
+    for (int d = tid; d < HALF; d += blockDim.x) {
+      const T* kx = qkv + (p.q_heads + h) * D;
+      const float c = load(c_row[d]), sv = load(s_row[d]);
+      const float k1 = load(kx[d]), k2 = load(kx[d + HALF]);
+      const T r1 = store<T>(k1 * c - k2 * sv), r2 = store<T>(k2 * c + k1 * sv);
+      keys[(h * p.capacity + pos) * D + d] = new_kv[d] = r1;
+      keys[(h * p.capacity + pos) * D + d + HALF] = new_kv[d + HALF] = r2;
+    }
+    for (int d = tid; d < D; d += blockDim.x)
+      values[(h * p.capacity + pos) * D + d] = new_kv[D + d] =
+          qkv[(p.q_heads + p.kv_heads + h) * D + d];
+  }
+  __syncthreads();  // the Q tile and the new row seen by the whole group
+  u32 qf[KD][4];
+#pragma unroll
+  for (int kd = 0; kd < KD; kd++)
+    tc::ldsm_x4(base + L::Q + tc::swz<D>(lane & 15, kd * 2 + (lane >> 4)), qf[kd]);
+
+  const float sl2 = (p.scale + p.scale_lo) * 1.4426950408889634f;  // base-2 exponent units
+  float o[NO][4], m[2], l[2];
+#pragma unroll
+  for (int j = 0; j < NO; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[j][e] = 0.f;
+  m[0] = m[1] = neg_inf<float>();
+  l[0] = l[1] = 0.f;
+  const int k_lo = warp * 16;  // this warp's keys of every tile
+  for (int t = 0; t < tiles; t++) {
+    // 3. copies of tile t + NS - 1 into the stage tile t - 1 used, then wait for tile t's
+    if (t + NS - 1 < tiles)
+      stage_tile<T, D>(kc, vc, start + (i64)(t + NS - 1) * TILE, rows_of(t + NS - 1),
+                       base + L::KV + ((t + NS - 1) % NS) * L::STAGE);
+    tc::cp_commit();
+    tc::cp_wait<NS - 1>();
+    __syncthreads();
+    const i64 t0 = start + (i64)t * TILE;
+    const int rows = rows_of(t);
+    const u32 ks = base + L::KV + (t % NS) * L::STAGE, vs = ks + TILE * D * 2;
+    if (holds && pos < t0 + rows) {  // the same branch for the whole group
+      T* kt = reinterpret_cast<T*>(smem + L::KV + (t % NS) * L::STAGE);
+      const int r = (int)(pos - t0);
+      for (int d = tid; d < D; d += blockDim.x) {
+        kt[tc::swz<D>(r, d / 8) / 2 + d % 8] = new_kv[d];
+        kt[TILE * D + tc::swz<D>(r, d / 8) / 2 + d % 8] = new_kv[D + d];
+      }
+      __syncthreads();
+    }
+    if (k_lo < rows) {  // 4. scores of keys k_lo..k_lo+15 for the 16 rows
+      float sc[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[j][e] = 0.f;
+#pragma unroll
+      for (int kd = 0; kd < KD; kd++) {
+        u32 b[4];  // keys k_lo + 0..7 (lanes 0-15) and + 8..15 (lanes 16-31)
+        tc::ldsm_x4(ks + tc::swz<D>(k_lo + ((lane >> 4) << 3) + (lane & 7),
+                                    kd * 2 + ((lane >> 3) & 1)), b);
+        tc::Mma<T>::run(sc[0], qf[kd], b[0], b[1]);
+        tc::Mma<T>::run(sc[1], qf[kd], b[2], b[3]);
+      }
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          sc[j][e] = k_lo + j * 8 + t4 * 2 + (e & 1) < rows ? sc[j][e] * sl2 : neg_inf<float>();
+      // 5. online softmax of rows g (e 0, 1) and g + 8 (e 2, 3), kept by the row's 4 lanes
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        float mx = fmaxf(m[r], fmaxf(fmaxf(sc[0][2 * r], sc[0][2 * r + 1]),
+                                     fmaxf(sc[1][2 * r], sc[1][2 * r + 1])));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float alpha = tc::ex2(m[r] - mx);  // m = -inf: 0 (mx is finite: key k_lo is live)
+        m[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+          sc[j][2 * r] = tc::ex2(sc[j][2 * r] - mx);
+          sc[j][2 * r + 1] = tc::ex2(sc[j][2 * r + 1] - mx);
+          sum += sc[j][2 * r] + sc[j][2 * r + 1];
+        }
+        l[r] = l[r] * alpha + sum;  // this lane's columns; the 4 lanes are summed at the end
+#pragma unroll
+        for (int j = 0; j < NO; j++) {
+          o[j][2 * r] *= alpha;
+          o[j][2 * r + 1] *= alpha;
+        }
+      }
+      // 6. O += P V over these 16 keys (P: the score registers, rounded to T)
+      const u32 a[4] = {tc::pack2<T>(sc[0][0], sc[0][1]), tc::pack2<T>(sc[0][2], sc[0][3]),
+                        tc::pack2<T>(sc[1][0], sc[1][1]), tc::pack2<T>(sc[1][2], sc[1][3])};
+#pragma unroll
+      for (int np = 0; np < NO / 2; np++) {
+        u32 b[4];
+        tc::ldsm_x4_t(vs + tc::swz<D>(k_lo + (lane & 15), np * 2 + (lane >> 4)), b);
+        tc::Mma<T>::run(o[2 * np], a, b[0], b[1]);
+        tc::Mma<T>::run(o[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // the stage is free for tile t + NS
+  }
+  tc::cp_wait<0>();
+  __syncthreads();  // (no copy is left in flight into the stages the merge reuses)
+  // 7. the 4 warps' states into shared memory: per warp and row (m, l), then o
+  float* ml = reinterpret_cast<float*>(smem + L::ML);
+  float* os = reinterpret_cast<float*>(smem + L::O);
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float tot = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+    tot += __shfl_xor_sync(0xffffffffu, tot, 2);
+    const int row = g + 8 * r;
+    if (t4 == 0) {
+      ml[(warp * ROWS + row) * 2] = m[r];
+      ml[(warp * ROWS + row) * 2 + 1] = tot;
+    }
+#pragma unroll
+    for (int j = 0; j < NO; j++) {
+      os[(warp * ROWS + row) * D + j * 8 + t4 * 2] = o[j][2 * r];
+      os[(warp * ROWS + row) * D + j * 8 + t4 * 2 + 1] = o[j][2 * r + 1];
+    }
+  }
+  __syncthreads();
+  // 8. the group's (m, l, o) per head: thread per (head, dim); one split writes the output
+  for (int i = tid; i < G * D; i += blockDim.x) {
+    const int r = i / D, d = i % D;
+    float mm = neg_inf<float>();
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) mm = fmaxf(mm, ml[(w * ROWS + r) * 2]);
+    float lsum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) {
+      const float f = tc::ex2(ml[(w * ROWS + r) * 2] - mm);  // a warp with no keys: 0
+      lsum += f * ml[(w * ROWS + r) * 2 + 1];
+      acc += f * os[(w * ROWS + r) * D + d];
+    }
+    const i64 hq = h * G + r;
+    if (S == 1) {
+      out[hq * D + d] = store<T>(acc / lsum);
+    } else {
+      part_o[(hq * p.splits + s) * D + d] = acc;
+      if (d == 0) {
+        part_ml[(hq * p.splits + s) * 2] = mm;
+        part_ml[(hq * p.splits + s) * 2 + 1] = lsum;
+      }
+    }
+  }
+  if (S == 1) return;
+  // 9. the group that finishes last for this KV head merges the S partials of its heads
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (tid == 0) last = atomicAdd(counters + h, 1u) == (unsigned)(S - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float* wts = reinterpret_cast<float*>(smem + L::W);  // [16][64]: each partial's weight
+  for (int r = warp; r < G; r += WARPS) {
+    const i64 hq = h * G + r;
+    float mi[2], li[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      const int i = lane + 32 * k;
+      mi[k] = i < S ? __ldcg(part_ml + (hq * p.splits + i) * 2) : neg_inf<float>();
+      li[k] = i < S ? __ldcg(part_ml + (hq * p.splits + i) * 2 + 1) : 0.f;
+    }
+    const float mm = warp_max(fmaxf(mi[0], mi[1]));
+    const float w0 = lane < S ? tc::ex2(mi[0] - mm) : 0.f;
+    const float w1 = lane + 32 < S ? tc::ex2(mi[1] - mm) : 0.f;
+    const float total = warp_sum(li[0] * w0 + li[1] * w1);
+    wts[r * 64 + lane] = w0 / total;
+    wts[r * 64 + lane + 32] = w1 / total;
+  }
+  __syncthreads();
+  // a thread per (head, 4 dims): 16-byte loads of the partials, 8 partials per round trip
+  constexpr int V4 = D / 4, B = 8;
+  for (int i = tid; i < G * V4; i += blockDim.x) {
+    const int r = i / V4, c = i % V4;
+    const i64 hq = h * G + r;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int i0 = 0; i0 < S; i0 += B) {
+      float4 v[B];
+#pragma unroll
+      for (int u = 0; u < B; u++)
+        v[u] = i0 + u < S ? __ldcg(reinterpret_cast<const float4*>(
+                                part_o + (hq * p.splits + i0 + u) * D) + c)
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < B; u++) {
+        const float w = i0 + u < S ? wts[r * 64 + i0 + u] : 0.f;
+        acc[0] += w * v[u].x;
+        acc[1] += w * v[u].y;
+        acc[2] += w * v[u].z;
+        acc[3] += w * v[u].w;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) out[hq * D + 4 * c + k] = store<T>(acc[k]);
+  }
+  if (tid == 0) counters[h] = 0u;  // ready for the next launch
+}
+}  // namespace dtc
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // mma.sync, ldmatrix, cp.async
+#define DECODE_TC_BODY(T, D)                                                                   \
+  extern __shared__ __align__(128) unsigned char dtc_smem[];                                   \
+  dtc::run<T, D>(qkv, cs, sn, pos, keys, values, part_o, part_ml, out, counters, p, dtc_smem);
+#else
+#define DECODE_TC_BODY(T, D) __trap();
+#endif
+#define DECODE_TC(SFX, T, D)                                                                   \
+  extern "C" __global__ void __launch_bounds__(dtc::WARPS * 32)                                \
+      attention_decode_tc##D##_##SFX(const T* __restrict__ qkv, const T* __restrict__ cs,      \
+                                     const T* __restrict__ sn, const int* __restrict__ pos,    \
+                                     T* keys, T* values, float* __restrict__ part_o,           \
+                                     float* __restrict__ part_ml, T* __restrict__ out,         \
+                                     unsigned* counters, DecodeParams p) {                      \
+    pdl_entry();                                                                               \
+    DECODE_TC_BODY(T, D)                                                                       \
+  }
+#define DECODE_TC_ALL(SFX, T) DECODE_TC(SFX, T, 64) DECODE_TC(SFX, T, 128)
+ONLY(f16, DECODE_TC_ALL(f16, half_t))
+ONLY(bf16, DECODE_TC_ALL(bf16, bf16_t))
