@@ -191,15 +191,23 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
           o[j][2 * r + 1] *= alpha;
         }
       }
-      // 6. O += P V over these 16 keys (P: the score registers, rounded to T)
-      const u32 a[4] = {tc::pack2<T>(sc[0][0], sc[0][1]), tc::pack2<T>(sc[0][2], sc[0][3]),
-                        tc::pack2<T>(sc[1][0], sc[1][1]), tc::pack2<T>(sc[1][2], sc[1][3])};
+      // 6. O += P V over these 16 keys. P (the score registers) goes in as T plus T's
+      // remainder, two mma each: rounding P to bf16 alone (as FlashAttention does) put the
+      // 8B model's logits 6% from the compiled PyTorch peer's, past the benchmark's bound;
+      // the second product costs nothing here (decode is bound by memory, not the mma)
+      u32 a[4], r[4];
+      tc::split2<T>(sc[0][0], sc[0][1], a[0], r[0]);
+      tc::split2<T>(sc[0][2], sc[0][3], a[1], r[1]);
+      tc::split2<T>(sc[1][0], sc[1][1], a[2], r[2]);
+      tc::split2<T>(sc[1][2], sc[1][3], a[3], r[3]);
 #pragma unroll
       for (int np = 0; np < NO / 2; np++) {
         u32 b[4];
         tc::ldsm_x4_t(vs + tc::swz<D>(k_lo + (lane & 15), np * 2 + (lane >> 4)), b);
         tc::Mma<T>::run(o[2 * np], a, b[0], b[1]);
         tc::Mma<T>::run(o[2 * np + 1], a, b[2], b[3]);
+        tc::Mma<T>::run(o[2 * np], r, b[0], b[1]);
+        tc::Mma<T>::run(o[2 * np + 1], r, b[2], b[3]);
       }
     }
     __syncthreads();  // the stage is free for tile t + NS

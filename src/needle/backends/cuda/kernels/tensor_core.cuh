@@ -74,6 +74,24 @@ template <> __device__ __forceinline__ u32 pack2<half_t>(float lo, float hi) {
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+// the two values of pack2's register back as floats
+template <class T> __device__ __forceinline__ void unpack2(u32 v, float& lo, float& hi);
+template <> __device__ __forceinline__ void unpack2<bf16_t>(u32 v, float& lo, float& hi) {
+  asm("mov.b32 %0, %1;" : "=f"(lo) : "r"(v << 16));
+  asm("mov.b32 %0, %1;" : "=f"(hi) : "r"(v & 0xffff0000u));
+}
+template <> __device__ __forceinline__ void unpack2<half_t>(u32 v, float& lo, float& hi) {
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
+      : "=f"(lo), "=f"(hi) : "r"(v));
+}
+// (lo, hi) as two registers whose sum carries about twice T's precision: the rounded pair and
+// the rounded remainders (an mma with each adds a product of float-like accuracy)
+template <class T> __device__ __forceinline__ void split2(float lo, float hi, u32& big, u32& rest) {
+  big = pack2<T>(lo, hi);
+  float l, h;
+  unpack2<T>(big, l, h);
+  rest = pack2<T>(lo - l, hi - h);
+}
 }  // namespace tc
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
