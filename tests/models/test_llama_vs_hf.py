@@ -84,6 +84,40 @@ def test_five_operation_decode_matches_composed(checkpoints, device, name, monke
         assert rel_error(logits["1"], full) < tol, dtype
 
 
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_cache_rows_past_the_length_stay_zero(checkpoints, device, name):
+    """A prefill zeroes only the rows a longer earlier sequence left (no whole-cache clear),
+    and rewinds zero what was written past them: rows past the length are always zero (the
+    composed attention of Mistral's window adds into them), and a short prompt after a long
+    sequence decodes as in a fresh decoder."""
+    from needle.models.decoder import Decoder
+
+    directory, _ = checkpoints(name)
+    model = load_pretrained(directory, device=device, dtype="float32", max_seq_len=48)
+    decoder = model.decoder()
+
+    def zero_past(n: int) -> None:
+        for a in decoder.cache.keys + decoder.cache.values:
+            assert not a.numpy()[:, :, n:, :].any(), n
+
+    long = PROMPT + [5, 6, 7, 8, 9, 10]
+    decoder.prefill(long)
+    for t in (11, 12, 13):
+        decoder.step(t)
+    zero_past(len(long) + 3)
+    decoder.prefill(PROMPT)
+    zero_past(len(PROMPT))
+    got = [decoder.step(t).numpy() for t in (5, 6, 7)]
+    fresh = Decoder(model)
+    fresh.prefill(PROMPT)
+    want = [fresh.step(t).numpy() for t in (5, 6, 7)]
+    np.testing.assert_allclose(np.stack(got), np.stack(want), rtol=1e-6, atol=1e-6)
+    decoder.rewind(len(PROMPT) + 1)
+    zero_past(len(PROMPT) + 1)
+    decoder.prefill(long)  # longer than anything written since: nothing to zero
+    zero_past(len(long))
+
+
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_greedy_step_on_the_device(checkpoints, device):
     """``Decoder.greedy_step`` (argmax, next token and position kept on the device, captured

@@ -39,7 +39,25 @@ class Decoder:
         self._on_device = None  # (token, position) the state buffers already hold
         self._sampling = None  # (params, seeds, seen) device buffers of the sampled step
         self.last_logits = None
+        self._written = 0  # rows of the cache that may be nonzero: [0, _written)
         self.length = 0
+
+    @property
+    def length(self) -> int:
+        """Positions of the current sequence (the next step writes this one)."""
+        return self._length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self._length = value
+        self._written = max(self._written, value)
+
+    def _forget_from(self, length: int) -> None:
+        """Zero the cache's rows from ``length`` on (those that were written) and make
+        ``length`` the sequence's length: rows past the length stay zero."""
+        self.cache.forget_from(length, self._written)
+        self._written = length
+        self.length = length
 
     @property
     def captured(self) -> bool:
@@ -53,9 +71,12 @@ class Decoder:
 
     def prefill(self, ids) -> object:
         """Start a new sequence with the prompt ``ids``; the next-token logits (1, vocab)."""
-        self.cache.clear()
+        n = len(ids)
+        if self._written > n:  # rows an earlier, longer sequence left (prefill writes 0..n-1)
+            self._forget_from(n)
+        self._written = max(self._written, n)  # (also if the prefill fails halfway)
         logits = self.model.prefill([list(ids)], self.cache)
-        self.length = len(ids)
+        self.length = n
         self._on_device = None
         return logits
 
@@ -64,8 +85,7 @@ class Decoder:
         ``length`` (a decode step reads only the positions before its own)."""
         if not 0 < length <= self.length:
             raise GenerationError(f"can rewind to 1..{self.length} positions, not {length}")
-        self.cache.forget_from(length)
-        self.length = length
+        self._forget_from(length)
         self._on_device = None
 
     def step(self, token: int):
@@ -181,8 +201,7 @@ class Decoder:
             if ahead:  # steps queued beyond the tokens taken: undo them
                 for read in ahead:
                     read()
-                self.length -= len(ahead)
-                self.cache.forget_from(self.length)  # rows past the length stay zero
+                self._forget_from(self.length - len(ahead))  # rows past it stay zero
                 self._on_device = None
                 self.last_logits = None
 

@@ -78,21 +78,28 @@ class Transformer:
         b, s, _ = h.shape
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = layer.qkv(h)
-        q = qkv[:, :, :hq * d].reshape((b, s, hq, d))
-        k = qkv[:, :, hq * d:(hq + hkv) * d].reshape((b, s, hkv, d))
         v = qkv[:, :, (hq + hkv) * d:].reshape((b, s, hkv, d))
-        if layer.q_norm is not None:  # Qwen3: each head normed before RoPE
-            q, k = (q.rmsnorm(layer.q_norm, cfg.rms_norm_eps),
-                    k.rmsnorm(layer.k_norm, cfg.rms_norm_eps))
         cos, sin = self.rope.cos[:s], self.rope.sin[:s]
-        q, k = q.rope(cos, sin), k.rope(cos, sin)
+        if layer.q_norm is not None:  # Qwen3: each head normed before RoPE
+            q = qkv[:, :, :hq * d].reshape((b, s, hq, d)).rmsnorm(layer.q_norm,
+                                                                   cfg.rms_norm_eps)
+            k = qkv[:, :, hq * d:(hq + hkv) * d].reshape((b, s, hkv, d)).rmsnorm(
+                layer.k_norm, cfg.rms_norm_eps)
+            q, k = q.rope(cos, sin), k.rope(cos, sin)
+        else:  # the query and key heads roped in one pass (one copy out of qkv, one launch)
+            qk = qkv[:, :, :(hq + hkv) * d].reshape((b, s, hq + hkv, d)).rope(cos, sin)
+            q, k = qk[:, :, :hq], qk[:, :, hq:]
         heads_first = (0, 2, 1, 3)
         q, k, v = q.permute(heads_first), k.permute(heads_first), v.permute(heads_first)
         if cache is not None:
             cache.keys[i][:, :, :s, :] = k
             cache.values[i][:, :, :s, :] = v
+            if self.fused[i] and b == cache.keys[i].shape[0]:
+                # attend over the cache's first s rows as they are (compact arrays):
+                # no heads-first copies of k and v besides the ones the cache holds
+                k, v = cache.keys[i], cache.values[i]
         if self.fused[i]:
-            out = nd.attention(q, k, v, scale=cfg.attn_scale, causal=True)
+            out = nd.attention(q, k, v, scale=cfg.attn_scale, causal=True, kv_len=s)
         else:
             out = attention.prefill(cfg, q, k, v, s, cfg.layer_windows[i])
         return layer.o(out.permute(heads_first).reshape((b, s, hq * d)))
