@@ -202,6 +202,11 @@ struct DecodeParams {
   i64 q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
   float scale, scale_lo;  // float64 kernels use scale + scale_lo
 };
+// the parameter list of the one-kernel attention_decode forms (decode.cu, decode_tc.cu)
+#define DECODE_ATTENTION_PARAMS(T)                                                             \
+  const T *__restrict__ qkv, const T *__restrict__ cs, const T *__restrict__ sn,               \
+      const int *__restrict__ pos, T *keys, T *values, float *__restrict__ part_o,             \
+      float *__restrict__ part_ml, T *__restrict__ out, unsigned *counters, DecodeParams p
 
 // ---- streaming loads: 16 bytes read once (weights), not kept in L1 -----------------------
 template <class T, int V>

@@ -375,11 +375,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
 
 #define FLASH_DECODE(SFX, T, D)                                                                \
   extern "C" __global__ void __launch_bounds__(512)                                            \
-      attention_decode_flash##D##_##SFX(const T* __restrict__ qkv, const T* __restrict__ cs,   \
-                                        const T* __restrict__ sn, const int* __restrict__ pos, \
-                                        T* keys, T* values, float* __restrict__ part_o,        \
-                                        float* __restrict__ part_ml, T* __restrict__ out,      \
-                                        unsigned* counters, DecodeParams p) {                   \
+      attention_decode_flash##D##_##SFX(DECODE_ATTENTION_PARAMS(T)) {                         \
     pdl_entry();                                                                               \
     extern __shared__ __align__(16) float fd_smem[];                                           \
     fd::flash<T, D>(qkv, cs, sn, pos, keys, values, part_o, part_ml, out, counters, p, fd_smem); \

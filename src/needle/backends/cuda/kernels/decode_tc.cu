@@ -322,11 +322,7 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
 #endif
 #define DECODE_TC(SFX, T, D)                                                                   \
   extern "C" __global__ void __launch_bounds__(dtc::WARPS * 32)                                \
-      attention_decode_tc##D##_##SFX(const T* __restrict__ qkv, const T* __restrict__ cs,      \
-                                     const T* __restrict__ sn, const int* __restrict__ pos,    \
-                                     T* keys, T* values, float* __restrict__ part_o,           \
-                                     float* __restrict__ part_ml, T* __restrict__ out,         \
-                                     unsigned* counters, DecodeParams p) {                      \
+      attention_decode_tc##D##_##SFX(DECODE_ATTENTION_PARAMS(T)) {                            \
     pdl_entry();                                                                               \
     DECODE_TC_BODY(T, D)                                                                       \
   }
