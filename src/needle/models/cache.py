@@ -33,10 +33,10 @@ class KVCache:
         for array in self.keys + self.values:
             array.fill(0)
 
-    def forget_from(self, length: int, written: int | None = None) -> None:
-        """Zero positions ``length`` and later (a rewind); ``written``: the rows past it that
-        may hold values (the rest are zero already), default all."""
-        stop = self.capacity if written is None else min(written, self.capacity)
+    def forget_from(self, length: int, written: int) -> None:
+        """Zero positions ``length`` and later (a rewind); ``written``: the rows that may
+        hold values (those past it are zero already)."""
+        stop = min(written, self.capacity)
         if length < stop:
             for array in self.keys + self.values:
                 array[:, :, length:stop, :] = 0

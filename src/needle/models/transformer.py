@@ -76,19 +76,9 @@ class Transformer:
         """Self-attention of a sequence h (batch, seq, hidden) from position 0."""
         cfg = self.cfg
         b, s, _ = h.shape
-        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        qkv = layer.qkv(h)
-        v = qkv[:, :, (hq + hkv) * d:].reshape((b, s, hkv, d))
-        cos, sin = self.rope.cos[:s], self.rope.sin[:s]
-        if layer.q_norm is not None:  # Qwen3: each head normed before RoPE
-            q = qkv[:, :, :hq * d].reshape((b, s, hq, d)).rmsnorm(layer.q_norm,
-                                                                   cfg.rms_norm_eps)
-            k = qkv[:, :, hq * d:(hq + hkv) * d].reshape((b, s, hkv, d)).rmsnorm(
-                layer.k_norm, cfg.rms_norm_eps)
-            q, k = q.rope(cos, sin), k.rope(cos, sin)
-        else:  # the query and key heads roped in one pass (one copy out of qkv, one launch)
-            qk = qkv[:, :, :(hq + hkv) * d].reshape((b, s, hq + hkv, d)).rope(cos, sin)
-            q, k = qk[:, :, :hq], qk[:, :, hq:]
+        hq, d = cfg.num_heads, cfg.head_dim
+        q, k, v = self._roped_heads(layer, layer.qkv(h), self.rope.cos[:s],
+                                    self.rope.sin[:s])
         heads_first = (0, 2, 1, 3)
         q, k, v = q.permute(heads_first), k.permute(heads_first), v.permute(heads_first)
         if cache is not None:
@@ -103,6 +93,25 @@ class Transformer:
         else:
             out = attention.prefill(cfg, q, k, v, s, cfg.layer_windows[i])
         return layer.o(out.permute(heads_first).reshape((b, s, hq * d)))
+
+    def _roped_heads(self, layer: LayerWeights, qkv: NDArray, cos: NDArray,
+                     sin: NDArray) -> tuple[NDArray, NDArray, NDArray]:
+        """q (b, s, q_heads, d) and k (b, s, kv_heads, d) roped (Qwen3: each head normed
+        first), and v (b, s, kv_heads, d), out of the fused projection qkv (b, s, ...);
+        cos and sin (s, d / 2)."""
+        cfg = self.cfg
+        b, s, _ = qkv.shape
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        v = qkv[:, :, (hq + hkv) * d:].reshape((b, s, hkv, d))
+        if layer.q_norm is not None:  # Qwen3: each head normed before RoPE
+            q = qkv[:, :, :hq * d].reshape((b, s, hq, d)).rmsnorm(layer.q_norm,
+                                                                   cfg.rms_norm_eps)
+            k = qkv[:, :, hq * d:(hq + hkv) * d].reshape((b, s, hkv, d)).rmsnorm(
+                layer.k_norm, cfg.rms_norm_eps)
+            return q.rope(cos, sin), k.rope(cos, sin), v
+        # the query and key heads roped in one pass (one copy out of qkv, one launch)
+        qk = qkv[:, :, :(hq + hkv) * d].reshape((b, s, hq + hkv, d)).rope(cos, sin)
+        return qk[:, :, :hq], qk[:, :, hq:], v
 
     # --- one token -----------------------------------------------------------------------
     def decode_step(self, state: DecodeState, cache: KVCache) -> NDArray:

@@ -119,14 +119,9 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
     delta = None  # the last sublayer's output, added to x by the next norm (add_rmsnorm)
     for i, layer in enumerate(w.layers):
         x, h = _add_norm(x, delta, layer.attn_norm, cfg)
-        qkv = layer.qkv(h)
-        q = qkv[:, :, :hq * d].reshape((1, t, hq, d))
-        k = qkv[:, :, hq * d:(hq + hkv) * d].reshape((1, t, hkv, d))
-        v = qkv[:, :, (hq + hkv) * d:].reshape((t, hkv, d))
-        if layer.q_norm is not None:  # Qwen3: each head normed before RoPE
-            q, k = q.rmsnorm(layer.q_norm, eps), k.rmsnorm(layer.k_norm, eps)
-        q, k = q.rope(cos, sin), k.rope(cos, sin)
-        nd.paged_write(k.reshape((t, hkv, d)), v, slots, cache.keys[i], cache.values[i])
+        q, k, v = tr._roped_heads(layer, layer.qkv(h), cos, sin)
+        nd.paged_write(k.reshape((t, hkv, d)), v.reshape((t, hkv, d)), slots, cache.keys[i],
+                       cache.values[i])
         a = _attention(cfg, q.reshape((t, hq, d)), cache.keys[i], cache.values[i], batch)
         a = layer.o(a.reshape((1, t, hq * d)))
         if layer.post_attn_norm is not None:

@@ -308,84 +308,69 @@ class CudaBackend(GpuBackend):
                             params, shared)
         return True
 
-    def _flash_decode(self, dt, qkv, cos, sin, position, keys, values, out, q_heads: int,
-                      kv_heads: int, head_dim: int, capacity: int, table_rows: int,
-                      scale: float) -> bool:
-        """attention_decode as flash-decoding (kernels/decode.cu): a warp per query head, the
-        cache up to the position cut into at most 32 (or 64) ranges per KV head, tiles of 64
-        positions staged in shared memory (3 in flight, 2 in float32) with an online softmax,
-        the last group per KV head merging."""
-        group = q_heads // kv_heads
-        if not (self.tuning.decode_attention in ("flash", "tc") and dt in _FUSED_DTYPES
-                and head_dim in (64, 128) and group <= 16
-                and all(aligned16(a.buffer) for a in (keys, values))):
-            return False
-        kern = self._kernel("decode", f"attention_decode_flash{head_dim}_{SUFFIX[dt]}")
-        kern.check_threads(32 * group)
-        splits = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
-        item, stages = ITEMSIZE[dt], 2 if dt == "float32" else 3
-        # the staged key and value tiles, each warp's roped query and scores, the new row
-        shared = (stages * 2 * 64 * head_dim * item + group * (head_dim + 64) * 4
-                  + 2 * head_dim * item)
-        kern.reserve_shared(shared)
-        part_o, part_ml, params = self._decode_launch_state(
-            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, 64, scale)
-        self.queue.dispatch(kern, (kv_heads, splits, 1), (32 * group, 1, 1),
-                            (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
-                             keys.buffer, values.buffer, part_o, part_ml, out.buffer,
-                             self._counters(kv_heads)), params, shared)
-        return True
+    def _decode_by_ranges(self, dt, head_dim: int, group: int, keys, values) -> bool:
+        """Whether flash decoding (scalar or tensor-core) takes this call: head sizes 64 and
+        128, at most 16 query heads per KV head, 16-byte aligned caches."""
+        return (dt in _FUSED_DTYPES and head_dim in (64, 128) and group <= 16
+                and aligned16(keys.buffer) and aligned16(values.buffer))
 
-    def _tc_decode(self, dt, qkv, cos, sin, position, keys, values, out, q_heads: int,
-                   kv_heads: int, head_dim: int, capacity: int, table_rows: int,
-                   scale: float) -> bool:
-        """attention_decode on tensor cores (kernels/decode_tc.cu): a KV head's query heads
-        are the 16 rows of an mma tile, 4 warps share each 64-position tile (16 keys each),
-        ranges per KV head as in flash decoding, the last group merging."""
-        group = q_heads // kv_heads
-        if not (self.tuning.decode_attention == "tc" and self.tuning.mma and dt in _HALF
-                and head_dim in (64, 128) and group <= 16
-                and all(aligned16(a.buffer) for a in (keys, values))):
-            return False
-        kern = self._kernel("decode_tc", f"attention_decode_tc{head_dim}_{SUFFIX[dt]}")
-        splits = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
-        # Q tile (16 rows), 4 (D 64) or 2 stages of key and value tiles (64 KiB), the new
-        # row (decode_tc.cu Smem)
-        shared = 16 * head_dim * 2 + 64 * 1024 + 2 * head_dim * 2
-        kern.reserve_shared(shared)
+    def _launch_decode(self, kern, threads: int, shared: int, splits: int, chunk: int, dt,
+                       qkv, cos, sin, position, keys, values, out, q_heads: int,
+                       kv_heads: int, head_dim: int, capacity: int, table_rows: int,
+                       scale: float) -> None:
+        """One launch of a one-kernel attention_decode (the ABI of docs/kernels.md's
+        attention_decode_fused): groups (KV head, split), partials, one counter per KV
+        head for the merging group."""
         part_o, part_ml, params = self._decode_launch_state(
-            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, 64, scale)
-        self.queue.dispatch(kern, (kv_heads, splits, 1), (128, 1, 1),
+            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk, scale)
+        self.queue.dispatch(kern, (kv_heads, splits, 1), (threads, 1, 1),
                             (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
                              keys.buffer, values.buffer, part_o, part_ml, out.buffer,
                              self._counters(kv_heads)), params, shared)
-        return True
 
     def attention_decode(self, qkv, cos, sin, position, keys, values, out, q_heads: int,
                          kv_heads: int, head_dim: int, capacity: int, table_rows: int,
                          scale: float) -> None:
-        """One launch: the generic plan's groups also stage each chunk's keys and values
-        (padded rows) and the merge weights in shared memory, and the last group of each
-        KV head to finish merges (counted with one atomic counter per KV head)."""
+        """One launch. Flash decoding where it applies (tuning ``decode_attention``): the
+        cache up to the position cut into at most 32 (or 64) ranges per KV head, 64-position
+        tiles of keys and values staged in shared memory with an online softmax, the last
+        group per KV head merging; on tensor cores in fp16/bf16 (kernels/decode_tc.cu: the
+        KV head's query heads are the 16 rows of an mma tile, 4 warps take 16 keys each of
+        every tile), else a warp per query head (kernels/decode.cu: 3 tiles in flight, 2 in
+        float32). Otherwise nn.cu's split kernel: the generic plan's groups also stage each
+        chunk's keys and values (padded rows) and the merge weights in shared memory, and
+        the last group of each KV head to finish merges."""
         dt = self._need(qkv.dtype, ("float16", "bfloat16", "float32", "float64"),
                         "attention_decode")
         args = (dt, qkv, cos, sin, position, keys, values, out, q_heads, kv_heads, head_dim,
                 capacity, table_rows, scale)
-        if self._tc_decode(*args) or self._flash_decode(*args):
+        group, item, kind = q_heads // kv_heads, ITEMSIZE[dt], self.tuning.decode_attention
+        if kind in ("flash", "tc") and self._decode_by_ranges(dt, head_dim, group, keys,
+                                                              values):
+            ranges = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
+            if kind == "tc" and self.tuning.mma and dt in _HALF:
+                kern = self._kernel("decode_tc", f"attention_decode_tc{head_dim}_{SUFFIX[dt]}")
+                # Q tile (16 rows), 64 KiB of key and value tiles, the new row (Smem there)
+                threads, shared = 128, 16 * head_dim * 2 + 64 * 1024 + 2 * head_dim * 2
+            else:
+                kern = self._kernel("decode", f"attention_decode_flash{head_dim}_{SUFFIX[dt]}")
+                kern.check_threads(32 * group)
+                stages = 2 if dt == "float32" else 3
+                # the staged key and value tiles, each warp's roped query and scores, the
+                # new row
+                threads = 32 * group
+                shared = (stages * 2 * 64 * head_dim * item + group * (head_dim + 64) * 4
+                          + 2 * head_dim * item)
+            kern.reserve_shared(shared)
+            self._launch_decode(kern, threads, shared, ranges, 64, *args)
             return
-        group, chunk, splits, shared = self._decode_plan(dt, q_heads, kv_heads, head_dim,
-                                                         capacity)
-        stride = head_dim + (2 if ITEMSIZE[dt] == 2 else 1)
-        shared = cdiv(shared + 2 * chunk * stride * ITEMSIZE[dt], 16) * 16
+        _, chunk, splits, shared = self._decode_plan(dt, q_heads, kv_heads, head_dim, capacity)
+        stride = head_dim + (2 if item == 2 else 1)
+        shared = cdiv(shared + 2 * chunk * stride * item, 16) * 16
         shared += group * (splits + 1) * ACC[dt]
         kern = self._kernel("nn", f"attention_decode_fused_{SUFFIX[dt]}")
         self._decode_check(kern, group, head_dim, shared, splits)
-        part_o, part_ml, params = self._decode_launch_state(
-            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk, scale)
-        self.queue.dispatch(kern, (kv_heads, splits, 1), (128, 1, 1),
-                            (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
-                             keys.buffer, values.buffer, part_o, part_ml, out.buffer,
-                             self._counters(kv_heads)), params, shared)
+        self._launch_decode(kern, 128, shared, splits, chunk, *args)
 
     def _paged_attention_special(self, dt, q, key_pages, value_pages, block_tables, seq_of,
                                  positions, out, tokens, q_heads, kv_heads, head_dim,

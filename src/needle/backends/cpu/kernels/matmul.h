@@ -28,13 +28,13 @@ template <class T, class S> inline T widen(S x) {
 
 // acc[r * ld + q] = h[r] . W[q] for r < rows, q < n, W holding n rows of length dim (h of
 // type H: the accumulator type T, or S itself; T float, double, or an integer S's unsigned
-// type). Four
-// weight rows at a time: each load of h serves four of them, and the four rows (a few KiB)
-// stay in cache while the rows of h pass over them, so the weights stream once; two rows of
-// h per pass share each widened weight element (eight sums: within 16 vector registers).
+// type). Four weight rows at a time: each load of h serves four of them, and the four rows
+// (a few KiB) stay in cache while the rows of h pass over them, so the weights stream once;
+// two rows of h per pass share each widened weight element (eight sums: within 16 vector
+// registers).
 template <class S, class T, class H>
 inline void dot_block(const H* h, int64_t rows, const S* W, int64_t n, int64_t dim, T* acc,
-               int64_t ld) {
+                      int64_t ld) {
   int64_t q = 0;
   for (; q + 4 <= n; q += 4) {
     const S *w0 = W + q * dim, *w1 = w0 + dim, *w2 = w1 + dim, *w3 = w2 + dim;

@@ -53,6 +53,12 @@ inline f32x8 int4x8_to_f32(uint32_t word) {
   return __builtin_convertvector(((u32x8){} + word) >> shift & 15u, f32x8);
 }
 
+// Value j of row q (its stored int8 or int4 value, before scale and offset).
+template <int BITS> inline float stored(const uint32_t* q, int64_t j) {
+  if constexpr (BITS == 8) return (float)reinterpret_cast<const int8_t*>(q)[j];
+  return (float)((q[j >> 3] >> ((j & 7) * 4)) & 15u);
+}
+
 // Row r of W into w[0..k) as float32 (the rule of numpy_ref.quant: (u - 8) * s for
 // symmetric int4, u * s + b with offsets, v * s for int8), eight values at a time.
 void dequant_row(const QuantMatrix& m, int64_t r, float* w) {
@@ -72,22 +78,17 @@ void dequant_row(const QuantMatrix& m, int64_t r, float* w) {
         std::memcpy(w + j, &x, sizeof x);
       }
     for (; j < hi; ++j) {
-      const float u = m.bits == 8 ? (float)v[j] : (float)((q[j >> 3] >> ((j & 7) * 4)) & 15u);
+      const float u = m.bits == 8 ? stored<8>(q, j) : stored<4>(q, j);
       w[j] = b ? u * sg + bg : (u - bias) * sg;
     }
   }
 }
 
-// Value j of row q (its stored int8 or int4 value, before scale and offset).
-template <int BITS> inline float stored(const uint32_t* q, int64_t j) {
-  if constexpr (BITS == 8) return (float)reinterpret_cast<const int8_t*>(q)[j];
-  return (float)((q[j >> 3] >> ((j & 7) * 4)) & 15u);
-}
-
 // y[t] = x . W[r0 + t] for R rows: per group g, s_g * (x . u)_g + b_g * xsum_g, with u the
-// stored values and b_g the offset (symmetric int4: -8 s_g, as it stores q + 8). x is loaded once for the R rows; each group's vector partial
-// sums are scaled into vector totals, summed across lanes once at the end. Groups of int4
-// start on a word (group_size % 8 == 0, checked by the caller).
+// stored values and b_g the offset (symmetric int4: -8 s_g, as it stores q + 8). x is
+// loaded once for the R rows; each group's vector partial sums are scaled into vector
+// totals, summed across lanes once at the end. Groups of int4 start on a word (group_size
+// % 8 == 0, checked by the caller).
 template <int R, int BITS>
 void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xsum, float* y) {
   const float bias = (BITS == 4 && !w.offsets) ? 8.0f : 0.0f;  // symmetric int4 stores q + 8

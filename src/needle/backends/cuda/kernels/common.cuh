@@ -281,6 +281,19 @@ __device__ __forceinline__ void flash_tile(const T* ks, const T* vs, const float
   }
 }
 
+// ---- whether this group is the last of S to get here (its partials written before the call):
+// counted on *counter, which the last group must set back to zero; every thread of the
+// group gets the answer, and the last group then sees the others' partials
+__device__ __forceinline__ bool arrived_last(unsigned* counter, i64 S) {
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned)(S - 1);
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
 // ---- flash decoding's last step (decode.cu, paged.cu): a group of warps, one per query head,
 // leaves its range's float32 partials (acc: lane owns dims lane + 32e; m, l: the softmax
 // statistics) at slot base + s, and the group that finishes last of the S ranges (counted
@@ -299,13 +312,7 @@ __device__ __forceinline__ void flash_merge(const float (&acc)[D / 32], float m,
     part_ml[(base + s) * 2] = m;
     part_ml[(base + s) * 2 + 1] = l;
   }
-  __threadfence();
-  __syncthreads();
-  __shared__ bool last;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned)(S - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!arrived_last(counter, S)) return;
   float mi[2], li[2], wi[2];
 #pragma unroll
   for (int k = 0; k < 2; k++) {

@@ -259,13 +259,7 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
   }
   if (S == 1) return;
   // 9. the group that finishes last for this KV head merges the S partials of its heads
-  __threadfence();
-  __syncthreads();
-  __shared__ bool last;
-  if (tid == 0) last = atomicAdd(counters + h, 1u) == (unsigned)(S - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!arrived_last(counters + h, S)) return;
   float* wts = reinterpret_cast<float*>(smem + L::W);  // [16][64]: each partial's weight
   for (int r = warp; r < G; r += WARPS) {
     const i64 hq = h * G + r;
