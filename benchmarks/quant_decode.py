@@ -189,15 +189,31 @@ def _product(x, ws):
     return op
 
 
+def _fused(x, ws, total):
+    """``nd.matvec_add`` (the decode step's projection + residual: one kernel where the
+    backend fuses it) per call, cycling through the copies ``ws``."""
+    from needle import backend_ndarray as nd
+
+    turn = [0]
+
+    def op():
+        w = ws[turn[0] % len(ws)]
+        turn[0] += 1
+        return nd.matvec_add(x, w, total)
+
+    return op
+
+
 def kernel_table(device, copy: float, quick: bool) -> None:
     """Matrix-vector (decode) and 512-row (prefill) products of each layer shape: bf16 against
-    each quantized format; GB/s counts the bytes of the weights as stored (packed)."""
+    each quantized format; GB/s counts the bytes of the weights as stored (packed). "fused
+    us": the same product as the decode step runs it, ``matvec_add`` (into a residual)."""
     from needle import backend_ndarray as nd
 
     shapes = [(64, 256), (256, 64)] if quick else LAYER_SHAPES
     rng = np.random.default_rng(0)
     print(f"\n{'shape (n, k)':<14} {'format':<27} {'matvec us':>9} {'GB/s':>6} {'% copy':>7} "
-          f"{'x bf16':>7} {'512-row us':>10} {'/ bf16':>7}")
+          f"{'x bf16':>7} {'fused us':>8} {'GB/s':>6} {'512-row us':>10} {'/ bf16':>7}")
     for n, k in shapes:
         xv = nd.array(rng.standard_normal((1, k)).astype(np.float32), device=device,
                       dtype="bfloat16")
@@ -215,12 +231,17 @@ def kernel_table(device, copy: float, quick: bool) -> None:
                 nbytes = w[0].nbytes
                 w += [_Source(None, device, fmt)(f"model.layers.0.w{n}x{k}", (n, k))
                       for _ in range(-(-L2_SPILL // nbytes) - 1)]
-            t = _timed(device, _product(xv, w), reps=len(w) * max(1, 40 // len(w)))
+            reps = len(w) * max(1, 40 // len(w))
+            t = _timed(device, _product(xv, w), reps=reps)
+            dense = [a.transpose() for a in w] if fmt is None else w  # (n, k) as stored
+            total = nd.array(np.zeros((1, n), np.float32), device=device, dtype="bfloat16")
+            t_fused = _timed(device, _fused(xv, dense, total), reps=reps)
             t_mm = _timed(device, _product(xm, w[:1]), reps=5, rounds=3)
             base = base or t
             base_mm = base_mm or t_mm
             print(f"{f'({n}, {k})':<14} {name:<27} {t * 1e6:9.1f} {nbytes / t / 1e9:6.0f} "
-                  f"{100 * nbytes / t / copy:6.0f}% {base / t:7.2f} {t_mm * 1e6:10.1f} "
+                  f"{100 * nbytes / t / copy:6.0f}% {base / t:7.2f} {t_fused * 1e6:8.1f} "
+                  f"{nbytes / t_fused / 1e9:6.0f} {t_mm * 1e6:10.1f} "
                   f"{t_mm / base_mm:7.2f}", flush=True)
 
 

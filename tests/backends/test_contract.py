@@ -47,6 +47,9 @@ CAPABILITY_TESTS = {
              "backend_ndarray/test_quant.py::test_dequantize_matches_the_reference"],
     "int4": ["backend_ndarray/test_quant.py::test_quant_matmul_matches_the_reference",
              "models/test_quantize.py::test_quantized_checkpoint_loads_and_generates"],
+    "fused_quant_matvec": [
+        "backend_ndarray/test_quant_decode.py::test_rmsnorm_matvec_with_packed_weights",
+        "models/test_quantize.py::test_quantized_decode_as_five_operations_matches_composed"],
 }
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from needle import cli
+from needle.backends.api import has
 from needle.errors import ModelFormatError
 from needle.models import load_pretrained
 from needle.models.quantized import quantize_checkpoint
@@ -159,3 +160,27 @@ def test_needle_generate_and_chat_run_a_quantized_directory(tmp_path, capsys, mo
     assert chat_main([str(out_dir), "--device", "cpu_numpy", "--max-tokens", "6",
                       "--temperature", "0"]) == 0
     assert capsys.readouterr().out == _expected_chat(out_dir, ["Hello there"], 6)
+
+
+@pytest.mark.parametrize("bits,group,symmetric", FORMATS)
+def test_quantized_decode_as_five_operations_matches_composed(source, tmp_path, device, bits,
+                                                             group, symmetric, monkeypatch):
+    """Packed layers run the five fused operations where the backend fuses packed weights
+    (``fused_quant_matvec``: the reference and CUDA; by default there) and the composed step
+    elsewhere; the decoder's logits agree with each other and with the full forward pass."""
+    src, _ = source
+    out = quantize_checkpoint(src, tmp_path / "q", bits, group, symmetric, progress=False)
+    prompt, seq = [1, 5, 9, 200], [1, 5, 9, 200, 3, 17, 42]
+    logits = {}
+    for choice in ("1", "0", "auto"):  # auto: five operations where packed ones are fused
+        monkeypatch.setenv("NEEDLE_FUSED_DECODE", choice)
+        model = load_pretrained(out, device=device, dtype="float32", max_seq_len=32)
+        fused = choice != "0" and has(device.backend, "fused_quant_matvec")
+        assert all(model.transformer.five_ops) == fused
+        decoder = model.decoder()
+        steps = [decoder.prefill(prompt).numpy()[0]]
+        steps += [decoder.step(t).numpy()[0] for t in seq[len(prompt):]]
+        logits[choice] = np.stack(steps).astype(np.float64)
+        full = model(np.array([seq])).numpy()[0][len(prompt) - 1:].astype(np.float64)
+        assert np.abs(logits[choice] - full).max() < 1e-4 * np.abs(full).max(), choice
+    assert np.abs(logits["1"] - logits["0"]).max() < 1e-4 * np.abs(logits["0"]).max()

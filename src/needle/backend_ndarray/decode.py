@@ -4,16 +4,21 @@ A Llama layer for one token is five array operations: ``rmsnorm_matvec`` (norm +
 ``attention_decode``, ``matvec_add`` (output projection + residual), ``rmsnorm_matvec``
 with ``activation="swiglu"`` (norm + gate/up + SiLU·mul), ``matvec_add`` (down +
 residual). Each is one kernel on CUDA; ``numpy_ref/decode.py`` defines what they compute
-(the same roundings as the unfused ops). Weights are (out, in), as checkpoints store them.
+(the same roundings as the unfused ops). Weights are (out, in), as checkpoints store them,
+dense or packed (``QuantizedMatrix``, docs/quantization.md): packed ones go to a backend's
+``quant_rmsnorm_matvec``/``quant_matvec_add`` (capability ``fused_quant_matvec``), or, where it
+has none, are composed here from ``rmsnorm`` and ``quant_matmul``.
 """
 
 from __future__ import annotations
 
 import numbers
 
+from ..backends.api import has
 from ..errors import ArgumentError, ArgumentTypeError, DeviceError, DTypeError, ShapeError
 from . import dtypes
 from .ndarray import NDArray
+from .quant import QuantizedMatrix, _activation_dtype, _h, quant_matmul
 
 
 def _operand(x: NDArray, other, name: str, what: str, first: str) -> NDArray:
@@ -54,11 +59,12 @@ def _matrix(x: NDArray, weight: NDArray, dim: int, name: str, factor: int = 1,
     return weight.shape[0] // factor
 
 
-def rmsnorm_matvec(x: NDArray, norm_weight: NDArray, weight: NDArray, eps: float = 1e-6,
-                   activation: str | None = None) -> NDArray:
+def rmsnorm_matvec(x: NDArray, norm_weight: NDArray, weight: NDArray | QuantizedMatrix,
+                   eps: float = 1e-6, activation: str | None = None) -> NDArray:
     """``rmsnorm(x) * norm_weight @ weight.T`` in one pass: shape (..., p) for weight
     (p, dim). With ``activation="swiglu"``, weight is (2p, dim), gate rows then up rows,
-    and the result is ``silu(gate) * up`` (..., p). Rounded as the separate ops would be."""
+    and the result is ``silu(gate) * up`` (..., p). Rounded as the separate ops would be
+    (with a packed weight: as ``quant_matmul`` of the rounded norm)."""
     if activation not in (None, "swiglu"):
         raise ArgumentError(f"rmsnorm_matvec: activation must be None or 'swiglu', got "
                          f"{activation!r}")
@@ -68,6 +74,8 @@ def rmsnorm_matvec(x: NDArray, norm_weight: NDArray, weight: NDArray, eps: float
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise ArgumentTypeError(f"{name}: eps must be a real number, got {type(eps).__name__}")
     swiglu = activation == "swiglu"
+    if isinstance(weight, QuantizedMatrix):
+        return _quant_rmsnorm_matvec(x, a, w, weight, rows, dim, float(eps), swiglu)
     p = _matrix(x, weight, dim, name, 2 if swiglu else 1)
     out = a._empty_like(a.shape[:-1] + (p,))
     if out.size and dim:
@@ -79,13 +87,15 @@ def rmsnorm_matvec(x: NDArray, norm_weight: NDArray, weight: NDArray, eps: float
     return out
 
 
-def matvec_add(a: NDArray, weight: NDArray, total: NDArray) -> NDArray:
+def matvec_add(a: NDArray, weight: NDArray | QuantizedMatrix, total: NDArray) -> NDArray:
     """``total += a @ weight.T`` in place (the product rounded first, as ``total + a @
     weight.T`` would be) and returns total: a projection added into the residual stream.
     a (..., dim), weight (p, dim), total (..., p) compact, with a's leading shape."""
     name = "matvec_add"
     x, rows, dim = _rows_of(a, name, "a")
-    p = _matrix(a, weight, dim, name, first="a")
+    quantized = isinstance(weight, QuantizedMatrix)
+    p = _packed(a, weight, dim, name, 1, "a") if quantized else _matrix(a, weight, dim, name,
+                                                                        first="a")
     _operand(a, total, name, "total", "a")
     if total.shape != a.shape[:-1] + (p,):
         raise ShapeError(f"{name}: total must have shape {a.shape[:-1] + (p,)}, got "
@@ -94,7 +104,51 @@ def matvec_add(a: NDArray, weight: NDArray, total: NDArray) -> NDArray:
         raise DTypeError(f"{name}: total ({total.dtype}) and a ({a.dtype}) must have one dtype")
     if not total.is_compact():
         raise ShapeError(f"{name} writes total in place: pass a compact array")
-    if total.size and dim:
+    if not (total.size and dim):
+        return total
+    if not quantized:
         a.device.backend.matvec_add(x._handle, weight.compact()._handle, total._handle, rows,
                                     dim, p)
+        return total
+    backend = weight._backend()
+    if not has(backend, "fused_quant_matvec"):
+        total += quant_matmul(x, weight)  # rounded before the add, as the fused form
+        return total
+    backend.quant_matvec_add(x._handle, weight.qweight.handle, weight.scales.handle,
+                             _h(weight.offsets), total._handle, rows, dim, p,
+                             weight.spec.bits, weight.spec.group_size)
     return total
+
+
+def _packed(x: NDArray, weight: QuantizedMatrix, dim: int, name: str, factor: int,
+            first: str) -> int:
+    """Rows of the packed projection (out, dim), checked against x, as ``_matrix`` does."""
+    x._check_device(weight.qweight)
+    _activation_dtype(x.dtype, name)
+    n, k = weight.shape
+    if k != dim or n % factor:
+        what = "(2 * p, dim): gate rows then up rows" if factor == 2 else "(p, dim)"
+        raise ShapeError(f"{name}: weight must be {what} with dim = {dim} ({first}'s last axis), "
+                         f"got a packed {weight.shape}")
+    return n // factor
+
+
+def _quant_rmsnorm_matvec(x: NDArray, a: NDArray, w: NDArray, weight: QuantizedMatrix,
+                          rows: int, dim: int, eps: float, swiglu: bool) -> NDArray:
+    """rmsnorm_matvec with a packed weight: the backend's fused form, or rmsnorm, quant_matmul
+    (and swiglu) where it has none; a is x compact, w the checked norm weight."""
+    name = "rmsnorm_matvec"
+    p = _packed(x, weight, dim, name, 2 if swiglu else 1, "x")
+    backend = weight._backend()
+    if not has(backend, "fused_quant_matvec"):
+        y = quant_matmul(x.rmsnorm(w, eps), weight)
+        return y.swiglu() if swiglu else y
+    out = a._empty_like(a.shape[:-1] + (p,))
+    if out.size and dim:
+        backend.quant_rmsnorm_matvec(a._handle, w._handle, weight.qweight.handle,
+                                     weight.scales.handle, _h(weight.offsets), out._handle,
+                                     rows, dim, p, eps, weight.spec.bits,
+                                     weight.spec.group_size, swiglu)
+    elif out.size:
+        out.fill(0)
+    return out

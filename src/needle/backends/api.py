@@ -45,6 +45,9 @@ CAPABILITIES = {
                        "read through per-sequence block tables (numpy_ref/paged.py)",
     "int8": "quant_matmul() and dequantize() of 8-bit packed weights (docs/quantization.md)",
     "int4": "quant_matmul() and dequantize() of 4-bit packed weights (docs/quantization.md)",
+    "fused_quant_matvec": "quant_rmsnorm_matvec() and quant_matvec_add(): the decode step's "
+                          "fused projections with packed weights (numpy_ref/quant.py), one "
+                          "kernel each for one row where the format allows",
 }
 # Names kept for capabilities that are planned but that no backend declares yet.
 RESERVED_CAPABILITIES: tuple[str, ...] = ()
@@ -199,6 +202,18 @@ class QuantizedWeights(Protocol):
                    n: int, k: int, bits: int, group_size: int) -> None: ...
 
 
+class FusedQuantMatvec(Protocol):
+    """rmsnorm_matvec (with swiglu) and matvec_add with a packed weight (numpy_ref/quant.py);
+    the array layer composes them from rmsnorm and quant_matmul where a backend lacks it."""
+
+    def quant_rmsnorm_matvec(self, x: Array, w: Array, qweight: Array, scales: Array,
+                             offsets: Array | None, out: Array, rows: int, dim: int, p: int,
+                             eps: float, bits: int, group_size: int, swiglu: bool) -> None: ...
+    def quant_matvec_add(self, a: Array, qweight: Array, scales: Array, offsets: Array | None,
+                         total: Array, rows: int, dim: int, p: int, bits: int,
+                         group_size: int) -> None: ...
+
+
 class _Marker(Protocol):
     """Capabilities that promise behaviour of required functions, not new functions."""
 
@@ -208,7 +223,7 @@ CAPABILITY_PROTOCOLS: dict[str, type] = {
     "async_read": AsyncRead, "dlpack": DLPackExchange, "host_memory": HostMemory,
     "bf16_tensor_cores": _Marker, "fused_decode": _Marker, "sampling": Sampling,
     "precompile": Precompile, "paged_attention": PagedAttention, "int8": QuantizedWeights,
-    "int4": QuantizedWeights,
+    "int4": QuantizedWeights, "fused_quant_matvec": FusedQuantMatvec,
 }
 
 

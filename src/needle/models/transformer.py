@@ -7,10 +7,11 @@ backend can capture it once and replay it for every token (``decoder.py``). A pl
 layer is five fused array operations (``_fused_layer``): norm + QKV projection, attention
 (RoPE, cache write and attention in one ``attention_decode``), output projection +
 residual, norm + gate/up projection + SiLU·mul, down projection + residual. Other layers
-(Gemma 2's extra norms, Qwen3's head norms, quantized weights) compose the same steps from
-single operations, their residual adds riding on the next norm (``add_rmsnorm``).
-The five-operation form is used where the backend declares ``fused_matvec`` (its fused
-kernels are faster); ``NEEDLE_FUSED_DECODE=1`` or ``0`` forces it on or off.
+(Gemma 2's extra norms, Qwen3's head norms) compose the same steps from single operations,
+their residual adds riding on the next norm (``add_rmsnorm``). The five-operation form is
+used where the backend declares ``fused_matvec`` (its fused kernels are faster), for
+quantized weights where it also declares ``fused_quant_matvec``; ``NEEDLE_FUSED_DECODE=1``
+or ``0`` forces it on or off.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ class Transformer:
         # layers whose decode step is the five fused operations (``_fused_layer``): where
         # the backend's fused projections are faster than the ops they fuse, or when asked
         choice = os.environ.get("NEEDLE_FUSED_DECODE", "auto")
-        fuse = choice == "1" or (choice == "auto" and has(weights.embed.device.backend,
-                                                          "fused_matvec"))
-        self.five_ops = [fuse and self.fused[i] and _fusable(cfg, layer)
+        backend = weights.embed.device.backend
+        self.packed_fused = has(backend, "fused_quant_matvec")
+        self.five_ops = [self.fused[i] and _fusable(cfg, layer, self.packed_fused)
+                         and _fuse(choice, backend, layer)
                          for i, layer in enumerate(weights.layers)]
         # Gemma scales embeddings by sqrt(hidden) rounded to the model's dtype
         dtype = dtypes.to_numpy_dtype(weights.embed.dtype)
@@ -132,7 +134,7 @@ class Transformer:
             delta = layer.down(self._gate(layer.gate_up(h)))
             if layer.post_mlp_norm is not None:
                 delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
-        if delta is None and _plain(w.lm_head):  # after a five-operation layer
+        if delta is None and _plain(w.lm_head, self.packed_fused):  # after a five-op layer
             logits = attention.softcap(nd.rmsnorm_matvec(x, w.final_norm, w.lm_head.weight,
                                                          cfg.rms_norm_eps), cfg.final_softcap)
         else:
@@ -196,18 +198,30 @@ class Transformer:
         return attention.softcap(self.weights.lm_head(h), self.cfg.final_softcap)
 
 
-def _plain(projection) -> bool:
-    """A projection the fused operations can read: dense weights, no bias."""
-    return isinstance(projection.weight, NDArray) and projection.bias is None
+def _fuse(choice: str, backend, layer: LayerWeights) -> bool:
+    """Whether a fusable layer takes the five operations: as asked (NEEDLE_FUSED_DECODE), else
+    where the backend's fused kernels are the faster way, ``fused_matvec`` for dense weights
+    and ``fused_quant_matvec`` for packed ones (on CUDA the packed kernels save the separate
+    norm and SwiGLU launches; the dense ones are slower than gemv + add_rmsnorm)."""
+    if choice in ("0", "1"):
+        return choice == "1"
+    packed = not isinstance(layer.qkv.weight, NDArray)
+    return has(backend, "fused_quant_matvec" if packed else "fused_matvec")
 
 
-def _fusable(cfg: ModelConfig, layer: LayerWeights) -> bool:
-    """Whether a layer is a plain pre-norm Llama block (SwiGLU, no extra norms, dense
-    weights), which the five fused operations compute."""
+def _plain(projection, packed: bool) -> bool:
+    """A projection the fused operations can read: dense weights (or packed ones, where the
+    backend fuses those), no bias."""
+    return (isinstance(projection.weight, NDArray) or packed) and projection.bias is None
+
+
+def _fusable(cfg: ModelConfig, layer: LayerWeights, packed: bool) -> bool:
+    """Whether a layer is a plain pre-norm Llama block (SwiGLU, no extra norms; weights dense
+    or, with ``packed``, quantized), which the five fused operations compute."""
     return (cfg.arch.activation == "silu" and layer.q_norm is None
             and layer.post_attn_norm is None and layer.post_mlp_norm is None
-            and isinstance(layer.qkv.weight, NDArray)
-            and all(_plain(p) for p in (layer.o, layer.gate_up, layer.down)))
+            and (isinstance(layer.qkv.weight, NDArray) or packed)
+            and all(_plain(p, packed) for p in (layer.o, layer.gate_up, layer.down)))
 
 
 def _add_norm(x: NDArray, delta: NDArray | None, weight: NDArray,

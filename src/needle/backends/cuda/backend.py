@@ -25,6 +25,7 @@ from ..gpu.array import (
     TRANSPOSE,
     aligned16,
     cdiv,
+    overlap,
     split_scale,
 )
 from ..gpu.paged import PAGED_FLASH
@@ -45,14 +46,11 @@ _SAMPLE_THREADS = 1024
 _SAMPLE_STATIC = 4096  # sampling.cu's static shared memory (2.6 KiB), rounded up
 
 
-def _overlap(a, b) -> bool:
-    """Whether two buffers share memory (same allocation, intersecting byte ranges)."""
-    return (a.handle == b.handle and a.offset < b.offset + b.nbytes
-            and b.offset < a.offset + a.nbytes)
 
 
 class CudaBackend(GpuBackend):
     qmv_staged_x = True  # quant.cu's qmv stages x in shared memory (gpu/quant.py)
+    qdecode_kernels = True  # quant_decode.cu's fused projections (gpu/quant.py)
 
     def __init__(self, device, tuning: CudaTuning | None = None):
         tuning = tuning or CudaTuning.for_device(device.capability, device.executables.arch)
@@ -64,6 +62,7 @@ class CudaBackend(GpuBackend):
         caps.add("fused_decode")  # CUDA ships only the one-launch attention_decode
         if self.tuning.fused_matvec:
             caps.add("fused_matvec")
+        caps.add("fused_quant_matvec")
         caps.add("sampling")
         caps.add("precompile")
         self.capabilities = frozenset(caps)
@@ -272,7 +271,7 @@ class CudaBackend(GpuBackend):
         dt = x.dtype
         item = ITEMSIZE.get(dt, 0)
         if not (self.tuning.fused_matvec and rows == 1 and dt in _FUSED_DTYPES
-                and dim % (16 // item) == 0 and not _overlap(x.buffer, out.buffer)
+                and dim % (16 // item) == 0 and not overlap(x.buffer, out.buffer)
                 and all(aligned16(a.buffer) for a in (x, weight, out) + ((w,) if w else ()))):
             return False
         kern = self._kernel("decode", f"{_FUSED_GEMVS[kind]}_{SUFFIX[dt]}")

@@ -93,6 +93,12 @@ def magic(d: int) -> tuple[int, int]:
     return ((1 << 32) * ((1 << shift) - d)) // d + 1, shift
 
 
+def overlap(a: Buffer, b: Buffer) -> bool:
+    """Whether two buffers share memory (same allocation, intersecting byte ranges)."""
+    return (a.handle == b.handle and a.offset < b.offset + b.nbytes
+            and b.offset < a.offset + a.nbytes)
+
+
 def aligned16(buffer: Buffer) -> bool:
     """Whether a buffer starts 16-byte aligned (CUDA handles are addresses; Metal buffers
     are page-aligned, so only their offset counts)."""

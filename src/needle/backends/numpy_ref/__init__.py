@@ -92,13 +92,14 @@ from .nn import (
 )
 from .optim import adam_update, sgd_update
 from .paged import paged_attention, paged_write
-from .quant import dequantize, quant_matmul
+from .quant import dequantize, quant_matmul, quant_matvec_add, quant_rmsnorm_matvec
 from .reduce import matmul, reduce_argmax, reduce_max, reduce_min, reduce_sum
 from .sampling import sample
 
 name = "cpu_numpy"
 # what each capability promises: backends/api.py
-capabilities = frozenset({"host_memory", "sampling", "paged_attention", "int8", "int4"})
+capabilities = frozenset({"host_memory", "sampling", "paged_attention", "int8", "int4",
+                          "fused_quant_matvec"})
 
 
 def load(index: int = 0):

@@ -230,6 +230,26 @@ template <class C> __device__ __forceinline__ C warp_max(C v) {
   return v;
 }
 
+// 1 / sqrt(mean(x^2) + eps) of x (k values, k a multiple of 16 bytes' worth), summed by one
+// warp; every warp sums in the same order, so all get the same factor (the fused gemvs)
+template <class T>
+__device__ __forceinline__ float warp_rms_factor(const T* x, i64 k, float eps) {
+  typedef typename Acc<T>::type C;
+  constexpr int V = 16 / sizeof(T);
+  const Vec<T, V>* xv = reinterpret_cast<const Vec<T, V>*>(x);
+  C ss = C(0);
+  for (i64 q = threadIdx.x & 31; q < k / V; q += 32) {
+    const Vec<T, V> a = xv[q];
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      const C t = load(a.v[e]);
+      ss += t * t;
+    }
+  }
+  ss = warp_sum(ss);
+  return (float)(C(1) / m_sqrt(ss / (C)k + (C)eps));
+}
+
 // ---- flash decoding's online softmax over a tile of 64 positions whose scores lane l holds
 // for positions l and l + 32 (-inf past the end): the running max m and sum l updated, the
 // accumulator rescaled, pr the tile's weights (0 past the end)

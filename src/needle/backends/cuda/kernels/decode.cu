@@ -100,25 +100,6 @@ struct Rows {
   }
 };
 
-// 1 / sqrt(mean(x^2) + eps) over the warp (every warp sums in the same order)
-template <class T>
-__device__ __forceinline__ float norm_factor(const T* x, const FusedGemvParams& p) {
-  typedef typename Acc<T>::type C;
-  constexpr int V = 16 / sizeof(T);
-  const Vec<T, V>* xv = reinterpret_cast<const Vec<T, V>*>(x);
-  C ss = C(0);
-  for (i64 q = threadIdx.x & 31; q < p.k / V; q += 32) {
-    const Vec<T, V> a = xv[q];
-#pragma unroll
-    for (int e = 0; e < V; e++) {
-      const C t = load(a.v[e]);
-      ss += t * t;
-    }
-  }
-  ss = warp_sum(ss);
-  return (float)(C(1) / m_sqrt(ss / (C)p.k + (C)p.eps));
-}
-
 // rows of this warp: [first, first + count) of p outputs
 struct Span {
   i64 first, count;
@@ -168,7 +149,7 @@ __device__ __forceinline__ void fused_gemv(const T* __restrict__ x, const T* __r
     const Vt* row[R];
     row_ptrs(span.first, row);
     rows.fetch(row, threadIdx.x & 31, nv);
-    rs = norm_factor<T>(x, p);
+    rs = warp_rms_factor<T>(x, p.k, p.eps);
   }
   for (i64 i = 0; i < span.count; i++) {
     const i64 j = span.first + i;

@@ -9,6 +9,7 @@
 //  * dequant{8,4}_{f16,bf16,f32}: W (n, k) in the activation dtype, for prefill products
 //    (the generic GPU backend then runs the dtype's GEMM).
 #include "common.cuh"
+#include "quant.cuh"
 
 #ifndef QMV_ROWS
 #define QMV_ROWS 2
@@ -21,42 +22,10 @@
 // group when that is a power of two (30 for one group per row), else -1
 struct QuantParams { i64 m, n, k, words, groups, group, has_offsets, staged, group_shift; };
 
-// Byte j (0..3) of `v` as a float minus `bias`: the byte placed in the low mantissa bits of
-// 2^23, then one subtraction of 2^23 + bias (exact: both are integers below 2^24).
-template <int J> __device__ __forceinline__ float byte_f(u32 v, float magic) {
-  return __uint_as_float(__byte_perm(v, 0x4B00u, 0x5440u | J)) - magic;
-}
-
 // The stored value of element j of a row (slow path: any k and group).
 template <int BITS> __device__ __forceinline__ float value_at(const u32* row, i64 j) {
   if (BITS == 8) return (float)(signed char)((row[j >> 2] >> ((j & 3) * 8)) & 0xFFu);
   return (float)((row[j >> 3] >> ((j & 7) * 4)) & 15u);
-}
-
-// sum_e x[e] * value e of a 16-byte chunk, x[e] read from the staged layout (float4 j of the
-// chunk at xs[j * stride]). Values: int8 q; int4 u - 8 (symmetric) or u (with offsets).
-template <int BITS>
-__device__ __forceinline__ float chunk_dot(const uint4& w, const float4* xs, int stride,
-                                           float magic) {
-  const u32 words[4] = {w.x, w.y, w.z, w.w};
-  float d0 = 0.f, d1 = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    if (BITS == 4) {  // word i: elements 8i..8i+7; element 8i + 2j in lo byte j, +1 in hi byte j
-      const u32 lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
-      const float4 a = xs[(2 * i) * stride], c = xs[(2 * i + 1) * stride];
-      d0 = fmaf(a.x, byte_f<0>(lo, magic), d0); d1 = fmaf(a.y, byte_f<0>(hi, magic), d1);
-      d0 = fmaf(a.z, byte_f<1>(lo, magic), d0); d1 = fmaf(a.w, byte_f<1>(hi, magic), d1);
-      d0 = fmaf(c.x, byte_f<2>(lo, magic), d0); d1 = fmaf(c.y, byte_f<2>(hi, magic), d1);
-      d0 = fmaf(c.z, byte_f<3>(lo, magic), d0); d1 = fmaf(c.w, byte_f<3>(hi, magic), d1);
-    } else {
-      const u32 u = words[i] ^ 0x80808080u;  // signed byte q -> q + 128
-      const float4 a = xs[i * stride];
-      d0 = fmaf(a.x, byte_f<0>(u, magic), d0); d1 = fmaf(a.y, byte_f<1>(u, magic), d1);
-      d0 = fmaf(a.z, byte_f<2>(u, magic), d0); d1 = fmaf(a.w, byte_f<3>(u, magic), d1);
-    }
-  }
-  return d0 + d1;
 }
 
 // Fast path (params.staged): k a multiple of the 16-byte chunk's E values, groups whole
@@ -104,26 +73,15 @@ __device__ __forceinline__ void qmv_staged(const T* __restrict__ x, const u32* _
   fetch(lane);
   float4* xs = reinterpret_cast<float4*>(smem);  // [E / 4][chunks]
   float* xsum = smem + k;                          // [chunks]
-  for (int e = tid; e < k; e += threads) {
-    const int c = e / E, r = e - c * E;
-    smem[((r >> 2) * chunks + c) * 4 + (r & 3)] = load(x[e]);
-  }
+  stage_x<T, E, false>(x, x, 1.f, k, smem, tid, threads);
   __syncthreads();
   if (offsets) {
-    for (int c = tid; c < chunks; c += threads) {
-      float t = 0.f;
-#pragma unroll
-      for (int j = 0; j < E / 4; j++) {
-        const float4 v = xs[j * chunks + c];
-        t += (v.x + v.y) + (v.z + v.w);
-      }
-      xsum[c] = t;
-    }
+    chunk_sums<E>(smem, k, xsum, tid, threads);
     __syncthreads();
   }
   if (!active) return;
   const int shift = (int)p.group_shift, per_group = (int)(p.group / E);
-  const float magic = BITS == 8 ? 8388736.0f : (offsets ? 8388608.0f : 8388616.0f);
+  const float magic = value_magic<BITS>(offsets);
   float acc[R];
 #pragma unroll
   for (int i = 0; i < R; i++) acc[i] = 0.f;

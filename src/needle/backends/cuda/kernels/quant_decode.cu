@@ -1,0 +1,192 @@
+// The decode step's fused projections with quantized weights (numpy_ref/decode.py defines
+// them; docs/quantization.md the packing), one token:
+//   rmsnorm_qmv{8,4}_*         out[j] = (W h)[j],              h = rmsnorm(x) * nw, rounded to T
+//   rmsnorm_qmv_swiglu{8,4}_*  out[j] = silu(g) * u,  g = (W h)[j], u = (W h)[p + j]
+//   qmv_add{8,4}_*             x[j] += (W a)[j], in place (the residual stream)
+// decode.cu's dense kernels read x along with each weight vector; here a 16-byte chunk of
+// packed weights holds 16 (int8) or 32 (int4) values, so x (normed, for the first two) is
+// staged once per group of 4 warps in shared memory as float, laid out for chunk_dot, each
+// thread's loads of x issued together (quant.cuh: group_sum_squares, stage_x). A warp then
+// walks its outputs NR at a time (a step); a round asks for U chunks of each of the step's RW
+// weight rows (RW = NR, or NR gate and NR up rows) with each chunk's scale (and offset), RW x
+// U = 8 loads of 16 bytes per lane, and the next round is asked for as soon as this one's
+// registers are summed, so it is in flight during the warp sums and stores. A short row (a
+// 2048-wide int4 row is 2 chunks a lane) is one round, with 4 rows in flight.
+// Measured (docs/cuda_notes.md v12): bound by instruction issue at the occupancy the 128
+// registers allow (3 instructions a value), not by bytes in flight; two rounds in flight
+// (double-buffered registers) made it slower.
+#include "common.cuh"
+#include "quant.cuh"
+
+#ifndef QDECODE_MIN_GROUPS
+#define QDECODE_MIN_GROUPS 4  // groups of 4 warps per SM the registers must allow
+#endif
+
+struct QDecodeParams {  // gpu/quant.py QDECODE
+  i64 k, p, words, groups, rows_per_warp, group_shift, per_group;
+  float eps;
+  int offsets;
+};
+
+namespace qd {
+constexpr int WARPS = 4;
+
+// KIND 0: rmsnorm_qmv, 1: rmsnorm_qmv_swiglu, 2: qmv_add. A warp's work is a sequence of
+// rounds: step s (outputs first + s NR ..) has `per_step` rounds, round r of it U chunks of
+// each of the step's RW weight rows, chunks lane + 32 (U r + u).
+template <int BITS, int KIND, int NR, int U>
+struct Round {
+  static constexpr int E = 128 / BITS, RW = KIND == 1 ? 2 * NR : NR;
+  uint4 w[RW][U];
+  float sc[RW][U], off[RW][U];
+
+  // the chunks of round r of the step whose outputs start at j0 (rows past `last` read
+  // `last`'s, never stored), with their scales (and offsets)
+  __device__ __forceinline__ void fetch(i64 j0, int r, i64 last, int chunks, const u32* q,
+                                        const float* s, const float* b,
+                                        const QDecodeParams& p) {
+    const int c0 = (threadIdx.x & 31) + 32 * U * r;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int c = c0 + 32 * u;
+      if (c >= chunks) break;
+      const i64 g = p.group_shift >= 0 ? c >> p.group_shift : c / (int)p.per_group;
+#pragma unroll
+      for (int i = 0; i < RW; i++) {
+        const i64 j = j0 + i % NR;
+        const i64 row = (j <= last ? j : last) + (KIND == 1 && i >= NR ? p.p : 0);
+        const uint4* at = reinterpret_cast<const uint4*>(q + row * p.words) + c;
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(w[i][u].x), "=r"(w[i][u].y), "=r"(w[i][u].z), "=r"(w[i][u].w)
+                     : "l"(at));
+        sc[i][u] = __ldg(s + row * p.groups + g);
+        if (p.offsets) off[i][u] = __ldg(b + row * p.groups + g);
+      }
+    }
+  }
+
+  // acc[i] += the round's chunks dotted with the staged h (xsum: each chunk's sum of h)
+  __device__ __forceinline__ void dot(int r, int chunks, const float4* xs, const float* xsum,
+                                      float magic, const QDecodeParams& p,
+                                      float (&acc)[RW]) const {
+    const int c0 = (threadIdx.x & 31) + 32 * U * r;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int c = c0 + 32 * u;
+      if (c >= chunks) break;
+      const float xsc = p.offsets ? xsum[c] : 0.f;
+#pragma unroll
+      for (int i = 0; i < RW; i++) {
+        const float d = chunk_dot<BITS>(w[i][u], xs + c, chunks, magic);
+        acc[i] = p.offsets ? fmaf(sc[i][u], d, fmaf(off[i][u], xsc, acc[i]))
+                           : fmaf(sc[i][u], d, acc[i]);
+      }
+    }
+  }
+};
+
+// one warp's outputs j0 .. j0 + NR - 1 (up to last) from its summed dot products
+template <class T, int KIND, int NR, int RW>
+__device__ __forceinline__ void finish(float (&acc)[RW], const float (&before)[NR], i64 j0,
+                                       i64 last, T* out) {
+  typedef typename Acc<T>::type C;
+#pragma unroll
+  for (int i = 0; i < RW; i++) acc[i] = warp_sum(acc[i]);
+  if ((threadIdx.x & 31) != 0) return;
+#pragma unroll
+  for (int i = 0; i < NR; i++) {
+    const i64 j = j0 + i;
+    if (j > last) break;
+    if (KIND == 2) {
+      out[j] = store<T>((C)before[i] + (C)load(store<T>((C)acc[i])));
+    } else if (KIND == 1) {
+      const C g = load(store<T>((C)acc[i])), u = load(store<T>((C)acc[NR + i]));
+      out[j] = store<T>(g * (C(0.5) * (m_tanh(C(0.5) * g) + C(1))) * u);  // swiglu's form
+    } else {
+      out[j] = store<T>((C)acc[i]);
+    }
+  }
+}
+
+template <class T, int BITS, int KIND, int NR, int U>
+__device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restrict__ nw,
+                                      const u32* __restrict__ q, const float* __restrict__ s,
+                                      const float* __restrict__ b, T* out,
+                                      const QDecodeParams& p, float* smem) {
+  typedef Round<BITS, KIND, NR, U> R;
+  constexpr int E = R::E, RW = R::RW;
+  constexpr bool NORM = KIND != 2;
+  const int k = (int)p.k, chunks = k / E, lane = threadIdx.x & 31;
+  const int per_step = (chunks + 32 * U - 1) / (32 * U);
+  const i64 first = ((i64)blockIdx.x * WARPS + (threadIdx.x >> 5)) * p.rows_per_warp;
+  const i64 last = (first + p.rows_per_warp < p.p ? first + p.rows_per_warp : p.p) - 1;
+  const int rounds = first <= last ? (int)((last - first) / NR + 1) * per_step : 0;
+  R ra;
+  auto fetch = [&](R& into, int n) {
+    into.fetch(first + (i64)(n / per_step) * NR, n % per_step, last, chunks, q, s, b, p);
+  };
+  if (rounds) fetch(ra, 0);  // weights do not depend on the previous kernel: ask first
+  pdl_entry();  // x (and out, for qmv_add) are the previous kernels' outputs
+  // shared memory: staged h (k floats), each chunk's sum of h (with offsets), WARPS floats
+  float* xsum = smem + k;
+  float* red = xsum + (p.offsets ? chunks : 0);
+  float rs = 1.f;
+  if (NORM) {
+    const float ss = group_sum_squares<T>(x, k, red, threadIdx.x, WARPS * 32);
+    rs = 1.f / sqrtf(ss / (float)k + p.eps);
+  }
+  stage_x<T, E, NORM>(x, nw, rs, k, smem, threadIdx.x, WARPS * 32);
+  __syncthreads();
+  if (p.offsets) {
+    chunk_sums<E>(smem, k, xsum, threadIdx.x, WARPS * 32);
+    __syncthreads();
+  }
+  const float4* xs = reinterpret_cast<const float4*>(smem);
+  const float magic = value_magic<BITS>(p.offsets != 0);
+  float acc[RW], before[NR];
+  for (int n = 0; n < rounds; n++) {
+    const int r = n % per_step;
+    const i64 j0 = first + (i64)(n / per_step) * NR;
+    if (r == 0) {
+#pragma unroll
+      for (int i = 0; i < RW; i++) acc[i] = 0.f;
+#pragma unroll
+      for (int i = 0; i < NR; i++)  // the residual's old values, used when the step ends
+        before[i] = KIND == 2 && lane == 0 && j0 + i <= last ? (float)load(out[j0 + i]) : 0.f;
+    }
+    ra.dot(r, chunks, xs, xsum, magic, p, acc);
+    // the next round in flight during the rest (a step's warp sums and stores included)
+    if (n + 1 < rounds) fetch(ra, n + 1);
+    if (r == per_step - 1) finish<T, KIND, NR, RW>(acc, before, j0, last, out);
+  }
+}
+}  // namespace qd
+
+// (NR, U): 8 chunk loads a round per lane; int4 rows are half as long, so twice the rows
+#define QDECODE_NORM(NAME, SFX, T, BITS, KIND, NR, U)                                           \
+  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_MIN_GROUPS)                 \
+      NAME##BITS##_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                     \
+                         const u32* __restrict__ q, const float* __restrict__ s,                \
+                         const float* __restrict__ b, T* __restrict__ out, QDecodeParams p) {   \
+    extern __shared__ __align__(16) float qdecode_smem[];                                       \
+    qd::qgemv<T, BITS, KIND, NR, U>(x, nw, q, s, b, out, p, qdecode_smem);                      \
+  }
+#define QDECODE_ADD(SFX, T, BITS, NR, U)                                                        \
+  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_MIN_GROUPS)                 \
+      qmv_add##BITS##_##SFX(const T* __restrict__ a, const u32* __restrict__ q,                 \
+                            const float* __restrict__ s, const float* __restrict__ b,           \
+                            T* total, QDecodeParams p) {                                        \
+    extern __shared__ __align__(16) float qdecode_smem[];                                       \
+    qd::qgemv<T, BITS, 2, NR, U>(a, a, q, s, b, total, p, qdecode_smem);                        \
+  }
+#define QDECODE(SFX, T)                                                                         \
+  QDECODE_NORM(rmsnorm_qmv, SFX, T, 8, 0, 2, 4)                                                 \
+  QDECODE_NORM(rmsnorm_qmv, SFX, T, 4, 0, 4, 2)                                                 \
+  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 8, 1, 1, 4)                                          \
+  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 4, 1, 2, 2)                                          \
+  QDECODE_ADD(SFX, T, 8, 2, 4)                                                                  \
+  QDECODE_ADD(SFX, T, 4, 4, 2)
+
+ONLY(f16, QDECODE(f16, half_t))
+ONLY(bf16, QDECODE(bf16, bf16_t))
+ONLY(f32, QDECODE(f32, float))

@@ -1,0 +1,119 @@
+"""The decode step's fused projections with packed weights: ``nd.rmsnorm_matvec`` (and with
+``activation="swiglu"``) and ``nd.matvec_add`` given a ``QuantizedMatrix``, on every device.
+
+Each result is checked against a float64 computation from the matrix's exact values
+(``needle.quant.format.dequantize``, float32) and the roundings of the definition
+(numpy_ref/quant.py: the norm rounded to x's dtype, the product rounded once), and against
+the composed ops on the same device (``quant_matmul`` of ``rmsnorm``). Formats: int8 per
+channel and in groups, int4 symmetric and with offsets; sizes: k a whole number of 16-byte
+chunks (CUDA's one-kernel path, quant_decode.cu) and not (the composed path), output counts
+that leave a warp's last step partly empty, one row and several.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import needle.backend_ndarray as nd
+from needle.errors import DeviceError, DTypeError, ShapeError
+from needle.quant.format import dequantize
+
+from ..conftest import assert_close, assert_equal, check_unsupported_dtype
+from .compare import np_dtype, on, random
+
+EPS = 1e-5
+# (bits, group (None: per channel), symmetric, k)
+FORMATS = [(8, None, True, 256), (8, 32, True, 512), (4, 64, True, 256), (4, 128, True, 384),
+           (4, 32, False, 256), (4, 64, True, 200), (8, 16, True, 72)]
+OUTS = (37, 260)
+QUANT_FLOATS = ("float32", "bfloat16", "float16")
+
+
+def _rounded(x: np.ndarray, dtype: str) -> np.ndarray:
+    return x.astype(np_dtype(dtype)).astype(np.float64)
+
+
+def _normed(x: np.ndarray, w: np.ndarray, dtype: str) -> np.ndarray:
+    v = x.astype(np.float64)
+    return _rounded(v / np.sqrt((v * v).mean(-1, keepdims=True) + EPS) * w.astype(np.float64),
+                    dtype)
+
+
+def _packed(rng, n: int, k: int, bits: int, group, symmetric: bool, device):
+    """A packed matrix on ``device`` and its exact values (float64) for the references."""
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    qm = nd.QuantizedMatrix.quantize(w, bits, group, symmetric, device=device)
+    q, s = qm.qweight.numpy(), qm.scales.numpy()
+    b = None if qm.offsets is None else qm.offsets.numpy()
+    exact = dequantize(q, s, b, bits, qm.spec.group_size, k).astype(np.float64)
+    return qm, exact
+
+
+def every_format(test):
+    for name, values in (("p", OUTS), ("fmt", FORMATS), ("dtype", QUANT_FLOATS)):
+        ids = [str(v) for v in values] if name == "fmt" else None
+        test = pytest.mark.parametrize(name, values, ids=ids)(test)
+    return test
+
+
+@every_format
+@pytest.mark.parametrize("rows", [1, 3])
+def test_rmsnorm_matvec_with_packed_weights(device, dtype, fmt, p, rows, rng):
+    bits, group, symmetric, k = fmt
+    if check_unsupported_dtype(device, dtype):
+        return
+    x, w = random(rng, (rows, k), dtype, -2, 2), random(rng, (k,), dtype, 0.5, 1.5)
+    qm, exact = _packed(rng, p, k, bits, group, symmetric, device)
+    X, Wn = on(device, x), on(device, w)
+    got = nd.rmsnorm_matvec(X, Wn, qm, EPS)
+    assert (got.shape, got.dtype, got.device) == ((rows, p), dtype, device)
+    assert_close(got, _normed(x, w, dtype) @ exact.T, dtype, "matmul")
+    assert_close(got, nd.quant_matmul(X.rmsnorm(Wn, EPS), qm), dtype, "matmul")
+    assert_equal(X, x)
+
+
+@every_format
+def test_rmsnorm_matvec_swiglu_with_packed_weights(device, dtype, fmt, p, rng):
+    bits, group, symmetric, k = fmt
+    if check_unsupported_dtype(device, dtype):
+        return
+    x, w = random(rng, (1, 1, k), dtype, -2, 2), random(rng, (k,), dtype, 0.5, 1.5)
+    qm, exact = _packed(rng, 2 * p, k, bits, group, symmetric, device)
+    got = nd.rmsnorm_matvec(on(device, x), on(device, w), qm, EPS, activation="swiglu")
+    assert (got.shape, got.dtype) == ((1, 1, p), dtype)
+    gu = _rounded(_normed(x, w, dtype) @ exact.T, dtype)
+    g, u = gu[..., :p], gu[..., p:]
+    assert_close(got, g / (1 + np.exp(-g)) * u, dtype, "matmul")
+
+
+@every_format
+def test_matvec_add_with_packed_weights(device, dtype, fmt, p, rng):
+    bits, group, symmetric, k = fmt
+    if check_unsupported_dtype(device, dtype):
+        return
+    a, t0 = random(rng, (1, 1, k), dtype, -2, 2), random(rng, (1, 1, p), dtype, -2, 2)
+    qm, exact = _packed(rng, p, k, bits, group, symmetric, device)
+    A, T = on(device, a), on(device, t0)
+    assert nd.matvec_add(A, qm, T) is T  # in place
+    y = _rounded(a.astype(np.float64) @ exact.T, dtype)
+    assert_close(T, t0.astype(np.float64) + y, dtype, "matmul")
+    assert_equal(A, a)
+
+
+def test_packed_weights_of_the_wrong_shape_or_device_are_clear_errors(device, rng):
+    qm, _ = _packed(rng, 10, 64, 8, None, True, device)
+    x = on(device, random(rng, (1, 64), "float32"))
+    w = on(device, random(rng, (64,), "float32"))
+    with pytest.raises(ShapeError, match="gate rows then up rows"):
+        nd.rmsnorm_matvec(x, w, nd.QuantizedMatrix.quantize(np.ones((9, 64), np.float32), 8,
+                                                            device=device), activation="swiglu")
+    with pytest.raises(ShapeError, match=r"dim = 32"):
+        nd.matvec_add(x[:, :32], qm, on(device, np.zeros((1, 10), np.float32)))
+    if device.kind != "metal":  # Metal has no float64
+        with pytest.raises(DTypeError, match="quantized weights work with"):
+            nd.rmsnorm_matvec(x.astype("float64"), w, qm)
+    other = nd.cpu_numpy() if device.kind != "cpu_numpy" else nd.cpu()
+    with pytest.raises(DeviceError):
+        nd.rmsnorm_matvec(on(other, random(rng, (1, 64), "float32")),
+                          on(other, random(rng, (64,), "float32")), qm)
