@@ -119,3 +119,15 @@ def test_a_device_without_the_capability_says_so(rng):
             with pytest.raises(DeviceError, match="capability 'int4'"):
                 nd.quant_matmul(nd.zeros((1, 64), device=dev), w)
     assert has(nd.cpu_numpy().backend, "int4") and has(nd.cpu_numpy().backend, "int8")
+
+
+def test_a_matrix_of_row_views_reads_its_own_rows(device, reference, rng):
+    """A QuantizedMatrix built from views (rows 3.. of a packed matrix) multiplies by those
+    rows, as the matrix packed from them does."""
+    w = rng.standard_normal((9, 64)).astype(np.float32)
+    full = nd.QuantizedMatrix.quantize(w, 4, 32, False, device=device)
+    part = nd.QuantizedMatrix(full.qweight[3:], full.scales[3:], full.offsets[3:], full.spec,
+                              (6, 64))
+    alone = nd.QuantizedMatrix.quantize(w[3:], 4, 32, False, device=device)
+    x = nd.array(rng.standard_normal((1, 64)).astype(np.float32), device=device)
+    assert_close(nd.quant_matmul(x, part), nd.quant_matmul(x, alone), "float32")

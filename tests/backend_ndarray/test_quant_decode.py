@@ -117,3 +117,39 @@ def test_packed_weights_of_the_wrong_shape_or_device_are_clear_errors(device, rn
     with pytest.raises(DeviceError):
         nd.rmsnorm_matvec(on(other, random(rng, (1, 64), "float32")),
                           on(other, random(rng, (64,), "float32")), qm)
+
+
+CUDA = nd.cuda()
+
+
+@pytest.mark.skipif(not CUDA.enabled(), reason=f"cuda disabled: {CUDA.reason}")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("fmt", [(8, None, True, 512), (4, 64, True, 256), (4, 32, False, 384),
+                                 (8, 16, True, 1536), (4, 128, True, 4352)], ids=str)
+def test_cuda_runs_each_projection_as_one_kernel(dtype, fmt, rng):
+    """On CUDA each packed projection of one row is one quant_decode.cu kernel (the model's
+    decode step relies on it: five launches a layer; int4 rows of 4096 and more take the
+    "w" kernels), right against the float64 reference; a matrix of row views (qweight[:70])
+    reads its own rows."""
+    bits, group, symmetric, k = fmt
+    sfx = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}[dtype]
+    x, w = random(rng, (1, k), dtype, -2, 2), random(rng, (k,), dtype, 0.5, 1.5)
+    t0 = random(rng, (1, 70), dtype, -2, 2)
+    qm, exact = _packed(rng, 140, k, bits, group, symmetric, CUDA)
+    w70 = nd.QuantizedMatrix(qm.qweight[:70], qm.scales[:70],
+                             None if qm.offsets is None else qm.offsets[:70], qm.spec, (70, k))
+    X, Wn, T = on(CUDA, x), on(CUDA, w), on(CUDA, t0)
+    with CUDA.backend.profile() as prof:
+        plain = nd.rmsnorm_matvec(X, Wn, qm, EPS)
+        act = nd.rmsnorm_matvec(X, Wn, qm, EPS, activation="swiglu")
+        nd.matvec_add(X, w70, T)
+    calls = {name: t.calls for name, t in prof.totals.items()}
+    kind = f"{bits}w" if bits == 4 and k >= 4096 else str(bits)  # int4's long-row kernels
+    assert calls == {f"rmsnorm_qmv{kind}_{sfx}": 1, f"rmsnorm_qmv_swiglu{kind}_{sfx}": 1,
+                     f"qmv_add{kind}_{sfx}": 1}, prof.table()
+    h = _normed(x, w, dtype)
+    assert_close(plain, h @ exact.T, dtype, "matmul")
+    gu = _rounded(h @ exact.T, dtype)
+    assert_close(act, gu[:, :70] / (1 + np.exp(-gu[:, :70])) * gu[:, 70:], dtype, "matmul")
+    want = t0.astype(np.float64) + _rounded(x.astype(np.float64) @ exact[:70].T, dtype)
+    assert_close(T, want, dtype, "matmul")

@@ -49,6 +49,10 @@ class QuantizedMatrix:
                                  f"{self.spec.group_size}): {name} must be {dt} {shape}, got "
                                  f"{got}")
             self.qweight._check_device(a)
+        # views (rows of a larger matrix) become arrays of their own: kernels read buffers
+        self.qweight, self.scales = self.qweight.compact(), self.scales.compact()
+        if self.offsets is not None:
+            self.offsets = self.offsets.compact()
 
     @property
     def device(self) -> Device:

@@ -26,8 +26,11 @@ QMV_MAX_M = 8
 # eps, offsets; its groups of 4 warps; outputs a warp takes per step (its NR) by (bits, kind)
 QDECODE = struct.Struct("7qfi")
 QDECODE_WARPS = 4
+# (and, for int4 rows of QDECODE_WIDE values or more, the "w" kernels')
 QDECODE_STEP = {(8, "rmsnorm_qmv"): 2, (4, "rmsnorm_qmv"): 4, (8, "rmsnorm_qmv_swiglu"): 1,
-                (4, "rmsnorm_qmv_swiglu"): 2, (8, "qmv_add"): 2, (4, "qmv_add"): 4}
+                (4, "rmsnorm_qmv_swiglu"): 2, (8, "qmv_add"): 2, (4, "qmv_add"): 4,
+                (4, "rmsnorm_qmvw"): 2, (4, "rmsnorm_qmv_swigluw"): 1, (4, "qmv_addw"): 2}
+QDECODE_WIDE = 4096
 QDECODE_STEPS = 0  # steps a warp takes (0: as many as spread the outputs over one wave)
 _ACTIVATIONS = ("float16", "bfloat16", "float32")
 
@@ -143,20 +146,21 @@ class QuantOps(GpuBase):
         words, groups = dim // (32 // bits), cdiv(dim, group_size)
         if qweight.size != n * words or scales.size != n * groups:
             return False  # the composed form's checks name the mismatch
-        kern = self._kernel("quant_decode", f"{kind}{bits}_{SUFFIX[x.dtype]}")
-        kern.check_threads(32 * QDECODE_WARPS)
+        threads = 32 * QDECODE_WARPS
+        wide = "w" if bits == 4 and dim >= QDECODE_WIDE else ""
+        kern = self._kernel("quant_decode", f"{kind}{bits}{wide}_{SUFFIX[x.dtype]}")
         kern.reserve_shared(shared)
-        step = QDECODE_STEP[bits, kind]
-        warps = kern.resident_groups(32 * QDECODE_WARPS, shared) * QDECODE_WARPS
-        per_warp = step * (QDECODE_STEPS or cdiv(cdiv(p, step), warps))  # whole steps
+        step = QDECODE_STEP[bits, kind + wide]  # a warp's outputs: whole steps, one wave
+        warps = kern.resident_groups(threads, shared) * QDECODE_WARPS
+        per_warp = step * (QDECODE_STEPS or cdiv(cdiv(p, step), warps))
+        kern.check_threads(threads)
         per_group = group_size // chunk
         params = QDECODE.pack(dim, p, words, groups, per_warp,
                               _group_shift(groups, per_group), per_group, eps,
                               int(offsets is not None))
         extra = (offsets if offsets is not None else scales).buffer
         inputs = (x.buffer,) if w is None else (x.buffer, w.buffer)
-        self.queue.dispatch(kern, (cdiv(p, per_warp * QDECODE_WARPS), 1, 1),
-                            (32 * QDECODE_WARPS, 1, 1),
+        self.queue.dispatch(kern, (cdiv(p, per_warp * QDECODE_WARPS), 1, 1), (threads, 1, 1),
                             inputs + (qweight.buffer, scales.buffer, extra, out.buffer),
                             params, shared)
         return True

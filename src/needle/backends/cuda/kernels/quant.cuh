@@ -3,6 +3,13 @@
 #pragma once
 #include "common.cuh"
 
+// the decode step's fused quantized projections (quant_decode.cu)
+struct QDecodeParams {  // gpu/quant.py QDECODE
+  i64 k, p, words, groups, rows_per_warp, group_shift, per_group;
+  float eps;
+  int offsets;
+};
+
 // the float subtracted from a byte placed in 2^23's mantissa (byte_f) to get the value:
 // int8 (stored q xor 0x80 = q + 128), int4 symmetric (u - 8), int4 with offsets (u)
 template <int BITS> __device__ __forceinline__ float value_magic(bool offsets) {

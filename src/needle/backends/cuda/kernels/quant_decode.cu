@@ -22,12 +22,6 @@
 #define QDECODE_MIN_GROUPS 4  // groups of 4 warps per SM the registers must allow
 #endif
 
-struct QDecodeParams {  // gpu/quant.py QDECODE
-  i64 k, p, words, groups, rows_per_warp, group_shift, per_group;
-  float eps;
-  int offsets;
-};
-
 namespace qd {
 constexpr int WARPS = 4;
 
@@ -162,30 +156,37 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
 }
 }  // namespace qd
 
-// (NR, U): 8 chunk loads a round per lane; int4 rows are half as long, so twice the rows
-#define QDECODE_NORM(NAME, SFX, T, BITS, KIND, NR, U)                                           \
-  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_MIN_GROUPS)                 \
-      NAME##BITS##_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                     \
-                         const u32* __restrict__ q, const float* __restrict__ s,                \
-                         const float* __restrict__ b, T* __restrict__ out, QDecodeParams p) {   \
+// (NR, U): 8 chunk loads a round per lane. An int4 row is half as long as an int8 one, so the
+// int4 kernels take twice the rows a round (NR 4, U 2: a 2048-wide row is one round), and
+// the "w" ones (NR 2, U 4, as int8) rows of 4096 and more: twice the warps on a matrix of
+// few long rows (the down projection), whose rows fill the wider rounds.
+#define QDECODE_NORM(NAME, SFX, T, BITS, KIND, NR, U, W)                                        \
+  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_MIN_GROUPS)             \
+      NAME##BITS##W##_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                  \
+                            const u32* __restrict__ q, const float* __restrict__ s,             \
+                            const float* __restrict__ b, T* __restrict__ out,                   \
+                            QDecodeParams p) {                                                  \
     extern __shared__ __align__(16) float qdecode_smem[];                                       \
     qd::qgemv<T, BITS, KIND, NR, U>(x, nw, q, s, b, out, p, qdecode_smem);                      \
   }
-#define QDECODE_ADD(SFX, T, BITS, NR, U)                                                        \
-  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_MIN_GROUPS)                 \
-      qmv_add##BITS##_##SFX(const T* __restrict__ a, const u32* __restrict__ q,                 \
-                            const float* __restrict__ s, const float* __restrict__ b,           \
-                            T* total, QDecodeParams p) {                                        \
+#define QDECODE_ADD(SFX, T, BITS, NR, U, W)                                                     \
+  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_MIN_GROUPS)             \
+      qmv_add##BITS##W##_##SFX(const T* __restrict__ a, const u32* __restrict__ q,              \
+                               const float* __restrict__ s, const float* __restrict__ b,        \
+                               T* total, QDecodeParams p) {                                     \
     extern __shared__ __align__(16) float qdecode_smem[];                                       \
     qd::qgemv<T, BITS, 2, NR, U>(a, a, q, s, b, total, p, qdecode_smem);                        \
   }
 #define QDECODE(SFX, T)                                                                         \
-  QDECODE_NORM(rmsnorm_qmv, SFX, T, 8, 0, 2, 4)                                                 \
-  QDECODE_NORM(rmsnorm_qmv, SFX, T, 4, 0, 4, 2)                                                 \
-  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 8, 1, 1, 4)                                          \
-  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 4, 1, 2, 2)                                          \
-  QDECODE_ADD(SFX, T, 8, 2, 4)                                                                  \
-  QDECODE_ADD(SFX, T, 4, 4, 2)
+  QDECODE_NORM(rmsnorm_qmv, SFX, T, 8, 0, 2, 4, )                                               \
+  QDECODE_NORM(rmsnorm_qmv, SFX, T, 4, 0, 4, 2, )                                               \
+  QDECODE_NORM(rmsnorm_qmv, SFX, T, 4, 0, 2, 4, w)                                              \
+  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 8, 1, 1, 4, )                                        \
+  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 4, 1, 2, 2, )                                        \
+  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 4, 1, 1, 4, w)                                       \
+  QDECODE_ADD(SFX, T, 8, 2, 4, )                                                                \
+  QDECODE_ADD(SFX, T, 4, 4, 2, )                                                                \
+  QDECODE_ADD(SFX, T, 4, 2, 4, w)
 
 ONLY(f16, QDECODE(f16, half_t))
 ONLY(bf16, QDECODE(bf16, bf16_t))
