@@ -29,6 +29,7 @@ from ..gpu.array import (
     split_scale,
 )
 from ..gpu.paged import PAGED_FLASH
+from .quant_decode import QuantDecodeOps
 from .tensor_map import matrix_map
 from .tuning import CudaTuning
 
@@ -48,9 +49,8 @@ _SAMPLE_STATIC = 4096  # sampling.cu's static shared memory (2.6 KiB), rounded u
 
 
 
-class CudaBackend(GpuBackend):
+class CudaBackend(QuantDecodeOps, GpuBackend):
     qmv_staged_x = True  # quant.cu's qmv stages x in shared memory (gpu/quant.py)
-    qdecode_kernels = True  # quant_decode.cu's fused projections (gpu/quant.py)
 
     def __init__(self, device, tuning: CudaTuning | None = None):
         tuning = tuning or CudaTuning.for_device(device.capability, device.executables.arch)

@@ -5,8 +5,9 @@ Up to ``QMV_MAX_M`` rows of x (decoding, small batches) the packed matrix is rea
 by ``qmv{bits}_*``, which dequantizes in registers; larger products (prefill) dequantize W
 into a workspace of x's dtype and run the dtype's GEMM, whose cost the dequantization
 (reading the packed bytes, writing 2 bytes per weight) adds little to. The decode step's
-fused projections with packed weights (``quant_rmsnorm_matvec``, ``quant_matvec_add``) are one
-kernel each on CUDA (``quant_decode.cu``) and composed of the kernels above elsewhere.
+fused projections with packed weights (``quant_rmsnorm_matvec``, ``quant_matvec_add``) are
+composed of the kernels above; a device replaces a call with one fused kernel through
+``_quant_matvec_special`` (CUDA: ``cuda/quant_decode.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import struct
 
 from ...errors import DTypeError, ShapeError
-from .array import SUFFIX, GpuArray, aligned16, cdiv, overlap
+from .array import SUFFIX, GpuArray, aligned16, cdiv
 from .base import GpuBase
 
 # quant.cu's QuantParams: m, n, k, words, groups, group, offsets, staged, group_shift
@@ -22,16 +23,6 @@ QUANT = struct.Struct("9q")
 QMV_ROWS = 2  # rows of W per warp (quant.cu's QMV_ROWS)
 QMV_WARPS = 4  # warps per group
 QMV_MAX_M = 8
-# quant_decode.cu's QDecodeParams: k, p, words, groups, rows_per_warp, group_shift, per_group,
-# eps, offsets; its groups of 4 warps; outputs a warp takes per step (its NR) by (bits, kind)
-QDECODE = struct.Struct("7qfi")
-QDECODE_WARPS = 4
-# (and, for int4 rows of QDECODE_WIDE values or more, the "w" kernels')
-QDECODE_STEP = {(8, "rmsnorm_qmv"): 2, (4, "rmsnorm_qmv"): 4, (8, "rmsnorm_qmv_swiglu"): 1,
-                (4, "rmsnorm_qmv_swiglu"): 2, (8, "qmv_add"): 2, (4, "qmv_add"): 4,
-                (4, "rmsnorm_qmvw"): 2, (4, "rmsnorm_qmv_swigluw"): 1, (4, "qmv_addw"): 2}
-QDECODE_WIDE = 4096
-QDECODE_STEPS = 0  # steps a warp takes (0: as many as spread the outputs over one wave)
 _ACTIVATIONS = ("float16", "bfloat16", "float32")
 
 
@@ -39,8 +30,6 @@ class QuantOps(GpuBase):
     # whether the device's qmv kernels stage x in shared memory (quant.cu does, quant.metal
     # reads x directly); a device backend sets it
     qmv_staged_x = False
-    # whether the device has quant_decode.cu's fused projections (CUDA sets it)
-    qdecode_kernels = False
 
     def _quant_params(self, qweight, scales, offsets, m, n, k, bits, group_size, op, x=None):
         if bits not in (8, 4):
@@ -58,7 +47,7 @@ class QuantOps(GpuBase):
         shared = 4 * (k + k // chunk) if staged else 0
         if shared > self.device.max_shared_bytes:
             staged, shared = False, 0
-        shift = _group_shift(groups, group_size // chunk)
+        shift = group_shift(groups, group_size // chunk)
         params = QUANT.pack(m, n, k, words, groups, group_size, int(offsets is not None),
                             int(staged), shift)
         extra = (offsets if offsets is not None else scales).buffer
@@ -108,8 +97,8 @@ class QuantOps(GpuBase):
                              group_size: int, swiglu: bool) -> None:
         """out (rows, p) = rmsnorm(x) * w @ W.T (swiglu: silu(g) * u of W's 2p rows)."""
         kind = "rmsnorm_qmv_swiglu" if swiglu else "rmsnorm_qmv"
-        if self._qdecode(kind, x, w, qweight, scales, offsets, out, rows, dim, p, eps, bits,
-                         group_size):
+        if self._quant_matvec_special(kind, x, w, qweight, scales, offsets, out, rows, dim, p,
+                                      eps, bits, group_size):
             return
         h = self._new_array(rows * dim, x.dtype)
         self.rmsnorm(x, w, h, dim, eps)
@@ -123,50 +112,23 @@ class QuantOps(GpuBase):
                          offsets: GpuArray | None, total: GpuArray, rows: int, dim: int,
                          p: int, bits: int, group_size: int) -> None:
         """total (rows, p) += a @ W.T (the product rounded first), in place."""
-        if self._qdecode("qmv_add", a, None, qweight, scales, offsets, total, rows, dim, p,
-                         0.0, bits, group_size):
+        if self._quant_matvec_special("qmv_add", a, None, qweight, scales, offsets, total,
+                                      rows, dim, p, 0.0, bits, group_size):
             return
         y = self._new_array(rows * p, a.dtype)
         self.quant_matmul(a, qweight, scales, offsets, y, rows, p, dim, bits, group_size)
         self.ewise_add(total, y, total)
 
-    def _qdecode(self, kind: str, x: GpuArray, w: GpuArray | None, qweight: GpuArray,
-                 scales: GpuArray, offsets: GpuArray | None, out: GpuArray, rows: int,
-                 dim: int, p: int, eps: float, bits: int, group_size: int) -> bool:
-        """One quant_decode.cu kernel for one row, where the format allows (k and the group
-        whole 16-byte chunks); False: the composed form runs instead."""
-        chunk = 128 // bits  # staged h, each chunk's sum of it (with offsets), 4 warp sums
-        shared = 4 * (dim + (dim // chunk if offsets is not None else 0) + QDECODE_WARPS)
-        if not (self.qdecode_kernels and rows == 1 and x.dtype in _ACTIVATIONS
-                and dim % chunk == 0 and group_size % chunk == 0
-                and shared <= self.device.max_shared_bytes and not overlap(x.buffer, out.buffer)
-                and all(aligned16(a.buffer) for a in (x, qweight, out) + ((w,) if w else ()))):
-            return False
-        n = 2 * p if kind == "rmsnorm_qmv_swiglu" else p
-        words, groups = dim // (32 // bits), cdiv(dim, group_size)
-        if qweight.size != n * words or scales.size != n * groups:
-            return False  # the composed form's checks name the mismatch
-        threads = 32 * QDECODE_WARPS
-        wide = "w" if bits == 4 and dim >= QDECODE_WIDE else ""
-        kern = self._kernel("quant_decode", f"{kind}{bits}{wide}_{SUFFIX[x.dtype]}")
-        kern.reserve_shared(shared)
-        step = QDECODE_STEP[bits, kind + wide]  # a warp's outputs: whole steps, one wave
-        warps = kern.resident_groups(threads, shared) * QDECODE_WARPS
-        per_warp = step * (QDECODE_STEPS or cdiv(cdiv(p, step), warps))
-        kern.check_threads(threads)
-        per_group = group_size // chunk
-        params = QDECODE.pack(dim, p, words, groups, per_warp,
-                              _group_shift(groups, per_group), per_group, eps,
-                              int(offsets is not None))
-        extra = (offsets if offsets is not None else scales).buffer
-        inputs = (x.buffer,) if w is None else (x.buffer, w.buffer)
-        self.queue.dispatch(kern, (cdiv(p, per_warp * QDECODE_WARPS), 1, 1), (threads, 1, 1),
-                            inputs + (qweight.buffer, scales.buffer, extra, out.buffer),
-                            params, shared)
-        return True
+    def _quant_matvec_special(self, kind: str, x: GpuArray, w: GpuArray | None,
+                              qweight: GpuArray, scales: GpuArray, offsets: GpuArray | None,
+                              out: GpuArray, rows: int, dim: int, p: int, eps: float,
+                              bits: int, group_size: int) -> bool:
+        """One fused kernel for ``kind`` ("rmsnorm_qmv", "rmsnorm_qmv_swiglu" or "qmv_add")
+        where the device has one for these sizes; False: the composed form runs instead."""
+        return False
 
 
-def _group_shift(groups: int, per_group: int) -> int:
+def group_shift(groups: int, per_group: int) -> int:
     """log2 of the 16-byte chunks per group when a power of two (30: one group a row), else
     -1 (the kernels then divide)."""
     if groups == 1:

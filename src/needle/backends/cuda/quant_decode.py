@@ -1,0 +1,61 @@
+"""The decode step's projections with packed weights as one kernel each
+(``kernels/quant_decode.cu``): ``quant_rmsnorm_matvec`` and ``quant_matvec_add`` of one row,
+where k and the group are whole 16-byte chunks; other calls take the generic composition
+(``gpu/quant.py``). docs/quantization.md describes the kernels, docs/cuda_notes.md v12 how
+they were measured.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from ..gpu.array import SUFFIX, GpuArray, aligned16, cdiv, overlap
+from ..gpu.quant import QuantOps, group_shift
+
+# QDecodeParams (kernels/quant.cuh): k, p, words, groups, rows_per_warp, group_shift,
+# per_group, eps, offsets
+QDECODE = struct.Struct("7qfi")
+WARPS = 4  # a group's warps
+# outputs a warp takes a step (the kernel's NR), by (bits, kernel); int4 rows of WIDE values
+# or more take the "w" kernels (2 rows x 4 chunks a round, as int8: twice the warps)
+STEP = {(8, "rmsnorm_qmv"): 2, (4, "rmsnorm_qmv"): 4, (8, "rmsnorm_qmv_swiglu"): 1,
+        (4, "rmsnorm_qmv_swiglu"): 2, (8, "qmv_add"): 2, (4, "qmv_add"): 4,
+        (4, "rmsnorm_qmvw"): 2, (4, "rmsnorm_qmv_swigluw"): 1, (4, "qmv_addw"): 2}
+WIDE = 4096
+_ACTIVATIONS = ("float16", "bfloat16", "float32")
+
+
+class QuantDecodeOps(QuantOps):
+    def _quant_matvec_special(self, kind: str, x: GpuArray, w: GpuArray | None,
+                              qweight: GpuArray, scales: GpuArray, offsets: GpuArray | None,
+                              out: GpuArray, rows: int, dim: int, p: int, eps: float,
+                              bits: int, group_size: int) -> bool:
+        chunk = 128 // bits  # values in a 16-byte chunk
+        # shared memory: staged x (float), each chunk's sum of it (with offsets), warp sums
+        shared = 4 * (dim + (dim // chunk if offsets is not None else 0) + WARPS)
+        if not (rows == 1 and x.dtype in _ACTIVATIONS and dim % chunk == 0
+                and group_size % chunk == 0 and shared <= self.device.max_shared_bytes
+                and not overlap(x.buffer, out.buffer)
+                and all(aligned16(a.buffer) for a in (x, qweight, out) + ((w,) if w else ()))):
+            return False
+        n = 2 * p if kind == "rmsnorm_qmv_swiglu" else p
+        words, groups = dim // (32 // bits), cdiv(dim, group_size)
+        if qweight.size != n * words or scales.size != n * groups:
+            return False  # the composed form's checks name the mismatch
+        wide = "w" if bits == 4 and dim >= WIDE else ""
+        kern = self._kernel("quant_decode", f"{kind}{bits}{wide}_{SUFFIX[x.dtype]}")
+        kern.check_threads(32 * WARPS)
+        kern.reserve_shared(shared)
+        # a warp's outputs: whole steps, spread over one wave of warps
+        step = STEP[bits, kind + wide]
+        warps = kern.resident_groups(32 * WARPS, shared) * WARPS
+        per_warp = step * cdiv(cdiv(p, step), warps)
+        per_group = group_size // chunk
+        params = QDECODE.pack(dim, p, words, groups, per_warp, group_shift(groups, per_group),
+                              per_group, eps, int(offsets is not None))
+        extra = (offsets if offsets is not None else scales).buffer
+        inputs = (x.buffer,) if w is None else (x.buffer, w.buffer)
+        self.queue.dispatch(kern, (cdiv(p, per_warp * WARPS), 1, 1), (32 * WARPS, 1, 1),
+                            inputs + (qweight.buffer, scales.buffer, extra, out.buffer),
+                            params, shared)
+        return True
