@@ -47,8 +47,6 @@ _SAMPLE_THREADS = 1024
 _SAMPLE_STATIC = 4096  # sampling.cu's static shared memory (2.6 KiB), rounded up
 
 
-
-
 class CudaBackend(QuantDecodeOps, GpuBackend):
     qmv_staged_x = True  # quant.cu's qmv stages x in shared memory (gpu/quant.py)
 

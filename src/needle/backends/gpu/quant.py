@@ -89,7 +89,6 @@ class QuantOps(GpuBase):
         self._launch_1d(f"dequant{bits}_{SUFFIX[out.dtype]}", qweight.size,
                         (qweight.buffer, scales.buffer, extra, out.buffer), params, "quant")
 
-
     # --- the decode step's fused projections ------------------------------------------------
     def quant_rmsnorm_matvec(self, x: GpuArray, w: GpuArray, qweight: GpuArray,
                              scales: GpuArray, offsets: GpuArray | None, out: GpuArray,

@@ -4,7 +4,7 @@
 #include "common.cuh"
 
 // the decode step's fused quantized projections (quant_decode.cu)
-struct QDecodeParams {  // gpu/quant.py QDECODE
+struct QDecodeParams {  // cuda/quant_decode.py QDECODE
   i64 k, p, words, groups, rows_per_warp, group_shift, per_group;
   float eps;
   int offsets;

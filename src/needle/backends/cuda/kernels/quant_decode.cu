@@ -1,8 +1,8 @@
-// The decode step's fused projections with quantized weights (numpy_ref/decode.py defines
-// them; docs/quantization.md the packing), one token:
-//   rmsnorm_qmv{8,4}_*         out[j] = (W h)[j],              h = rmsnorm(x) * nw, rounded to T
-//   rmsnorm_qmv_swiglu{8,4}_*  out[j] = silu(g) * u,  g = (W h)[j], u = (W h)[p + j]
-//   qmv_add{8,4}_*             x[j] += (W a)[j], in place (the residual stream)
+// The decode step's fused projections with quantized weights (numpy_ref/quant.py defines
+// them; docs/quantization.md the packing; cuda/quant_decode.py launches them), one token:
+//   rmsnorm_qmv{8,4,4w}_*         out[j] = (W h)[j],         h = rmsnorm(x) * nw, rounded to T
+//   rmsnorm_qmv_swiglu{8,4,4w}_*  out[j] = silu(g) * u,  g = (W h)[j], u = (W h)[p + j]
+//   qmv_add{8,4,4w}_*             x[j] += (W a)[j], in place (the residual stream)
 // decode.cu's dense kernels read x along with each weight vector; here a 16-byte chunk of
 // packed weights holds 16 (int8) or 32 (int4) values, so x (normed, for the first two) is
 // staged once per group of 4 warps in shared memory as float, laid out for chunk_dot, each
@@ -115,11 +115,11 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
   const i64 first = ((i64)blockIdx.x * WARPS + (threadIdx.x >> 5)) * p.rows_per_warp;
   const i64 last = (first + p.rows_per_warp < p.p ? first + p.rows_per_warp : p.p) - 1;
   const int rounds = first <= last ? (int)((last - first) / NR + 1) * per_step : 0;
-  R ra;
-  auto fetch = [&](R& into, int n) {
-    into.fetch(first + (i64)(n / per_step) * NR, n % per_step, last, chunks, q, s, b, p);
+  R ra;  // the round in flight
+  auto fetch = [&](int n) {  // the warp's n-th round: step n / per_step, round n % per_step
+    ra.fetch(first + (i64)(n / per_step) * NR, n % per_step, last, chunks, q, s, b, p);
   };
-  if (rounds) fetch(ra, 0);  // weights do not depend on the previous kernel: ask first
+  if (rounds) fetch(0);  // weights do not depend on the previous kernel: ask first
   pdl_entry();  // x (and out, for qmv_add) are the previous kernels' outputs
   // shared memory: staged h (k floats), each chunk's sum of h (with offsets), WARPS floats
   float* xsum = smem + k;
@@ -150,7 +150,7 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
     }
     ra.dot(r, chunks, xs, xsum, magic, p, acc);
     // the next round in flight during the rest (a step's warp sums and stores included)
-    if (n + 1 < rounds) fetch(ra, n + 1);
+    if (n + 1 < rounds) fetch(n + 1);
     if (r == per_step - 1) finish<T, KIND, NR, RW>(acc, before, j0, last, out);
   }
 }
