@@ -55,7 +55,7 @@ def _locked(method):
 
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        with (self if isinstance(self, Allocator) else self.allocator).lock:
+        with self.lock:  # a pool holds its allocator's lock
             return method(self, *args, **kwargs)
 
     return run
@@ -66,6 +66,7 @@ class Pool:
 
     def __init__(self, allocator: Allocator, name: str):
         self.allocator = allocator
+        self.lock = allocator.lock
         self.name = name
         self.free: dict[int, list] = {}
         self.closed = False
@@ -107,11 +108,11 @@ class Allocator:
 
     def __init__(self, device_name: str):
         self.device_name = device_name
+        self.lock = threading.RLock()  # its pools share it
         self._default = Pool(self, "default")
         self._pool = self._default
         self._pools: list[Pool] = [self._default]
         self._in_use = self._reserved = self._peak = self._hits = self._misses = 0
-        self.lock = threading.RLock()
 
     # --- backend hooks -------------------------------------------------------------------
     def _allocate_raw(self, nbytes: int):
@@ -133,7 +134,8 @@ class Allocator:
         start = time.perf_counter() if trace.enabled else 0.0
         capacity = size_class(nbytes)
         pool = self._pool
-        handle = pool.take(capacity)
+        blocks = pool.free.get(capacity)  # pool.take, inline: the hot path of every op
+        handle = blocks.pop() if blocks else None
         hit = handle is not None
         if hit:
             self._hits += 1
