@@ -48,10 +48,11 @@ def test_quant_matmul_matches_the_reference(device, reference, rng, case, dtype)
     assert_close(got, expected, dtype, kind="matmul", scale=float(np.sqrt(k)))
 
 
+@pytest.mark.parametrize("k", [83, 256])  # rows that split a word; whole words and groups
 @pytest.mark.parametrize("bits,group,symmetric", [(8, None, True), (8, 16, True),
                                                   (4, 32, True), (4, 64, False)])
-def test_dequantize_matches_the_reference(device, reference, rng, bits, group, symmetric):
-    w_ref = _matrix(rng, 11, 83, bits, group, symmetric, reference)
+def test_dequantize_matches_the_reference(device, reference, rng, bits, group, symmetric, k):
+    w_ref = _matrix(rng, 11, k, bits, group, symmetric, reference)
     w_dev = nd.QuantizedMatrix(*(nd.array(a.numpy(), device=device) if a is not None else None
                                  for a in (w_ref.qweight, w_ref.scales, w_ref.offsets)),
                                w_ref.spec, w_ref.shape)

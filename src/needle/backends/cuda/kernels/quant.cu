@@ -140,7 +140,8 @@ __device__ __forceinline__ void qmv_any(const T* __restrict__ x, const u32* __re
 }
 
 // One thread per packed word: its 4 (int8) or 8 (int4) elements of W, in out's dtype, stored
-// with one vector store where the row's length allows (8 bf16 from an int4 word: 16 bytes).
+// with one vector store where the row's length allows (8 bf16 from an int4 word: 16 bytes);
+// rows or groups that split a word take the general path (a group index per value).
 template <class T, int BITS>
 __device__ __forceinline__ void dequant(const u32* __restrict__ q, const float* __restrict__ s,
                                         const float* __restrict__ b, T* __restrict__ out,
@@ -149,6 +150,26 @@ __device__ __forceinline__ void dequant(const u32* __restrict__ q, const float* 
   const bool offsets = p.has_offsets != 0;
   const bool vec = p.k % PER == 0;
   const i64 total = p.n * p.words;
+  if (vec && p.group % PER == 0 && p.n * p.k < (1ll << 31)) {
+    // every model's case: a word's values share one group, so one scale (and offset) a word,
+    // and 32-bit indices (this loop's 64-bit divisions, one a value, were its bound)
+    const u32 words = (u32)p.words, per_group = (u32)(p.group / PER), groups = (u32)p.groups;
+    const u32 k = (u32)p.k;
+    for (u32 t = (u32)global_thread(); t < (u32)total; t += (u32)grid_threads()) {
+      const u32 r = t / words, w = t - r * words, g = r * groups + w / per_group;
+      const u32 word = q[t];
+      const float sc = s[g], of = offsets ? b[g] : 0.f;
+      Vec<T, PER> v;
+#pragma unroll
+      for (int e = 0; e < PER; e++) {
+        const u32 bitsv = (word >> (e * BITS)) & ((1u << BITS) - 1u);
+        const float x = BITS == 8 ? (float)(signed char)bitsv : (float)bitsv;
+        v.v[e] = store<T>(offsets ? fmaf(x, sc, of) : (BITS == 4 ? x - 8.0f : x) * sc);
+      }
+      *reinterpret_cast<Vec<T, PER>*>(out + r * k + w * PER) = v;
+    }
+    return;
+  }
   for (i64 t = global_thread(); t < total; t += grid_threads()) {
     const i64 r = t / p.words, j0 = (t - r * p.words) * PER;
     const u32 word = q[t];
