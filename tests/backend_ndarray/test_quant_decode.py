@@ -128,9 +128,8 @@ CUDA = nd.cuda()
                                  (8, 16, True, 1536), (4, 128, True, 4352)], ids=str)
 def test_cuda_runs_each_projection_as_one_kernel(dtype, fmt, rng):
     """On CUDA each packed projection of one row is one quant_decode.cu kernel (the model's
-    decode step relies on it: five launches a layer; int4 rows of 4096 and more take the
-    "w" kernels), right against the float64 reference; a matrix of row views (qweight[:70])
-    reads its own rows."""
+    decode step relies on it: five launches a layer), right against the float64 reference;
+    a matrix of row views (qweight[:70]) reads its own rows."""
     bits, group, symmetric, k = fmt
     sfx = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}[dtype]
     x, w = random(rng, (1, k), dtype, -2, 2), random(rng, (k,), dtype, 0.5, 1.5)
@@ -144,9 +143,8 @@ def test_cuda_runs_each_projection_as_one_kernel(dtype, fmt, rng):
         act = nd.rmsnorm_matvec(X, Wn, qm, EPS, activation="swiglu")
         nd.matvec_add(X, w70, T)
     calls = {name: t.calls for name, t in prof.totals.items()}
-    kind = f"{bits}w" if bits == 4 and k >= 4096 else str(bits)  # int4's long-row kernels
-    assert calls == {f"rmsnorm_qmv{kind}_{sfx}": 1, f"rmsnorm_qmv_swiglu{kind}_{sfx}": 1,
-                     f"qmv_add{kind}_{sfx}": 1}, prof.table()
+    assert calls == {f"rmsnorm_qmv{bits}_{sfx}": 1, f"rmsnorm_qmv_swiglu{bits}_{sfx}": 1,
+                     f"qmv_add{bits}_{sfx}": 1}, prof.table()
     h = _normed(x, w, dtype)
     assert_close(plain, h @ exact.T, dtype, "matmul")
     gu = _rounded(h @ exact.T, dtype)

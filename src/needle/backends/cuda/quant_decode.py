@@ -16,12 +16,8 @@ from ..gpu.quant import QuantOps, group_shift
 # per_group, eps, offsets
 QDECODE = struct.Struct("7qfi")
 WARPS = 4  # a group's warps
-# outputs a warp takes a step (the kernel's NR), by (bits, kernel); int4 rows of WIDE values
-# or more take the "w" kernels (2 rows x 4 chunks a round, as int8: twice the warps)
-STEP = {(8, "rmsnorm_qmv"): 2, (4, "rmsnorm_qmv"): 4, (8, "rmsnorm_qmv_swiglu"): 1,
-        (4, "rmsnorm_qmv_swiglu"): 2, (8, "qmv_add"): 2, (4, "qmv_add"): 4,
-        (4, "rmsnorm_qmvw"): 2, (4, "rmsnorm_qmv_swigluw"): 1, (4, "qmv_addw"): 2}
-WIDE = 4096
+# outputs a warp takes a step (the kernels' NR): 2, or 1 gate and up pair with SwiGLU
+STEP = {"rmsnorm_qmv": 2, "rmsnorm_qmv_swiglu": 1, "qmv_add": 2}
 _ACTIVATIONS = ("float16", "bfloat16", "float32")
 
 
@@ -42,12 +38,11 @@ class QuantDecodeOps(QuantOps):
         words, groups = dim // (32 // bits), cdiv(dim, group_size)
         if qweight.size != n * words or scales.size != n * groups:
             return False  # the composed form's checks name the mismatch
-        wide = "w" if bits == 4 and dim >= WIDE else ""
-        kern = self._kernel("quant_decode", f"{kind}{bits}{wide}_{SUFFIX[x.dtype]}")
+        kern = self._kernel("quant_decode", f"{kind}{bits}_{SUFFIX[x.dtype]}")
         kern.check_threads(32 * WARPS)
         kern.reserve_shared(shared)
         # a warp's outputs: whole steps, spread over one wave of warps
-        step = STEP[bits, kind + wide]
+        step = STEP[kind]
         warps = kern.resident_groups(32 * WARPS, shared) * WARPS
         per_warp = step * cdiv(cdiv(p, step), warps)
         per_group = group_size // chunk

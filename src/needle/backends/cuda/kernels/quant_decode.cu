@@ -1,8 +1,8 @@
 // The decode step's fused projections with quantized weights (numpy_ref/quant.py defines
 // them; docs/quantization.md the packing; cuda/quant_decode.py launches them), one token:
-//   rmsnorm_qmv{8,4,4w}_*         out[j] = (W h)[j],         h = rmsnorm(x) * nw, rounded to T
-//   rmsnorm_qmv_swiglu{8,4,4w}_*  out[j] = silu(g) * u,  g = (W h)[j], u = (W h)[p + j]
-//   qmv_add{8,4,4w}_*             x[j] += (W a)[j], in place (the residual stream)
+//   rmsnorm_qmv{8,4}_*         out[j] = (W h)[j],              h = rmsnorm(x) * nw, rounded to T
+//   rmsnorm_qmv_swiglu{8,4}_*  out[j] = silu(g) * u,  g = (W h)[j], u = (W h)[p + j]
+//   qmv_add{8,4}_*             x[j] += (W a)[j], in place (the residual stream)
 // decode.cu's dense kernels read x along with each weight vector; here a 16-byte chunk of
 // packed weights holds 16 (int8) or 32 (int4) values, so x (normed, for the first two) is
 // staged once per group of 4 warps in shared memory as float, laid out for chunk_dot, each
@@ -10,8 +10,7 @@
 // walks its outputs NR at a time (a step); a round asks for U chunks of each of the step's RW
 // weight rows (RW = NR, or NR gate and NR up rows) with each chunk's scale (and offset), RW x
 // U = 8 loads of 16 bytes per lane, and the next round is asked for as soon as this one's
-// registers are summed, so it is in flight during the warp sums and stores. A short row (a
-// 2048-wide int4 row is 2 chunks a lane) is one round, with 4 rows in flight.
+// registers are summed, so it is in flight during the warp sums and stores.
 // Measured (docs/cuda_notes.md v12): bound by instruction issue at the occupancy the 128
 // registers allow (3 instructions a value), not by bytes in flight; two rounds in flight
 // (double-buffered registers) made it slower.
@@ -156,37 +155,32 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
 }
 }  // namespace qd
 
-// (NR, U): 8 chunk loads a round per lane. An int4 row is half as long as an int8 one, so the
-// int4 kernels take twice the rows a round (NR 4, U 2: a 2048-wide row is one round), and
-// the "w" ones (NR 2, U 4, as int8) rows of 4096 and more: twice the warps on a matrix of
-// few long rows (the down projection), whose rows fill the wider rounds.
-#define QDECODE_NORM(NAME, SFX, T, BITS, KIND, NR, U, W)                                        \
+// (NR, U) = (2, 4), SwiGLU (1, 4): 8 chunk loads of 16 bytes a round per lane. For int4 the
+// same (a 2048-wide row is then 2 of a lane's 4 chunks a round): 4 rows x 2 chunks was
+// slower on every 1.1B shape but gate/up (docs/cuda_notes.md v12), with half the warps.
+#define QDECODE_NORM(NAME, SFX, T, BITS, KIND, NR)                                              \
   extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_MIN_GROUPS)             \
-      NAME##BITS##W##_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                  \
-                            const u32* __restrict__ q, const float* __restrict__ s,             \
-                            const float* __restrict__ b, T* __restrict__ out,                   \
-                            QDecodeParams p) {                                                  \
+      NAME##BITS##_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                     \
+                         const u32* __restrict__ q, const float* __restrict__ s,                \
+                         const float* __restrict__ b, T* __restrict__ out, QDecodeParams p) {   \
     extern __shared__ __align__(16) float qdecode_smem[];                                       \
-    qd::qgemv<T, BITS, KIND, NR, U>(x, nw, q, s, b, out, p, qdecode_smem);                      \
+    qd::qgemv<T, BITS, KIND, NR, 4>(x, nw, q, s, b, out, p, qdecode_smem);                      \
   }
-#define QDECODE_ADD(SFX, T, BITS, NR, U, W)                                                     \
+#define QDECODE_ADD(SFX, T, BITS)                                                               \
   extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_MIN_GROUPS)             \
-      qmv_add##BITS##W##_##SFX(const T* __restrict__ a, const u32* __restrict__ q,              \
-                               const float* __restrict__ s, const float* __restrict__ b,        \
-                               T* total, QDecodeParams p) {                                     \
+      qmv_add##BITS##_##SFX(const T* __restrict__ a, const u32* __restrict__ q,                 \
+                            const float* __restrict__ s, const float* __restrict__ b,           \
+                            T* total, QDecodeParams p) {                                        \
     extern __shared__ __align__(16) float qdecode_smem[];                                       \
-    qd::qgemv<T, BITS, 2, NR, U>(a, a, q, s, b, total, p, qdecode_smem);                        \
+    qd::qgemv<T, BITS, 2, 2, 4>(a, a, q, s, b, total, p, qdecode_smem);                         \
   }
 #define QDECODE(SFX, T)                                                                         \
-  QDECODE_NORM(rmsnorm_qmv, SFX, T, 8, 0, 2, 4, )                                               \
-  QDECODE_NORM(rmsnorm_qmv, SFX, T, 4, 0, 4, 2, )                                               \
-  QDECODE_NORM(rmsnorm_qmv, SFX, T, 4, 0, 2, 4, w)                                              \
-  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 8, 1, 1, 4, )                                        \
-  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 4, 1, 2, 2, )                                        \
-  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 4, 1, 1, 4, w)                                       \
-  QDECODE_ADD(SFX, T, 8, 2, 4, )                                                                \
-  QDECODE_ADD(SFX, T, 4, 4, 2, )                                                                \
-  QDECODE_ADD(SFX, T, 4, 2, 4, w)
+  QDECODE_NORM(rmsnorm_qmv, SFX, T, 8, 0, 2)                                                    \
+  QDECODE_NORM(rmsnorm_qmv, SFX, T, 4, 0, 2)                                                    \
+  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 8, 1, 1)                                             \
+  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 4, 1, 1)                                             \
+  QDECODE_ADD(SFX, T, 8)                                                                        \
+  QDECODE_ADD(SFX, T, 4)
 
 ONLY(f16, QDECODE(f16, half_t))
 ONLY(bf16, QDECODE(bf16, bf16_t))
