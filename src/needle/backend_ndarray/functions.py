@@ -20,12 +20,12 @@ from . import dtypes
 from .device import Device, cpu_numpy
 from .ndarray import (
     NDArray,
-    _as_index_array,
     _normalize_axes,
     broadcast_shapes,
     full,
     zeros,
 )
+from .transformer_ops import _as_index_array
 
 
 def broadcast_to(a: NDArray, shape) -> NDArray:
