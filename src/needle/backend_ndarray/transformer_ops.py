@@ -30,21 +30,21 @@ class TransformerOps:
             raise ShapeError(f"{name} needs at least one dimension")
         return self.compact(), self.shape[-1]
 
-    def softmax(self) -> NDArray:
-        """Softmax over the last axis."""
-        a, dim = self._rows("softmax")
+    def _along_rows(self, name: str) -> NDArray:
+        """The backend's row function ``name`` (x, out, dim) over the last axis."""
+        a, dim = self._rows(name)
         out = a._empty_like()
         if a.size:
-            self._be.softmax(a._handle, out._handle, dim)
+            getattr(self._be, name)(a._handle, out._handle, dim)
         return out
+
+    def softmax(self) -> NDArray:
+        """Softmax over the last axis."""
+        return self._along_rows("softmax")
 
     def log_softmax(self) -> NDArray:
         """log(softmax(x)) over the last axis, computed stably."""
-        a, dim = self._rows("log_softmax")
-        out = a._empty_like()
-        if a.size:
-            self._be.log_softmax(a._handle, out._handle, dim)
-        return out
+        return self._along_rows("log_softmax")
 
     def rmsnorm(self, weight: NDArray, eps: float = 1e-6) -> NDArray:
         a, dim = self._rows("rmsnorm")
