@@ -44,19 +44,26 @@ def _rows_of(x: NDArray, name: str, what: str) -> tuple[NDArray, int, int]:
     return x.compact(), (x.size // dim if dim else 0), dim
 
 
-def _matrix(x: NDArray, weight: NDArray, dim: int, name: str, factor: int = 1,
-            first: str = "x") -> int:
-    """Rows of the projection ``weight`` (out, dim), checked against x (called ``first``);
-    ``factor`` 2 means gate rows then up rows, and the output has half of them."""
-    _operand(x, weight, name, "weight", first)
-    if weight.ndim != 2 or weight.shape[1] != dim or weight.shape[0] % factor:
+def _matrix(x: NDArray, weight: NDArray | QuantizedMatrix, dim: int, name: str,
+            factor: int = 1, first: str = "x") -> int:
+    """Rows of the projection ``weight`` (out, dim), dense or packed, checked against x
+    (called ``first``); ``factor`` 2 means gate rows then up rows, and the output has half of
+    them. A dense weight shares x's dtype; a packed one needs an activation dtype of x."""
+    packed = isinstance(weight, QuantizedMatrix)
+    if packed:
+        x._check_device(weight.qweight)
+        _activation_dtype(x.dtype, name)
+    else:
+        _operand(x, weight, name, "weight", first)
+    shape = weight.shape
+    if len(shape) != 2 or shape[1] != dim or shape[0] % factor:
         what = "(2 * p, dim): gate rows then up rows" if factor == 2 else "(p, dim)"
         raise ShapeError(f"{name}: weight must be {what} with dim = {dim} ({first}'s last axis), "
-                         f"got {weight.shape}")
-    if weight.dtype != x.dtype:
+                         f"got {'a packed ' if packed else ''}{shape}")
+    if not packed and weight.dtype != x.dtype:
         raise DTypeError(f"{name}: weight ({weight.dtype}) and {first} ({x.dtype}) must have one "
                          "dtype; cast one with astype")
-    return weight.shape[0] // factor
+    return shape[0] // factor
 
 
 def rmsnorm_matvec(x: NDArray, norm_weight: NDArray, weight: NDArray | QuantizedMatrix,
@@ -73,15 +80,23 @@ def rmsnorm_matvec(x: NDArray, norm_weight: NDArray, weight: NDArray | Quantized
     w = x._param(_operand(x, norm_weight, name, "norm_weight", "x"), dim, f"{name} norm_weight")
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise ArgumentTypeError(f"{name}: eps must be a real number, got {type(eps).__name__}")
-    swiglu = activation == "swiglu"
-    if isinstance(weight, QuantizedMatrix):
-        return _quant_rmsnorm_matvec(x, a, w, weight, rows, dim, float(eps), swiglu)
+    swiglu, eps = activation == "swiglu", float(eps)
     p = _matrix(x, weight, dim, name, 2 if swiglu else 1)
+    packed = isinstance(weight, QuantizedMatrix)
+    if packed and not has(weight._backend(), "fused_quant_matvec"):
+        y = quant_matmul(x.rmsnorm(w, eps), weight)  # composed, with the same roundings
+        return y.swiglu() if swiglu else y
     out = a._empty_like(a.shape[:-1] + (p,))
     if out.size and dim:
-        kernel = "rmsnorm_matvec_swiglu" if swiglu else "rmsnorm_matvec"
-        getattr(x.device.backend, kernel)(a._handle, w._handle, weight.compact()._handle,
-                                          out._handle, rows, dim, p, float(eps))
+        if packed:
+            weight._backend().quant_rmsnorm_matvec(
+                a._handle, w._handle, weight.qweight.handle, weight.scales.handle,
+                _h(weight.offsets), out._handle, rows, dim, p, eps, weight.spec.bits,
+                weight.spec.group_size, swiglu)
+        else:
+            kernel = "rmsnorm_matvec_swiglu" if swiglu else "rmsnorm_matvec"
+            getattr(x.device.backend, kernel)(a._handle, w._handle, weight.compact()._handle,
+                                              out._handle, rows, dim, p, eps)
     elif out.size:
         out.fill(0)
     return out
@@ -94,8 +109,7 @@ def matvec_add(a: NDArray, weight: NDArray | QuantizedMatrix, total: NDArray) ->
     name = "matvec_add"
     x, rows, dim = _rows_of(a, name, "a")
     quantized = isinstance(weight, QuantizedMatrix)
-    p = _packed(a, weight, dim, name, 1, "a") if quantized else _matrix(a, weight, dim, name,
-                                                                        first="a")
+    p = _matrix(a, weight, dim, name, first="a")
     _operand(a, total, name, "total", "a")
     if total.shape != a.shape[:-1] + (p,):
         raise ShapeError(f"{name}: total must have shape {a.shape[:-1] + (p,)}, got "
@@ -118,37 +132,3 @@ def matvec_add(a: NDArray, weight: NDArray | QuantizedMatrix, total: NDArray) ->
                              _h(weight.offsets), total._handle, rows, dim, p,
                              weight.spec.bits, weight.spec.group_size)
     return total
-
-
-def _packed(x: NDArray, weight: QuantizedMatrix, dim: int, name: str, factor: int,
-            first: str) -> int:
-    """Rows of the packed projection (out, dim), checked against x, as ``_matrix`` does."""
-    x._check_device(weight.qweight)
-    _activation_dtype(x.dtype, name)
-    n, k = weight.shape
-    if k != dim or n % factor:
-        what = "(2 * p, dim): gate rows then up rows" if factor == 2 else "(p, dim)"
-        raise ShapeError(f"{name}: weight must be {what} with dim = {dim} ({first}'s last axis), "
-                         f"got a packed {weight.shape}")
-    return n // factor
-
-
-def _quant_rmsnorm_matvec(x: NDArray, a: NDArray, w: NDArray, weight: QuantizedMatrix,
-                          rows: int, dim: int, eps: float, swiglu: bool) -> NDArray:
-    """rmsnorm_matvec with a packed weight: the backend's fused form, or rmsnorm, quant_matmul
-    (and swiglu) where it has none; a is x compact, w the checked norm weight."""
-    name = "rmsnorm_matvec"
-    p = _packed(x, weight, dim, name, 2 if swiglu else 1, "x")
-    backend = weight._backend()
-    if not has(backend, "fused_quant_matvec"):
-        y = quant_matmul(x.rmsnorm(w, eps), weight)
-        return y.swiglu() if swiglu else y
-    out = a._empty_like(a.shape[:-1] + (p,))
-    if out.size and dim:
-        backend.quant_rmsnorm_matvec(a._handle, w._handle, weight.qweight.handle,
-                                     weight.scales.handle, _h(weight.offsets), out._handle,
-                                     rows, dim, p, eps, weight.spec.bits,
-                                     weight.spec.group_size, swiglu)
-    elif out.size:
-        out.fill(0)
-    return out

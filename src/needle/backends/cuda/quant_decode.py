@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 
 from ..gpu.array import SUFFIX, GpuArray, aligned16, cdiv, overlap
-from ..gpu.quant import QuantOps, group_shift
+from ..gpu.quant import ACTIVATIONS, QuantOps, group_shift
 
 # QDecodeParams (kernels/quant.cuh): k, p, words, groups, rows_per_warp, group_shift,
 # per_group, eps, offsets
@@ -18,7 +18,6 @@ QDECODE = struct.Struct("7qfi")
 WARPS = 4  # a group's warps
 # outputs a warp takes a step (the kernels' NR): 2, or 1 gate and up pair with SwiGLU
 STEP = {"rmsnorm_qmv": 2, "rmsnorm_qmv_swiglu": 1, "qmv_add": 2}
-_ACTIVATIONS = ("float16", "bfloat16", "float32")
 
 
 class QuantDecodeOps(QuantOps):
@@ -29,7 +28,7 @@ class QuantDecodeOps(QuantOps):
         chunk = 128 // bits  # values in a 16-byte chunk
         # shared memory: staged x (float), each chunk's sum of it (with offsets), warp sums
         shared = 4 * (dim + (dim // chunk if offsets is not None else 0) + WARPS)
-        if not (rows == 1 and x.dtype in _ACTIVATIONS and dim % chunk == 0
+        if not (rows == 1 and x.dtype in ACTIVATIONS and dim % chunk == 0
                 and group_size % chunk == 0 and shared <= self.device.max_shared_bytes
                 and not overlap(x.buffer, out.buffer)
                 and all(aligned16(a.buffer) for a in (x, qweight, out) + ((w,) if w else ()))):

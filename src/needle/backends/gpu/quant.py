@@ -23,7 +23,7 @@ QUANT = struct.Struct("9q")
 QMV_ROWS = 2  # rows of W per warp (quant.cu's QMV_ROWS)
 QMV_WARPS = 4  # warps per group
 QMV_MAX_M = 8
-_ACTIVATIONS = ("float16", "bfloat16", "float32")
+ACTIVATIONS = ("float16", "bfloat16", "float32")
 
 
 class QuantOps(GpuBase):
@@ -57,7 +57,7 @@ class QuantOps(GpuBase):
                      offsets: GpuArray | None, out: GpuArray, m: int, n: int, k: int,
                      bits: int, group_size: int) -> None:
         """out (m, n) = x (m, k) @ W.T for a packed W (numpy_ref.quant_matmul)."""
-        if x.dtype not in _ACTIVATIONS:
+        if x.dtype not in ACTIVATIONS:
             raise DTypeError(f"quant_matmul needs float16, bfloat16 or float32 x, not {x.dtype}")
         if out.size == 0:
             return
@@ -80,7 +80,7 @@ class QuantOps(GpuBase):
     def dequantize(self, qweight: GpuArray, scales: GpuArray, offsets: GpuArray | None,
                    out: GpuArray, n: int, k: int, bits: int, group_size: int) -> None:
         """out (n, k) = the packed matrix in out's dtype (numpy_ref.dequantize)."""
-        if out.dtype not in _ACTIVATIONS:
+        if out.dtype not in ACTIVATIONS:
             raise DTypeError(f"dequantize writes float16, bfloat16 or float32, not {out.dtype}")
         if out.size == 0:
             return

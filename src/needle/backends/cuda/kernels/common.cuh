@@ -209,13 +209,17 @@ struct DecodeParams {
       float *__restrict__ part_ml, T *__restrict__ out, unsigned *counters, DecodeParams p
 
 // ---- streaming loads: 16 bytes read once (weights), not kept in L1 -----------------------
-template <class T, int V>
-__device__ __forceinline__ Vec<T, V> ld_stream(const Vec<T, V>* p) {
-  static_assert(sizeof(Vec<T, V>) == 16, "16-byte vectors");
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return *reinterpret_cast<Vec<T, V>*>(&r);
+  return r;
+}
+template <class T, int V>
+__device__ __forceinline__ Vec<T, V> ld_stream(const Vec<T, V>* p) {
+  static_assert(sizeof(Vec<T, V>) == 16, "16-byte vectors");
+  const uint4 r = ld_stream16(p);
+  return *reinterpret_cast<const Vec<T, V>*>(&r);
 }
 
 // ---- warp reductions ----------------------------------------------------------------------
@@ -228,6 +232,25 @@ template <class C> __device__ __forceinline__ C warp_max(C v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+template <class C> __device__ __forceinline__ C sigmoid(C x) {
+  return C(0.5) * (m_tanh(C(0.5) * x) + C(1));  // numpy_ref's formula
+}
+
+// The output value of a decode-step projection from its float32 sums (decode.cu's dense and
+// quant_decode.cu's packed kernels): KIND 0 the product rounded to T; 1 silu(g) * u of the
+// gate sum a and up sum b, each rounded first (swiglu of a rounded product); 2 the residual
+// `before` plus the rounded product (matvec_add)
+template <class T, int KIND>
+__device__ __forceinline__ T projection_out(float a, float b, typename Acc<T>::type before) {
+  typedef typename Acc<T>::type C;
+  if (KIND == 2) return store<T>(before + (C)load(store<T>((C)a)));
+  if (KIND == 1) {
+    const C g = load(store<T>((C)a)), u = load(store<T>((C)b));
+    return store<T>(g * sigmoid(g) * u);
+  }
+  return store<T>((C)a);
 }
 
 // 1 / sqrt(mean(x^2) + eps) of x (k values, k a multiple of 16 bytes' worth), summed by one

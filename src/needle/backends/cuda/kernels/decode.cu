@@ -159,15 +159,7 @@ __device__ __forceinline__ void fused_gemv(const T* __restrict__ x, const T* __r
     const C before = KIND == 2 && (threadIdx.x & 31) == 0 ? (C)load(out[j]) : C(0);
     float acc[R];
     rows.dot(row, xv, gv, rs, nv, NORM && i == 0, acc);
-    if ((threadIdx.x & 31) != 0) continue;
-    if (KIND == 2) {
-      out[j] = store<T>(before + (C)load(store<T>((C)acc[0])));
-    } else if (KIND == 1) {
-      const C g = load(store<T>((C)acc[0])), u = load(store<T>((C)acc[R - 1]));
-      out[j] = store<T>(g * (C(0.5) * (m_tanh(C(0.5) * g) + C(1))) * u);  // swiglu's form
-    } else {
-      out[j] = store<T>((C)acc[0]);
-    }
+    if ((threadIdx.x & 31) == 0) out[j] = projection_out<T, KIND>(acc[0], acc[R - 1], before);
   }
 }
 }  // namespace fg

@@ -83,9 +83,6 @@ struct Le { template <class C> __device__ bool operator()(C a, C b) const { retu
 struct Gt { template <class C> __device__ bool operator()(C a, C b) const { return a > b; } };
 struct Ge { template <class C> __device__ bool operator()(C a, C b) const { return a >= b; } };
 
-template <class C> __device__ __forceinline__ C sigmoid(C x) {
-  return C(0.5) * (m_tanh(C(0.5) * x) + C(1));  // numpy_ref's formula
-}
 struct Neg { template <class C> __device__ C operator()(C x) const { return -x; } };
 struct Abs { template <class C> __device__ C operator()(C x) const { return m_abs(x); } };
 struct Relu { template <class C> __device__ C operator()(C x) const { return (x > C(0) || is_nan(x)) ? x : C(0); } };

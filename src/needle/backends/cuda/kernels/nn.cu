@@ -338,7 +338,7 @@ __device__ __forceinline__ void swiglu(const T* __restrict__ x, T* __restrict__ 
   for (i64 i = global_thread(); i < n; i += grid_threads()) {
     const i64 r = i / dim, c = i - r * dim;
     const C a = load(x[2 * dim * r + c]), b = load(x[2 * dim * r + dim + c]);
-    out[i] = store<T>(a * (C(0.5) * (m_tanh(C(0.5) * a) + C(1))) * b);  // numpy_ref's sigmoid
+    out[i] = store<T>(a * sigmoid(a) * b);
   }
 }
 

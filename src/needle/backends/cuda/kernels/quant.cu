@@ -63,9 +63,7 @@ __device__ __forceinline__ void qmv_staged(const T* __restrict__ x, const u32* _
 #pragma unroll
       for (int i = 0; i < R; i++) {
         if (active && c < chunks) {
-          asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                       : "=r"(w[u][i].x), "=r"(w[u][i].y), "=r"(w[u][i].z), "=r"(w[u][i].w)
-                       : "l"(qrow[i] + c));
+          w[u][i] = ld_stream16(qrow[i] + c);
         }
       }
     }

@@ -48,10 +48,7 @@ struct Round {
       for (int i = 0; i < RW; i++) {
         const i64 j = j0 + i % NR;
         const i64 row = (j <= last ? j : last) + (KIND == 1 && i >= NR ? p.p : 0);
-        const uint4* at = reinterpret_cast<const uint4*>(q + row * p.words) + c;
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(w[i][u].x), "=r"(w[i][u].y), "=r"(w[i][u].z), "=r"(w[i][u].w)
-                     : "l"(at));
+        w[i][u] = ld_stream16(reinterpret_cast<const uint4*>(q + row * p.words) + c);
         sc[i][u] = __ldg(s + row * p.groups + g);
         if (p.offsets) off[i][u] = __ldg(b + row * p.groups + g);
       }
@@ -87,18 +84,9 @@ __device__ __forceinline__ void finish(float (&acc)[RW], const float (&before)[N
   for (int i = 0; i < RW; i++) acc[i] = warp_sum(acc[i]);
   if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
-  for (int i = 0; i < NR; i++) {
-    const i64 j = j0 + i;
-    if (j > last) break;
-    if (KIND == 2) {
-      out[j] = store<T>((C)before[i] + (C)load(store<T>((C)acc[i])));
-    } else if (KIND == 1) {
-      const C g = load(store<T>((C)acc[i])), u = load(store<T>((C)acc[NR + i]));
-      out[j] = store<T>(g * (C(0.5) * (m_tanh(C(0.5) * g) + C(1))) * u);  // swiglu's form
-    } else {
-      out[j] = store<T>((C)acc[i]);
-    }
-  }
+  for (int i = 0; i < NR; i++)
+    if (j0 + i <= last)
+      out[j0 + i] = projection_out<T, KIND>(acc[i], acc[KIND == 1 ? NR + i : i], (C)before[i]);
 }
 
 template <class T, int BITS, int KIND, int NR, int U>
