@@ -15,6 +15,7 @@ import pytest
 import needle.backend_ndarray as nd
 from needle.backends import cuda as cuda_backend
 from needle.backends import numpy_ref
+from needle.backends.cuda.tuning import tma_width
 from needle.errors import DeviceError, OutOfMemoryError
 
 DEV = nd.cuda(0)
@@ -482,7 +483,12 @@ tma = pytest.mark.skipif(not _has_tma(), reason="needs a Hopper GPU (device feat
 _TMA_TOL = {"bfloat16": 1e-2, "float16": 2e-3}
 
 
-def _tma_product(a, b, dtype, poison=True, n_major=False):
+def _tma_name(width: int, n_major: bool, dtype: str) -> str:
+    """gemm_tma.cu's kernel for a tile ``width`` wide (the 256-wide one is unsuffixed)."""
+    return f"matmul_tma{'' if width == 256 else width}_{'nn_' if n_major else ''}{_SFX[dtype]}"
+
+
+def _tma_product(a, b, dtype, poison=True, n_major=False, width=None):
     """A[z] @ B[z]^T through GpuBackend.matmul into an output poisoned with NaN; a (batch, m,
     n) and b (batch, p, n) numpy arrays (the TMA kernel's own layouts). With ``n_major`` B
     is stored as (batch, n, p) and passed untransposed (matmul_tma_nn). Returns the result
@@ -495,7 +501,7 @@ def _tma_product(a, b, dtype, poison=True, n_major=False):
     if poison:
         out.fill(np.nan)
     # (products of <= 128 rows would take the skinny kernel, skinny.cu)
-    with DEV.backend.tuned(skinny_tc=0), DEV.backend.profile() as prof:
+    with DEV.backend.tuned(skinny_tc=0, tma_tile=width), DEV.backend.profile() as prof:
         DEV.backend.matmul(A.handle, B.handle, out.handle, m, n, p, batch=batch,
                            stride_a=m * n, stride_b=p * n, transpose_b=not n_major)
         got = out.numpy()
@@ -503,20 +509,22 @@ def _tma_product(a, b, dtype, poison=True, n_major=False):
 
 
 @tma
+@pytest.mark.parametrize("width", [256, 128, 64])
 @pytest.mark.parametrize("n_major", [False, True], ids=["b_k_major", "b_n_major"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("m,n,p,batch", [(128, 64, 256, 1), (200, 72, 264, 1), (130, 136, 264, 3),
                                          (1000, 520, 776, 2), (128, 4096, 512, 1),
                                          (256, 192, 328, 1)])
-def test_tma_matmul_matches_float64(dtype, m, n, p, batch, n_major):
+def test_tma_matmul_matches_float64(dtype, m, n, p, batch, n_major, width):
     """Exact tiles, ragged edges in m, n and p (partly and, for N-major B, wholly zero-filled
     boxes; k-tiles past n), batches: every output element written (NaN poison) and the
-    product right, for B stored K-major (matmul_tma) and N-major (matmul_tma_nn)."""
+    product right, for B stored K-major (matmul_tma) and N-major (matmul_tma_nn), with
+    tiles 256, 128 and 64 wide (their pipelines 4, 6 and 8 stages deep)."""
     npdt = nd.dtypes.to_numpy_dtype(dtype)
     a = RNG.standard_normal((batch, m, n)).astype(npdt)
     b = RNG.standard_normal((batch, p, n)).astype(npdt)
-    got, kernels = _tma_product(a, b, dtype, n_major=n_major)
-    assert f"matmul_tma_{'nn_' if n_major else ''}{_SFX[dtype]}" in kernels, kernels
+    got, kernels = _tma_product(a, b, dtype, n_major=n_major, width=width)
+    assert _tma_name(width, n_major, dtype) in kernels, kernels
     assert not np.isnan(got.astype(np.float32)).any()
     want = a.astype(np.float64) @ b.astype(np.float64).transpose(0, 2, 1)
     assert relerr(got, want) < _TMA_TOL[dtype]
@@ -526,12 +534,13 @@ def test_tma_matmul_matches_float64(dtype, m, n, p, batch, n_major):
 @pytest.mark.parametrize("n_major", [False, True], ids=["b_k_major", "b_n_major"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_tma_matmul_4096_sampled(dtype, n_major):
+    """A large product with the automatic tile (256 wide at 4096: tma_width)."""
     npdt = nd.dtypes.to_numpy_dtype(dtype)
     n = 4096
     a = RNG.standard_normal((1, n, n), dtype=np.float32).astype(npdt)
     b = RNG.standard_normal((1, n, n), dtype=np.float32).astype(npdt)
     got, kernels = _tma_product(a, b, dtype, n_major=n_major)
-    assert f"matmul_tma_{'nn_' if n_major else ''}{_SFX[dtype]}" in kernels, kernels
+    assert _tma_name(256, n_major, dtype) in kernels, kernels
     assert not np.isnan(got.astype(np.float32)).any()
     rows = np.sort(RNG.choice(n, 96, replace=False))
     want = a[0, rows].astype(np.float64) @ b[0].astype(np.float64).T
@@ -549,9 +558,10 @@ def test_tma_matmul_through_ndarray(dtype, ta, tb, m, n, p, batch):
     """NDArray @ with transposed operands (copied or passed as they are) takes a TMA kernel:
     B stored transposed is K-major (matmul_tma), B as written is N-major (matmul_tma_nn,
     no copy of B)."""
+    width = tma_width(m, p, batch, DEV.backend.device.compute_units)
     with DEV.backend.profile() as prof:
         got, want = _mm_case(m, n, p, dtype, ta, tb, batch=batch)
-    assert f"matmul_tma_{'' if tb else 'nn_'}{_SFX[dtype]}" in prof.totals, prof.table()
+    assert _tma_name(width, not tb, dtype) in prof.totals, prof.table()
     if not ta and not tb:
         assert not any(k.startswith(("compact", "transpose")) for k in prof.totals), \
             prof.table()
@@ -572,7 +582,7 @@ def test_tma_matmul_falls_back_for_broadcast_small_and_on_request():
     assert not any(k.startswith("matmul_tma") for k in prof.totals), prof.table()
     assert relerr(got, want) < 1e-2
     with DEV.backend.profile() as prof:
-        got, want = _mm_case(136, 64, 128, "bfloat16", False, True)  # p < 256
+        got, want = _mm_case(136, 64, 56, "bfloat16", False, True)  # p < 64
     assert not any(k.startswith("matmul_tma") for k in prof.totals), prof.table()
     assert relerr(got, want) < 1e-2
     with DEV.backend.tuned(gemm="wgmma"), DEV.backend.profile() as prof:
@@ -580,7 +590,7 @@ def test_tma_matmul_falls_back_for_broadcast_small_and_on_request():
     assert any(k.startswith("matmul_wgmma") for k in prof.totals), prof.table()
     with DEV.backend.profile() as prof:
         got2 = (on(b[0], "bfloat16").T @ on(b[1], "bfloat16")).numpy()
-    assert "matmul_tma_nn_bf16" in prof.totals, prof.table()
+    assert any(k.startswith("matmul_tma") and "_nn_" in k for k in prof.totals), prof.table()
     assert relerr(got2, got) < 1e-2
 
 
@@ -604,8 +614,9 @@ def test_tma_matmul_in_a_graph_replays_with_new_inputs():
 
 
 def test_gemm_tma_compiles_for_hopper_and_older_archs():
-    """gemm_tma.cu builds for sm_90a (TMA, mbarriers, setmaxnreg, m64n256 wgmma) and, with
-    empty bodies, for sm_80 and sm_90 (CI's every-file compile covers those too)."""
+    """gemm_tma.cu builds for sm_90a (TMA, mbarriers, setmaxnreg, m64n{256,128,64} wgmma,
+    every tile width) and, with empty bodies, for sm_80 and sm_90 (CI's every-file compile
+    covers those too)."""
     from needle.backends.cuda import compiler
 
     try:
@@ -616,7 +627,10 @@ def test_gemm_tma_compiles_for_hopper_and_older_archs():
     ptx = compiler.compile_source(source, "gemm_tma", "compute_90a", ptx=True).decode()
     for word in ("cp.async.bulk.tensor.3d", "mbarrier.try_wait.parity", "setmaxnreg.inc",
                  "setmaxnreg.dec", "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16",
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16", ".entry matmul_tma_bf16"):
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16",
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16",
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16", ".entry matmul_tma_bf16",
+                 ".entry matmul_tma128_nn_bf16", ".entry matmul_tma64_f16"):
         assert word in ptx, word
     for arch in ("sm_90a", "sm_90", "sm_80"):
         assert compiler.compile_source(source, "gemm_tma", arch)[:4] == b"\x7fELF", arch

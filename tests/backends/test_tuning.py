@@ -26,6 +26,25 @@ def test_cuda_tuning_from_the_device_and_the_environment():
     assert (t.wgmma, t.tma, t.pdl, t.gemm, t.tc_tile, t.wgmma_tile) == \
         (False, False, False, "wgmma", 256, "128")
     assert (t.tc_stages, t.wg_stages, t.tma_stages) == (3, 2, 5)
+    assert CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_TMA_TILE": "128"}).tma_tile == 128
+    assert hopper.tma_tile is None
+    with pytest.raises(DeviceError, match="NEEDLE_TMA_TILE='96' is not a TMA GEMM tile width"):
+        CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_TMA_TILE": "96"})
+
+
+@pytest.mark.parametrize("m,p,batch,width", [
+    (1024, 1024, 1, 64),     # 32 tiles of 128x256 for 132 SMs; 128 tiles of 128x64: one wave
+    (4096, 4096, 1, 256),    # 512 wide tiles: 4 waves; narrower ones need as many columns more
+    (2048, 2048, 1, 256),    # 128 wide tiles: one wave
+    (2048, 2560, 1, 128),    # 160 wide tiles: 2 waves; 320 of 128: 3 waves of a tile half as wide
+    (128, 64, 1, 64),        # narrower than a 128-wide tile
+    (128, 100, 3, 64),
+])
+def test_tma_tile_width_counts_waves(m, p, batch, width):
+    from needle.backends.cuda.tuning import tma_stages, tma_width
+
+    assert tma_width(m, p, batch, 132) == width
+    assert [tma_stages(w, 4) for w in (256, 128, 64)] == [4, 6, 8]
 
 
 def test_metal_tuning_reads_and_checks_its_variables():

@@ -31,7 +31,7 @@ from ..gpu.array import (
 from ..gpu.paged import PAGED_FLASH
 from .quant_decode import QuantDecodeOps
 from .tensor_map import matrix_map
-from .tuning import CudaTuning
+from .tuning import TMA_WIDTHS, CudaTuning, tma_stages, tma_width
 
 _HALF = ("float16", "bfloat16")
 _FUSED_DTYPES = ("float16", "bfloat16", "float32")
@@ -156,10 +156,10 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         """Hopper warpgroup MMA: A as (m, n) row-major; B as (p, n) row-major (K-major), or,
         for the TMA kernel only, as (n, p) row-major (N-major: A @ B needs no copy of B)."""
         a, stride_a = self._untranspose(a, m, n, batch, stride_a, ta)
-        # TMA: operands at least one box (128 x 64 of A, 256 x 64 of B) large, so no box
-        # overhangs a whole dimension; smaller products are better served by 128-wide tiles
+        # TMA: operands at least one box (128 x 64 of A, tile-wide x 64 of B) large, so no
+        # box overhangs a whole dimension
         if (self.tuning.tma and self.tuning.gemm == "tma"
-                and m >= 128 and p >= 256 and n >= 64
+                and m >= 128 and p >= 64 and n >= 64
                 and (batch == 1 or stride_a >= m * n and stride_b >= p * n)
                 and aligned16(a.buffer) and aligned16(b.buffer)
                 and self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b, tb)):
@@ -174,12 +174,16 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
                            (128, 128 * nsub), 256, shared, False, True)
 
     def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b, tb: bool) -> bool:
-        """gemm_tma.cu: 128x256 tiles, a TMA producer warpgroup and two wgmma consumer
-        warpgroups; A (m, n) row-major, B (p, n) row-major when ``tb`` (K-major: matmul_tma)
-        or (n, p) row-major (N-major: matmul_tma_nn), described by tensor maps. False
-        (nothing launched) when the operands cannot be described: use another kernel."""
-        stages = self.tuning.tma_stages
-        shared = stages * (128 + 256) * 64 * 2 + 16 * stages + 1024
+        """gemm_tma.cu: 128 x W tiles (W = 256, 128 or 64: tma_width), a TMA producer
+        warpgroup and two wgmma consumer warpgroups; A (m, n) row-major, B (p, n) row-major
+        when ``tb`` (K-major: matmul_tma) or (n, p) row-major (N-major: matmul_tma_nn),
+        described by tensor maps. False (nothing launched) when the operands cannot be
+        described or the tile does not fit: use another kernel."""
+        width = self.tuning.tma_tile or tma_width(m, p, batch, self.device.compute_units)
+        if width not in TMA_WIDTHS or p < width:
+            return False
+        stages = tma_stages(width, self.tuning.tma_stages)
+        shared = stages * (128 + width) * 64 * 2 + 16 * stages + 1024
         if shared > self.device.max_shared_bytes:
             return False
         item = ITEMSIZE[a.dtype]
@@ -190,7 +194,7 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
                 av = a.buffer if z0 == 0 else a.buffer.view(z0 * stride_a * item, 0)
                 bv = b.buffer if z0 == 0 else b.buffer.view(z0 * stride_b * item, 0)
                 ov = out.buffer if z0 == 0 else out.buffer.view(z0 * m * p * item, 0)
-                b_map = (matrix_map(b.dtype, bv.handle + bv.offset, p, n, nb, stride_b, 256)
+                b_map = (matrix_map(b.dtype, bv.handle + bv.offset, p, n, nb, stride_b, width)
                          if tb else  # N-major: boxes of 64 k-rows x 64 columns
                          matrix_map(b.dtype, bv.handle + bv.offset, n, p, nb, stride_b, 64))
                 maps = (matrix_map(a.dtype, av.handle + av.offset, m, n, nb, stride_a, 128),
@@ -198,10 +202,11 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
                 launches.append((nb, (av, bv, ov), maps))
         except DeviceError:
             return False
-        k = self._kernel("gemm_tma", f"matmul_tma_{'' if tb else 'nn_'}{SUFFIX[a.dtype]}")
+        name = f"matmul_tma{'' if width == 256 else width}_{'' if tb else 'nn_'}"
+        k = self._kernel("gemm_tma", name + SUFFIX[a.dtype])
         k.check_threads(384)
         k.reserve_shared(shared)
-        tiles = cdiv(m, 128) * cdiv(p, 256)  # one grid axis: the kernel orders the tiles
+        tiles = cdiv(m, 128) * cdiv(p, width)  # one grid axis: the kernel orders the tiles
         for nb, bufs, maps in launches:
             params = MATMUL.pack(m, n, p, nb, stride_a, stride_b, 0, int(tb), 1, 0)
             self.queue.dispatch(k, (tiles, 1, nb), (384, 1, 1), bufs, params, shared,

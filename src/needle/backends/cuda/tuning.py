@@ -5,6 +5,8 @@ Environment overrides (docs/cuda.md lists them):
 - ``NEEDLE_WGMMA=0``: no Hopper warpgroup-MMA GEMMs (wgmma, TMA) even on sm_90a.
 - ``NEEDLE_GEMM=wgmma``: half-precision GEMMs take the cp.async wgmma kernel, not TMA.
 - ``NEEDLE_WGMMA_TILE=128|256``: the wgmma kernel's N tile (default: by problem size).
+- ``NEEDLE_TMA_TILE=64|128|256``: the TMA GEMM's N tile (default: by problem size,
+  ``tma_width``).
 - ``NEEDLE_TC_TILE=256``: the sm_80 tensor-core GEMM's 128x256 tile (default 128x128).
 - ``NEEDLE_PDL=0``: no programmatic dependent launch inside graph captures.
 - ``NEEDLE_PAGED_ATTENTION=simple``: paged attention by the group-per-query-head kernel
@@ -26,7 +28,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ...errors import DeviceError
 from ..gpu import GpuTuning
+
+TMA_WIDTHS = (256, 128, 64)  # gemm_tma.cu's N tiles (all 128 rows high)
+TMA_TILE_COST = 64  # a tile's fixed cost in columns of work: its A rows are loaded whatever
+# its width (calibrated on the H100: docs/cuda_notes.md, "TMA GEMM tile widths")
+
+
+def _tma_tile(value: str | None) -> int | None:
+    if not value:
+        return None
+    if value not in {str(w) for w in TMA_WIDTHS}:
+        raise DeviceError(f"NEEDLE_TMA_TILE={value!r} is not a TMA GEMM tile width; use one "
+                          f"of {', '.join(map(str, TMA_WIDTHS))} or leave it unset (automatic)")
+    return int(value)
 
 
 def _stages(options: list[str], define: str, default: int) -> int:
@@ -56,6 +72,7 @@ class CudaTuning(GpuTuning):
     tc_stages: int = 4
     wg_stages: int = 4
     tma_stages: int = 4
+    tma_tile: int | None = None  # the TMA GEMM's N tile; None: tma_width's choice
     fused_matvec: bool = False  # the decode step's norm/SwiGLU/residual fused into its gemvs
     # (off by default: on the H100 the fused kernels are still slower than gemv + add_rmsnorm,
     # docs/cuda_notes.md v9)
@@ -83,8 +100,27 @@ class CudaTuning(GpuTuning):
                    tc_stages=_stages(options, "TC_STAGES", 4),
                    wg_stages=_stages(options, "WG_STAGES", 4),
                    tma_stages=_stages(options, "GEMM_TMA_STAGES", 4),
+                   tma_tile=_tma_tile(env.get("NEEDLE_TMA_TILE")),
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "0") == "1",
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
                    paged_flash=env.get("NEEDLE_PAGED_ATTENTION", "flash") == "flash",
                    decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "tc"),
                    decode_splits=max(1, min(64, int(env.get("NEEDLE_DECODE_SPLITS", "32")))))
+
+
+
+def tma_width(m: int, p: int, batch: int, sms: int) -> int:
+    """The TMA GEMM's tile width for an (m, p) output, ``batch`` times, on ``sms`` SMs: the
+    one whose tiles finish soonest, counting whole waves of one tile per SM (a 1024 x 1024
+    output is 32 tiles of 128 x 256 for 132 SMs, but 128 tiles of 128 x 64)."""
+    def finish(width: int) -> int:
+        tiles = -(-m // 128) * -(-p // width) * batch
+        return -(-tiles // sms) * (width + TMA_TILE_COST)
+    fits = [w for w in TMA_WIDTHS if p >= w] or [TMA_WIDTHS[-1]]
+    return min(fits, key=finish)  # ties: the wider tile (listed first)
+
+
+def tma_stages(width: int, stages_256: int) -> int:
+    """Pipeline stages of a tile ``width`` wide: what ``stages_256`` stages of the 256-wide
+    tile take in shared memory (gemm_tma.cu's stages<BN>())."""
+    return stages_256 * (128 + 256) // (128 + width)

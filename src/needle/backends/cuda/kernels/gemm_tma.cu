@@ -46,9 +46,12 @@ struct alignas(64) TmaMap { u64 words[16]; };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace tma {
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = GEMM_TMA_STAGES;
-constexpr u32 A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+constexpr int BM = 128, BK = 64;
+constexpr u32 A_BYTES = BM * BK * 2;
 constexpr u32 CONSUMER_WARPS = 8;  // arrivals that empty a stage
+// Stages of a BN-wide tile: as many as GEMM_TMA_STAGES stages of the 128 x 256 tile take
+// (4, 6 and 8 for BN = 256, 128 and 64 by default); the host sizes shared memory alike.
+template <int BN> __device__ constexpr int stages() { return GEMM_TMA_STAGES * (BM + 256) / (BM + BN); }
 
 using tc::smem_u32;
 
@@ -90,50 +93,7 @@ __device__ __forceinline__ void tma_prefetch(const TmaMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
 }
 
-// ---- wgmma -------------------------------------------------------------------------------
-// descriptors, fence, commit and wait: wg:: in tensor_core.cuh
-// Pin the accumulators around an MMA batch so the compiler moves none of them while a wgmma
-// may still write them (otherwise ptxas serializes the wgmmas, warning C7514).
-__device__ __forceinline__ void fence_acc(float (&d)[128]) {
-#pragma unroll
-  for (int q = 0; q < 128; q++) asm volatile("" : "+f"(d[q])::"memory");
-}
-
-#define TMA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
-                    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define TMA_MMA256(TYPE, TB)                                                                       \
-  asm volatile(                                                                                \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                           \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " "                        \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "              \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "     \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "     \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "     \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "     \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "     \
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "     \
-      "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, " \
-      "%124, %125, %126, %127}, "                                                              \
-      "%128, %129, p, 1, 1, 0, " TB ";\n"                                                       \
-      "}\n"                                                                                    \
-      : TMA_ACC8(0), TMA_ACC8(8), TMA_ACC8(16), TMA_ACC8(24), TMA_ACC8(32), TMA_ACC8(40),      \
-        TMA_ACC8(48), TMA_ACC8(56), TMA_ACC8(64), TMA_ACC8(72), TMA_ACC8(80), TMA_ACC8(88),    \
-        TMA_ACC8(96), TMA_ACC8(104), TMA_ACC8(112), TMA_ACC8(120)                              \
-      : "l"(da), "l"(db), "r"(1))
-// BN_MAJOR: B's tile is N-major (imm-trans-b = 1)
-template <class T, bool BN_MAJOR> struct Mma256;
-template <> struct Mma256<bf16_t, false> {
-  __device__ static void run(float (&d)[128], u64 da, u64 db) { TMA_MMA256("bf16", "0"); }
-};
-template <> struct Mma256<half_t, false> {
-  __device__ static void run(float (&d)[128], u64 da, u64 db) { TMA_MMA256("f16", "0"); }
-};
-template <> struct Mma256<bf16_t, true> {
-  __device__ static void run(float (&d)[128], u64 da, u64 db) { TMA_MMA256("bf16", "1"); }
-};
-template <> struct Mma256<half_t, true> {
-  __device__ static void run(float (&d)[128], u64 da, u64 db) { TMA_MMA256("f16", "1"); }
-};
+// ---- wgmma: wg::Mma, wg::fence_acc and descriptors in tensor_core.cuh ------------------
 
 // Descriptor of an N-major B tile: BK k-rows of 4 boxes, each box 64 k-rows x 128 bytes
 // (64 columns) with the 128-byte swizzle; 8 k-rows (1 KiB) per swizzle atom. Stepping k by
@@ -157,9 +117,11 @@ __device__ __forceinline__ void tile_of(int t, int tiles_m, int tiles_n, int& tm
   tn = r / rows;
 }
 
-template <class T, bool BN_MAJOR>
+template <class T, int BN, bool BN_MAJOR>
 __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, const TmaMap* map_a,
                                     const TmaMap* map_b, unsigned char* smem) {
+  constexpr int STAGES = stages<BN>();
+  constexpr u32 B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
   const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
   const u32 full0 = base + STAGES * STAGE_BYTES, empty0 = full0 + STAGES * 8;
   const int tid = threadIdx.x, wg = tid / 128;
@@ -205,27 +167,28 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
     // ------------------------------------------------------------------ consumers -----
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int g = wg - 1, lane = tid % 32, w = (tid % 128) / 32;
-    float acc[128];
+    float acc[BN / 2];
 #pragma unroll
-    for (int q = 0; q < 128; q++) acc[q] = 0.f;
+    for (int q = 0; q < BN / 2; q++) acc[q] = 0.f;
 
     for (int kt = 0; kt < KT; kt++) {
       const int s = kt % STAGES;
       bar_wait(full0 + 8 * s, (u32)(kt / STAGES) & 1u);
       const u32 sa = base + s * STAGE_BYTES + g * 64 * 128, sb = base + s * STAGE_BYTES + A_BYTES;
-      fence_acc(acc);
+      wg::fence_acc(acc);
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < BK / 16; kk++)
-        Mma256<T, BN_MAJOR>::run(acc, wg::desc(sa + kk * 32),
-                                 BN_MAJOR ? desc_mn(sb + kk * 16 * 128) : wg::desc(sb + kk * 32));
+        wg::Mma<T, BN, BN_MAJOR>::run(acc, wg::desc(sa + kk * 32),
+                                      BN_MAJOR ? desc_mn(sb + kk * 16 * 128)
+                                               : wg::desc(sb + kk * 32));
       wg::commit();
       wg::wait<1>();  // the previous k-tile's batch has completed: its stage may be refilled
-      fence_acc(acc);
+      wg::fence_acc(acc);
       if (kt > 0 && lane == 0) bar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
     }
     wg::wait<0>();
-    fence_acc(acc);
+    wg::fence_acc(acc);
 
     // accumulator layout: warp w of the warpgroup holds rows 16w..16w+15; per n8 chunk i,
     // lane l holds (row l/4, cols 8i + 2(l%4), +1) in acc[4i], acc[4i+1] and row + 8 in
@@ -234,7 +197,7 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
     T* Cz = C + (i64)z * M * N;
     const i64 row0 = (i64)m0 + g * 64 + w * 16 + lane / 4;
 #pragma unroll
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < BN / 8; i++) {
       const i64 col = (i64)n0 + i * 8 + (lane % 4) * 2;
       if (col >= N) continue;
 #pragma unroll
@@ -248,27 +211,30 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
   }
 }
 }  // namespace tma
-#define GEMM_TMA_BODY(T, BN_MAJOR)                                                             \
+#define GEMM_TMA_BODY(T, BN, BN_MAJOR)                                                         \
   extern __shared__ __align__(1024) unsigned char smem[];                                      \
-  tma::run<T, BN_MAJOR>(out, p, &map_a, &map_b, smem);
+  tma::run<T, BN, BN_MAJOR>(out, p, &map_a, &map_b, smem);
 #else
 // other targets: the names exist (every .cu compiles for sm_80 and sm_90 in CI); the host
 // launches these only on sm_90a builds (device feature "tma")
-#define GEMM_TMA_BODY(T, BN_MAJOR) __trap();
+#define GEMM_TMA_BODY(T, BN, BN_MAJOR) __trap();
 #endif
 
 // a and b are not read (the tensor maps address them); they are arguments so that graph
 // capture keeps their buffers alive, like every other kernel's operands.
-#define GEMM_TMA(NAME, T, BN_MAJOR)                                                            \
+#define GEMM_TMA(NAME, T, BN, BN_MAJOR)                                                        \
   extern "C" __global__ void __launch_bounds__(384, 1)                                         \
       NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,              \
            GemmParams p, const __grid_constant__ TmaMap map_a,                                 \
            const __grid_constant__ TmaMap map_b) {                                             \
     pdl_entry();                                                                               \
-    GEMM_TMA_BODY(T, BN_MAJOR)                                                                 \
+    GEMM_TMA_BODY(T, BN, BN_MAJOR)                                                             \
   }
-// shared bytes: GEMM_TMA_STAGES * (128 + 256) * 64 * 2 + 16 * GEMM_TMA_STAGES + 1024
-ONLY(bf16, GEMM_TMA(matmul_tma_bf16, bf16_t, false))
-ONLY(f16, GEMM_TMA(matmul_tma_f16, half_t, false))
-ONLY(bf16, GEMM_TMA(matmul_tma_nn_bf16, bf16_t, true))
-ONLY(f16, GEMM_TMA(matmul_tma_nn_f16, half_t, true))
+// Names: matmul_tma[W][_nn]_{bf16,f16}, W the tile width when not 256 (host: _tma_gemm).
+// shared bytes: S * (128 + W) * 64 * 2 + 16 * S + 1024, S = stages<W>()
+#define GEMM_TMA_WIDTHS(SFX, T)                                                                \
+  GEMM_TMA(matmul_tma_##SFX, T, 256, false) GEMM_TMA(matmul_tma_nn_##SFX, T, 256, true)        \
+  GEMM_TMA(matmul_tma128_##SFX, T, 128, false) GEMM_TMA(matmul_tma128_nn_##SFX, T, 128, true)  \
+  GEMM_TMA(matmul_tma64_##SFX, T, 64, false) GEMM_TMA(matmul_tma64_nn_##SFX, T, 64, true)
+ONLY(bf16, GEMM_TMA_WIDTHS(bf16, bf16_t))
+ONLY(f16, GEMM_TMA_WIDTHS(f16, half_t))

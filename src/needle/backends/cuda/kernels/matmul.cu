@@ -324,37 +324,6 @@ __device__ __forceinline__ void fence_operands(float (&acc)[NSUB][64]) {
     for (int q = 0; q < 64; q++) asm volatile("" : "+f"(acc[j][q])::"memory");
 }
 
-#define WG_MMA(TYPE)                                                                           \
-  asm volatile(                                                                                \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                             \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                        \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, "                                                      \
-      "%8, %9, %10, %11, %12, %13, %14, %15, "                                                 \
-      "%16, %17, %18, %19, %20, %21, %22, %23, "                                               \
-      "%24, %25, %26, %27, %28, %29, %30, %31, "                                               \
-      "%32, %33, %34, %35, %36, %37, %38, %39, "                                               \
-      "%40, %41, %42, %43, %44, %45, %46, %47, "                                               \
-      "%48, %49, %50, %51, %52, %53, %54, %55, "                                               \
-      "%56, %57, %58, %59, %60, %61, %62, %63}, "                                              \
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                          \
-      :                                                                                        \
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-      : "l"(da), "l"(db), "r"(1))
-template <class T> struct Mma128;
-template <> struct Mma128<bf16_t> {
-  __device__ static void run(float (&d)[64], u64 da, u64 db) { WG_MMA("bf16"); }
-};
-template <> struct Mma128<half_t> {
-  __device__ static void run(float (&d)[64], u64 da, u64 db) { WG_MMA("f16"); }
-};
-
 template <class T, int NSUB, int STAGES>
 __device__ __forceinline__ void run(const T* __restrict__ A, const T* __restrict__ B,
                                     T* __restrict__ C, const MatmulParams& p, unsigned char* smem) {
@@ -416,7 +385,7 @@ __device__ __forceinline__ void run(const T* __restrict__ A, const T* __restrict
     for (int kk = 0; kk < BK / 16; kk++) {
       const u64 da = desc(sa + kk * 32);
 #pragma unroll
-      for (int j = 0; j < NSUB; j++) Mma128<T>::run(acc[j], da, desc(sb + j * 128 * 128 + kk * 32));
+      for (int j = 0; j < NSUB; j++) Mma<T, 128, false>::run(acc[j], da, desc(sb + j * 128 * 128 + kk * 32));
     }
     commit();
     if (WG_OVERLAP) {

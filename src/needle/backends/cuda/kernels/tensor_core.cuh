@@ -114,5 +114,62 @@ __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync
 template <int N> __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Pin the accumulators around an MMA batch (as CUTLASS does) so the compiler moves none of
+// them while a wgmma may still write them; otherwise ptxas serializes the wgmmas (C7514).
+template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
+#pragma unroll
+  for (int q = 0; q < R; q++) asm volatile("" : "+f"(d[q])::"memory");
+}
+
+// d (64 x N, fp32, N/2 registers a thread) += A (64 x 16, descriptor da) times B (16 x N,
+// descriptor db): wgmma.mma_async m64nNk16 for N = 64, 128, 256. B_MN: B's tile is N-major
+// (imm-trans-b = 1) instead of K-major.
+#define WG_REGS32 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+  "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_REGS64 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+  "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, " \
+  "%33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
+  "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WG_REGS128 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+  "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, " \
+  "%33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
+  "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, " \
+  "%65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, " \
+  "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, " \
+  "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, " \
+  "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, " \
+  "%123, %124, %125, %126, %127}"
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                 "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_D32(i) WG_D8(i), WG_D8(i + 8), WG_D8(i + 16), WG_D8(i + 24)
+#define WG_D64(i) WG_D32(i), WG_D32(i + 32)
+// operands after the R accumulators: %R descriptor A, %R+1 descriptor B, %R+2 scale-d (1)
+#define WG_MMA_ASM(N, REGS, DA, DB, SCALE, TYPE, TB)                                          \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                         \
+  "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " REGS ", " DA ", " DB    \
+  ", p, 1, 1, 0, " TB ";\n}\n"
+#define WG_MMA_N64(TYPE, TB) \
+  asm volatile(WG_MMA_ASM("64", WG_REGS32, "%32", "%33", "%34", TYPE, TB) \
+               : WG_D32(0) : "l"(da), "l"(db), "r"(1))
+#define WG_MMA_N128(TYPE, TB) \
+  asm volatile(WG_MMA_ASM("128", WG_REGS64, "%64", "%65", "%66", TYPE, TB) \
+               : WG_D64(0) : "l"(da), "l"(db), "r"(1))
+#define WG_MMA_N256(TYPE, TB) \
+  asm volatile(WG_MMA_ASM("256", WG_REGS128, "%128", "%129", "%130", TYPE, TB) \
+               : WG_D64(0), WG_D64(64) : "l"(da), "l"(db), "r"(1))
+template <class T, int N, bool B_MN> struct Mma;
+#define WG_MMA_TYPE(T, TYPE, N, B_MN, TB)                                                    \
+  template <> struct Mma<T, N, B_MN> {                                                       \
+    __device__ static void run(float (&d)[N / 2], u64 da, u64 db) { WG_MMA_N##N(TYPE, TB); } \
+  };
+#define WG_MMA_SHAPES(T, TYPE)                                                               \
+  WG_MMA_TYPE(T, TYPE, 64, false, "0") WG_MMA_TYPE(T, TYPE, 64, true, "1")                   \
+  WG_MMA_TYPE(T, TYPE, 128, false, "0") WG_MMA_TYPE(T, TYPE, 128, true, "1")                 \
+  WG_MMA_TYPE(T, TYPE, 256, false, "0") WG_MMA_TYPE(T, TYPE, 256, true, "1")
+WG_MMA_SHAPES(bf16_t, "bf16")
+WG_MMA_SHAPES(half_t, "f16")
 }  // namespace wg
 #endif
