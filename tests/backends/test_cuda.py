@@ -595,6 +595,28 @@ def test_tma_matmul_falls_back_for_broadcast_small_and_on_request():
 
 
 @tma
+def test_tma_matmul_keeps_its_launch_plan_per_operands_and_tuning():
+    """A repeated product reuses its launch plan (tensor maps included) whatever the output
+    buffer; new operand addresses or another tile width make a new plan, and every result
+    stays right."""
+    be = DEV.backend
+    npdt = nd.dtypes.to_numpy_dtype("bfloat16")
+    av, bv = (RNG.standard_normal(s).astype(npdt) for s in ((256, 192), (192, 512)))
+    a, b = on(av, "bfloat16"), on(bv, "bfloat16")
+    want = av.astype(np.float64) @ bv.astype(np.float64)
+    be._tma_plans.clear()
+    for _ in range(3):
+        assert relerr((a @ b).numpy(), want) < 1e-2
+    assert len(be._tma_plans) == 1
+    a2 = on(av, "bfloat16")
+    assert relerr((a2 @ b).numpy(), want) < 1e-2
+    assert len(be._tma_plans) == 2
+    with be.tuned(tma_tile=64), be.profile() as prof:
+        assert relerr((a @ b).numpy(), want) < 1e-2
+    assert "matmul_tma64_nn_bf16" in prof.totals and len(be._tma_plans) == 3, prof.table()
+
+
+@tma
 def test_tma_matmul_in_a_graph_replays_with_new_inputs():
     """The tensor maps are by-value launch arguments: capture copies them, so a replay reads
     the captured buffers' new contents."""
@@ -638,7 +660,9 @@ def test_gemm_tma_compiles_for_hopper_and_older_archs():
 
 def test_raw_launch_arguments_get_aligned_slots():
     """CudaQueue's by-value arguments (tensor maps): each copied to a 64-byte-aligned place,
-    listed after the buffer and params slots; the usual slots unchanged (no driver needed)."""
+    listed after the buffer and params slots; the usual slots unchanged; the same arguments
+    object again (a cached launch plan's) reuses the block, others are copied (no driver
+    needed)."""
     import ctypes
 
     from needle.backends.cuda.queue import CudaQueue
@@ -648,6 +672,7 @@ def test_raw_launch_arguments_get_aligned_slots():
     base = ctypes.addressof(q._scratch)
     q._argv = (ctypes.c_void_p * 64)(*[base + 8 * i for i in range(64)])
     q._raw = q._raw_argv = None
+    q._raw_args = q._raw_fixed = q._raw_argv_addr = None
 
     class K:
         name = "k"
@@ -661,6 +686,12 @@ def test_raw_launch_arguments_get_aligned_slots():
         assert ptr % 64 == 0 and ctypes.string_at(ptr, len(raw)) == raw
     assert argv[5] - argv[4] == 128 and argv[6] - argv[5] == 128
     assert [q._argv[i] for i in range(8)] == [base + 8 * i for i in range(8)]  # untouched
+    assert q._place_raw(K, 4, raws) == addr  # the same object: nothing copied again
+    other = (b"\x01" * 128,)
+    argv = ctypes.cast(q._place_raw(K, 4, other), ctypes.POINTER(ctypes.c_void_p))
+    assert ctypes.string_at(argv[4], 128) == other[0]
+    argv = ctypes.cast(q._place_raw(K, 2, other), ctypes.POINTER(ctypes.c_void_p))
+    assert argv[2] % 64 == 0 and ctypes.string_at(argv[2], 128) == other[0]  # 2 fixed slots
 
 
 def test_tensor_map_limits_are_checked_before_the_driver():

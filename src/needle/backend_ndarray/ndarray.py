@@ -864,6 +864,18 @@ class NDArray(TransformerOps):
 
     # --- matmul --------------------------------------------------------------------------
     def __matmul__(self, other: NDArray) -> NDArray:
+        if (type(other) is NDArray and len(self._shape) == 2 and len(other._shape) == 2
+                and other._device is self._device and self._handle.dtype == other._handle.dtype
+                and self._shape[1] == other._shape[0] and self._handle.dtype != "bool"):
+            # the common case, fast: two matrices of one dtype, each compact or transposed
+            ta, tb = self._transposed_matrix(), other._transposed_matrix()
+            (m, n), p = self._shape, other._shape[1]
+            if ta is not None and tb is not None and m * n * p:
+                out = self._fresh((m, p), self._handle.dtype)
+                self._device.backend.matmul(self._handle, other._handle, out._handle, m, n, p,
+                                            batch=1, stride_a=0, stride_b=0, transpose_a=ta,
+                                            transpose_b=tb)
+                return out
         if not isinstance(other, NDArray):
             return NotImplemented
         self._check_device(other)
@@ -914,6 +926,18 @@ class NDArray(TransformerOps):
                             transpose_b=tb)
         return out.reshape(out.shape[1:])
 
+    def _transposed_matrix(self) -> bool | None:
+        """For a matrix that is its whole buffer: False when row-major, True when stored
+        column-major (a transposed view); None otherwise (the product needs a copy)."""
+        (r, c), (sr, sc) = self._shape, self._strides
+        if self._offset or self._handle.size != r * c:
+            return None
+        if sr == c and sc == 1 or r == 1 and sc == 1:
+            return False
+        if sr == 1 and sc == r or c == 1 and sr == 1:
+            return True
+        return None
+
     def _matmul_operand(self, batch_shape):
         """(array, batch stride, transposed) for this operand without copying when possible.
 
@@ -922,12 +946,10 @@ class NDArray(TransformerOps):
         """
         r, c = self.shape[-2:]
         mat = self[(0,) * (self.ndim - 2)] if self.ndim > 2 else self
-        broadcast_one = self.ndim == 2 or all(s == 0 for s in self.strides[:-2])
-        if broadcast_one and mat.offset == 0 and mat._handle.size == r * c:
-            if mat.strides == (c, 1) or r == 1 and mat.strides[1] == 1:
-                return mat, 0, False
-            if mat.strides == (1, r) or c == 1 and mat.strides[0] == 1:
-                return mat, 0, True
+        if self.ndim == 2 or all(s == 0 for s in self.strides[:-2]):  # one matrix
+            transposed = mat._transposed_matrix()
+            if transposed is not None:
+                return mat, 0, transposed
         if (self.shape[:-2] == tuple(batch_shape) and self.strides[-2:] == (1, r)
                 and self._offset == 0 and self._handle.size == self.size):
             # a batch of transposed matrices one after another (a permuted KV cache): as is

@@ -45,6 +45,7 @@ _COMPILE_ORDER = {"nn": 0, "elementwise": 1, "matmul": 2, "reduce": 3}
 _SAMPLE = struct.Struct("3q")  # sampling.cu's SampleParams: rows, vocab, cached
 _SAMPLE_THREADS = 1024
 _SAMPLE_STATIC = 4096  # sampling.cu's static shared memory (2.6 KiB), rounded up
+_TMA_PLANS = 256  # launch plans kept by _tma_gemm (emptied when full)
 
 
 class CudaBackend(QuantDecodeOps, GpuBackend):
@@ -64,6 +65,7 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         caps.add("sampling")
         caps.add("precompile")
         self.capabilities = frozenset(caps)
+        self._tma_plans: dict[tuple, tuple | bool] = {}  # _tma_gemm's launch plans
 
     def _retuned(self) -> None:
         self.device.queue.pdl = self.tuning.pdl
@@ -178,40 +180,63 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         warpgroup and two wgmma consumer warpgroups; A (m, n) row-major, B (p, n) row-major
         when ``tb`` (K-major: matmul_tma) or (n, p) row-major (N-major: matmul_tma_nn),
         described by tensor maps. False (nothing launched) when the operands cannot be
-        described or the tile does not fit: use another kernel."""
+        described or the tile does not fit: use another kernel.
+
+        The launches' plan (kernel, grids, params, tensor maps) depends only on the operands'
+        addresses and the product's shape, so it is kept: an eager loop or a training step
+        repeats the same products on the same buffers and pays for the plan once."""
+        tuning = self.tuning
+        key = (a.buffer.handle + a.buffer.offset, b.buffer.handle + b.buffer.offset, a.dtype,
+               m, n, p, batch, stride_a, stride_b, tb, tuning.tma_tile, tuning.tma_stages)
+        plan = self._tma_plans.get(key)
+        if plan is None:
+            if len(self._tma_plans) >= _TMA_PLANS:
+                self._tma_plans.clear()
+            plan = self._tma_plans[key] = self._tma_plan(a, b, m, n, p, batch, stride_a,
+                                                         stride_b, tb) or False
+        if not plan:
+            return False
+        k, shared, launches = plan
+        item = ITEMSIZE[a.dtype]
+        for z0, grid, params, maps in launches:
+            bufs = ((a.buffer, b.buffer, out.buffer) if z0 == 0 else
+                    (a.buffer.view(z0 * stride_a * item, 0),
+                     b.buffer.view(z0 * stride_b * item, 0), out.buffer.view(z0 * m * p * item, 0)))
+            self.queue.dispatch(k, grid, (384, 1, 1), bufs, params, shared, raw_args=maps)
+        return True
+
+    def _tma_plan(self, a, b, m, n, p, batch, stride_a, stride_b, tb: bool):
+        """(kernel, shared bytes, launches) of ``_tma_gemm``, a launch being (first matrix,
+        grid, params, tensor maps) per MAX_GRID_YZ matrices; None when the operands cannot
+        be described or the tile does not fit."""
         width = self.tuning.tma_tile or tma_width(m, p, batch, self.device.compute_units)
         if width not in TMA_WIDTHS or p < width:
-            return False
+            return None
         stages = tma_stages(width, self.tuning.tma_stages)
         shared = stages * (128 + width) * 64 * 2 + 16 * stages + 1024
         if shared > self.device.max_shared_bytes:
-            return False
+            return None
         item = ITEMSIZE[a.dtype]
+        tiles = cdiv(m, 128) * cdiv(p, width)  # one grid axis: the kernel orders the tiles
         launches = []
         try:
             for z0 in range(0, batch, MAX_GRID_YZ):
                 nb = min(MAX_GRID_YZ, batch - z0)
-                av = a.buffer if z0 == 0 else a.buffer.view(z0 * stride_a * item, 0)
-                bv = b.buffer if z0 == 0 else b.buffer.view(z0 * stride_b * item, 0)
-                ov = out.buffer if z0 == 0 else out.buffer.view(z0 * m * p * item, 0)
-                b_map = (matrix_map(b.dtype, bv.handle + bv.offset, p, n, nb, stride_b, width)
-                         if tb else  # N-major: boxes of 64 k-rows x 64 columns
-                         matrix_map(b.dtype, bv.handle + bv.offset, n, p, nb, stride_b, 64))
-                maps = (matrix_map(a.dtype, av.handle + av.offset, m, n, nb, stride_a, 128),
-                        b_map)
-                launches.append((nb, (av, bv, ov), maps))
+                a_at = a.buffer.handle + a.buffer.offset + z0 * stride_a * item
+                b_at = b.buffer.handle + b.buffer.offset + z0 * stride_b * item
+                b_map = (matrix_map(b.dtype, b_at, p, n, nb, stride_b, width) if tb else
+                         # N-major: boxes of 64 k-rows x 64 columns
+                         matrix_map(b.dtype, b_at, n, p, nb, stride_b, 64))
+                maps = (matrix_map(a.dtype, a_at, m, n, nb, stride_a, 128), b_map)
+                params = MATMUL.pack(m, n, p, nb, stride_a, stride_b, 0, int(tb), 1, 0)
+                launches.append((z0, (tiles, 1, nb), params, maps))
         except DeviceError:
-            return False
+            return None
         name = f"matmul_tma{'' if width == 256 else width}_{'' if tb else 'nn_'}"
         k = self._kernel("gemm_tma", name + SUFFIX[a.dtype])
         k.check_threads(384)
         k.reserve_shared(shared)
-        tiles = cdiv(m, 128) * cdiv(p, width)  # one grid axis: the kernel orders the tiles
-        for nb, bufs, maps in launches:
-            params = MATMUL.pack(m, n, p, nb, stride_a, stride_b, 0, int(tb), 1, 0)
-            self.queue.dispatch(k, (tiles, 1, nb), (384, 1, 1), bufs, params, shared,
-                                raw_args=maps)
-        return True
+        return k, shared, launches
 
     def _skinny(self, a, b, out, m: int, n: int, p: int, batch: int, stride_a: int,
                 stride_b: int) -> None:

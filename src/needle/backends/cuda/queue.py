@@ -124,6 +124,7 @@ class CudaQueue(Queue):
         self._argv_addr = ctypes.addressof(self._argv)
         self._view = memoryview(self._scratch).cast("B")
         self._raw = self._raw_argv = None  # raw-argument block, made at the first use
+        self._raw_args = self._raw_fixed = self._raw_argv_addr = None  # what the block holds
         self.pdl = False  # set by the backend from its tuning (CudaTuning.pdl)
         self._pdl_config = None  # the CUlaunchConfig of PDL launches, made at the first use
         self._pinned = None  # page-locked slots of copy_to_host_later, made at the first use
@@ -152,7 +153,10 @@ class CudaQueue(Queue):
     def _place_raw(self, kernel, fixed: int, raw_args) -> int:
         """Copy ``raw_args`` into the raw block (64-byte aligned each) and return the address
         of a ``void*[]`` whose first ``fixed`` entries are the usual slots (buffers, params)
-        and whose next ones point at the raw copies."""
+        and whose next ones point at the raw copies. The same ``raw_args`` object as the
+        last call's (a cached launch plan's) reuses the block as it is."""
+        if raw_args is self._raw_args and fixed == self._raw_fixed:
+            return self._raw_argv_addr
         if self._raw is None:
             self._raw = ctypes.create_string_buffer(_RAW_SCRATCH + _RAW_ALIGN)
         base = -(-ctypes.addressof(self._raw) // _RAW_ALIGN) * _RAW_ALIGN
@@ -167,7 +171,9 @@ class CudaQueue(Queue):
             offset += -(-len(raw) // _RAW_ALIGN) * _RAW_ALIGN
         # kept until the next raw launch: the driver reads the array during cuLaunchKernel
         self._raw_argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        return ctypes.addressof(self._raw_argv)
+        self._raw_argv_addr = ctypes.addressof(self._raw_argv)
+        self._raw_args, self._raw_fixed = raw_args, fixed
+        return self._raw_argv_addr
 
     def _submit(self, command) -> None:
         kernel, groups, threads, args, shared_bytes, argv = command
