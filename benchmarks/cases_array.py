@@ -48,6 +48,38 @@ def _mm(a, b):
     return a @ b
 
 
+def _matmul_tf32(n: int) -> Case:
+    """float32 products with TF32 allowed in both frameworks (needle's
+    set_float32_matmul_precision("high"), torch's allow_tf32), each call restoring the
+    setting it found; no ceiling (the float32 one is for IEEE products)."""
+    def build(ctx: Context) -> Bench:
+        from needle.backends import precision
+
+        def needle_tf32(a, b):
+            before = precision.get_float32_matmul_precision()
+            precision.set_float32_matmul_precision("high")
+            try:
+                return a @ b
+            finally:
+                precision.set_float32_matmul_precision(before)
+
+        def torch_tf32(a, b):
+            import torch
+
+            before = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                return a @ b
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = before
+
+        sets = ctx.input_sets(_normal((n, n), (n, n)))
+        return Bench(ctx.bind({"needle": needle_tf32, "torch": torch_tf32}, sets, "float32"),
+                     flops=2.0 * n**3, rtol=1e-2)
+
+    return Case(f"matmul_tf32_{n}", "matmul", build)
+
+
 def _add(n: int, small: bool = False) -> Case:
     """``a + b``; ``small`` sizes time the fixed cost of one op (dispatch, launch), not bytes."""
     def build(ctx: Context) -> Bench:
@@ -133,6 +165,7 @@ def cases(ctx: Context) -> list[Case]:
         mm, n, sums, rows = [256, 1024, 2048], 1 << 24, [(4096, 4096)], (4096, 4096)
     dtypes = ("float32", "bfloat16") if ctx.gpu else ("float32",)
     found = [_matmul(s, dt) for dt in dtypes for s in mm]
+    found += [_matmul_tf32(s) for s in mm] if ctx.gpu else []
     found += [_add(n), _exp(n)]
     found += [_sum(r, c, axis) for r, c in sums for axis in (1, 0)]
     found += [_softmax(*rows), _rmsnorm(*rows)]

@@ -29,6 +29,7 @@ from ..gpu.array import (
     split_scale,
 )
 from ..gpu.paged import PAGED_FLASH
+from ..precision import tf32_allowed
 from .quant_decode import QuantDecodeOps
 from .tensor_map import matrix_map
 from .tuning import TMA_WIDTHS, CudaTuning, tma_stages, tma_width
@@ -117,6 +118,9 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
               and self.tuning.tc_stages * (128 * 32 + 32 * 128) * 2
               <= self.device.max_shared_bytes
               and aligned16(a.buffer) and aligned16(b.buffer))
+        if dt == "float32" and self._tf32(a, b, out, m, n, p, batch, stride_a, stride_b, ta,
+                                          tb):
+            return True
         if not tc:
             return dt == "float32" and self._split_k_f32(a, b, out, m, n, p, batch, stride_a,
                                                          stride_b, ta, tb)
@@ -132,6 +136,19 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
                            (128, bn), 256, shared, False, False)
         return True
+
+    def _tf32(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
+        """float32 on TF32 tensor cores where ``set_float32_matmul_precision("high")`` allows
+        it: the TMA GEMM with float operands, both K-major (wgmma's TF32 form has no
+        transposed operand), so A stored transposed or B stored as written (n, p) is copied
+        first. False (nothing launched) where the TMA kernel does not apply."""
+        if not (self.tuning.tma and tf32_allowed() and m >= 128 and p >= 64 and n >= 32
+                and n % 4 == 0 and p % 2 == 0 and aligned16(a.buffer) and aligned16(b.buffer)
+                and (batch == 1 or stride_a >= m * n and stride_b >= n * p)):
+            return False
+        a, stride_a = self._untranspose(a, m, n, batch, stride_a, ta)
+        b, stride_b = self._untranspose(b, p, n, batch, stride_b, not tb)
+        return self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b, True)
 
     def _split_k_f32(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
         """A float32 product whose 128x128 output tiles alone would leave most SMs idle (a
@@ -217,6 +234,7 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         if shared > self.device.max_shared_bytes:
             return None
         item = ITEMSIZE[a.dtype]
+        k_box = 128 // item  # a box row is 128 bytes (the swizzle): 64 halves, 32 floats
         tiles = cdiv(m, 128) * cdiv(p, width)  # one grid axis: the kernel orders the tiles
         launches = []
         try:
@@ -224,15 +242,16 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
                 nb = min(MAX_GRID_YZ, batch - z0)
                 a_at = a.buffer.handle + a.buffer.offset + z0 * stride_a * item
                 b_at = b.buffer.handle + b.buffer.offset + z0 * stride_b * item
-                b_map = (matrix_map(b.dtype, b_at, p, n, nb, stride_b, width) if tb else
-                         # N-major: boxes of 64 k-rows x 64 columns
-                         matrix_map(b.dtype, b_at, n, p, nb, stride_b, 64))
-                maps = (matrix_map(a.dtype, a_at, m, n, nb, stride_a, 128), b_map)
+                b_map = (matrix_map(b.dtype, b_at, p, n, nb, stride_b, width, k_box) if tb
+                         # N-major (halves only): boxes of 64 k-rows x 64 columns
+                         else matrix_map(b.dtype, b_at, n, p, nb, stride_b, 64))
+                maps = (matrix_map(a.dtype, a_at, m, n, nb, stride_a, 128, k_box), b_map)
                 params = MATMUL.pack(m, n, p, nb, stride_a, stride_b, 0, int(tb), 1, 0)
                 launches.append((z0, (tiles, 1, nb), params, maps))
         except DeviceError:
             return None
-        name = f"matmul_tma{'' if width == 256 else width}_{'' if tb else 'nn_'}"
+        kind = "tf32_" if a.dtype == "float32" else "" if tb else "nn_"
+        name = f"matmul_tma{'' if width == 256 else width}_{kind}"
         k = self._kernel("gemm_tma", name + SUFFIX[a.dtype])
         k.check_threads(384)
         k.reserve_shared(shared)

@@ -12,12 +12,14 @@
 //    batch), which carry the batch strides and zero-fill everything out of bounds, so m, n
 //    and p need not be multiples of the tile (n and p multiples of 8: the host checks).
 //
-// One group of 384 threads computes a 128 x 256 tile of C, walking k in steps of 64:
+// One group of 384 threads computes a 128 x W tile of C (W = 256, 128 or 64: kernels
+// matmul_tma, matmul_tma128, matmul_tma64; the host picks W so that the tiles' waves over
+// the SMs finish first), walking k in steps of 64:
 //  * warpgroup 0 is the producer: one thread waits until a stage is empty, arms the
-//    stage's "full" mbarrier with the stage's byte count, and issues two TMA box loads
-//    (A: 64 x 128, B: 64 x 256; 128-byte swizzle) that complete on that mbarrier;
-//  * warpgroups 1 and 2 are consumers, each owning 64 rows x 256 columns of the tile
-//    (wgmma m64n256k16, 128 fp32 accumulators per thread). A consumer waits on full[s],
+//    stage's "full" mbarrier with the stage's byte count, and issues the TMA box loads
+//    (A: 64 x 128, B: 64 x W; 128-byte swizzle) that complete on that mbarrier;
+//  * warpgroups 1 and 2 are consumers, each owning 64 rows x W columns of the tile
+//    (wgmma m64nWk16, W / 2 fp32 accumulators per thread). A consumer waits on full[s],
 //    issues the stage's 4 wgmmas, and keeps that batch in flight while it waits for the
 //    previous batch (wgmma.wait_group 1); once that one has completed, its stage is
 //    released (one arrive per consumer warp on empty[s]).
@@ -26,8 +28,9 @@
 // opposite one on empty[s] (producer: a fresh barrier counts as having completed the phase
 // before its first, so the first STAGES waits return at once).
 //
-// Shared memory (dynamic, base rounded up to 1024 bytes): STAGES x [A 16 KiB | B 32 KiB],
-// then full[STAGES] and empty[STAGES] (8 bytes each). With 4 stages: 197,696 bytes.
+// Shared memory (dynamic, base rounded up to 1024 bytes): STAGES x [A 16 KiB | B W/8 KiB],
+// then full[STAGES] and empty[STAGES] (8 bytes each): 197,696 bytes with 4 stages of W = 256
+// (6 of 128 and 8 of 64: 32 and 64 bytes more barriers).
 #include "common.cuh"
 #include "tensor_core.cuh"
 
@@ -46,8 +49,10 @@ struct alignas(64) TmaMap { u64 words[16]; };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace tma {
-constexpr int BM = 128, BK = 64;
-constexpr u32 A_BYTES = BM * BK * 2;
+constexpr int BM = 128, BK = 64;  // BK: k per stage of a 2-byte type (128-byte rows)
+constexpr u32 A_BYTES = BM * 128;
+// k per stage: one 128-byte row (the swizzle's width) of each operand's tile
+template <class T> __device__ constexpr int k_tile() { return 128 / (int)sizeof(T); }
 constexpr u32 CONSUMER_WARPS = 8;  // arrivals that empty a stage
 // Stages of a BN-wide tile: as many as GEMM_TMA_STAGES stages of the 128 x 256 tile take
 // (4, 6 and 8 for BN = 256, 128 and 64 by default); the host sizes shared memory alike.
@@ -117,11 +122,19 @@ __device__ __forceinline__ void tile_of(int t, int tiles_m, int tiles_n, int& tm
   tn = r / rows;
 }
 
+// two adjacent outputs (an even column: 4- or 8-byte aligned)
+template <class T> __device__ __forceinline__ void store_pair(T* at, float lo, float hi) {
+  *reinterpret_cast<u32*>(at) = store<T>(lo).bits | (store<T>(hi).bits << 16);
+}
+template <> __device__ __forceinline__ void store_pair<float>(float* at, float lo, float hi) {
+  *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
+}
+
 template <class T, int BN, bool BN_MAJOR>
 __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, const TmaMap* map_a,
                                     const TmaMap* map_b, unsigned char* smem) {
-  constexpr int STAGES = stages<BN>();
-  constexpr u32 B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+  constexpr int STAGES = stages<BN>(), KS = k_tile<T>();
+  constexpr u32 B_BYTES = BN * 128, STAGE_BYTES = A_BYTES + B_BYTES;
   const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
   const u32 full0 = base + STAGES * STAGE_BYTES, empty0 = full0 + STAGES * 8;
   const int tid = threadIdx.x, wg = tid / 128;
@@ -129,7 +142,7 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
   int tm, tn;
   tile_of((int)blockIdx.x, tiles_m, tiles_n, tm, tn);
   const int m0 = tm * BM, n0 = tn * BN, z = (int)blockIdx.z;
-  const int KT = (int)((p.n + BK - 1) / BK);
+  const int KT = (int)((p.n + KS - 1) / KS);
 
   if (tid == 0) {
 #pragma unroll
@@ -153,13 +166,13 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
         bar_wait(empty0 + 8 * s, parity ^ 1u);
         const u32 full = full0 + 8 * s, sa = base + s * STAGE_BYTES;
         bar_expect_tx(full, STAGE_BYTES);  // a box counts whole, zero-filled parts included
-        tma_load(sa, map_a, full, kt * BK, m0, z);
-        if (BN_MAJOR) {  // B (n x p): four boxes of 64 columns x 64 k-rows
+        tma_load(sa, map_a, full, kt * KS, m0, z);
+        if (BN_MAJOR) {  // B (n x p): BN / 64 boxes of 64 columns x 64 k-rows
 #pragma unroll
           for (int j = 0; j < BN / 64; j++)
-            tma_load(sa + A_BYTES + j * (BK * 128), map_b, full, n0 + 64 * j, kt * BK, z);
+            tma_load(sa + A_BYTES + j * (BK * 128), map_b, full, n0 + 64 * j, kt * KS, z);
         } else {
-          tma_load(sa + A_BYTES, map_b, full, kt * BK, n0, z);
+          tma_load(sa + A_BYTES, map_b, full, kt * KS, n0, z);
         }
       }
     }
@@ -178,7 +191,7 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
       wg::fence_acc(acc);
       wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; kk++)
+      for (int kk = 0; kk < 4; kk++)  // 32 bytes of k each (k16 of 2-byte types, k8 of TF32)
         wg::Mma<T, BN, BN_MAJOR>::run(acc, wg::desc(sa + kk * 32),
                                       BN_MAJOR ? desc_mn(sb + kk * 16 * 128)
                                                : wg::desc(sb + kk * 32));
@@ -204,8 +217,7 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
       for (int h = 0; h < 2; h++) {
         const i64 row = row0 + h * 8;
         if (row >= M) continue;
-        const u32 lo = store<T>(acc[4 * i + 2 * h]).bits, hi = store<T>(acc[4 * i + 2 * h + 1]).bits;
-        *reinterpret_cast<u32*>(Cz + row * N + col) = lo | (hi << 16);
+        store_pair(Cz + row * N + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
       }
     }
   }
@@ -238,3 +250,7 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
   GEMM_TMA(matmul_tma64_##SFX, T, 64, false) GEMM_TMA(matmul_tma64_nn_##SFX, T, 64, true)
 ONLY(bf16, GEMM_TMA_WIDTHS(bf16, bf16_t))
 ONLY(f16, GEMM_TMA_WIDTHS(f16, half_t))
+// float32 as TF32 (ndl.set_float32_matmul_precision("high")): K-major B only
+ONLY(f32, GEMM_TMA(matmul_tma_tf32_f32, float, 256, false)
+          GEMM_TMA(matmul_tma128_tf32_f32, float, 128, false)
+          GEMM_TMA(matmul_tma64_tf32_f32, float, 64, false))

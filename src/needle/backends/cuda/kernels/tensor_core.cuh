@@ -122,8 +122,8 @@ template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 }
 
 // d (64 x N, fp32, N/2 registers a thread) += A (64 x 16, descriptor da) times B (16 x N,
-// descriptor db): wgmma.mma_async m64nNk16 for N = 64, 128, 256. B_MN: B's tile is N-major
-// (imm-trans-b = 1) instead of K-major.
+// descriptor db): wgmma.mma_async m64nNk16 for N = 64, 128, 256 (T = bf16_t, half_t; T =
+// float: TF32, k8, below). B_MN: B's tile is N-major (imm-trans-b = 1) instead of K-major.
 #define WG_REGS32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
   "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -171,5 +171,30 @@ template <class T, int N, bool B_MN> struct Mma;
   WG_MMA_TYPE(T, TYPE, 256, false, "0") WG_MMA_TYPE(T, TYPE, 256, true, "1")
 WG_MMA_SHAPES(bf16_t, "bf16")
 WG_MMA_SHAPES(half_t, "f16")
+// float32 operands as TF32 (the low 13 mantissa bits ignored): m64nNk8, both operands
+// K-major only (no transpose immediates), 8 elements = the same 32 bytes of a 128-byte row
+// per instruction as k16 of a 2-byte type
+#define WG_TF32_ASM(N, REGS, DA, DB, SCALE)                                                   \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                         \
+  "wgmma.mma_async.sync.aligned.m64n" N "k8.f32.tf32.tf32 " REGS ", " DA ", " DB            \
+  ", p, 1, 1;\n}\n"
+template <> struct Mma<float, 64, false> {
+  __device__ static void run(float (&d)[32], u64 da, u64 db) {
+    asm volatile(WG_TF32_ASM("64", WG_REGS32, "%32", "%33", "%34")
+                 : WG_D32(0) : "l"(da), "l"(db), "r"(1));
+  }
+};
+template <> struct Mma<float, 128, false> {
+  __device__ static void run(float (&d)[64], u64 da, u64 db) {
+    asm volatile(WG_TF32_ASM("128", WG_REGS64, "%64", "%65", "%66")
+                 : WG_D64(0) : "l"(da), "l"(db), "r"(1));
+  }
+};
+template <> struct Mma<float, 256, false> {
+  __device__ static void run(float (&d)[128], u64 da, u64 db) {
+    asm volatile(WG_TF32_ASM("256", WG_REGS128, "%128", "%129", "%130")
+                 : WG_D64(0), WG_D64(64) : "l"(da), "l"(db), "r"(1));
+  }
+};
 }  // namespace wg
 #endif
