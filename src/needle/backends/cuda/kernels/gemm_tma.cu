@@ -122,12 +122,80 @@ __device__ __forceinline__ void tile_of(int t, int tiles_m, int tiles_n, int& tm
   tn = r / rows;
 }
 
-// two adjacent outputs (an even column: 4- or 8-byte aligned)
-template <class T> __device__ __forceinline__ void store_pair(T* at, float lo, float hi) {
-  *reinterpret_cast<u32*>(at) = store<T>(lo).bits | (store<T>(hi).bits << 16);
+// ---- epilogue ----------------------------------------------------------------------------
+// bar.sync among COUNT threads (ids above 0, which __syncthreads uses)
+template <int ID, int COUNT> __device__ __forceinline__ void named_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory");
 }
-template <> __device__ __forceinline__ void store_pair<float>(float* at, float lo, float hi) {
-  *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
+// The output tile in shared memory: 128 rows of BN values, each row padded by 16 bytes so
+// that a fragment store's 8 rows fall in different banks.
+template <class T, int BN> __device__ constexpr u32 tile_pitch() {
+  return BN * (u32)sizeof(T) + 16;
+}
+
+// two adjacent outputs (an even column: 4- or 8-byte aligned), into shared memory
+template <class T> __device__ __forceinline__ void st_pair(u32 at, float lo, float hi) {
+  const u32 v = store<T>(lo).bits | (store<T>(hi).bits << 16);
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
+}
+template <> __device__ __forceinline__ void st_pair<float>(u32 at, float lo, float hi) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(lo), "f"(hi) : "memory");
+}
+
+// one value of the staged tile
+template <class T> __device__ __forceinline__ T ld_value(u32 at) {
+  T v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v.bits) : "r"(at));
+  return v;
+}
+template <> __device__ __forceinline__ float ld_value<float>(u32 at) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(at));
+  return v;
+}
+
+// accumulator layout: warp w of a warpgroup holds rows 16w..16w+15 of its 64; per n8 chunk
+// i, lane l holds (row l/4, cols 8i + 2(l%4), +1) in acc[4i], acc[4i+1] and row + 8 in
+// acc[4i+2], acc[4i+3]. `row` and `col` are lane l's first (tile-relative).
+template <class T, int BN>
+__device__ __forceinline__ void stage_tile(const float (&acc)[BN / 2], u32 tile, int row,
+                                           int col) {
+  constexpr u32 PITCH = tile_pitch<T, BN>();
+#pragma unroll
+  for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      st_pair<T>(tile + (row + 8 * h) * PITCH + (i * 8 + col) * (u32)sizeof(T),
+                 acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+}
+
+// Rows [first, first + 64) of the staged tile to C (m x n row-major) at (m0 + row, n0 + col):
+// the warpgroup's 128 threads take consecutive 16-byte pieces of a row (coalesced), or,
+// where n leaves rows unaligned to 16 bytes, consecutive elements.
+template <class T, int BN>
+__device__ __forceinline__ void store_rows(T* __restrict__ C, u32 tile, int first, int m0,
+                                           int n0, i64 M, i64 N, int t) {
+  constexpr u32 PITCH = tile_pitch<T, BN>(), SIZE = sizeof(T);
+  constexpr int PER = 16 / SIZE, PIECES = BN / PER;  // values a piece, pieces a row
+  if (N % PER == 0) {
+#pragma unroll 4
+    for (int c = t; c < 64 * PIECES; c += 128) {
+      const int r = first + c / PIECES, col = (c % PIECES) * PER;
+      const i64 row = (i64)m0 + r, gcol = (i64)n0 + col;
+      if (row >= M || gcol >= N) continue;  // N % PER == 0: a piece is whole or outside
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(tile + r * PITCH + col * SIZE));
+      *reinterpret_cast<uint4*>(C + row * N + gcol) = v;
+    }
+  } else {
+    for (int c = t; c < 64 * BN; c += 128) {
+      const int r = first + c / BN, col = c % BN;
+      const i64 row = (i64)m0 + r, gcol = (i64)n0 + col;
+      if (row < M && gcol < N) C[row * N + gcol] = ld_value<T>(tile + r * PITCH + col * SIZE);
+    }
+  }
 }
 
 template <class T, int BN, bool BN_MAJOR>
@@ -203,23 +271,18 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
     wg::wait<0>();
     wg::fence_acc(acc);
 
-    // accumulator layout: warp w of the warpgroup holds rows 16w..16w+15; per n8 chunk i,
-    // lane l holds (row l/4, cols 8i + 2(l%4), +1) in acc[4i], acc[4i+1] and row + 8 in
-    // acc[4i+2], acc[4i+3]. p is a multiple of 8, so a pair is in bounds when its first is.
-    const i64 M = p.m, N = p.p;
-    T* Cz = C + (i64)z * M * N;
-    const i64 row0 = (i64)m0 + g * 64 + w * 16 + lane / 4;
-#pragma unroll
-    for (int i = 0; i < BN / 8; i++) {
-      const i64 col = (i64)n0 + i * 8 + (lane % 4) * 2;
-      if (col >= N) continue;
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const i64 row = row0 + h * 8;
-        if (row >= M) continue;
-        store_pair(Cz + row * N + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-      }
+    // The tile goes out through shared memory: the accumulators' fragments hold 8-byte
+    // (or, for float, 16-byte) pieces of 8 rows per store, half a 32-byte sector each, so
+    // written straight to global memory they cost twice the store transactions of whole
+    // rows. The stages are free once both consumer warpgroups' wgmmas have completed.
+    named_sync<1, 256>();
+    stage_tile<T, BN>(acc, base, g * 64 + w * 16 + lane / 4, (lane % 4) * 2);
+    if (g == 0) {  // this warpgroup's 64 rows are in shared memory
+      named_sync<2, 128>();
+    } else {
+      named_sync<3, 128>();
     }
+    store_rows<T, BN>(C + (i64)z * p.m * p.p, base, g * 64, m0, n0, p.m, p.p, tid % 128);
   }
 }
 }  // namespace tma
