@@ -596,24 +596,34 @@ def test_tma_matmul_falls_back_for_broadcast_small_and_on_request():
 
 @tma
 def test_tma_matmul_keeps_its_launch_plan_per_operands_and_tuning():
-    """A repeated product reuses its launch plan (tensor maps included) whatever the output
-    buffer; new operand addresses or another tile width make a new plan, and every result
-    stays right."""
+    """A repeated product reuses its launch plan (tensor maps included) and goes straight to
+    it whatever the output buffer; new operand addresses make a new plan; a change of tuning
+    forgets them all (the route may change with it); every result stays right."""
     be = DEV.backend
     npdt = nd.dtypes.to_numpy_dtype("bfloat16")
     av, bv = (RNG.standard_normal(s).astype(npdt) for s in ((256, 192), (192, 512)))
     a, b = on(av, "bfloat16"), on(bv, "bfloat16")
     want = av.astype(np.float64) @ bv.astype(np.float64)
     be._tma_plans.clear()
+    be._direct_plans.clear()
     for _ in range(3):
-        assert relerr((a @ b).numpy(), want) < 1e-2
-    assert len(be._tma_plans) == 1
+        with be.profile() as prof:
+            assert relerr((a @ b).numpy(), want) < 1e-2
+    assert "matmul_tma64_nn_bf16" in prof.totals, prof.table()  # tma_width's choice here
+    assert len(be._tma_plans) == 1 and len(be._direct_plans) == 1
     a2 = on(av, "bfloat16")
     assert relerr((a2 @ b).numpy(), want) < 1e-2
-    assert len(be._tma_plans) == 2
-    with be.tuned(tma_tile=64), be.profile() as prof:
+    assert len(be._tma_plans) == 2 and len(be._direct_plans) == 2
+    assert relerr((a2.T.compact().T @ b).numpy(), want) < 1e-2  # A transposed: copied,
+    assert len(be._direct_plans) == 2  # so its route is not kept
+    with be.tuned(tma_tile=128), be.profile() as prof:
+        assert len(be._direct_plans) == 0
         assert relerr((a @ b).numpy(), want) < 1e-2
-    assert "matmul_tma64_nn_bf16" in prof.totals and len(be._tma_plans) == 3, prof.table()
+    assert "matmul_tma128_nn_bf16" in prof.totals, prof.table()
+    with be.profile() as prof:
+        assert relerr((a @ b).numpy(), want) < 1e-2
+    assert "matmul_tma64_nn_bf16" in prof.totals and "matmul_tma128_nn_bf16" not in \
+        prof.totals, prof.table()
 
 
 @tma

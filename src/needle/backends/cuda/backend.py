@@ -46,7 +46,12 @@ _COMPILE_ORDER = {"nn": 0, "elementwise": 1, "matmul": 2, "reduce": 3}
 _SAMPLE = struct.Struct("3q")  # sampling.cu's SampleParams: rows, vocab, cached
 _SAMPLE_THREADS = 1024
 _SAMPLE_STATIC = 4096  # sampling.cu's static shared memory (2.6 KiB), rounded up
-_TMA_PLANS = 256  # launch plans kept by _tma_gemm (emptied when full)
+_TMA_PLANS = 256  # launch plans kept by _tma_gemm and routes by matmul (emptied when full)
+
+
+def _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb) -> tuple:
+    return (a.buffer.handle + a.buffer.offset, b.buffer.handle + b.buffer.offset, a.dtype, m,
+            n, p, batch, stride_a, stride_b, tb)
 
 
 class CudaBackend(QuantDecodeOps, GpuBackend):
@@ -67,9 +72,30 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         caps.add("precompile")
         self.capabilities = frozenset(caps)
         self._tma_plans: dict[tuple, tuple | bool] = {}  # _tma_gemm's launch plans
+        self._direct_plans: dict[tuple, tuple] = {}  # products known to take them (matmul)
 
     def _retuned(self) -> None:
         self.device.queue.pdl = self.tuning.pdl
+        self._tma_plans.clear()  # plans and routes follow the tuning
+        self._direct_plans.clear()
+
+    # --- matmul ----------------------------------------------------------------------------
+    def matmul(self, a, b, out, m, n, p, *, batch=1, stride_a=None, stride_b=None,
+               transpose_a=False, transpose_b=False) -> None:
+        """gpu/matmul.py's product. One that took the TMA GEMM on these very operands before
+        (an eager loop, a training step: ``_wgmma`` records it) goes straight to its launch:
+        the route through the kernel choices depends only on the key and the tuning, and a
+        change of tuning forgets the routes."""
+        if not transpose_a:
+            stride_a = m * n if stride_a is None else stride_a
+            stride_b = n * p if stride_b is None else stride_b
+            plan = self._direct_plans.get(_product_key(a, b, m, n, p, batch, stride_a,
+                                                       stride_b, transpose_b))
+            if plan is not None:
+                self._launch_tma(plan, a, b, out, m, p, stride_a, stride_b)
+                return
+        super().matmul(a, b, out, m, n, p, batch=batch, stride_a=stride_a, stride_b=stride_b,
+                       transpose_a=transpose_a, transpose_b=transpose_b)
 
     # --- layout ----------------------------------------------------------------------------
     def _compact_special(self, a: GpuArray, out: GpuArray, shape, strides, offset) -> bool:
@@ -99,7 +125,6 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
                           TAKE.pack(indices.size, rows, dim))
         return True
 
-    # --- matmul ----------------------------------------------------------------------------
     def _matmul_special(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
         dt = a.dtype
         width = 16 // ITEMSIZE[dt]
@@ -148,7 +173,7 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
             return False
         a, stride_a = self._untranspose(a, m, n, batch, stride_a, ta)
         b, stride_b = self._untranspose(b, p, n, batch, stride_b, not tb)
-        return self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b, True)
+        return bool(self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b, True))
 
     def _split_k_f32(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
         """A float32 product whose 128x128 output tiles alone would leave most SMs idle (a
@@ -180,9 +205,15 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         if (self.tuning.tma and self.tuning.gemm == "tma"
                 and m >= 128 and p >= 64 and n >= 64
                 and (batch == 1 or stride_a >= m * n and stride_b >= p * n)
-                and aligned16(a.buffer) and aligned16(b.buffer)
-                and self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b, tb)):
-            return
+                and aligned16(a.buffer) and aligned16(b.buffer)):
+            plan = self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b, tb)
+            if plan and not ta:  # the operands as given: the next such product skips here
+                if len(self._direct_plans) >= _TMA_PLANS:
+                    self._direct_plans.clear()
+                self._direct_plans[_product_key(a, b, m, n, p, batch, stride_a, stride_b,
+                                                tb)] = plan
+            if plan:
+                return
         b, stride_b = self._untranspose(b, p, n, batch, stride_b, not tb)
         tile = self.tuning.wgmma_tile
         wide = cdiv(m, 128) * cdiv(p, 256) * batch >= self.device.compute_units
@@ -192,12 +223,12 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
                            (128, 128 * nsub), 256, shared, False, True)
 
-    def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b, tb: bool) -> bool:
+    def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b, tb: bool):
         """gemm_tma.cu: 128 x W tiles (W = 256, 128 or 64: tma_width), a TMA producer
         warpgroup and two wgmma consumer warpgroups; A (m, n) row-major, B (p, n) row-major
         when ``tb`` (K-major: matmul_tma) or (n, p) row-major (N-major: matmul_tma_nn),
-        described by tensor maps. False (nothing launched) when the operands cannot be
-        described or the tile does not fit: use another kernel.
+        described by tensor maps. Returns the launch plan, or False (nothing launched) when
+        the operands cannot be described or the tile does not fit: use another kernel.
 
         The launches' plan (kernel, grids, params, tensor maps) depends only on the operands'
         addresses and the product's shape, so it is kept: an eager loop or a training step
@@ -211,8 +242,12 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
                 self._tma_plans.clear()
             plan = self._tma_plans[key] = self._tma_plan(a, b, m, n, p, batch, stride_a,
                                                          stride_b, tb) or False
-        if not plan:
-            return False
+        if plan:
+            self._launch_tma(plan, a, b, out, m, p, stride_a, stride_b)
+        return plan
+
+    def _launch_tma(self, plan, a, b, out, m: int, p: int, stride_a: int,
+                    stride_b: int) -> None:
         k, shared, launches = plan
         item = ITEMSIZE[a.dtype]
         for z0, grid, params, maps in launches:
@@ -220,7 +255,6 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
                     (a.buffer.view(z0 * stride_a * item, 0),
                      b.buffer.view(z0 * stride_b * item, 0), out.buffer.view(z0 * m * p * item, 0)))
             self.queue.dispatch(k, grid, (384, 1, 1), bufs, params, shared, raw_args=maps)
-        return True
 
     def _tma_plan(self, a, b, m, n, p, batch, stride_a, stride_b, tb: bool):
         """(kernel, shared bytes, launches) of ``_tma_gemm``, a launch being (first matrix,
