@@ -668,6 +668,37 @@ def test_gemm_tma_compiles_for_hopper_and_older_archs():
         assert compiler.compile_source(source, "gemm_tma", arch)[:4] == b"\x7fELF", arch
 
 
+def test_native_launch_module_is_built_and_used_where_there_is_a_driver(monkeypatch):
+    """native/launch.cc builds on every machine (it opens libcuda at run time): available()
+    says whether the driver's cuLaunchKernel was found; with a GPU the queue launches through
+    it, a bad launch is a KernelLaunchError with the driver's reason, results match the
+    cuda-bindings fallback, and NEEDLE_CUDA_NATIVE_LAUNCH=0 selects that fallback."""
+    from needle.backends.cuda import _launch
+    from needle.backends.cuda.queue import native_launch
+    from needle.errors import KernelLaunchError
+
+    assert isinstance(_launch.available(), bool)
+    monkeypatch.setenv("NEEDLE_CUDA_NATIVE_LAUNCH", "0")
+    assert native_launch() is None
+    monkeypatch.delenv("NEEDLE_CUDA_NATIVE_LAUNCH")
+    if not DEV.enabled():
+        assert native_launch() is (_launch.launch if _launch.available() else None)
+        return
+    q = DEV.backend.queue
+    assert _launch.available() and q.launch is not None
+    x = on(np.arange(1000, dtype=np.float32))
+    native = (x * 2.0 + 1.0).numpy()
+    launch, q.launch = q.launch, None
+    try:
+        fallback = (x * 2.0 + 1.0).numpy()
+    finally:
+        q.launch = launch
+    np.testing.assert_array_equal(native, fallback)
+    k, t, _ = DEV.backend._geometry_1d("ewise_add_f32", "elementwise")
+    with pytest.raises(KernelLaunchError, match="threads=\\(4096, 1, 1\\).*CUDA_ERROR"):
+        q._submit((k, (1, 1, 1), (4096, 1, 1), b"", 0, q._argv_addr))
+
+
 def test_raw_launch_arguments_get_aligned_slots():
     """CudaQueue's by-value arguments (tensor maps): each copied to a 64-byte-aligned place,
     listed after the buffer and params slots; the usual slots unchanged; the same arguments

@@ -121,7 +121,7 @@ def compile_source(source: str, family: str, arch: str, ptx: bool = False,
 class CudaKernel(Kernel):
     """A CUfunction and its limits, from the driver's attribute and occupancy queries."""
 
-    __slots__ = ("_sm_count", "_shared_reserved")
+    __slots__ = ("_sm_count", "_shared_reserved", "address")
 
     def __init__(self, name: str, function, sm_count: int):
         attr = cu.CUfunction_attribute
@@ -132,6 +132,7 @@ class CudaKernel(Kernel):
         super().__init__(name, function, max_threads, max(32, int(block) // 32 * 32), 32)
         self._sm_count = sm_count
         self._shared_reserved = _SHARED_DEFAULT
+        self.address = int(function)  # the CUfunction as an integer, for the native launch
 
     def _occupancy(self, threads: int, shared_bytes: int) -> int:
         per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(

@@ -15,12 +15,17 @@ kernels are launched with programmatic stream serialization (cuLaunchKernelEx): 
 of the captured sequence may be scheduled while its predecessor finishes, and waits for it
 at its first line (``pdl_entry`` in common.cuh, called by every kernel). The 1.1B decode
 step (~180 kernels) replays in 1.30 ms instead of 1.34 ms on an H100. Eager launches keep
-cuLaunchKernel: they are bound by host time, where the cheaper call matters more.
+cuLaunchKernel: they are bound by host time, where the cheaper call matters more, so they
+call it through ``_launch`` (native/launch.cc: libcuda's function with the arguments as
+integers) rather than cuda-bindings' wrapper, which converts every argument; the wrapper
+remains where the module or the driver's symbol is missing, or with
+``NEEDLE_CUDA_NATIVE_LAUNCH=0``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 
 import numpy as np
@@ -29,6 +34,18 @@ from ...errors import DeviceError, KernelLaunchError
 from ...hal import CommandBuffer, Event, Queue
 from ...hal.queue import locked
 from .driver import check, cu, error_text
+
+try:
+    from . import _launch as _native
+except ImportError:  # a source tree whose extension was not built
+    _native = None
+
+
+def native_launch():
+    """native/launch.cc's launch function, or None (then cuda-bindings launches)."""
+    if os.environ.get("NEEDLE_CUDA_NATIVE_LAUNCH", "1") == "0":
+        return None
+    return _native.launch if _native is not None and _native.available() else None
 
 _SLOTS = 64
 _SCRATCH = 8 * _SLOTS
@@ -125,6 +142,7 @@ class CudaQueue(Queue):
         self._view = memoryview(self._scratch).cast("B")
         self._raw = self._raw_argv = None  # raw-argument block, made at the first use
         self._raw_args = self._raw_fixed = self._raw_argv_addr = None  # what the block holds
+        self.launch = native_launch()
         self.pdl = False  # set by the backend from its tuning (CudaTuning.pdl)
         self._pdl_config = None  # the CUlaunchConfig of PDL launches, made at the first use
         self._pinned = None  # page-locked slots of copy_to_host_later, made at the first use
@@ -180,6 +198,9 @@ class CudaQueue(Queue):
         self._view[:len(args)] = args
         if self.capturing is not None and self.pdl:
             err = self._launch_pdl(kernel, groups, threads, shared_bytes, argv)
+        elif self.launch is not None:
+            err = self.launch(kernel.address, groups[0], groups[1], groups[2], threads[0],
+                              threads[1], threads[2], shared_bytes, self.handle, argv)
         else:
             err = cu.cuLaunchKernel(kernel.handle, groups[0], groups[1], groups[2], threads[0],
                                     threads[1], threads[2], shared_bytes, self.stream, argv,
