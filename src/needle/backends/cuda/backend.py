@@ -231,11 +231,10 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         the operands cannot be described or the tile does not fit: use another kernel.
 
         The launches' plan (kernel, grids, params, tensor maps) depends only on the operands'
-        addresses and the product's shape, so it is kept: an eager loop or a training step
-        repeats the same products on the same buffers and pays for the plan once."""
-        tuning = self.tuning
-        key = (a.buffer.handle + a.buffer.offset, b.buffer.handle + b.buffer.offset, a.dtype,
-               m, n, p, batch, stride_a, stride_b, tb, tuning.tma_tile, tuning.tma_stages)
+        addresses, the product's shape and the tuning, so it is kept until the tuning changes:
+        an eager loop or a training step repeats the same products on the same buffers and
+        pays for the plan once."""
+        key = _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb)  # (retuning clears)
         plan = self._tma_plans.get(key)
         if plan is None:
             if len(self._tma_plans) >= _TMA_PLANS:

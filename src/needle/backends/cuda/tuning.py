@@ -108,7 +108,6 @@ class CudaTuning(GpuTuning):
                    decode_splits=max(1, min(64, int(env.get("NEEDLE_DECODE_SPLITS", "32")))))
 
 
-
 def tma_width(m: int, p: int, batch: int, sms: int) -> int:
     """The TMA GEMM's tile width for an (m, p) output, ``batch`` times, on ``sms`` SMs: the
     one whose tiles finish soonest, counting whole waves of one tile per SM (a 1024 x 1024
