@@ -58,20 +58,21 @@ class Transformer:
         with ``last_only`` only the last position's logits (batch, vocab) are made."""
         cfg, w = self.cfg, self.weights
         x = self._embed(ids)
+        delta = None  # the previous block's output, added to x by the next norm
         for i, layer in enumerate(w.layers):
-            h = x.rmsnorm(layer.attn_norm, cfg.rms_norm_eps)
+            x, h = _add_norm(x, delta, layer.attn_norm, cfg)
             a = self._attention(i, layer, h, cache)
             if layer.post_attn_norm is not None:
                 a = a.rmsnorm(layer.post_attn_norm, cfg.rms_norm_eps)
-            x = x + a
-            h = x.rmsnorm(layer.mlp_norm, cfg.rms_norm_eps)
-            m = layer.down(self._gate(layer.gate_up(h)))
+            x, h = _add_norm(x, a, layer.mlp_norm, cfg)
+            delta = layer.down(self._gate(layer.gate_up(h)))
             if layer.post_mlp_norm is not None:
-                m = m.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
-            x = x + m
-        if last_only:
-            x = x[:, x.shape[1] - 1, :]
-        return self._logits(x.rmsnorm(w.final_norm, cfg.rms_norm_eps))
+                delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
+        if last_only:  # the last position's sum and norm only
+            last = x.shape[1] - 1
+            x = x[:, last, :].compact()
+            delta = None if delta is None else delta[:, last, :]
+        return self._logits(_add_norm(x, delta, w.final_norm, cfg)[1])
 
     def _attention(self, i: int, layer: LayerWeights, h: NDArray,
                    cache: KVCache | None) -> NDArray:
