@@ -1,0 +1,102 @@
+"""GPU time of needle's bf16 GEMM against cuBLAS (through PyTorch) on square and Llama-1.1B
+prefill shapes, each product replayed from a captured graph (so host time is left out),
+with the TMA kernel's tile width chosen automatically and, with --widths, forced to each.
+
+    python scripts/gemm_shapes.py [--widths]
+
+Prints per shape: cuBLAS µs, needle µs (auto width, then each width), needle ÷ cuBLAS speed,
+the kernel that ran, and max |needle - cuBLAS| / max |cuBLAS|. Needs CUDA and PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+# (m, k, p, B stored K-major as a Linear layer's weight, else (k, p) as written)
+SHAPES = [(1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 4096, 4096, False),
+          (8192, 8192, 8192, False), (2048, 2048, 2560, True), (2048, 2048, 2048, True),
+          (2048, 2048, 11264, True), (2048, 5632, 2048, True), (2048, 2048, 32000, True),
+          (512, 2048, 2560, True), (512, 2048, 11264, True), (512, 5632, 2048, True)]
+REPS = 20
+
+
+def _needle_time(dev, op) -> float:
+    be = dev.backend
+    op()
+    dev.synchronize()
+    with be.capture() as graph:
+        for _ in range(REPS):
+            op()
+    graph.replay()
+    dev.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        graph.replay()
+        dev.synchronize()
+        best = min(best, (time.perf_counter() - start) / REPS)
+    graph.close()
+    return best
+
+
+def _torch_time(torch, op) -> float:
+    op()
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        op()
+        with torch.cuda.graph(graph):
+            for _ in range(REPS):
+                op()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / REPS)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--widths", action="store_true", help="also force each tile width")
+    args = parser.parse_args()
+
+    import torch
+
+    from needle import backend_ndarray as nd
+
+    dev = nd.cuda()
+    be = dev.backend
+    widths = [None, 256, 128, 64] if args.widths else [None]
+    head = " ".join(f"{str(w or 'auto'):>7}" for w in widths)
+    print(f"{'m, k, p':<18} {'B':<2} {'cuBLAS':>7} {head}  speed   error    kernel")
+    for m, k, p, k_major in SHAPES:
+        ta = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        tb = torch.randn((p, k) if k_major else (k, p), device="cuda", dtype=torch.bfloat16)
+        tb_op = tb.T if k_major else tb
+        a = nd.array(ta.float().cpu().numpy(), device=dev, dtype="bfloat16")
+        b = nd.array(tb.float().cpu().numpy(), device=dev, dtype="bfloat16")
+        b_op = b.transpose() if k_major else b
+        want = (ta @ tb_op).float().cpu().numpy()
+        cublas = _torch_time(torch, lambda: ta @ tb_op)  # noqa: B023 - timed at once
+        times, error, kernel = [], 0.0, ""
+        for width in widths:
+            with be.tuned(tma_tile=width):
+                with be.profile() as prof:
+                    got = (a @ b_op).numpy().astype(np.float32)
+                times.append(_needle_time(dev, lambda: a @ b_op))  # noqa: B023
+            error = max(error, float(np.abs(got - want).max() / np.abs(want).max()))
+            if width is None:
+                kernel = ",".join(n for n in prof.totals if n.startswith("matmul"))
+        cells = " ".join(f"{t * 1e6:7.1f}" for t in times)
+        print(f"{f'{m}, {k}, {p}':<18} {'K' if k_major else 'N':<2} {cublas * 1e6:7.1f} {cells}"
+              f"  {cublas / times[0]:5.2f}  {error:.0e}  {kernel}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
