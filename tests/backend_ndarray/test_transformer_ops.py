@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import needle.backend_ndarray as nd
+from needle.backends.api import has
 
 from ..conftest import check_unsupported_dtype
 from .compare import FLOATS, LAYOUTS, compare, layout, on, random
@@ -337,3 +338,28 @@ def test_attention_extreme_scores(device, rng):
     compare(device, lambda qq, kk, vv: nd.attention(qq, kk, vv, scale=10.0, causal=True),
             [q, k, v], expected=lambda qq, kk, vv: _attention(qq, kk, vv, 10.0, True, 4),
             kind="reduction")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("b,hq,hkv,s,d", [(2, 4, 2, 7, 16), (1, 8, 2, 40, 64)])
+def test_attention_of_token_major_query_rows(device, dtype, b, hq, hkv, s, d, rng):
+    """q as a prefill makes it: the query heads of a fused QKV projection's rows (b, s,
+    hq + 2 hkv, d), viewed heads-first. Backends with ``token_major_attention`` read the
+    rows as they are and return a heads-first view of a token-major output (so the
+    output's permute back to (b, s, hq, d) is compact); every device gives the reference's
+    numbers (the second shape is prefill-sized: CUDA's tensor-core kernel)."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    qkv = random(rng, (b, s, hq + 2 * hkv, d), dtype, -1, 1)
+    k, v = random(rng, (b, hkv, s + 3, d), dtype, -1, 1), random(rng, (b, hkv, s + 3, d), dtype,
+                                                                   -1, 1)
+    rows = on(device, qkv)
+    q = rows[:, :, :hq].permute((0, 2, 1, 3))
+    got = nd.attention(q, on(device, k), on(device, v), causal=True, kv_len=s)
+    want = _attention(qkv[:, :, :hq].transpose(0, 2, 1, 3).astype(np.float64),
+                      k.astype(np.float64), v.astype(np.float64), 1 / math.sqrt(d), True, s)
+    assert got.shape == (b, hq, s, d) and got.dtype == dtype
+    err = np.abs(got.numpy().astype(np.float64) - want).max()
+    assert err < (2e-2 if dtype == "bfloat16" else 1e-5), err
+    if has(device.backend, "token_major_attention"):
+        assert got.permute((0, 2, 1, 3)).is_compact()

@@ -474,6 +474,29 @@ def test_precompile_then_use():
                   x.numpy().astype(np.float64)) < 2e-3
 
 
+@gpu
+def test_token_major_attention_reads_query_rows_in_place():
+    """A prefill's q (the query heads of fused QKV rows, viewed heads-first) goes to the
+    tensor-core kernel as it is: no copy before or after, and the same numbers as the
+    heads-first call of the same kernel."""
+    if not DEV.backend.tuning.mma:
+        pytest.skip("tensor-core attention needs sm_80")
+    npdt = nd.dtypes.to_numpy_dtype("bfloat16")
+    qkv = on(RNG.standard_normal((1, 128, 12, 64)).astype(npdt), "bfloat16")
+    k = on(RNG.standard_normal((1, 2, 160, 64)).astype(npdt), "bfloat16")
+    v = on(RNG.standard_normal((1, 2, 160, 64)).astype(npdt), "bfloat16")
+    q = qkv[:, :, :8].permute((0, 2, 1, 3))
+    with DEV.backend.profile() as prof:
+        got = nd.attention(q, k, v, causal=True, kv_len=128)
+        heads = got.permute((0, 2, 1, 3)).reshape((1, 128, 512))
+    assert "attention_tc64_bf16" in prof.totals, prof.table()
+    assert not any(n.startswith(("compact", "transpose")) for n in prof.totals), prof.table()
+    want = nd.attention(q.compact(), k, v, causal=True, kv_len=128)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    np.testing.assert_array_equal(heads.numpy(), want.permute((0, 2, 1, 3)).numpy()
+                                  .reshape(1, 128, 512))
+
+
 # --- TMA GEMM (gemm_tma.cu, tuning "tma": Hopper) ------------------------------------------
 def _has_tma() -> bool:
     return DEV.enabled() and DEV.backend.tuning.tma

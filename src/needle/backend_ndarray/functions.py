@@ -193,13 +193,35 @@ def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
     if not dtypes.is_floating(q.dtype):
         raise DTypeError(f"attention needs floating-point arrays, got {q.dtype}")
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
-    qc = q.compact()
     kc, vc = k.astype(q.dtype).compact(), v.astype(q.dtype).compact()
+    backend = q.device.backend
+    q_row = _token_major_rows(q)
+    if q_row is not None and q.size and has(backend, "token_major_attention"):
+        # q is a heads-first view of token-major rows (a prefill's fused QKV projection):
+        # the backend reads them as they are and writes the output token-major too, so
+        # neither needs a heads-first copy; the result is the heads-first view of it
+        out = NDArray.make((bsz, sq, hq, d), device=q.device, dtype=q.dtype)
+        backend.attention_token_major(q._handle, kc._handle, vc._handle, out._handle, bsz, hq,
+                                      hkv, sq, kv_len, cap, d, scale, bool(causal), q_row)
+        return out.permute((0, 2, 1, 3))
+    qc = q.compact()
     out = qc._empty_like()
     if out.size:
-        q.device.backend.attention(qc._handle, kc._handle, vc._handle, out._handle, bsz, hq, hkv,
-                                   sq, kv_len, cap, d, scale, bool(causal))
+        backend.attention(qc._handle, kc._handle, vc._handle, out._handle, bsz, hq, hkv,
+                          sq, kv_len, cap, d, scale, bool(causal))
     return out
+
+
+def _token_major_rows(q: NDArray) -> int | None:
+    """The elements between q's positions when q (batch, heads, len, d) is a view of
+    token-major rows starting at its buffer's first element (query head h of position i in
+    batch b at (b * len + i) * row + h * d, row >= heads * d); else None."""
+    bsz, hq, sq, d = q.shape
+    row = q.strides[2]
+    if (q.offset or q.strides[1] != d or q.strides[3] != 1 or row < hq * d
+            or (bsz > 1 and q.strides[0] != sq * row) or q._handle.size < bsz * sq * row):
+        return None
+    return row
 
 
 def add_rmsnorm(x: NDArray, delta: NDArray, weight: NDArray, eps: float = 1e-6,

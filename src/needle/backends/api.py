@@ -48,6 +48,9 @@ CAPABILITIES = {
     "fused_quant_matvec": "quant_rmsnorm_matvec() and quant_matvec_add(): the decode step's "
                           "fused projections with packed weights (numpy_ref/quant.py), one "
                           "kernel each for one row where the format allows",
+    "token_major_attention": "attention_token_major(): attention reading q from token-major "
+                             "rows (a fused QKV projection's) and writing out token-major "
+                             "(numpy_ref/nn.py), with no heads-first copies",
 }
 # Names kept for capabilities that are planned but that no backend declares yet.
 RESERVED_CAPABILITIES: tuple[str, ...] = ()
@@ -214,6 +217,16 @@ class FusedQuantMatvec(Protocol):
                          group_size: int) -> None: ...
 
 
+class TokenMajorAttention(Protocol):
+    """attention with q and out in token-major rows (numpy_ref/nn.py defines it); the array
+    layer copies to and from heads-first layout where a backend lacks it."""
+
+    def attention_token_major(self, q: Array, k: Array, v: Array, out: Array, batch: int,
+                              q_heads: int, kv_heads: int, q_len: int, kv_len: int,
+                              kv_capacity: int, head_dim: int, scale: float, causal: bool,
+                              q_row: int) -> None: ...
+
+
 class _Marker(Protocol):
     """Capabilities that promise behaviour of required functions, not new functions."""
 
@@ -224,6 +237,7 @@ CAPABILITY_PROTOCOLS: dict[str, type] = {
     "bf16_tensor_cores": _Marker, "fused_decode": _Marker, "sampling": Sampling,
     "precompile": Precompile, "paged_attention": PagedAttention, "int8": QuantizedWeights,
     "int4": QuantizedWeights, "fused_quant_matvec": FusedQuantMatvec,
+    "token_major_attention": TokenMajorAttention,
 }
 
 

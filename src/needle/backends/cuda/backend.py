@@ -46,6 +46,7 @@ _COMPILE_ORDER = {"nn": 0, "elementwise": 1, "matmul": 2, "reduce": 3}
 _SAMPLE = struct.Struct("3q")  # sampling.cu's SampleParams: rows, vocab, cached
 _SAMPLE_THREADS = 1024
 _SAMPLE_STATIC = 4096  # sampling.cu's static shared memory (2.6 KiB), rounded up
+_ATTN_ROWS = struct.Struct("6q")  # nn.cu's AttnRows: q's and out's row strides
 _TMA_PLANS = 256  # launch plans kept by _tma_gemm and routes by matmul (emptied when full)
 
 
@@ -70,6 +71,7 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         caps.add("fused_quant_matvec")
         caps.add("sampling")
         caps.add("precompile")
+        caps.add("token_major_attention")
         self.capabilities = frozenset(caps)
         self._tma_plans: dict[tuple, tuple | bool] = {}  # _tma_gemm's launch plans
         self._direct_plans: dict[tuple, tuple] = {}  # products known to take them (matmul)
@@ -366,10 +368,39 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
     # --- attention -------------------------------------------------------------------------
     def _attention_special(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
                            kv_capacity, head_dim, scale, causal) -> bool:
+        heads_first = (q_heads * q_len * head_dim, q_len * head_dim, head_dim)
+        return self._attention_tc(q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                                  kv_capacity, head_dim, scale, causal, heads_first,
+                                  heads_first)
+
+    def attention_token_major(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                              kv_capacity, head_dim, scale, causal, q_row) -> None:
+        """numpy_ref.attention_token_major: the tensor-core kernel reads and writes the
+        token-major rows directly; other shapes and dtypes go through heads-first copies
+        and the other kernels."""
+        if self._attention_tc(q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                              kv_capacity, head_dim, scale, causal,
+                              (q_len * q_row, head_dim, q_row),
+                              (q_len * q_heads * head_dim, head_dim, q_heads * head_dim)):
+            return
+        shape = (batch, q_heads, q_len, head_dim)
+        qh = self._new_array(out.size, q.dtype)
+        self.compact(q, qh, shape, (q_len * q_row, head_dim, q_row, 1), 0)
+        oh = self._new_array(out.size, out.dtype)
+        self.attention(qh, k, v, oh, batch, q_heads, kv_heads, q_len, kv_len, kv_capacity,
+                       head_dim, scale, causal)
+        self.compact(oh, out, (batch, q_len, q_heads, head_dim),
+                     (q_heads * q_len * head_dim, head_dim, q_len * head_dim, 1), 0)
+
+    def _attention_tc(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                      kv_capacity, head_dim, scale, causal, q_rows, out_rows) -> bool:
         """Prefill-sized attention on tensor cores (mma.sync): groups of 64 query rows,
-        K/V in 64-key tiles through two shared-memory stages, P kept in registers."""
+        K/V in 64-key tiles through two shared-memory stages, P kept in registers; q's and
+        out's rows where ``q_rows`` and ``out_rows`` (batch, head, position strides in
+        elements: nn.cu's AttnRows) say. False where the kernel does not apply."""
         if not (self.tuning.mma and q.dtype in _HALF and head_dim in (64, 128)
                 and q_heads // kv_heads * q_len >= 64
+                and all(s % 8 == 0 for s in q_rows + out_rows)  # 16-byte rows
                 and all(aligned16(x.buffer) for x in (q, k, v, out))):
             return False
         kern = self._kernel("nn", f"attention_tc{head_dim}_{SUFFIX[q.dtype]}")
@@ -384,7 +415,7 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
                            1, kv_len, hi, int(bool(causal)), lo)
         self.queue.dispatch(kern, (gx, gy, 1), (128, 1, 1),
                             (q.buffer, k.buffer, v.buffer, out.buffer, out.buffer, out.buffer),
-                            params, shared)
+                            params, shared, raw_args=(_ATTN_ROWS.pack(*q_rows, *out_rows),))
         return True
 
     def _decode_by_ranges(self, dt, head_dim: int, group: int, keys, values) -> bool:

@@ -82,6 +82,7 @@ from .nn import (
     add_rmsnorm,
     attention,
     attention_decode,
+    attention_token_major,
     layernorm,
     log_softmax,
     rmsnorm,
@@ -99,7 +100,7 @@ from .sampling import sample
 name = "cpu_numpy"
 # what each capability promises: backends/api.py
 capabilities = frozenset({"host_memory", "sampling", "paged_attention", "int8", "int4",
-                          "fused_quant_matvec"})
+                          "fused_quant_matvec", "token_major_attention"})
 
 
 def load(index: int = 0):

@@ -91,8 +91,29 @@ def attention(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int
     Query head h reads KV head h // (q_heads // kv_heads). With ``causal``, query i sits at
     position kv_len - q_len + i and sees keys j <= that position.
     """
-    group = q_heads // kv_heads
     qq = _f(q.array).reshape(batch, q_heads, q_len, head_dim)
+    _store(out, _attend(qq, k, v, kv_heads, kv_len, kv_capacity, scale, causal).reshape(-1))
+
+
+def attention_token_major(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,
+                          kv_heads: int, q_len: int, kv_len: int, kv_capacity: int,
+                          head_dim: int, scale: float, causal: bool, q_row: int) -> None:
+    """``attention`` with q and out in token-major rows (capability
+    ``token_major_attention``): query head h of position i in batch b starts at element
+    (b * q_len + i) * q_row + h * head_dim of q (q_row >= q_heads * head_dim: the rows of a
+    fused QKV projection, whose query heads come first); out is (batch, q_len, q_heads,
+    head_dim). A prefill then needs no heads-first copies of q and of the output."""
+    rows = _f(q.array)[:batch * q_len * q_row].reshape(batch, q_len, q_row)
+    qq = rows[:, :, :q_heads * head_dim].reshape(batch, q_len, q_heads, head_dim)
+    o = _attend(qq.transpose(0, 2, 1, 3), k, v, kv_heads, kv_len, kv_capacity, scale, causal)
+    _store(out, o.transpose(0, 2, 1, 3).reshape(-1))
+
+
+def _attend(qq: np.ndarray, k: Array, v: Array, kv_heads: int, kv_len: int, kv_capacity: int,
+            scale: float, causal: bool) -> np.ndarray:
+    """softmax(q kᵀ · scale) v for qq (batch, q_heads, q_len, head_dim) in compute dtype."""
+    batch, q_heads, q_len, head_dim = qq.shape
+    group = q_heads // kv_heads
     kk = _f(k.array).reshape(batch, kv_heads, kv_capacity, head_dim)[:, :, :kv_len]
     vv = _f(v.array).reshape(batch, kv_heads, kv_capacity, head_dim)[:, :, :kv_len]
     kk = np.repeat(kk, group, axis=1)
@@ -104,7 +125,7 @@ def attention(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int
     s = s - s.max(axis=-1, keepdims=True)
     p = np.exp(s)
     p /= p.sum(axis=-1, keepdims=True)
-    _store(out, np.matmul(p, vv).reshape(-1))
+    return np.matmul(p, vv)
 
 
 def attention_decode(qkv: Array, cos: Array, sin: Array, position: Array, keys: Array,

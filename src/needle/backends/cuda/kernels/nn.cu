@@ -756,6 +756,13 @@ __device__ __forceinline__ void combine(const float* __restrict__ part_o, const 
 // Shared tiles are [rows][D] with 16-byte chunk c of row r at c ^ (r & 7) (conflict-free
 // ldmatrix). Keys past the causal limit or kv_len score -inf; K and V rows past the last
 // key the group can see are zero-filled, never read.
+//
+// Where q's and out's rows live (AttnRows, a by-value argument after the params): query
+// head h of position i in batch b at q + b * q_batch + h * q_head + i * q_pos, the same for
+// out. Heads-first arrays (batch, heads, len, D) have q_pos = D; token-major ones (batch,
+// len, heads, D), e.g. the query part of a fused QKV projection, have q_head = D.
+struct AttnRows { i64 q_batch, q_head, q_pos, o_batch, o_head, o_pos; };
+
 namespace fa {
 constexpr int BR = 64, BC = 64, THREADS = 128;
 
@@ -765,7 +772,8 @@ using tc::swz;
 template <class T, int D>
 __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict__ k,
                                     const T* __restrict__ v, T* __restrict__ out,
-                                    const AttnParams& p, unsigned char* smem) {
+                                    const AttnParams& p, const AttnRows& rows,
+                                    unsigned char* smem) {
   constexpr int CH = D / 8, KD = D / 16, NS = BC / 8, NO = D / 8;
   constexpr u32 Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;
   const u32 sq = tc::smem_u32(smem), sk = sq + Q_BYTES, sv = sk + 2 * KV_BYTES;
@@ -793,7 +801,7 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
     const T* src = q;
     if (ok) {
       const i64 hq = kvh * group + row / p.q_len, pos = row % p.q_len;
-      src = q + ((b * p.q_heads + hq) * p.q_len + pos) * D + ch * 8;
+      src = q + b * rows.q_batch + hq * rows.q_head + pos * rows.q_pos + ch * 8;
     }
     tc::cp_async16(sq + swz<D>(r, ch), src, ok ? 16 : 0);
   }
@@ -931,7 +939,7 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
     const i64 row = r0 + warp * 16 + g + 8 * h;
     if (row >= rows_total) continue;
     const i64 hq = kvh * group + row / p.q_len, pos = row % p.q_len;
-    T* dst = out + ((b * p.q_heads + hq) * p.q_len + pos) * D + t4 * 2;
+    T* dst = out + b * rows.o_batch + hq * rows.o_head + pos * rows.o_pos + t4 * 2;
     const float inv = 1.f / total[h];
 #pragma unroll
     for (int n = 0; n < NO; n++)
@@ -945,7 +953,7 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define FA_BODY(T, D)                                                                          \
   extern __shared__ __align__(128) unsigned char smem[];                                       \
-  fa::run<T, D>(q, k, v, out, p, smem);
+  fa::run<T, D>(q, k, v, out, p, rows, smem);
 #else
 #define FA_BODY(T, D) __trap();
 #endif
@@ -954,7 +962,7 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
       attention_tc##D##_##SFX(const T* __restrict__ q, const T* __restrict__ k,                \
                               const T* __restrict__ v, T* __restrict__ out,                    \
                               float* __restrict__ part_o, float* __restrict__ part_ml,         \
-                              AttnParams p) {                                                  \
+                              AttnParams p, AttnRows rows) {                                   \
     pdl_entry();                                                                               \
     FA_BODY(T, D)                                                                              \
   }
