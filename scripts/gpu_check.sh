@@ -91,7 +91,7 @@ if has sanitize; then
   # own compute-sanitizer, all at once on the one GPU (memcheck's cost is mostly per-launch
   # host work, so shards finish the suite about N times sooner)
   t0=$(date +%s)
-  SEL=${SANITIZE_TESTS:-tests/backends/test_cuda.py tests/backend_ndarray/test_conformance.py}
+  SEL=${SANITIZE_TESTS:-tests/backends/test_cuda.py tests/backends/test_cuda_tma.py tests/backend_ndarray/test_conformance.py}
   SHARDS=${SANITIZE_SHARDS:-1}
   $PY -m pytest -q -p no:cacheprovider --collect-only $SEL -k "cuda and not out_of_memory" \
       2>/dev/null | grep "::" > "$OUT/sanitize_ids.txt"

@@ -1,0 +1,263 @@
+"""The CUDA backend's TMA-fed Hopper GEMM (kernels/gemm_tma.cu, tuning "tma") and what
+it rests on: tile widths, launch plans, the raw by-value launch arguments that carry its
+tensor maps, and the maps' own limits. Split from test_cuda.py, whose helpers it uses.
+
+Without a Hopper GPU only the tests that need no device run (compiling, argument slots,
+map limits).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import needle.backend_ndarray as nd
+from needle.backends.cuda.tuning import tma_width
+from needle.errors import DeviceError
+
+from .test_cuda import _SFX, DEV, RNG, _mm_case, on, relerr
+
+
+# --- TMA GEMM (gemm_tma.cu, tuning "tma": Hopper) ------------------------------------------
+def _has_tma() -> bool:
+    return DEV.enabled() and DEV.backend.tuning.tma
+
+
+tma = pytest.mark.skipif(not _has_tma(), reason="needs a Hopper GPU (device feature 'tma')")
+_TMA_TOL = {"bfloat16": 1e-2, "float16": 2e-3}
+
+
+def _tma_name(width: int, n_major: bool, dtype: str) -> str:
+    """gemm_tma.cu's kernel for a tile ``width`` wide (the 256-wide one is unsuffixed)."""
+    return f"matmul_tma{'' if width == 256 else width}_{'nn_' if n_major else ''}{_SFX[dtype]}"
+
+
+def _tma_product(a, b, dtype, poison=True, n_major=False, width=None):
+    """A[z] @ B[z]^T through GpuBackend.matmul into an output poisoned with NaN; a (batch, m,
+    n) and b (batch, p, n) numpy arrays (the TMA kernel's own layouts). With ``n_major`` B
+    is stored as (batch, n, p) and passed untransposed (matmul_tma_nn). Returns the result
+    and the names of the kernels that ran."""
+    batch, m, n = a.shape
+    p = b.shape[1]
+    A = on(a, dtype)
+    B = on(np.ascontiguousarray(b.transpose(0, 2, 1)) if n_major else b, dtype)
+    out = nd.NDArray.make((batch, m, p), device=DEV, dtype=dtype)
+    if poison:
+        out.fill(np.nan)
+    # (products of <= 128 rows would take the skinny kernel, skinny.cu)
+    with DEV.backend.tuned(skinny_tc=0, tma_tile=width), DEV.backend.profile() as prof:
+        DEV.backend.matmul(A.handle, B.handle, out.handle, m, n, p, batch=batch,
+                           stride_a=m * n, stride_b=p * n, transpose_b=not n_major)
+        got = out.numpy()
+    return got, set(prof.totals)
+
+
+@tma
+@pytest.mark.parametrize("width", [256, 128, 64])
+@pytest.mark.parametrize("n_major", [False, True], ids=["b_k_major", "b_n_major"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,p,batch", [(128, 64, 256, 1), (200, 72, 264, 1), (130, 136, 264, 3),
+                                         (1000, 520, 776, 2), (128, 4096, 512, 1),
+                                         (256, 192, 328, 1)])
+def test_tma_matmul_matches_float64(dtype, m, n, p, batch, n_major, width):
+    """Exact tiles, ragged edges in m, n and p (partly and, for N-major B, wholly zero-filled
+    boxes; k-tiles past n), batches: every output element written (NaN poison) and the
+    product right, for B stored K-major (matmul_tma) and N-major (matmul_tma_nn), with
+    tiles 256, 128 and 64 wide (their pipelines 4, 6 and 8 stages deep)."""
+    npdt = nd.dtypes.to_numpy_dtype(dtype)
+    a = RNG.standard_normal((batch, m, n)).astype(npdt)
+    b = RNG.standard_normal((batch, p, n)).astype(npdt)
+    got, kernels = _tma_product(a, b, dtype, n_major=n_major, width=width)
+    assert _tma_name(width, n_major, dtype) in kernels, kernels
+    assert not np.isnan(got.astype(np.float32)).any()
+    want = a.astype(np.float64) @ b.astype(np.float64).transpose(0, 2, 1)
+    assert relerr(got, want) < _TMA_TOL[dtype]
+
+
+@tma
+@pytest.mark.parametrize("n_major", [False, True], ids=["b_k_major", "b_n_major"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_tma_matmul_4096_sampled(dtype, n_major):
+    """A large product with the automatic tile (256 wide at 4096: tma_width)."""
+    npdt = nd.dtypes.to_numpy_dtype(dtype)
+    n = 4096
+    a = RNG.standard_normal((1, n, n), dtype=np.float32).astype(npdt)
+    b = RNG.standard_normal((1, n, n), dtype=np.float32).astype(npdt)
+    got, kernels = _tma_product(a, b, dtype, n_major=n_major)
+    assert _tma_name(256, n_major, dtype) in kernels, kernels
+    assert not np.isnan(got.astype(np.float32)).any()
+    rows = np.sort(RNG.choice(n, 96, replace=False))
+    want = a[0, rows].astype(np.float64) @ b[0].astype(np.float64).T
+    assert relerr(got[0, rows], want) < _TMA_TOL[dtype]
+    cols = np.sort(RNG.choice(n, 96, replace=False))
+    want = a[0].astype(np.float64) @ b[0, cols].astype(np.float64).T
+    assert relerr(got[0][:, cols], want) < _TMA_TOL[dtype]
+
+
+@tma
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("m,n,p,batch", [(200, 136, 264, 2), (384, 256, 512, 1)])
+def test_tma_matmul_through_ndarray(dtype, ta, tb, m, n, p, batch):
+    """NDArray @ with transposed operands (copied or passed as they are) takes a TMA kernel:
+    B stored transposed is K-major (matmul_tma), B as written is N-major (matmul_tma_nn,
+    no copy of B)."""
+    width = tma_width(m, p, batch, DEV.backend.device.compute_units)
+    with DEV.backend.profile() as prof:
+        got, want = _mm_case(m, n, p, dtype, ta, tb, batch=batch)
+    assert _tma_name(width, not tb, dtype) in prof.totals, prof.table()
+    if not ta and not tb:
+        assert not any(k.startswith(("compact", "transpose")) for k in prof.totals), \
+            prof.table()
+    assert relerr(got, want) < _TMA_TOL[dtype]
+
+
+@tma
+def test_tma_matmul_falls_back_for_broadcast_small_and_on_request():
+    """A batch stride of 0 (one matrix broadcast over the batch), operands smaller than a
+    box, and the tuning gemm="wgmma" (NEEDLE_GEMM=wgmma) take the cp.async wgmma kernel."""
+    a = RNG.standard_normal((136, 64)).astype(np.float32)
+    b = RNG.standard_normal((3, 64, 264)).astype(np.float32)
+    A, B = on(a, "bfloat16"), on(b, "bfloat16")
+    want = a.astype(nd.dtypes.to_numpy_dtype("bfloat16")).astype(np.float64) @ \
+        b.astype(nd.dtypes.to_numpy_dtype("bfloat16")).astype(np.float64)
+    with DEV.backend.profile() as prof:
+        got = (A @ B).numpy()
+    assert not any(k.startswith("matmul_tma") for k in prof.totals), prof.table()
+    assert relerr(got, want) < 1e-2
+    with DEV.backend.profile() as prof:
+        got, want = _mm_case(136, 64, 56, "bfloat16", False, True)  # p < 64
+    assert not any(k.startswith("matmul_tma") for k in prof.totals), prof.table()
+    assert relerr(got, want) < 1e-2
+    with DEV.backend.tuned(gemm="wgmma"), DEV.backend.profile() as prof:
+        got = (on(b[0], "bfloat16").T @ on(b[1], "bfloat16")).numpy()
+    assert any(k.startswith("matmul_wgmma") for k in prof.totals), prof.table()
+    with DEV.backend.profile() as prof:
+        got2 = (on(b[0], "bfloat16").T @ on(b[1], "bfloat16")).numpy()
+    assert any(k.startswith("matmul_tma") and "_nn_" in k for k in prof.totals), prof.table()
+    assert relerr(got2, got) < 1e-2
+
+
+@tma
+def test_tma_matmul_keeps_its_launch_plan_per_operands_and_tuning():
+    """A repeated product reuses its launch plan (tensor maps included) and goes straight to
+    it whatever the output buffer; new operand addresses make a new plan; a change of tuning
+    forgets them all (the route may change with it); every result stays right."""
+    be = DEV.backend
+    npdt = nd.dtypes.to_numpy_dtype("bfloat16")
+    av, bv = (RNG.standard_normal(s).astype(npdt) for s in ((256, 192), (192, 512)))
+    a, b = on(av, "bfloat16"), on(bv, "bfloat16")
+    want = av.astype(np.float64) @ bv.astype(np.float64)
+    be._tma_plans.clear()
+    be._direct_plans.clear()
+    for _ in range(3):
+        with be.profile() as prof:
+            assert relerr((a @ b).numpy(), want) < 1e-2
+    assert "matmul_tma64_nn_bf16" in prof.totals, prof.table()  # tma_width's choice here
+    assert len(be._tma_plans) == 1 and len(be._direct_plans) == 1
+    a2 = on(av, "bfloat16")
+    assert relerr((a2 @ b).numpy(), want) < 1e-2
+    assert len(be._tma_plans) == 2 and len(be._direct_plans) == 2
+    assert relerr((a2.T.compact().T @ b).numpy(), want) < 1e-2  # A transposed: copied,
+    assert len(be._direct_plans) == 2  # so its route is not kept
+    with be.tuned(tma_tile=128), be.profile() as prof:
+        assert len(be._direct_plans) == 0
+        assert relerr((a @ b).numpy(), want) < 1e-2
+    assert "matmul_tma128_nn_bf16" in prof.totals, prof.table()
+    with be.profile() as prof:
+        assert relerr((a @ b).numpy(), want) < 1e-2
+    assert "matmul_tma64_nn_bf16" in prof.totals and "matmul_tma128_nn_bf16" not in \
+        prof.totals, prof.table()
+
+
+@tma
+def test_tma_matmul_in_a_graph_replays_with_new_inputs():
+    """The tensor maps are by-value launch arguments: capture copies them, so a replay reads
+    the captured buffers' new contents."""
+    be = DEV.backend
+    npdt = nd.dtypes.to_numpy_dtype("bfloat16")
+    x = on(RNG.standard_normal((256, 512)).astype(npdt), "bfloat16")
+    w = on(RNG.standard_normal((512, 256)).astype(npdt), "bfloat16")
+    with be.capture() as graph:
+        y = x @ w
+    for _ in range(2):
+        xv = RNG.standard_normal((256, 512)).astype(npdt)
+        x[...] = on(xv, "bfloat16")
+        graph.replay()
+        want = xv.astype(np.float64) @ w.numpy().astype(np.float64)
+        assert relerr(y.numpy(), want) < 1e-2
+    graph.close()
+
+
+def test_gemm_tma_compiles_for_hopper_and_older_archs():
+    """gemm_tma.cu builds for sm_90a (TMA, mbarriers, setmaxnreg, m64n{256,128,64} wgmma,
+    every tile width) and, with empty bodies, for sm_80 and sm_90 (CI's every-file compile
+    covers those too)."""
+    from needle.backends.cuda import compiler
+
+    try:
+        compiler.nvrtc_version()
+    except DeviceError as e:
+        pytest.fail(f"NVRTC unavailable: {e} (pip install 'needle[cuda]')")
+    source = (compiler.KERNEL_DIR / "gemm_tma.cu").read_text()
+    ptx = compiler.compile_source(source, "gemm_tma", "compute_90a", ptx=True).decode()
+    for word in ("cp.async.bulk.tensor.3d", "mbarrier.try_wait.parity", "setmaxnreg.inc",
+                 "setmaxnreg.dec", "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16",
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16",
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16",
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16", ".entry matmul_tma_bf16",
+                 ".entry matmul_tma128_nn_bf16", ".entry matmul_tma64_f16"):
+        assert word in ptx, word
+    for arch in ("sm_90a", "sm_90", "sm_80"):
+        assert compiler.compile_source(source, "gemm_tma", arch)[:4] == b"\x7fELF", arch
+
+
+def test_raw_launch_arguments_get_aligned_slots():
+    """CudaQueue's by-value arguments (tensor maps): each copied to a 64-byte-aligned place,
+    listed after the buffer and params slots; the usual slots unchanged; the same arguments
+    object again (a cached launch plan's) reuses the block, others are copied (no driver
+    needed)."""
+    import ctypes
+
+    from needle.backends.cuda.queue import CudaQueue
+
+    q = CudaQueue.__new__(CudaQueue)
+    q._scratch = ctypes.create_string_buffer(512)
+    base = ctypes.addressof(q._scratch)
+    q._argv = (ctypes.c_void_p * 64)(*[base + 8 * i for i in range(64)])
+    q._raw = q._raw_argv = None
+    q._raw_args = q._raw_fixed = q._raw_argv_addr = None
+
+    class K:
+        name = "k"
+
+    raws = (bytes(range(128)), bytes(range(100, 228)), b"\x07" * 8)
+    addr = q._place_raw(K, 4, raws)
+    argv = ctypes.cast(addr, ctypes.POINTER(ctypes.c_void_p))
+    assert [argv[i] for i in range(4)] == [base + 8 * i for i in range(4)]
+    for j, raw in enumerate(raws):
+        ptr = argv[4 + j]
+        assert ptr % 64 == 0 and ctypes.string_at(ptr, len(raw)) == raw
+    assert argv[5] - argv[4] == 128 and argv[6] - argv[5] == 128
+    assert [q._argv[i] for i in range(8)] == [base + 8 * i for i in range(8)]  # untouched
+    assert q._place_raw(K, 4, raws) == addr  # the same object: nothing copied again
+    other = (b"\x01" * 128,)
+    argv = ctypes.cast(q._place_raw(K, 4, other), ctypes.POINTER(ctypes.c_void_p))
+    assert ctypes.string_at(argv[4], 128) == other[0]
+    argv = ctypes.cast(q._place_raw(K, 2, other), ctypes.POINTER(ctypes.c_void_p))
+    assert argv[2] % 64 == 0 and ctypes.string_at(argv[2], 128) == other[0]  # 2 fixed slots
+
+
+def test_tensor_map_limits_are_checked_before_the_driver():
+    from needle.backends.cuda import tensor_map
+
+    tensor_map.check_tiled("bfloat16", 0x1000, (4096, 4096, 1), (8192, 8192 * 4096),
+                           (64, 256, 1))
+    with pytest.raises(DeviceError, match="16-byte aligned"):
+        tensor_map.check_tiled("bfloat16", 0x1008, (64, 64), (128,), (64, 64))
+    with pytest.raises(DeviceError, match="multiples of 16"):
+        tensor_map.check_tiled("float16", 0x1000, (60, 64), (120,), (64, 64))
+    with pytest.raises(DeviceError, match="swizzle"):
+        tensor_map.check_tiled("float32", 0x1000, (64, 64), (256,), (64, 64))
+    with pytest.raises(DeviceError, match="batch stride"):
+        tensor_map.matrix_map("bfloat16", 0x1000, 128, 64, 3, 0, 128)
