@@ -11,6 +11,7 @@ import pytest
 
 import needle.backend_ndarray as nd
 from needle.backends.api import has
+from needle.errors import DTypeError, ShapeError
 
 from ..conftest import check_unsupported_dtype
 from .compare import FLOATS, LAYOUTS, compare, layout, on, random
@@ -363,3 +364,29 @@ def test_attention_of_token_major_query_rows(device, dtype, b, hq, hkv, s, d, rn
     assert err < (2e-2 if dtype == "bfloat16" else 1e-5), err
     if has(device.backend, "token_major_attention"):
         assert got.permute((0, 2, 1, 3)).is_compact()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("m,n,p", [(5, 8, 3), (130, 64, 136), (256, 128, 264)])
+def test_matmul_swiglu_is_the_product_then_swiglu(device, dtype, m, n, p, rng):
+    """swiglu(x @ wᵀ) for a fused gate/up weight (2p, n): the numbers of the product rounded
+    to the dtype and then swiglu, on every device (CUDA's one-pass kernel for the larger
+    bfloat16 shapes); a batch of rows keeps its leading axes."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    x = on(device, random(rng, (2, m, n), dtype, -1, 1))
+    w = on(device, random(rng, (2 * p, n), dtype, -1, 1))
+    got = nd.matmul_swiglu(x, w)
+    want = (x @ w.transpose()).swiglu()
+    assert got.shape == (2, m, p) and got.dtype == dtype
+    np.testing.assert_allclose(got.numpy().astype(np.float64), want.numpy().astype(np.float64),
+                               rtol=2e-2 if dtype == "bfloat16" else 1e-5,
+                               atol=2e-2 if dtype == "bfloat16" else 1e-5)
+
+
+def test_matmul_swiglu_checks_its_operands(device, rng):
+    x = on(device, random(rng, (4, 8), "float32"))
+    with pytest.raises(ShapeError, match="fused gate/up weight"):
+        nd.matmul_swiglu(x, on(device, random(rng, (5, 8), "float32")))
+    with pytest.raises(DTypeError, match="must be floating-point arrays of one dtype"):
+        nd.matmul_swiglu(x, on(device, random(rng, (6, 8), "bfloat16")))

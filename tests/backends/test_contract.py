@@ -53,6 +53,9 @@ CAPABILITY_TESTS = {
     "token_major_attention": [
         "backend_ndarray/test_transformer_ops.py::test_attention_of_token_major_query_rows",
         "models/test_llama_vs_hf.py::test_cached_decode_matches_full_forward"],
+    "matmul_swiglu": [
+        "backend_ndarray/test_transformer_ops.py::test_matmul_swiglu_is_the_product_then_swiglu",
+        "backends/test_cuda_tma.py::test_glu_gemm_writes_the_activation_in_one_pass"],
 }
 
 

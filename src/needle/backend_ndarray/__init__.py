@@ -24,6 +24,7 @@ from .functions import (
                      flip,
                      from_dlpack,
                      log,
+                     matmul_swiglu,
                      max,
                      maximum,
                      minimum,
@@ -56,7 +57,7 @@ __all__ = [
     "as_device", "attention", "attention_decode",
     "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
     "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",
-    "max", "maximum", "metal", "minimum", "ones",
+    "matmul_swiglu", "max", "maximum", "metal", "minimum", "ones",
     "paged_attention", "paged_write", "promote", "reshape", "sample", "scatter_add",
     "sgd_update", "sqrt", "stack", "state_dtype", "sum", "tanh", "transpose", "where", "zeros",
 ]

@@ -224,6 +224,33 @@ def _token_major_rows(q: NDArray) -> int | None:
     return row
 
 
+def matmul_swiglu(x: NDArray, weight: NDArray) -> NDArray:
+    """swiglu(x @ weightᵀ): x (..., n) and a fused gate/up projection weight (2p, n), gate
+    rows first, to (..., p). The same numbers as ``(x @ weight.T).swiglu()`` (the product is
+    rounded to the dtype first); a backend with capability ``matmul_swiglu`` does both in
+    one pass and never writes the (..., 2p) product."""
+    x._check_device(weight)
+    if weight.ndim != 2 or weight.shape[0] % 2 or x.ndim == 0 or x.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"matmul_swiglu: x {x.shape} and a fused gate/up weight {weight.shape} "
+                         "(2p, n) must share n, and the weight needs an even number of rows")
+    if x.dtype != weight.dtype or not dtypes.is_floating(x.dtype):
+        raise DTypeError(f"matmul_swiglu: x ({x.dtype}) and weight ({weight.dtype}) must be "
+                         "floating-point arrays of one dtype")
+    backend = x.device.backend
+    if not has(backend, "matmul_swiglu"):
+        return (x @ weight.transpose()).swiglu()
+    n, p = weight.shape[1], weight.shape[0] // 2
+    a, w = x.compact(), weight.compact()
+    m = a.size // n if n else 0
+    out = NDArray.make(x.shape[:-1] + (p,), device=x.device, dtype=x.dtype)
+    if out.size:
+        if n == 0:  # sums of nothing: silu(0) * 0
+            out.fill(0)
+        else:
+            backend.matmul_swiglu(a._handle, w._handle, out._handle, m, n, p)
+    return out
+
+
 def add_rmsnorm(x: NDArray, delta: NDArray, weight: NDArray, eps: float = 1e-6,
                 inplace: bool = False) -> tuple[NDArray, NDArray]:
     """(x + delta, rmsnorm(x + delta) * weight) in one pass over the rows: a transformer's

@@ -51,6 +51,8 @@ CAPABILITIES = {
     "token_major_attention": "attention_token_major(): attention reading q from token-major "
                              "rows (a fused QKV projection's) and writing out token-major "
                              "(numpy_ref/nn.py), with no heads-first copies",
+    "matmul_swiglu": "matmul_swiglu(): a product with a fused gate/up weight and its SwiGLU "
+                     "in one pass (numpy_ref/nn.py), without writing the 2p-wide product",
 }
 # Names kept for capabilities that are planned but that no backend declares yet.
 RESERVED_CAPABILITIES: tuple[str, ...] = ()
@@ -227,6 +229,13 @@ class TokenMajorAttention(Protocol):
                               q_row: int) -> None: ...
 
 
+class MatmulSwiglu(Protocol):
+    """swiglu(a @ wᵀ) with w a fused gate/up weight (numpy_ref/nn.py defines it); the array
+    layer composes matmul and swiglu where a backend lacks it."""
+
+    def matmul_swiglu(self, a: Array, w: Array, out: Array, m: int, n: int, p: int) -> None: ...
+
+
 class _Marker(Protocol):
     """Capabilities that promise behaviour of required functions, not new functions."""
 
@@ -237,7 +246,7 @@ CAPABILITY_PROTOCOLS: dict[str, type] = {
     "bf16_tensor_cores": _Marker, "fused_decode": _Marker, "sampling": Sampling,
     "precompile": Precompile, "paged_attention": PagedAttention, "int8": QuantizedWeights,
     "int4": QuantizedWeights, "fused_quant_matvec": FusedQuantMatvec,
-    "token_major_attention": TokenMajorAttention,
+    "token_major_attention": TokenMajorAttention, "matmul_swiglu": MatmulSwiglu,
 }
 
 

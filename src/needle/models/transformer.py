@@ -65,7 +65,7 @@ class Transformer:
             if layer.post_attn_norm is not None:
                 a = a.rmsnorm(layer.post_attn_norm, cfg.rms_norm_eps)
             x, h = _add_norm(x, a, layer.mlp_norm, cfg)
-            delta = layer.down(self._gate(layer.gate_up(h)))
+            delta = layer.down(self._gate_up(layer, h))
             if layer.post_mlp_norm is not None:
                 delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
         if last_only:  # the last position's sum and norm only
@@ -186,6 +186,16 @@ class Transformer:
     def _embed(self, ids: NDArray) -> NDArray:
         x = self.weights.embed.take(ids)
         return x if self.embed_scale is None else x * self.embed_scale
+
+    def _gate_up(self, layer: LayerWeights, h: NDArray) -> NDArray:
+        """The gated activation of h's fused gate/up projection: one pass
+        (``nd.matmul_swiglu``, no 2 x intermediate-wide product in memory) for plain
+        weights and SiLU, else the projection and then the activation."""
+        gate_up = layer.gate_up
+        if (self.cfg.arch.activation == "silu" and isinstance(gate_up.weight, NDArray)
+                and gate_up.bias is None):
+            return nd.matmul_swiglu(h, gate_up.weight)
+        return self._gate(gate_up(h))
 
     def _gate(self, gate_up: NDArray) -> NDArray:
         """The gated activation of a fused gate/up projection (..., 2 * intermediate)."""

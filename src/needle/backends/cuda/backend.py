@@ -72,6 +72,7 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         caps.add("sampling")
         caps.add("precompile")
         caps.add("token_major_attention")
+        caps.add("matmul_swiglu")
         self.capabilities = frozenset(caps)
         self._tma_plans: dict[tuple, tuple | bool] = {}  # _tma_gemm's launch plans
         self._direct_plans: dict[tuple, tuple] = {}  # products known to take them (matmul)
@@ -246,6 +247,43 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         if plan:
             self._launch_tma(plan, a, b, out, m, p, stride_a, stride_b)
         return plan
+
+    def matmul_swiglu(self, a, w, out, m: int, n: int, p: int) -> None:
+        """numpy_ref.matmul_swiglu: on Hopper the TMA GEMM's GLU form (a tile's B stage holds
+        128 gate rows and the same outputs' 128 up rows; the epilogue writes silu(gate) * up),
+        elsewhere the product into a workspace and swiglu."""
+        if (self.tuning.tma and self.tuning.gemm == "tma" and a.dtype in _HALF
+                and m >= 128 and p >= 128 and n >= 64 and n % 8 == 0 and p % 8 == 0
+                and aligned16(a.buffer) and aligned16(w.buffer)):
+            key = ("glu",) + _product_key(a, w, m, n, p, 1, 0, 0, True)
+            plan = self._tma_plans.get(key)
+            if plan is None:
+                plan = self._tma_plans[key] = self._glu_plan(a, w, m, n, p) or False
+            if plan:
+                self._launch_tma(plan, a, w, out, m, p, 0, 0)
+                return
+        product = self._new_array(m * 2 * p, a.dtype)
+        self.matmul(a, w, product, m, n, 2 * p, transpose_b=True)
+        self.swiglu(product, out, p)
+
+    def _glu_plan(self, a, w, m: int, n: int, p: int):
+        """``_tma_plan`` for matmul_tma_glu: 256-wide stages, B's map over all 2p rows with
+        boxes of 128 (a tile loads two); None when the operands cannot be described."""
+        stages = tma_stages(256, self.tuning.tma_stages)
+        shared = stages * (128 + 256) * 64 * 2 + 16 * stages + 1024
+        if shared > self.device.max_shared_bytes:
+            return None
+        try:
+            maps = (matrix_map(a.dtype, a.buffer.handle + a.buffer.offset, m, n, 1, 0, 128),
+                    matrix_map(w.dtype, w.buffer.handle + w.buffer.offset, 2 * p, n, 1, 0,
+                               128))
+        except DeviceError:
+            return None
+        k = self._kernel("gemm_tma", f"matmul_tma_glu_{SUFFIX[a.dtype]}")
+        k.check_threads(384)
+        k.reserve_shared(shared)
+        params = MATMUL.pack(m, n, p, 1, 0, 0, 0, 1, 1, 0)
+        return k, shared, [(0, (cdiv(m, 128) * cdiv(p, 128), 1, 1), params, maps)]
 
     def _launch_tma(self, plan, a, b, out, m: int, p: int, stride_a: int,
                     stride_b: int) -> None:

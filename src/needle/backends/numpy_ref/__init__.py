@@ -85,6 +85,7 @@ from .nn import (
     attention_token_major,
     layernorm,
     log_softmax,
+    matmul_swiglu,
     rmsnorm,
     rope,
     silu_mul,
@@ -100,7 +101,7 @@ from .sampling import sample
 name = "cpu_numpy"
 # what each capability promises: backends/api.py
 capabilities = frozenset({"host_memory", "sampling", "paged_attention", "int8", "int4",
-                          "fused_quant_matvec", "token_major_attention"})
+                          "fused_quant_matvec", "token_major_attention", "matmul_swiglu"})
 
 
 def load(index: int = 0):

@@ -81,6 +81,15 @@ def swiglu(x: Array, out: Array, dim: int) -> None:
     _store(out, (a * _sigmoid(a) * v[:, dim:]).reshape(-1))
 
 
+def matmul_swiglu(a: Array, w: Array, out: Array, m: int, n: int, p: int) -> None:
+    """out (m, p) = swiglu(a @ wᵀ) for a (m, n) and a fused gate/up weight w (2p, n), gate
+    rows first (capability ``matmul_swiglu``): the product is rounded to the dtype before
+    the activation, so the numbers are those of ``matmul`` then ``swiglu``."""
+    t = (_f(a.array).reshape(m, n) @ _f(w.array).reshape(2 * p, n).T).astype(out.array.dtype)
+    g, u = _f(t[:, :p]), _f(t[:, p:])
+    _store(out, g * _sigmoid(g) * u)
+
+
 def attention(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,
               kv_heads: int, q_len: int, kv_len: int, kv_capacity: int, head_dim: int,
               scale: float, causal: bool) -> None:

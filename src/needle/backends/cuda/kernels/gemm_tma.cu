@@ -198,18 +198,53 @@ __device__ __forceinline__ void store_rows(T* __restrict__ C, u32 tile, int firs
   }
 }
 
-template <class T, int BN, bool BN_MAJOR>
+// Rows [first, first + 64) of a staged GLU tile (columns [0, BN/2) gate, [BN/2, BN) up, each
+// rounded to T) to C as silu(gate) * up, 16 bytes of outputs a thread (host: n % 8 == 0)
+template <class T, int BN>
+__device__ __forceinline__ void store_glu_rows(T* __restrict__ C, u32 tile, int first, int m0,
+                                               int n0, i64 M, i64 N, int t) {
+  typedef typename Acc<T>::type Cc;
+  constexpr u32 PITCH = tile_pitch<T, BN>(), SIZE = sizeof(T);
+  constexpr int PER = 16 / SIZE, PIECES = BN / 2 / PER;
+#pragma unroll 2
+  for (int c = t; c < 64 * PIECES; c += 128) {
+    const int r = first + c / PIECES, col = (c % PIECES) * PER;
+    const i64 row = (i64)m0 + r, gcol = (i64)n0 + col;
+    if (row >= M || gcol >= N) continue;
+    uint4 gv, uv, ov;
+    const u32 at = tile + r * PITCH + col * SIZE;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(gv.x), "=r"(gv.y), "=r"(gv.z), "=r"(gv.w) : "r"(at));
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(uv.x), "=r"(uv.y), "=r"(uv.z), "=r"(uv.w) : "r"(at + BN / 2 * SIZE));
+    const T* gs = reinterpret_cast<const T*>(&gv);
+    const T* us = reinterpret_cast<const T*>(&uv);
+    T* os = reinterpret_cast<T*>(&ov);
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+      const Cc gate = load(gs[e]), up = load(us[e]);
+      os[e] = store<T>(gate * sigmoid(gate) * up);  // nn.cu's swiglu, on the rounded products
+    }
+    *reinterpret_cast<uint4*>(C + row * N + gcol) = ov;
+  }
+}
+
+// GLU: B is a fused gate/up weight (2p rows: gate, then up) and C (m x p) = silu(A Gᵀ) *
+// (A Uᵀ), each product rounded to T first (the numbers of the product and then swiglu). A
+// tile's B stage holds 128 gate rows and the 128 up rows of the same outputs, so the tile
+// is the usual 128 x 256 product and its epilogue writes 128 columns.
+template <class T, int BN, bool BN_MAJOR, bool GLU = false>
 __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, const TmaMap* map_a,
                                     const TmaMap* map_b, unsigned char* smem) {
-  constexpr int STAGES = stages<BN>(), KS = k_tile<T>();
+  constexpr int STAGES = stages<BN>(), KS = k_tile<T>(), OUT_W = GLU ? BN / 2 : BN;
   constexpr u32 B_BYTES = BN * 128, STAGE_BYTES = A_BYTES + B_BYTES;
   const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
   const u32 full0 = base + STAGES * STAGE_BYTES, empty0 = full0 + STAGES * 8;
   const int tid = threadIdx.x, wg = tid / 128;
-  const int tiles_m = (int)((p.m + BM - 1) / BM), tiles_n = (int)((p.p + BN - 1) / BN);
+  const int tiles_m = (int)((p.m + BM - 1) / BM), tiles_n = (int)((p.p + OUT_W - 1) / OUT_W);
   int tm, tn;
   tile_of((int)blockIdx.x, tiles_m, tiles_n, tm, tn);
-  const int m0 = tm * BM, n0 = tn * BN, z = (int)blockIdx.z;
+  const int m0 = tm * BM, n0 = tn * OUT_W, z = (int)blockIdx.z;
   const int KT = (int)((p.n + KS - 1) / KS);
 
   if (tid == 0) {
@@ -239,6 +274,9 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
 #pragma unroll
           for (int j = 0; j < BN / 64; j++)
             tma_load(sa + A_BYTES + j * (BK * 128), map_b, full, n0 + 64 * j, kt * KS, z);
+        } else if (GLU) {  // boxes of BN / 2 rows: the gate rows, then the same outputs' up rows
+          tma_load(sa + A_BYTES, map_b, full, kt * KS, n0, z);
+          tma_load(sa + A_BYTES + OUT_W * 128, map_b, full, kt * KS, (int)p.p + n0, z);
         } else {
           tma_load(sa + A_BYTES, map_b, full, kt * KS, n0, z);
         }
@@ -282,29 +320,34 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
     } else {
       named_sync<3, 128>();
     }
-    store_rows<T, BN>(C + (i64)z * p.m * p.p, base, g * 64, m0, n0, p.m, p.p, tid % 128);
+    if (GLU) {
+      store_glu_rows<T, BN>(C + (i64)z * p.m * p.p, base, g * 64, m0, n0, p.m, p.p, tid % 128);
+    } else {
+      store_rows<T, BN>(C + (i64)z * p.m * p.p, base, g * 64, m0, n0, p.m, p.p, tid % 128);
+    }
   }
 }
 }  // namespace tma
-#define GEMM_TMA_BODY(T, BN, BN_MAJOR)                                                         \
+#define GEMM_TMA_BODY(T, BN, BN_MAJOR, GLU)                                                    \
   extern __shared__ __align__(1024) unsigned char smem[];                                      \
-  tma::run<T, BN, BN_MAJOR>(out, p, &map_a, &map_b, smem);
+  tma::run<T, BN, BN_MAJOR, GLU>(out, p, &map_a, &map_b, smem);
 #else
 // other targets: the names exist (every .cu compiles for sm_80 and sm_90 in CI); the host
 // launches these only on sm_90a builds (device feature "tma")
-#define GEMM_TMA_BODY(T, BN, BN_MAJOR) __trap();
+#define GEMM_TMA_BODY(T, BN, BN_MAJOR, GLU) __trap();
 #endif
 
 // a and b are not read (the tensor maps address them); they are arguments so that graph
 // capture keeps their buffers alive, like every other kernel's operands.
-#define GEMM_TMA(NAME, T, BN, BN_MAJOR)                                                        \
+#define GEMM_TMA_GLU(NAME, T, BN, BN_MAJOR, GLU)                                               \
   extern "C" __global__ void __launch_bounds__(384, 1)                                         \
       NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,              \
            GemmParams p, const __grid_constant__ TmaMap map_a,                                 \
            const __grid_constant__ TmaMap map_b) {                                             \
     pdl_entry();                                                                               \
-    GEMM_TMA_BODY(T, BN, BN_MAJOR)                                                             \
+    GEMM_TMA_BODY(T, BN, BN_MAJOR, GLU)                                                        \
   }
+#define GEMM_TMA(NAME, T, BN, BN_MAJOR) GEMM_TMA_GLU(NAME, T, BN, BN_MAJOR, false)
 // Names: matmul_tma[W][_nn]_{bf16,f16}, W the tile width when not 256 (host: _tma_gemm).
 // shared bytes: S * (128 + W) * 64 * 2 + 16 * S + 1024, S = stages<W>()
 #define GEMM_TMA_WIDTHS(SFX, T)                                                                \
@@ -313,6 +356,9 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
   GEMM_TMA(matmul_tma64_##SFX, T, 64, false) GEMM_TMA(matmul_tma64_nn_##SFX, T, 64, true)
 ONLY(bf16, GEMM_TMA_WIDTHS(bf16, bf16_t))
 ONLY(f16, GEMM_TMA_WIDTHS(f16, half_t))
+// A @ W^T with W a fused gate/up weight (2p, n), then swiglu: (m, p) outputs (matmul_swiglu)
+ONLY(bf16, GEMM_TMA_GLU(matmul_tma_glu_bf16, bf16_t, 256, false, true))
+ONLY(f16, GEMM_TMA_GLU(matmul_tma_glu_f16, half_t, 256, false, true))
 // float32 as TF32 (ndl.set_float32_matmul_precision("high")): K-major B only
 ONLY(f32, GEMM_TMA(matmul_tma_tf32_f32, float, 256, false)
           GEMM_TMA(matmul_tma128_tf32_f32, float, 128, false)
