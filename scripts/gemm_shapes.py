@@ -11,9 +11,13 @@ the kernel that ran, and max |needle - cuBLAS| / max |cuBLAS|. Needs CUDA and Py
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 # (m, k, p, B stored K-major as a Linear layer's weight, else (k, p) as written)
 SHAPES = [(1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 4096, 4096, False),
@@ -21,25 +25,6 @@ SHAPES = [(1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 4096, 409
           (2048, 2048, 11264, True), (2048, 5632, 2048, True), (2048, 2048, 32000, True),
           (512, 2048, 2560, True), (512, 2048, 11264, True), (512, 5632, 2048, True)]
 REPS = 20
-
-
-def _needle_time(dev, op) -> float:
-    be = dev.backend
-    op()
-    dev.synchronize()
-    with be.capture() as graph:
-        for _ in range(REPS):
-            op()
-    graph.replay()
-    dev.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        graph.replay()
-        dev.synchronize()
-        best = min(best, (time.perf_counter() - start) / REPS)
-    graph.close()
-    return best
 
 
 def _torch_time(torch, op) -> float:
@@ -67,6 +52,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    from benchmarks.quant_decode import _timed  # the captured-graph timing of the benchmarks
 
     from needle import backend_ndarray as nd
 
@@ -89,7 +75,7 @@ def main() -> None:
             with be.tuned(tma_tile=width):
                 with be.profile() as prof:
                     got = (a @ b_op).numpy().astype(np.float32)
-                times.append(_needle_time(dev, lambda: a @ b_op))  # noqa: B023
+                times.append(_timed(dev, lambda: a @ b_op, reps=REPS))  # noqa: B023
             error = max(error, float(np.abs(got - want).max() / np.abs(want).max()))
             if width is None:
                 kernel = ",".join(n for n in prof.totals if n.startswith("matmul"))

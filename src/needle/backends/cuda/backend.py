@@ -50,9 +50,9 @@ _ATTN_ROWS = struct.Struct("6q")  # nn.cu's AttnRows: q's and out's row strides
 _TMA_PLANS = 256  # launch plans kept by _tma_gemm and routes by matmul (emptied when full)
 
 
-def _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb) -> tuple:
+def _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb, glu=False) -> tuple:
     return (a.buffer.handle + a.buffer.offset, b.buffer.handle + b.buffer.offset, a.dtype, m,
-            n, p, batch, stride_a, stride_b, tb)
+            n, p, batch, stride_a, stride_b, tb, glu)
 
 
 class CudaBackend(QuantDecodeOps, GpuBackend):
@@ -89,7 +89,7 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         (an eager loop, a training step: ``_wgmma`` records it) goes straight to its launch:
         the route through the kernel choices depends only on the key and the tuning, and a
         change of tuning forgets the routes."""
-        if not transpose_a:
+        if not transpose_a and a.dtype in _HALF:  # the only products _wgmma records
             stride_a = m * n if stride_a is None else stride_a
             stride_b = n * p if stride_b is None else stride_b
             plan = self._direct_plans.get(_product_key(a, b, m, n, p, batch, stride_a,
@@ -226,24 +226,27 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
                            (128, 128 * nsub), 256, shared, False, True)
 
-    def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b, tb: bool):
+    def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b, tb: bool,
+                  glu: bool = False):
         """gemm_tma.cu: 128 x W tiles (W = 256, 128 or 64: tma_width), a TMA producer
         warpgroup and two wgmma consumer warpgroups; A (m, n) row-major, B (p, n) row-major
         when ``tb`` (K-major: matmul_tma) or (n, p) row-major (N-major: matmul_tma_nn),
-        described by tensor maps. Returns the launch plan, or False (nothing launched) when
-        the operands cannot be described or the tile does not fit: use another kernel.
+        described by tensor maps; with ``glu``, B is a fused gate/up weight (2p, n) and out
+        (m, p) its SwiGLU (matmul_tma_glu). Returns the launch plan, or False (nothing
+        launched) when the operands cannot be described or the tile does not fit: use
+        another kernel.
 
         The launches' plan (kernel, grids, params, tensor maps) depends only on the operands'
         addresses, the product's shape and the tuning, so it is kept until the tuning changes:
         an eager loop or a training step repeats the same products on the same buffers and
         pays for the plan once."""
-        key = _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb)  # (retuning clears)
+        key = _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb, glu)  # retuning clears
         plan = self._tma_plans.get(key)
         if plan is None:
             if len(self._tma_plans) >= _TMA_PLANS:
                 self._tma_plans.clear()
             plan = self._tma_plans[key] = self._tma_plan(a, b, m, n, p, batch, stride_a,
-                                                         stride_b, tb) or False
+                                                         stride_b, tb, glu) or False
         if plan:
             self._launch_tma(plan, a, b, out, m, p, stride_a, stride_b)
         return plan
@@ -254,36 +257,12 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
         elsewhere the product into a workspace and swiglu."""
         if (self.tuning.tma and self.tuning.gemm == "tma" and a.dtype in _HALF
                 and m >= 128 and p >= 128 and n >= 64 and n % 8 == 0 and p % 8 == 0
-                and aligned16(a.buffer) and aligned16(w.buffer)):
-            key = ("glu",) + _product_key(a, w, m, n, p, 1, 0, 0, True)
-            plan = self._tma_plans.get(key)
-            if plan is None:
-                plan = self._tma_plans[key] = self._glu_plan(a, w, m, n, p) or False
-            if plan:
-                self._launch_tma(plan, a, w, out, m, p, 0, 0)
-                return
+                and aligned16(a.buffer) and aligned16(w.buffer)
+                and self._tma_gemm(a, w, out, m, n, p, 1, 0, 0, True, glu=True)):
+            return
         product = self._new_array(m * 2 * p, a.dtype)
         self.matmul(a, w, product, m, n, 2 * p, transpose_b=True)
         self.swiglu(product, out, p)
-
-    def _glu_plan(self, a, w, m: int, n: int, p: int):
-        """``_tma_plan`` for matmul_tma_glu: 256-wide stages, B's map over all 2p rows with
-        boxes of 128 (a tile loads two); None when the operands cannot be described."""
-        stages = tma_stages(256, self.tuning.tma_stages)
-        shared = stages * (128 + 256) * 64 * 2 + 16 * stages + 1024
-        if shared > self.device.max_shared_bytes:
-            return None
-        try:
-            maps = (matrix_map(a.dtype, a.buffer.handle + a.buffer.offset, m, n, 1, 0, 128),
-                    matrix_map(w.dtype, w.buffer.handle + w.buffer.offset, 2 * p, n, 1, 0,
-                               128))
-        except DeviceError:
-            return None
-        k = self._kernel("gemm_tma", f"matmul_tma_glu_{SUFFIX[a.dtype]}")
-        k.check_threads(384)
-        k.reserve_shared(shared)
-        params = MATMUL.pack(m, n, p, 1, 0, 0, 0, 1, 1, 0)
-        return k, shared, [(0, (cdiv(m, 128) * cdiv(p, 128), 1, 1), params, maps)]
 
     def _launch_tma(self, plan, a, b, out, m: int, p: int, stride_a: int,
                     stride_b: int) -> None:
@@ -295,12 +274,17 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
                      b.buffer.view(z0 * stride_b * item, 0), out.buffer.view(z0 * m * p * item, 0)))
             self.queue.dispatch(k, grid, (384, 1, 1), bufs, params, shared, raw_args=maps)
 
-    def _tma_plan(self, a, b, m, n, p, batch, stride_a, stride_b, tb: bool):
+    def _tma_plan(self, a, b, m, n, p, batch, stride_a, stride_b, tb: bool, glu: bool):
         """(kernel, shared bytes, launches) of ``_tma_gemm``, a launch being (first matrix,
         grid, params, tensor maps) per MAX_GRID_YZ matrices; None when the operands cannot
-        be described or the tile does not fit."""
-        width = self.tuning.tma_tile or tma_width(m, p, batch, self.device.compute_units)
-        if width not in TMA_WIDTHS or p < width:
+        be described or the tile does not fit. A GLU tile is 256 wide: 128 gate and 128 up
+        rows of B (two boxes a stage) for 128 outputs."""
+        if glu:
+            width = 256
+        else:
+            width = self.tuning.tma_tile or tma_width(m, p, batch, self.device.compute_units)
+        out_w = width // 2 if glu else width  # the output columns a tile writes
+        if width not in TMA_WIDTHS or p < out_w:
             return None
         stages = tma_stages(width, self.tuning.tma_stages)
         shared = stages * (128 + width) * 64 * 2 + 16 * stages + 1024
@@ -308,14 +292,15 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
             return None
         item = ITEMSIZE[a.dtype]
         k_box = 128 // item  # a box row is 128 bytes (the swizzle): 64 halves, 32 floats
-        tiles = cdiv(m, 128) * cdiv(p, width)  # one grid axis: the kernel orders the tiles
+        tiles = cdiv(m, 128) * cdiv(p, out_w)  # one grid axis: the kernel orders the tiles
         launches = []
         try:
             for z0 in range(0, batch, MAX_GRID_YZ):
                 nb = min(MAX_GRID_YZ, batch - z0)
                 a_at = a.buffer.handle + a.buffer.offset + z0 * stride_a * item
                 b_at = b.buffer.handle + b.buffer.offset + z0 * stride_b * item
-                b_map = (matrix_map(b.dtype, b_at, p, n, nb, stride_b, width, k_box) if tb
+                b_map = (matrix_map(b.dtype, b_at, 2 * p if glu else p, n, nb, stride_b, out_w,
+                                    k_box) if tb
                          # N-major (halves only): boxes of 64 k-rows x 64 columns
                          else matrix_map(b.dtype, b_at, n, p, nb, stride_b, 64))
                 maps = (matrix_map(a.dtype, a_at, m, n, nb, stride_a, 128, k_box), b_map)
@@ -323,7 +308,7 @@ class CudaBackend(QuantDecodeOps, GpuBackend):
                 launches.append((z0, (tiles, 1, nb), params, maps))
         except DeviceError:
             return None
-        kind = "tf32_" if a.dtype == "float32" else "" if tb else "nn_"
+        kind = "glu_" if glu else "tf32_" if a.dtype == "float32" else "" if tb else "nn_"
         name = f"matmul_tma{'' if width == 256 else width}_{kind}"
         k = self._kernel("gemm_tma", name + SUFFIX[a.dtype])
         k.check_threads(384)

@@ -6,6 +6,7 @@ import numpy as np
 
 from .core import Array, _f, _store
 from .elementwise import _sigmoid
+from .reduce import matmul
 
 # --- transformer ------------------------------------------------------------------------
 # Row functions see compact (rows, dim) inputs and work along the last axis.
@@ -85,9 +86,9 @@ def matmul_swiglu(a: Array, w: Array, out: Array, m: int, n: int, p: int) -> Non
     """out (m, p) = swiglu(a @ wᵀ) for a (m, n) and a fused gate/up weight w (2p, n), gate
     rows first (capability ``matmul_swiglu``): the product is rounded to the dtype before
     the activation, so the numbers are those of ``matmul`` then ``swiglu``."""
-    t = (_f(a.array).reshape(m, n) @ _f(w.array).reshape(2 * p, n).T).astype(out.array.dtype)
-    g, u = _f(t[:, :p]), _f(t[:, p:])
-    _store(out, g * _sigmoid(g) * u)
+    product = Array(m * 2 * p, out.dtype)
+    matmul(a, w, product, m, n, 2 * p, transpose_b=True)
+    swiglu(product, out, p)
 
 
 def attention(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,

@@ -142,6 +142,13 @@ template <> __device__ __forceinline__ void st_pair<float>(u32 at, float lo, flo
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(lo), "f"(hi) : "memory");
 }
 
+// 16 bytes of the staged tile
+__device__ __forceinline__ uint4 ld_shared16(u32 at) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at));
+  return v;
+}
 // one value of the staged tile
 template <class T> __device__ __forceinline__ T ld_value(u32 at) {
   T v;
@@ -183,11 +190,7 @@ __device__ __forceinline__ void store_rows(T* __restrict__ C, u32 tile, int firs
       const int r = first + c / PIECES, col = (c % PIECES) * PER;
       const i64 row = (i64)m0 + r, gcol = (i64)n0 + col;
       if (row >= M || gcol >= N) continue;  // N % PER == 0: a piece is whole or outside
-      uint4 v;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(tile + r * PITCH + col * SIZE));
-      *reinterpret_cast<uint4*>(C + row * N + gcol) = v;
+      *reinterpret_cast<uint4*>(C + row * N + gcol) = ld_shared16(tile + r * PITCH + col * SIZE);
     }
   } else {
     for (int c = t; c < 64 * BN; c += 128) {
@@ -203,7 +206,6 @@ __device__ __forceinline__ void store_rows(T* __restrict__ C, u32 tile, int firs
 template <class T, int BN>
 __device__ __forceinline__ void store_glu_rows(T* __restrict__ C, u32 tile, int first, int m0,
                                                int n0, i64 M, i64 N, int t) {
-  typedef typename Acc<T>::type Cc;
   constexpr u32 PITCH = tile_pitch<T, BN>(), SIZE = sizeof(T);
   constexpr int PER = 16 / SIZE, PIECES = BN / 2 / PER;
 #pragma unroll 2
@@ -211,19 +213,16 @@ __device__ __forceinline__ void store_glu_rows(T* __restrict__ C, u32 tile, int 
     const int r = first + c / PIECES, col = (c % PIECES) * PER;
     const i64 row = (i64)m0 + r, gcol = (i64)n0 + col;
     if (row >= M || gcol >= N) continue;
-    uint4 gv, uv, ov;
     const u32 at = tile + r * PITCH + col * SIZE;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(gv.x), "=r"(gv.y), "=r"(gv.z), "=r"(gv.w) : "r"(at));
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(uv.x), "=r"(uv.y), "=r"(uv.z), "=r"(uv.w) : "r"(at + BN / 2 * SIZE));
+    const uint4 gv = ld_shared16(at), uv = ld_shared16(at + BN / 2 * SIZE);
     const T* gs = reinterpret_cast<const T*>(&gv);
     const T* us = reinterpret_cast<const T*>(&uv);
+    uint4 ov;
     T* os = reinterpret_cast<T*>(&ov);
 #pragma unroll
-    for (int e = 0; e < PER; e++) {
-      const Cc gate = load(gs[e]), up = load(us[e]);
-      os[e] = store<T>(gate * sigmoid(gate) * up);  // nn.cu's swiglu, on the rounded products
+    for (int e = 0; e < PER; e++) {  // nn.cu's swiglu of the rounded products (already T)
+      const typename Acc<T>::type gate = load(gs[e]), up = load(us[e]);
+      os[e] = store<T>(gate * sigmoid(gate) * up);
     }
     *reinterpret_cast<uint4*>(C + row * N + gcol) = ov;
   }
@@ -348,7 +347,8 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
     GEMM_TMA_BODY(T, BN, BN_MAJOR, GLU)                                                        \
   }
 #define GEMM_TMA(NAME, T, BN, BN_MAJOR) GEMM_TMA_GLU(NAME, T, BN, BN_MAJOR, false)
-// Names: matmul_tma[W][_nn]_{bf16,f16}, W the tile width when not 256 (host: _tma_gemm).
+// Names: matmul_tma[W][_nn|_glu|_tf32]_{bf16,f16,f32}, W the tile width when not 256 (host:
+// _tma_plan).
 // shared bytes: S * (128 + W) * 64 * 2 + 16 * S + 1024, S = stages<W>()
 #define GEMM_TMA_WIDTHS(SFX, T)                                                                \
   GEMM_TMA(matmul_tma_##SFX, T, 256, false) GEMM_TMA(matmul_tma_nn_##SFX, T, 256, true)        \

@@ -146,55 +146,37 @@ template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
                  "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define WG_D32(i) WG_D8(i), WG_D8(i + 8), WG_D8(i + 16), WG_D8(i + 24)
 #define WG_D64(i) WG_D32(i), WG_D32(i + 32)
-// operands after the R accumulators: %R descriptor A, %R+1 descriptor B, %R+2 scale-d (1)
-#define WG_MMA_ASM(N, REGS, DA, DB, SCALE, TYPE, TB)                                          \
+// operands after the R accumulators: %R descriptor A, %R+1 descriptor B, %R+2 scale-d (1).
+// OP: the shape's k and the types ("k16.f32.bf16.bf16"); TAIL: the transpose immediates
+// (", 0, 0" or ", 0, 1"; TF32 takes none)
+#define WG_MMA_ASM(N, REGS, DA, DB, SCALE, OP, TAIL)                                          \
   "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                         \
-  "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " REGS ", " DA ", " DB    \
-  ", p, 1, 1, 0, " TB ";\n}\n"
-#define WG_MMA_N64(TYPE, TB) \
-  asm volatile(WG_MMA_ASM("64", WG_REGS32, "%32", "%33", "%34", TYPE, TB) \
+  "wgmma.mma_async.sync.aligned.m64n" N OP " " REGS ", " DA ", " DB ", p, 1, 1" TAIL ";\n}\n"
+#define WG_MMA_N64(OP, TAIL) \
+  asm volatile(WG_MMA_ASM("64", WG_REGS32, "%32", "%33", "%34", OP, TAIL) \
                : WG_D32(0) : "l"(da), "l"(db), "r"(1))
-#define WG_MMA_N128(TYPE, TB) \
-  asm volatile(WG_MMA_ASM("128", WG_REGS64, "%64", "%65", "%66", TYPE, TB) \
+#define WG_MMA_N128(OP, TAIL) \
+  asm volatile(WG_MMA_ASM("128", WG_REGS64, "%64", "%65", "%66", OP, TAIL) \
                : WG_D64(0) : "l"(da), "l"(db), "r"(1))
-#define WG_MMA_N256(TYPE, TB) \
-  asm volatile(WG_MMA_ASM("256", WG_REGS128, "%128", "%129", "%130", TYPE, TB) \
+#define WG_MMA_N256(OP, TAIL) \
+  asm volatile(WG_MMA_ASM("256", WG_REGS128, "%128", "%129", "%130", OP, TAIL) \
                : WG_D64(0), WG_D64(64) : "l"(da), "l"(db), "r"(1))
 template <class T, int N, bool B_MN> struct Mma;
-#define WG_MMA_TYPE(T, TYPE, N, B_MN, TB)                                                    \
+#define WG_MMA_TYPE(T, OP, N, B_MN, TAIL)                                                    \
   template <> struct Mma<T, N, B_MN> {                                                       \
-    __device__ static void run(float (&d)[N / 2], u64 da, u64 db) { WG_MMA_N##N(TYPE, TB); } \
+    __device__ static void run(float (&d)[N / 2], u64 da, u64 db) { WG_MMA_N##N(OP, TAIL); } \
   };
-#define WG_MMA_SHAPES(T, TYPE)                                                               \
-  WG_MMA_TYPE(T, TYPE, 64, false, "0") WG_MMA_TYPE(T, TYPE, 64, true, "1")                   \
-  WG_MMA_TYPE(T, TYPE, 128, false, "0") WG_MMA_TYPE(T, TYPE, 128, true, "1")                 \
-  WG_MMA_TYPE(T, TYPE, 256, false, "0") WG_MMA_TYPE(T, TYPE, 256, true, "1")
-WG_MMA_SHAPES(bf16_t, "bf16")
-WG_MMA_SHAPES(half_t, "f16")
+#define WG_MMA_SHAPES(T, OP)                                                                 \
+  WG_MMA_TYPE(T, OP, 64, false, ", 0, 0") WG_MMA_TYPE(T, OP, 64, true, ", 0, 1")             \
+  WG_MMA_TYPE(T, OP, 128, false, ", 0, 0") WG_MMA_TYPE(T, OP, 128, true, ", 0, 1")           \
+  WG_MMA_TYPE(T, OP, 256, false, ", 0, 0") WG_MMA_TYPE(T, OP, 256, true, ", 0, 1")
+WG_MMA_SHAPES(bf16_t, "k16.f32.bf16.bf16")
+WG_MMA_SHAPES(half_t, "k16.f32.f16.f16")
 // float32 operands as TF32 (the low 13 mantissa bits ignored): m64nNk8, both operands
 // K-major only (no transpose immediates), 8 elements = the same 32 bytes of a 128-byte row
 // per instruction as k16 of a 2-byte type
-#define WG_TF32_ASM(N, REGS, DA, DB, SCALE)                                                   \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                         \
-  "wgmma.mma_async.sync.aligned.m64n" N "k8.f32.tf32.tf32 " REGS ", " DA ", " DB            \
-  ", p, 1, 1;\n}\n"
-template <> struct Mma<float, 64, false> {
-  __device__ static void run(float (&d)[32], u64 da, u64 db) {
-    asm volatile(WG_TF32_ASM("64", WG_REGS32, "%32", "%33", "%34")
-                 : WG_D32(0) : "l"(da), "l"(db), "r"(1));
-  }
-};
-template <> struct Mma<float, 128, false> {
-  __device__ static void run(float (&d)[64], u64 da, u64 db) {
-    asm volatile(WG_TF32_ASM("128", WG_REGS64, "%64", "%65", "%66")
-                 : WG_D64(0) : "l"(da), "l"(db), "r"(1));
-  }
-};
-template <> struct Mma<float, 256, false> {
-  __device__ static void run(float (&d)[128], u64 da, u64 db) {
-    asm volatile(WG_TF32_ASM("256", WG_REGS128, "%128", "%129", "%130")
-                 : WG_D64(0), WG_D64(64) : "l"(da), "l"(db), "r"(1));
-  }
-};
+WG_MMA_TYPE(float, "k8.f32.tf32.tf32", 64, false, "")
+WG_MMA_TYPE(float, "k8.f32.tf32.tf32", 128, false, "")
+WG_MMA_TYPE(float, "k8.f32.tf32.tf32", 256, false, "")
 }  // namespace wg
 #endif
