@@ -31,7 +31,10 @@ Cases (``<size>`` is 1.1b / tiny, or 8b / 8b_tiny):
   cached rows per layer. ``..._vs_limit`` counts the weights plus the K and V rows read per
   token (all layers, at the window's mean position).
 * ``llm_prefill_<n>_<size>``: a prompt of n tokens from an empty cache to the last position's
-  logits (2048 tokens on a GPU). Rated in tokens/s.
+  logits (2048 tokens on a GPU, and a short prompt of 100). Rated in tokens/s. Where the
+  backend records work, ``needle`` replays the captured prefill of the prompt's bucket
+  (``prefill_graphs.py``; the 100-token prompt pads to 128) and ``needle:eager`` issues
+  the same prefill op by op from Python.
 * ``llm_decode_<size>_sampled``: as the decode case, with temperature 0.8 and top-p 0.9
   drawn on the device (where the backend can; on the host elsewhere), against needle's own
   greedy decode in the same run.
@@ -66,6 +69,7 @@ from .runner import Bench, Case, Context, Impl, Skip
 
 DECODE_PROMPT = 128
 DECODE_TOKENS = 16  # greedy tokens per timed call
+SHORT_PROMPT = 100  # a chat turn: the prefill case where the host time dominates
 PEER_WINDOW = 256  # positions past the prompt the gpt-fast peer's static cache holds
 # The token fed after the prompt, the same for every framework: each one's own argmax of
 # bf16 logits of random weights can differ, and then so would every step after it.
@@ -267,15 +271,23 @@ def _hf_decode(m: _Models, ctx: Context, long: bool = False) -> Impl:
     return Impl(step, [()])
 
 
-def _needle_prefill(m: _Models) -> Impl:
-    decoder = m.model.decoder()
-    ids = _prompt(m.family.prefill, m.config.vocab_size)[0]
+def _needle_prefill(m: _Models, n: int, captured: bool = True) -> Impl:
+    """The decoder's prefill: where the backend records work, the bucket's captured graph
+    replayed (the default), or (``captured=False``) issued op by op from Python."""
+    if captured:
+        decoder = m.model.decoder()
+    else:
+        from needle.models.decoder import Decoder
+
+        decoder = Decoder(m.model)
+        decoder.prefills.limit = 0
+    ids = _prompt(n, m.config.vocab_size)[0]
     return Impl(lambda: decoder.prefill(ids), [()])
 
 
-def _hf_prefill(m: _Models, ctx: Context) -> Impl:
+def _hf_prefill(m: _Models, ctx: Context, n: int) -> Impl:
     torch = ctx.frameworks["torch"].torch
-    ids = torch.as_tensor(_prompt(m.family.prefill, m.config.vocab_size), device=m.hf.device)
+    ids = torch.as_tensor(_prompt(n, m.config.vocab_size), device=m.hf.device)
 
     @torch.no_grad()
     def run():
@@ -349,14 +361,18 @@ def _sampled_case(name: str, family: Family) -> Case:
     return Case(name, _GROUP, build)
 
 
-def _prefill_case(name: str, family: Family) -> Case:
+def _prefill_case(name: str, family: Family, n: int) -> Case:
+    """A prompt of n tokens: needle's prefill (captured per bucket where the backend records
+    work; ``needle:eager`` issued from Python, where that differs) and transformers'."""
+
     def build(ctx: Context) -> Bench:
         m = _models(ctx, family, name)
-        impls = {"needle": _needle_prefill(m)}
+        impls = {"needle": _needle_prefill(m, n)}
+        if m.model.decoder().prefills.applies(n):
+            impls["needle:eager"] = _needle_prefill(m, n, captured=False)
         if m.hf is not None:
-            impls["torch"] = _hf_prefill(m, ctx)
-        return Bench(impls, count=family.prefill, count_unit="tok",
-                     rtol=_rtol(m, m.hf is not None))
+            impls["torch"] = _hf_prefill(m, ctx, n)
+        return Bench(impls, count=n, count_unit="tok", rtol=_rtol(m, m.hf is not None))
 
     return Case(name, _GROUP, build)
 
@@ -368,7 +384,8 @@ def cases(ctx: Context) -> list[Case]:
     long = f"llm_decode_{s}_at_{small.long_prompt}"
     plan = [(small, _decode_case(f"llm_decode_{s}", small, False)),
             (small, _decode_case(f"llm_decode_{s}_vs_limit", small, True)),
-            (small, _prefill_case(f"llm_prefill_{small.prefill}_{s}", small)),
+            (small, _prefill_case(f"llm_prefill_{small.prefill}_{s}", small, small.prefill)),
+            (small, _prefill_case(f"llm_prefill_{SHORT_PROMPT}_{s}", small, SHORT_PROMPT)),
             (small, _sampled_case(f"llm_decode_{s}_sampled", small)),
             (small, _decode_case(long, small, False, long=True)),
             (small, _decode_case(f"{long}_vs_limit", small, True, long=True)),

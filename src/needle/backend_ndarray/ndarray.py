@@ -337,6 +337,13 @@ class NDArray(LayoutOps, ElementwiseOps, TransformerOps):
                                             batch=1, stride_a=0, stride_b=0, transpose_a=ta,
                                             transpose_b=tb)
                 return out
+        if (type(other) is NDArray and len(other._shape) == 2 and len(self._shape) > 2
+                and self._shape[-1] == other._shape[0] and self._is_plain()):
+            # (..., m, n) @ (n, p), compact: one product of all the rows (a model's
+            # projection of (batch, seq, hidden) activations), through the fast path above
+            rows = self._view((_prod(self._shape[:-1]), self._shape[-1]),
+                              (self._shape[-1], 1))
+            return (rows @ other).reshape(self._shape[:-1] + (other._shape[1],))
         if not isinstance(other, NDArray):
             return NotImplemented
         self._check_device(other)

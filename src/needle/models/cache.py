@@ -14,10 +14,12 @@ class KVCache:
     """Keys and values of every layer for up to ``capacity`` positions, preallocated.
 
     Both are stored (1, kv_heads, capacity, head_dim) in the model's dtype (one sequence):
-    prefill writes positions 0..n-1 and each decode step writes its own position, so nothing
-    past the current length is read. Rows past the length are kept zero (``clear`` and
-    ``forget_from``): a decode step that adds its key and value into its row (the composed
-    attention path, ``attention.py``) relies on it.
+    prefill writes positions 0..n-1 (a captured prefill also its padding's rows past n) and
+    each decode step writes its own position, and a step reads no row past its own. Where a
+    model has a layer on the composed attention path (``attention.py``), whose decode step
+    adds its key and value into its row, the decoder keeps rows past the length zero
+    (``clear`` and ``forget_from``); fused layers overwrite their row, so other models may
+    leave stale rows there.
     """
 
     def __init__(self, cfg: ModelConfig, capacity: int, device, dtype: str = "float32"):

@@ -44,6 +44,11 @@ class CausalLM:
     # --- passes ----------------------------------------------------------------------------
     def _ids(self, ids) -> NDArray:
         """Token ids as a (batch, seq) int32 array on the device, checked on the host."""
+        return nd.array(self.host_ids(ids), device=self.device)
+
+    def host_ids(self, ids) -> np.ndarray:
+        """Token ids as a (batch, seq) int32 numpy array, checked: ints, a sequence within
+        max_seq_len, every id in the vocabulary."""
         if isinstance(ids, Tensor):
             ids = ids.realize_cached_data()
         host = np.asarray(ids.numpy() if isinstance(ids, NDArray) else ids)
@@ -59,7 +64,7 @@ class CausalLM:
             bad = int(host.min() if host.min() < 0 else host.max())
             raise IndexOutOfRangeError(f"token id {bad} is outside the vocabulary "
                                        f"(0..{self.config.vocab_size - 1})")
-        return nd.array(host.astype(np.int32), device=self.device)
+        return host.astype(np.int32)
 
     def forward(self, ids) -> NDArray:
         """Logits (batch, seq, vocab) for token ids (batch, seq), each position seeing only

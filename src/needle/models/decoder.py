@@ -21,6 +21,7 @@ from .. import backend_ndarray as nd
 from ..backends.api import has
 from ..errors import GenerationError
 from .cache import DecodeState, KVCache
+from .prefill_graphs import PrefillGraphs
 
 
 class Decoder:
@@ -34,12 +35,16 @@ class Decoder:
         self._capture = backend.capture if has(backend, "graphs") else None
         if os.environ.get("NEEDLE_DECODE_GRAPH", "1") == "0":
             self._capture = None
+        self.prefills = PrefillGraphs(model, self.cache, self._capture)
         self._recorded: dict[str, tuple] = {}  # kind of step -> (graph, its logits)
         self._eager: dict[str, int] = {}  # kind of step -> steps run eagerly so far
         self._on_device = None  # (token, position) the state buffers already hold
         self._sampling = None  # (params, seeds, seen) device buffers of the sampled step
         self.last_logits = None
         self._written = 0  # rows of the cache that may be nonzero: [0, _written)
+        # rows past the length must be zero where a layer's composed attention adds into
+        # them (KVCache); fused layers never read past a step's own position
+        self._zero_past_length = not all(model.transformer.fused)
         self.length = 0
 
     @property
@@ -53,10 +58,11 @@ class Decoder:
         self._written = max(self._written, value)
 
     def _forget_from(self, length: int) -> None:
-        """Zero the cache's rows from ``length`` on (those that were written) and make
-        ``length`` the sequence's length: rows past the length stay zero."""
-        self.cache.forget_from(length, self._written)
-        self._written = length
+        """Make ``length`` the sequence's length; where rows past the length must stay
+        zero, zero those written from ``length`` on."""
+        if self._zero_past_length:
+            self.cache.forget_from(length, self._written)
+            self._written = length
         self.length = length
 
     @property
@@ -70,12 +76,22 @@ class Decoder:
         return self._recorded.get("greedy")
 
     def prefill(self, ids) -> object:
-        """Start a new sequence with the prompt ``ids``; the next-token logits (1, vocab)."""
-        n = len(ids)
-        if self._written > n:  # rows an earlier, longer sequence left (prefill writes 0..n-1)
+        """Start a new sequence with the prompt ``ids``; the next-token logits (1, vocab).
+
+        Where the backend records work, the prompt is padded to its length's bucket and
+        that bucket's recorded prefill replays (``prefill_graphs.py``); the logits are the
+        same."""
+        host = self.model.host_ids([list(ids)])[0]  # checked before anything is written
+        n = len(host)
+        if self._written > n:  # rows an earlier, longer sequence left
             self._forget_from(n)
-        self._written = max(self._written, n)  # (also if the prefill fails halfway)
-        logits = self.model.prefill([list(ids)], self.cache)
+        # the rows this prefill writes (also if it fails halfway): 0..n-1, or its padded
+        # bucket's (only models whose layers are all fused capture prefills)
+        self._written = max(self._written, self.prefills.rows(n))
+        if self.prefills.applies(n):
+            logits = self.prefills.run(host)
+        else:
+            logits = self.model.prefill(host[None], self.cache)
         self.length = n
         self._on_device = None
         return logits
@@ -201,7 +217,7 @@ class Decoder:
             if ahead:  # steps queued beyond the tokens taken: undo them
                 for read in ahead:
                     read()
-                self._forget_from(self.length - len(ahead))  # rows past it stay zero
+                self._forget_from(self.length - len(ahead))
                 self._on_device = None
                 self.last_logits = None
 

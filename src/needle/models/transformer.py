@@ -52,10 +52,13 @@ class Transformer:
 
     # --- a prompt ------------------------------------------------------------------------
     def forward(self, ids: NDArray, cache: KVCache | None = None,
-                last_only: bool = False) -> NDArray:
+                last_only: bool = False, last_row: NDArray | None = None) -> NDArray:
         """Logits (batch, seq, vocab) for token ids (batch, seq) from position 0, each
         position seeing those before it; with ``cache`` the keys and values are stored, and
-        with ``last_only`` only the last position's logits (batch, vocab) are made."""
+        with ``last_only`` only the last position's logits (batch, vocab) are made.
+        ``last_row`` (one sequence; an int32 (1,) device array) picks the position whose
+        logits (1, vocab) are made instead of the last: a captured prefill of a padded
+        prompt reads it from the device (``prefill_graphs.py``)."""
         cfg, w = self.cfg, self.weights
         x = self._embed(ids)
         delta = None  # the previous block's output, added to x by the next norm
@@ -68,7 +71,10 @@ class Transformer:
             delta = layer.down(self._gate_up(layer, h))
             if layer.post_mlp_norm is not None:
                 delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
-        if last_only:  # the last position's sum and norm only
+        if last_row is not None:  # that position's sum and norm only
+            x = _row(x, last_row)
+            delta = None if delta is None else _row(delta, last_row)
+        elif last_only:  # the last position's sum and norm only
             last = x.shape[1] - 1
             x = x[:, last, :].compact()
             delta = None if delta is None else delta[:, last, :]
@@ -241,6 +247,12 @@ def _add_norm(x: NDArray, delta: NDArray | None, weight: NDArray,
     if delta is None:
         return x, x.rmsnorm(weight, cfg.rms_norm_eps)
     return nd.add_rmsnorm(x, delta, weight, cfg.rms_norm_eps, inplace=True)
+
+
+def _row(x: NDArray, index: NDArray) -> NDArray:
+    """Row ``index`` (an int32 (1,) device array) of one sequence's x (1, seq, hidden), as
+    (1, hidden): a gather, so the row is chosen on the device."""
+    return x.compact().reshape(x.shape[1:]).take(index)
 
 
 def _gelu_tanh(x: NDArray) -> NDArray:
