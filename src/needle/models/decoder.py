@@ -5,7 +5,8 @@ Metal command buffer), the first decode step runs eagerly (compiling kernels, wa
 memory pool), the second is captured, and every later token is: write the token and its
 position into two small device buffers, replay, read the logits. The host does a few
 microseconds of work per token instead of hundreds of Python-level launches. Where capture
-is unavailable, or fails, every step runs eagerly; the results are the same.
+is unavailable, or fails, every step runs eagerly; the results are the same. Prefills are
+captured too, one graph per prompt-length bucket (``prefill_graphs.py``).
 """
 
 from __future__ import annotations
