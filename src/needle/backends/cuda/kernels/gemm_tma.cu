@@ -31,9 +31,302 @@
 // Shared memory (dynamic, base rounded up to 1024 bytes): STAGES x [A 16 KiB | B W/8 KiB],
 // then full[STAGES] and empty[STAGES] (8 bytes each): 197,696 bytes with 4 stages of W = 256
 // (6 of 128 and 8 of 64: 32 and 64 bytes more barriers).
-#include "gemm_tma.cuh"
+#include "common.cuh"
+#include "tensor_core.cuh"
+
+#ifndef GEMM_TMA_STAGES
+#define GEMM_TMA_STAGES 4
+#endif
+#ifndef GEMM_TMA_GROUP_M  // tiles walk M first in groups of this many tile rows (L2 reuse)
+#define GEMM_TMA_GROUP_M 8
+#endif
+
+// The host's params struct (gpu.py _MATMUL), laid out as matmul.cu's MatmulParams.
+struct GemmParams { i64 m, n, p, batch, stride_a, stride_b, trans_a, trans_b, splits, chunk; };
+
+// A CUtensorMap: 128 opaque bytes, 64-byte aligned (NVRTC has no cuda.h).
+struct alignas(64) TmaMap { u64 words[16]; };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace tma {
+constexpr int BM = 128, BK = 64;  // BK: k per stage of a 2-byte type (128-byte rows)
+constexpr u32 A_BYTES = BM * 128;
+// k per stage: one 128-byte row (the swizzle's width) of each operand's tile
+template <class T> __device__ constexpr int k_tile() { return 128 / (int)sizeof(T); }
+constexpr u32 CONSUMER_WARPS = 8;  // arrivals that empty a stage
+// Stages of a BN-wide tile: as many as GEMM_TMA_STAGES stages of the 128 x 256 tile take
+// (4, 6 and 8 for BN = 256, 128 and 64 by default); the host sizes shared memory alike.
+template <int BN> __device__ constexpr int stages() { return GEMM_TMA_STAGES * (BM + 256) / (BM + BN); }
+
+using tc::smem_u32;
+
+// ---- mbarriers ---------------------------------------------------------------------------
+__device__ __forceinline__ void bar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// true once the phase of parity `parity` has completed
+__device__ __forceinline__ bool bar_try_wait(u32 bar, u32 parity) {
+  u32 done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void bar_wait(u32 bar, u32 parity) {
+  while (!bar_try_wait(bar, parity)) {
+  }
+}
+
+// ---- TMA ---------------------------------------------------------------------------------
+__device__ __forceinline__ void tma_load(u32 dst, const TmaMap* map, u32 bar, int k, int row,
+                                         int z) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(k), "r"(row), "r"(z), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch(const TmaMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
+}
+
+// ---- wgmma: wg::Mma, wg::fence_acc and descriptors in tensor_core.cuh ------------------
+
+// Descriptor of an N-major B tile: BK k-rows of 4 boxes, each box 64 k-rows x 128 bytes
+// (64 columns) with the 128-byte swizzle; 8 k-rows (1 KiB) per swizzle atom. Stepping k by
+// 16 rows adds 2 KiB to the start address (a multiple of the 1 KiB atom: base offset 0).
+__device__ __forceinline__ u64 desc_mn(u32 smem_addr) {
+  u64 d = (u64)((smem_addr & 0x3FFFF) >> 4);
+  d |= (u64)((BK * 128) >> 4) << 16;  // leading byte offset: the next 64 columns (next box)
+  d |= (u64)(1024 >> 4) << 32;        // stride byte offset: the next 8 k-rows
+  d |= (u64)1 << 62;                  // 128-byte swizzle
+  return d;
+}
+
+// Tile (tm, tn) of linear tile id t over tiles_m x tiles_n tiles: groups of GROUP_M tile rows,
+// walked down M first within a group, so the groups running at once share B tiles in L2.
+__device__ __forceinline__ void tile_of(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int per_group = GEMM_TMA_GROUP_M * tiles_n;
+  const int first_m = (t / per_group) * GEMM_TMA_GROUP_M;
+  const int rows = min(tiles_m - first_m, GEMM_TMA_GROUP_M);
+  const int r = t % per_group;
+  tm = first_m + r % rows;
+  tn = r / rows;
+}
+
+// ---- epilogue ----------------------------------------------------------------------------
+// bar.sync among COUNT threads (ids above 0, which __syncthreads uses)
+template <int ID, int COUNT> __device__ __forceinline__ void named_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory");
+}
+// The output tile in shared memory: 128 rows of BN values, each row padded by 16 bytes so
+// that a fragment store's 8 rows fall in different banks.
+template <class T, int BN> __device__ constexpr u32 tile_pitch() {
+  return BN * (u32)sizeof(T) + 16;
+}
+
+// two adjacent outputs (an even column: 4- or 8-byte aligned), into shared memory
+template <class T> __device__ __forceinline__ void st_pair(u32 at, float lo, float hi) {
+  const u32 v = store<T>(lo).bits | (store<T>(hi).bits << 16);
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
+}
+template <> __device__ __forceinline__ void st_pair<float>(u32 at, float lo, float hi) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(lo), "f"(hi) : "memory");
+}
+
+// 16 bytes of the staged tile
+__device__ __forceinline__ uint4 ld_shared16(u32 at) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at));
+  return v;
+}
+// one value of the staged tile
+template <class T> __device__ __forceinline__ T ld_value(u32 at) {
+  T v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v.bits) : "r"(at));
+  return v;
+}
+template <> __device__ __forceinline__ float ld_value<float>(u32 at) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(at));
+  return v;
+}
+
+// accumulator layout: warp w of a warpgroup holds rows 16w..16w+15 of its 64; per n8 chunk
+// i, lane l holds (row l/4, cols 8i + 2(l%4), +1) in acc[4i], acc[4i+1] and row + 8 in
+// acc[4i+2], acc[4i+3]. `row` and `col` are lane l's first (tile-relative).
+template <class T, int BN>
+__device__ __forceinline__ void stage_tile(const float (&acc)[BN / 2], u32 tile, int row,
+                                           int col) {
+  constexpr u32 PITCH = tile_pitch<T, BN>();
+#pragma unroll
+  for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      st_pair<T>(tile + (row + 8 * h) * PITCH + (i * 8 + col) * (u32)sizeof(T),
+                 acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+}
+
+// Rows [first, first + 64) of the staged tile to C (m x n row-major) at (m0 + row, n0 + col):
+// the warpgroup's 128 threads take consecutive 16-byte pieces of a row (coalesced), or,
+// where n leaves rows unaligned to 16 bytes, consecutive elements.
+template <class T, int BN>
+__device__ __forceinline__ void store_rows(T* __restrict__ C, u32 tile, int first, int m0,
+                                           int n0, i64 M, i64 N, int t) {
+  constexpr u32 PITCH = tile_pitch<T, BN>(), SIZE = sizeof(T);
+  constexpr int PER = 16 / SIZE, PIECES = BN / PER;  // values a piece, pieces a row
+  if (N % PER == 0) {
+#pragma unroll 4
+    for (int c = t; c < 64 * PIECES; c += 128) {
+      const int r = first + c / PIECES, col = (c % PIECES) * PER;
+      const i64 row = (i64)m0 + r, gcol = (i64)n0 + col;
+      if (row >= M || gcol >= N) continue;  // N % PER == 0: a piece is whole or outside
+      *reinterpret_cast<uint4*>(C + row * N + gcol) = ld_shared16(tile + r * PITCH + col * SIZE);
+    }
+  } else {
+    for (int c = t; c < 64 * BN; c += 128) {
+      const int r = first + c / BN, col = c % BN;
+      const i64 row = (i64)m0 + r, gcol = (i64)n0 + col;
+      if (row < M && gcol < N) C[row * N + gcol] = ld_value<T>(tile + r * PITCH + col * SIZE);
+    }
+  }
+}
+
+// Rows [first, first + 64) of a staged GLU tile (columns [0, BN/2) gate, [BN/2, BN) up, each
+// rounded to T) to C as silu(gate) * up, 16 bytes of outputs a thread (host: n % 8 == 0)
+template <class T, int BN>
+__device__ __forceinline__ void store_glu_rows(T* __restrict__ C, u32 tile, int first, int m0,
+                                               int n0, i64 M, i64 N, int t) {
+  constexpr u32 PITCH = tile_pitch<T, BN>(), SIZE = sizeof(T);
+  constexpr int PER = 16 / SIZE, PIECES = BN / 2 / PER;
+#pragma unroll 2
+  for (int c = t; c < 64 * PIECES; c += 128) {
+    const int r = first + c / PIECES, col = (c % PIECES) * PER;
+    const i64 row = (i64)m0 + r, gcol = (i64)n0 + col;
+    if (row >= M || gcol >= N) continue;
+    const u32 at = tile + r * PITCH + col * SIZE;
+    const uint4 gv = ld_shared16(at), uv = ld_shared16(at + BN / 2 * SIZE);
+    const T* gs = reinterpret_cast<const T*>(&gv);
+    const T* us = reinterpret_cast<const T*>(&uv);
+    uint4 ov;
+    T* os = reinterpret_cast<T*>(&ov);
+#pragma unroll
+    for (int e = 0; e < PER; e++) {  // nn.cu's swiglu of the rounded products (already T)
+      const typename Acc<T>::type gate = load(gs[e]), up = load(us[e]);
+      os[e] = store<T>(gate * sigmoid(gate) * up);
+    }
+    *reinterpret_cast<uint4*>(C + row * N + gcol) = ov;
+  }
+}
+
+// GLU: B is a fused gate/up weight (2p rows: gate, then up) and C (m x p) = silu(A Gᵀ) *
+// (A Uᵀ), each product rounded to T first (the numbers of the product and then swiglu). A
+// tile's B stage holds 128 gate rows and the 128 up rows of the same outputs, so the tile
+// is the usual 128 x 256 product and its epilogue writes 128 columns.
+template <class T, int BN, bool BN_MAJOR, bool GLU = false>
+__device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, const TmaMap* map_a,
+                                    const TmaMap* map_b, unsigned char* smem) {
+  constexpr int STAGES = stages<BN>(), KS = k_tile<T>(), OUT_W = GLU ? BN / 2 : BN;
+  constexpr u32 B_BYTES = BN * 128, STAGE_BYTES = A_BYTES + B_BYTES;
+  const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
+  const u32 full0 = base + STAGES * STAGE_BYTES, empty0 = full0 + STAGES * 8;
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int tiles_m = (int)((p.m + BM - 1) / BM), tiles_n = (int)((p.p + OUT_W - 1) / OUT_W);
+  int tm, tn;
+  tile_of((int)blockIdx.x, tiles_m, tiles_n, tm, tn);
+  const int m0 = tm * BM, n0 = tn * OUT_W, z = (int)blockIdx.z;
+  const int KT = (int)((p.n + KS - 1) / KS);
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; s++) {
+      bar_init(full0 + 8 * s, 1);  // the producer's arrive.expect_tx (+ the TMA bytes)
+      bar_init(empty0 + 8 * s, CONSUMER_WARPS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------------ producer ------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid == 0) {
+      tma_prefetch(map_a);
+      tma_prefetch(map_b);
+      for (int kt = 0; kt < KT; kt++) {
+        const int s = kt % STAGES;
+        const u32 parity = (u32)(kt / STAGES) & 1u;
+        bar_wait(empty0 + 8 * s, parity ^ 1u);
+        const u32 full = full0 + 8 * s, sa = base + s * STAGE_BYTES;
+        bar_expect_tx(full, STAGE_BYTES);  // a box counts whole, zero-filled parts included
+        tma_load(sa, map_a, full, kt * KS, m0, z);
+        if (BN_MAJOR) {  // B (n x p): BN / 64 boxes of 64 columns x 64 k-rows
+#pragma unroll
+          for (int j = 0; j < BN / 64; j++)
+            tma_load(sa + A_BYTES + j * (BK * 128), map_b, full, n0 + 64 * j, kt * KS, z);
+        } else if (GLU) {  // boxes of BN / 2 rows: the gate rows, then the same outputs' up rows
+          tma_load(sa + A_BYTES, map_b, full, kt * KS, n0, z);
+          tma_load(sa + A_BYTES + OUT_W * 128, map_b, full, kt * KS, (int)p.p + n0, z);
+        } else {
+          tma_load(sa + A_BYTES, map_b, full, kt * KS, n0, z);
+        }
+      }
+    }
+  } else {
+    // ------------------------------------------------------------------ consumers -----
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int g = wg - 1, lane = tid % 32, w = (tid % 128) / 32;
+    float acc[BN / 2];
+#pragma unroll
+    for (int q = 0; q < BN / 2; q++) acc[q] = 0.f;
+
+    for (int kt = 0; kt < KT; kt++) {
+      const int s = kt % STAGES;
+      bar_wait(full0 + 8 * s, (u32)(kt / STAGES) & 1u);
+      const u32 sa = base + s * STAGE_BYTES + g * 64 * 128, sb = base + s * STAGE_BYTES + A_BYTES;
+      wg::fence_acc(acc);
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++)  // 32 bytes of k each (k16 of 2-byte types, k8 of TF32)
+        wg::Mma<T, BN, BN_MAJOR>::run(acc, wg::desc(sa + kk * 32),
+                                      BN_MAJOR ? desc_mn(sb + kk * 16 * 128)
+                                               : wg::desc(sb + kk * 32));
+      wg::commit();
+      wg::wait<1>();  // the previous k-tile's batch has completed: its stage may be refilled
+      wg::fence_acc(acc);
+      if (kt > 0 && lane == 0) bar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
+    }
+    wg::wait<0>();
+    wg::fence_acc(acc);
+
+    // The tile goes out through shared memory: the accumulators' fragments hold 8-byte
+    // (or, for float, 16-byte) pieces of 8 rows per store, half a 32-byte sector each, so
+    // written straight to global memory they cost twice the store transactions of whole
+    // rows. The stages are free once both consumer warpgroups' wgmmas have completed.
+    named_sync<1, 256>();
+    stage_tile<T, BN>(acc, base, g * 64 + w * 16 + lane / 4, (lane % 4) * 2);
+    if (g == 0) {  // this warpgroup's 64 rows are in shared memory
+      named_sync<2, 128>();
+    } else {
+      named_sync<3, 128>();
+    }
+    if (GLU) {
+      store_glu_rows<T, BN>(C + (i64)z * p.m * p.p, base, g * 64, m0, n0, p.m, p.p, tid % 128);
+    } else {
+      store_rows<T, BN>(C + (i64)z * p.m * p.p, base, g * 64, m0, n0, p.m, p.p, tid % 128);
+    }
+  }
+}
+}  // namespace tma
 #define GEMM_TMA_BODY(T, BN, BN_MAJOR, GLU)                                                    \
   extern __shared__ __align__(1024) unsigned char smem[];                                      \
   tma::run<T, BN, BN_MAJOR, GLU>(out, p, &map_a, &map_b, smem);
