@@ -205,21 +205,25 @@ def _fused(x, ws, total):
 
 
 def kernel_table(device, copy: float, quick: bool) -> None:
-    """Matrix-vector (decode) and 512-row (prefill) products of each layer shape: bf16 against
-    each quantized format; GB/s counts the bytes of the weights as stored (packed). "fused
-    us": the same product as the decode step runs it, ``matvec_add`` (into a residual)."""
+    """Matrix-vector (decode), 8-row (a batched decode step) and 512-row (prefill) products of
+    each layer shape: bf16 against each quantized format; GB/s counts the bytes of the
+    weights as stored (packed). "fused us": the same product as the decode step runs it,
+    ``matvec_add`` (into a residual)."""
     from needle import backend_ndarray as nd
 
     shapes = [(64, 256), (256, 64)] if quick else LAYER_SHAPES
     rng = np.random.default_rng(0)
     print(f"\n{'shape (n, k)':<14} {'format':<27} {'matvec us':>9} {'GB/s':>6} {'% copy':>7} "
-          f"{'x bf16':>7} {'fused us':>8} {'GB/s':>6} {'512-row us':>10} {'/ bf16':>7}")
+          f"{'x bf16':>7} {'fused us':>8} {'GB/s':>6} {'8-row us':>8} {'/ bf16':>7} "
+          f"{'512-row us':>10} {'/ bf16':>7}")
     for n, k in shapes:
         xv = nd.array(rng.standard_normal((1, k)).astype(np.float32), device=device,
                       dtype="bfloat16")
         xm = nd.array(rng.standard_normal((512, k)).astype(np.float32), device=device,
                       dtype="bfloat16")
-        base = base_mm = None
+        x8 = nd.array(rng.standard_normal((8, k)).astype(np.float32), device=device,
+                      dtype="bfloat16")  # a batched decode step of 8 sequences
+        base = base_mm = base_8 = None
         for name, fmt in VARIANTS.items():
             if fmt is None:
                 nbytes = n * k * 2
@@ -237,12 +241,14 @@ def kernel_table(device, copy: float, quick: bool) -> None:
             total = nd.array(np.zeros((1, n), np.float32), device=device, dtype="bfloat16")
             t_fused = _timed(device, _fused(xv, dense, total), reps=reps)
             t_mm = _timed(device, _product(xm, w[:1]), reps=5, rounds=3)
+            t_8 = _timed(device, _product(x8, w), reps=reps)
             base = base or t
             base_mm = base_mm or t_mm
+            base_8 = base_8 or t_8
             print(f"{f'({n}, {k})':<14} {name:<27} {t * 1e6:9.1f} {nbytes / t / 1e9:6.0f} "
                   f"{100 * nbytes / t / copy:6.0f}% {base / t:7.2f} {t_fused * 1e6:8.1f} "
-                  f"{nbytes / t_fused / 1e9:6.0f} {t_mm * 1e6:10.1f} "
-                  f"{t_mm / base_mm:7.2f}", flush=True)
+                  f"{nbytes / t_fused / 1e9:6.0f} {t_8 * 1e6:8.1f} {t_8 / base_8:7.2f} "
+                  f"{t_mm * 1e6:10.1f} {t_mm / base_mm:7.2f}", flush=True)
 
 
 def main(argv=None) -> None:

@@ -31,8 +31,8 @@ FAMILIES = sorted(p.stem for p in compiler.KERNEL_DIR.glob("*.cu"))
 
 def test_the_kernel_families_exist():
     assert FAMILIES == ["decode", "decode_tc", "elementwise", "gemm_tma", "layout", "matmul",
-                        "nn", "optim", "paged", "quant", "quant_decode", "reduce", "sampling",
-                        "skinny"]
+                        "nn", "optim", "paged", "quant", "quant_decode", "quant_skinny", "reduce",
+                        "sampling", "skinny"]
 
 
 @needs_nvrtc

@@ -31,6 +31,7 @@ from ..gpu.array import (
 from ..gpu.paged import PAGED_FLASH
 from ..precision import tf32_allowed
 from .quant_decode import QuantDecodeOps
+from .quant_skinny import QuantSkinnyOps
 from .tensor_map import matrix_map
 from .tuning import TMA_WIDTHS, CudaTuning, tma_stages, tma_width
 
@@ -55,7 +56,7 @@ def _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb, glu=False) -> tup
             n, p, batch, stride_a, stride_b, tb, glu)
 
 
-class CudaBackend(QuantDecodeOps, GpuBackend):
+class CudaBackend(QuantSkinnyOps, QuantDecodeOps, GpuBackend):
     qmv_staged_x = True  # quant.cu's qmv stages x in shared memory (gpu/quant.py)
 
     def __init__(self, device, tuning: CudaTuning | None = None):

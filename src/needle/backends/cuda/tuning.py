@@ -14,6 +14,9 @@ Environment overrides (docs/cuda.md lists them):
 - ``NEEDLE_DECODE_ATTENTION=flash|split``: one token's attention by the scalar
   flash-decoding kernel (decode.cu) or nn.cu's split kernel instead of the tensor-core one
   (decode_tc.cu); ``NEEDLE_DECODE_SPLITS=N``: most ranges per KV head (default 32).
+- ``NEEDLE_QUANT_SKINNY=0``: products of 2..16 rows with int4 weights per row (quant.cu's
+  qmv) or dequantized first, instead of one pass over the weights on tensor cores
+  (quant_skinny.cu, sm_80+).
 - ``NEEDLE_SKINNY_TC=N``: products X @ W^T of 2..N rows (default 128; 0: none) take the
   skinny tensor-core kernel (skinny.cu) instead of the tiled GEMMs.
 - ``NEEDLE_CUDA_OPTIONS``: extra NVRTC options; its ``-DTC_STAGES=``, ``-DWG_STAGES=`` and
@@ -73,6 +76,7 @@ class CudaTuning(GpuTuning):
     wg_stages: int = 4
     tma_stages: int = 4
     tma_tile: int | None = None  # the TMA GEMM's N tile; None: tma_width's choice
+    quant_skinny: bool = False  # 2..16 rows times int4 weights on tensor cores: sm_80+
     fused_matvec: bool = False  # the decode step's norm/SwiGLU/residual fused into its gemvs
     # (off by default: on the H100 the fused kernels are still slower than gemv + add_rmsnorm,
     # docs/cuda_notes.md v9)
@@ -101,6 +105,7 @@ class CudaTuning(GpuTuning):
                    wg_stages=_stages(options, "WG_STAGES", 4),
                    tma_stages=_stages(options, "GEMM_TMA_STAGES", 4),
                    tma_tile=_tma_tile(env.get("NEEDLE_TMA_TILE")),
+                   quant_skinny=capability >= 80 and env.get("NEEDLE_QUANT_SKINNY", "1") != "0",
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "0") == "1",
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
                    paged_flash=env.get("NEEDLE_PAGED_ATTENTION", "flash") == "flash",

@@ -4,10 +4,11 @@
 Up to ``QMV_MAX_M`` rows of x (decoding, small batches) the packed matrix is read once per row
 by ``qmv{bits}_*``, which dequantizes in registers; larger products (prefill) dequantize W
 into a workspace of x's dtype and run the dtype's GEMM, whose cost the dequantization
-(reading the packed bytes, writing 2 bytes per weight) adds little to. The decode step's
-fused projections with packed weights (``quant_rmsnorm_matvec``, ``quant_matvec_add``) are
-composed of the kernels above; a device replaces a call with one fused kernel through
-``_quant_matvec_special`` (CUDA: ``cuda/quant_decode.py``).
+(reading the packed bytes, writing 2 bytes per weight) adds little to. A device may take a
+few rows in one pass over W instead (``_quant_skinny_special``: a batched decode step).
+The decode step's fused projections with packed weights (``quant_rmsnorm_matvec``,
+``quant_matvec_add``) are composed of the kernels above; a device replaces a call with one
+fused kernel through ``_quant_matvec_special`` (CUDA: ``cuda/quant_decode.py``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class QuantOps(GpuBase):
             return
         params, extra, shared = self._quant_params(qweight, scales, offsets, m, n, k, bits,
                                                    group_size, "quant_matmul", x)
+        if m > 1 and self._quant_skinny_special(x, qweight, scales, offsets, out, m, n, k,
+                                                bits, group_size):
+            return
         if m > QMV_MAX_M:
             w = self._new_array(n * k, x.dtype)
             self.dequantize(qweight, scales, offsets, w, n, k, bits, group_size)
@@ -117,6 +121,13 @@ class QuantOps(GpuBase):
         y = self._new_array(rows * p, a.dtype)
         self.quant_matmul(a, qweight, scales, offsets, y, rows, p, dim, bits, group_size)
         self.ewise_add(total, y, total)
+
+    def _quant_skinny_special(self, x: GpuArray, qweight: GpuArray, scales: GpuArray,
+                              offsets: GpuArray | None, out: GpuArray, m: int, n: int, k: int,
+                              bits: int, group_size: int) -> bool:
+        """A few rows (a batched decode step) in one pass over the packed matrix, where a
+        device has such a kernel (CUDA: ``cuda/quant_skinny.py``); False: the forms above."""
+        return False
 
     def _quant_matvec_special(self, kind: str, x: GpuArray, w: GpuArray | None,
                               qweight: GpuArray, scales: GpuArray, offsets: GpuArray | None,

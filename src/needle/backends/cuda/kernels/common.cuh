@@ -215,6 +215,12 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+               : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
 template <class T, int V>
 __device__ __forceinline__ Vec<T, V> ld_stream(const Vec<T, V>* p) {
   static_assert(sizeof(Vec<T, V>) == 16, "16-byte vectors");
