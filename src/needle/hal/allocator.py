@@ -76,14 +76,14 @@ class Pool:
         blocks = self.free.get(capacity)
         return blocks.pop() if blocks else None
 
-    @_locked
     def give_back(self, handle, capacity: int) -> None:
-        alloc = self.allocator
-        alloc._in_use -= capacity
-        if self.closed:
-            alloc._release_block(handle, capacity)
-        else:
-            self.free.setdefault(capacity, []).append(handle)
+        with self.lock:  # inline, not @_locked: every freed array comes here
+            alloc = self.allocator
+            alloc._in_use -= capacity
+            if self.closed:
+                alloc._release_block(handle, capacity)
+            else:
+                self.free.setdefault(capacity, []).append(handle)
 
     @_locked
     def empty(self) -> None:
@@ -128,23 +128,23 @@ class Allocator:
         raise NotImplementedError
 
     # --- the pool ------------------------------------------------------------------------
-    @_locked
     def allocate(self, nbytes: int) -> Buffer:
         """A buffer of at least ``nbytes`` bytes, from the pool when a block is cached."""
         start = time.perf_counter() if trace.enabled else 0.0
         capacity = size_class(nbytes)
-        pool = self._pool
-        blocks = pool.free.get(capacity)  # pool.take, inline: the hot path of every op
-        handle = blocks.pop() if blocks else None
-        hit = handle is not None
-        if hit:
-            self._hits += 1
-        else:
-            self._misses += 1
-            handle = self._reserve(capacity, nbytes)
-        self._in_use += capacity
-        if self._in_use > self._peak:
-            self._peak = self._in_use
+        with self.lock:  # inline, not @_locked: the hot path of every op
+            pool = self._pool
+            blocks = pool.free.get(capacity)  # pool.take, inline
+            handle = blocks.pop() if blocks else None
+            hit = handle is not None
+            if hit:
+                self._hits += 1
+            else:
+                self._misses += 1
+                handle = self._reserve(capacity, nbytes)
+            self._in_use += capacity
+            if self._in_use > self._peak:
+                self._peak = self._in_use
         if trace.enabled:
             trace.emit("alloc", f"{trace.nbytes_str(nbytes)} on {self.device_name} "
                        f"({'pool hit' if hit else 'new block'}, pool {pool.name})",

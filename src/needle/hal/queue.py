@@ -57,19 +57,24 @@ class Queue:
         self.lock = threading.RLock()
 
     # --- launches --------------------------------------------------------------------------
-    @locked
     def dispatch(self, kernel: Kernel, groups: tuple[int, int, int],
                  threads: tuple[int, int, int], buffers: Sequence[Buffer],
                  params: bytes = b"", shared_bytes: int = 0, raw_args=()) -> None:
         """Enqueue one kernel launch (recorded instead, while capturing). ``raw_args``:
         by-value arguments after the params struct, where the backend supports them."""
-        command = self._prepare_dispatch(kernel, groups, threads, buffers, params,
-                                         shared_bytes, raw_args)
-        if command is None:
-            return
-        if self.capturing is None and self.profiler is None and not trace.enabled:
-            self._submit(command)  # the hot path: one check, one call
-        elif self.capturing is not None:
+        with self.lock:  # inline, not @locked: every launch comes here
+            command = self._prepare_dispatch(kernel, groups, threads, buffers, params,
+                                             shared_bytes, raw_args)
+            if command is None:
+                return
+            if self.capturing is None and self.profiler is None and not trace.enabled:
+                self._submit(command)  # the hot path: one check, one call
+            else:
+                self._dispatch_slow(kernel, groups, threads, shared_bytes, buffers, command)
+
+    def _dispatch_slow(self, kernel, groups, threads, shared_bytes, buffers, command) -> None:
+        """A launch while capturing, tracing or profiling."""
+        if self.capturing is not None:
             self._record_dispatch(command, buffers)
         elif trace.enabled:
             with trace.Span("dispatch", f"{kernel.name} groups={tuple(groups)} "
