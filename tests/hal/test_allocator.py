@@ -90,6 +90,22 @@ def test_private_pool_keeps_its_blocks_until_closed():
     assert late.nbytes == 2 * MIB
 
 
+def test_a_private_pools_free_blocks_survive_empty_cache_and_oom():
+    """A capture's freed blocks are its graph's working memory (a later kernel of the graph
+    reuses them): emptying the cache, or the out-of-memory retry, must not free them."""
+    alloc = HostAllocator(4 * MIB)
+    with alloc.private_pool("graph") as pool:
+        alloc.allocate(2 * MIB).release()  # freed inside the capture: kept by the pool
+    assert alloc.stats().reserved == 2 * MIB
+    alloc.empty_cache()
+    assert alloc.stats().reserved == 2 * MIB and alloc.raw_frees == 0
+    with pytest.raises(OutOfMemoryError):
+        alloc.allocate(3 * MIB)  # the retry empties the shared pool only
+    assert pool.free and alloc.raw_frees == 0
+    pool.close()
+    assert alloc.stats().reserved == 0 and alloc.raw_frees == 1
+
+
 def test_views_share_memory_and_never_free():
     alloc = HostAllocator(64 * MIB)
     base = alloc.allocate(4096)

@@ -11,7 +11,9 @@ On out-of-memory the allocator empties every pool, retries once, and then raises
 
 A graph capture (``Queue.capture``) allocates from a *private* pool: blocks it frees during
 capture are reused only inside the capture (replays repeat the same order), and blocks it
-still holds stay out of the shared pool until the graph is dropped.
+still holds stay out of the shared pool until the graph is dropped. A private pool's free
+blocks are the graph's working memory, so ``empty_cache`` (and the out-of-memory retry)
+leave them alone; closing the pool returns them.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class Pool:
         self.name = name
         self.free: dict[int, list] = {}
         self.closed = False
+        self.private = False  # a capture's pool (private_pool): emptied only by close()
 
     @_locked
     def take(self, capacity: int):
@@ -173,9 +176,11 @@ class Allocator:
 
     @_locked
     def empty_cache(self) -> None:
-        """Return every cached (unused) block to the device."""
+        """Return every cached (unused) block of the shared pool to the device (a private
+        pool's free blocks are its graph's memory: they go when the pool closes)."""
         for pool in list(self._pools):
-            pool.empty()
+            if not pool.private:
+                pool.empty()
 
     @contextmanager
     def private_pool(self, name: str):
@@ -184,6 +189,7 @@ class Allocator:
         The caller owns the pool and closes it when its user (a captured graph) is gone.
         """
         pool = Pool(self, name)
+        pool.private = True
         self._pools.append(pool)
         previous, self._pool = self._pool, pool
         try:

@@ -31,7 +31,7 @@ import struct
 import numpy as np
 
 from ...errors import DeviceError, KernelLaunchError
-from ...hal import CommandBuffer, Event, Queue
+from ...hal import Buffer, CommandBuffer, Event, Queue
 from ...hal.queue import locked
 from .driver import check, cu, error_text
 
@@ -165,8 +165,23 @@ class CudaQueue(Queue):
 
     def _record_dispatch(self, command, buffers) -> None:
         self._submit(command)  # the stream is capturing: the launch is recorded
-        self.capturing.buffers.extend(buffers)
+        self._keep(buffers)
         self.capturing.kernels += 1
+
+    def _keep(self, buffers) -> None:
+        """Keep alive what the graph touches from outside its private pool (weights, caches,
+        inputs): freed, their blocks could go to other work while the graph still runs.
+        Blocks of the graph's own pool stay reserved for it until it closes, so a buffer of
+        the pool freed inside the capture may serve a later allocation of the same capture,
+        as eager work reuses memory in stream order: the graph holds its working set, not
+        every intermediate it ever made (a 2,048-token prefill held 2 GiB)."""
+        recording = self.capturing
+        for b in buffers:
+            root = b
+            while isinstance(root.owner, Buffer):  # a view: its memory is its root's
+                root = root.owner
+            if root.pool is None or root.pool is not recording.pool:
+                recording.buffers.append(b)
 
     def _place_raw(self, kernel, fixed: int, raw_args) -> int:
         """Copy ``raw_args`` into the raw block (64-byte aligned each) and return the address
@@ -273,7 +288,7 @@ class CudaQueue(Queue):
 
     def _record_copy(self, src, src_offset: int, dst, dst_offset: int, nbytes: int) -> None:
         self._device_copy(src, src_offset, dst, dst_offset, nbytes)  # captured by the stream
-        self.capturing.buffers.extend((src, dst))
+        self._keep((src, dst))
 
     # --- waiting -------------------------------------------------------------------------
     def _wait_all(self) -> None:
