@@ -28,6 +28,17 @@ def test_buckets_pad_under_an_eighth():
         assert rows - n < max(MIN_BUCKET, n / 8)
 
 
+def test_a_bad_graph_count_is_a_clear_error(monkeypatch):
+    from needle.errors import ArgumentError
+    from needle.models.prefill_graphs import _limit_from_env
+
+    monkeypatch.setenv("NEEDLE_PREFILL_GRAPHS", "many")
+    with pytest.raises(ArgumentError, match="NEEDLE_PREFILL_GRAPHS must be a whole number"):
+        _limit_from_env()
+    monkeypatch.setenv("NEEDLE_PREFILL_GRAPHS", "2")
+    assert _limit_from_env() == 2
+
+
 def _models(checkpoints, device, monkeypatch, name="llama", max_seq_len=128):
     """(the model, a decoder that prefills eagerly); the model's own decoder captures."""
     directory, _ = checkpoints(name)

@@ -33,10 +33,19 @@ import numpy as np
 
 from .. import backend_ndarray as nd
 from ..backend_ndarray import NDArray
+from ..errors import ArgumentError
 
 MIN_BUCKET = 64
 MAX_TOKENS = 4096  # longer prompts are GPU-bound: a graph would save nothing worth its memory
 DEFAULT_LIMIT = 4
+
+
+def _limit_from_env() -> int:
+    value = os.environ.get("NEEDLE_PREFILL_GRAPHS", str(DEFAULT_LIMIT))
+    if not value.strip().isdigit():
+        raise ArgumentError(f"NEEDLE_PREFILL_GRAPHS must be a whole number of graphs to keep "
+                            f"(0 turns captured prefills off), got {value!r}")
+    return int(value)
 
 
 def bucket_of(n: int, capacity: int) -> int:
@@ -72,9 +81,7 @@ class PrefillGraphs:
         # a layer on the composed attention path uploads its mask from the host (not
         # recordable) and needs the cache zero past the length: such models run eagerly
         self._capture = capture if all(model.transformer.fused) else None
-        if limit is None:
-            limit = int(os.environ.get("NEEDLE_PREFILL_GRAPHS", DEFAULT_LIMIT))
-        self.limit = limit
+        self.limit = _limit_from_env() if limit is None else limit
         self._buckets: OrderedDict[int, _Bucket] = OrderedDict()  # least recently used first
 
     def applies(self, n: int) -> bool:

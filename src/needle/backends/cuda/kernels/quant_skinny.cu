@@ -26,24 +26,19 @@ namespace qsk {
 constexpr int WARPS = 4, ROWS = 8, U = 8;  // U: 64-k blocks a lane loads a round
 
 template <class T> struct Nibbles;
-template <> struct Nibbles<bf16_t> {
-  static constexpr u32 OR = 0x43004300u, ONE = 0x3F803F80u;
-  static constexpr u32 BIAS_SYM = 0xC308C308u, BIAS_OFF = 0xC300C300u;  // -136, -128
-  __device__ static u32 fma2(u32 a, u32 b, u32 c) {
-    u32 d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-  }
-};
-template <> struct Nibbles<half_t> {
-  static constexpr u32 OR = 0x64006400u, ONE = 0x3C003C00u;
-  static constexpr u32 BIAS_SYM = 0xE408E408u, BIAS_OFF = 0xE400E400u;  // -1032, -1024
-  __device__ static u32 fma2(u32 a, u32 b, u32 c) {
-    u32 d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-  }
-};
+// OR: the magic's bits (128 or 1024 in both halves); ONE; the packed biases -(M + 8), -M;
+// the packed FMA of T
+#define QSK_NIBBLES(T, OR_, ONE_, SYM_, OFF_, FMA)                                              \
+  template <> struct Nibbles<T> {                                                              \
+    static constexpr u32 OR = OR_, ONE = ONE_, BIAS_SYM = SYM_, BIAS_OFF = OFF_;               \
+    __device__ static u32 fma2(u32 a, u32 b, u32 c) {                                          \
+      u32 d;                                                                                   \
+      asm(FMA " %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));                          \
+      return d;                                                                                \
+    }                                                                                          \
+  };
+QSK_NIBBLES(bf16_t, 0x43004300u, 0x3F803F80u, 0xC308C308u, 0xC300C300u, "fma.rn.bf16x2")
+QSK_NIBBLES(half_t, 0x64006400u, 0x3C003C00u, 0xE408E408u, 0xE400E400u, "fma.rn.f16x2")
 // nibbles e and e + 4 of w as two T values, minus the bias (8, or 0 with offsets)
 template <class T, int E> __device__ __forceinline__ u32 nibble_pair(u32 w, u32 bias) {
   typedef Nibbles<T> N;
