@@ -244,3 +244,47 @@ def test_other_threads_work_is_not_recorded():
     # the side thread ran with the three calls that ran the body, never in a replay
     np.testing.assert_array_equal(other.numpy(), np.full(4, -3.0, np.float32))
     assert other_opt.step_count == 3
+
+
+def test_every_backend_function_is_known_to_the_recorder():
+    """A backend function the recorder does not know is forwarded as is: in a deferred
+    (fused) recording it would run once, while recording, and never at replay. Every public
+    function of every backend is work, a host read or a service (recording.py's lists)."""
+    import inspect
+
+    import needle.backend_ndarray as nd
+    from needle import recording
+    from needle.backends.cuda.backend import CudaBackend
+    from needle.backends.metal.backend import MetalBackend
+
+    known = (recording._WORK | set(recording._HOST_READS) | recording.SERVICES
+             | {"Array", "from_numpy"})
+    for backend in (CudaBackend, MetalBackend, nd.cpu().backend, nd.cpu_numpy().backend):
+        names = {n for n, v in inspect.getmembers(backend)
+                 if not n.startswith("_") and callable(v) and not inspect.isclass(v)
+                 and not inspect.ismodule(v)
+                 and (not inspect.ismodule(backend)
+                      or getattr(v, "__module__", "").startswith("needle"))}
+        assert names <= known, (getattr(backend, "__name__", backend), sorted(names - known))
+
+
+def test_capability_functions_replay_with_each_calls_input(device):
+    """nd.matmul_swiglu (its own kernel where the backend declares matmul_swiglu) inside a
+    compiled step is recorded like any work: every replay computes it from that call's
+    input (a forwarded function would have kept the recording call's result)."""
+    import needle.backend_ndarray as nd
+
+    rng = np.random.default_rng(3)
+    w = nd.array(rng.standard_normal((16, 8)).astype(np.float32), device=device)
+
+    def step(x):
+        return ndl.Tensor.make_const(nd.matmul_swiglu(x.realize_cached_data(), w))
+
+    fn = ndl.compile(step, warn=False)
+    for _ in range(5):
+        x = rng.standard_normal((4, 8)).astype(np.float32)
+        got = fn(ndl.Tensor(x, device=device, requires_grad=False)).numpy()
+        gu = x.astype(np.float64) @ w.numpy().astype(np.float64).T
+        g, u = gu[:, :8], gu[:, 8:]
+        np.testing.assert_allclose(got, g / (1 + np.exp(-g)) * u, rtol=1e-4, atol=1e-5)
+    assert fn.stats(ndl.Tensor(x, device=device, requires_grad=False))["recorded"]

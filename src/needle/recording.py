@@ -22,7 +22,14 @@ from .fusion.call import Call
 # device work of the array API and of the capabilities that have any (a replay, a capture
 # and fusion's deferral must see each in its place)
 _CAPABILITY_WORK = frozenset(("sample", "paged_write", "paged_attention", "quant_matmul",
-                              "dequantize"))
+                              "dequantize", "quant_rmsnorm_matvec", "quant_matvec_add",
+                              "attention_token_major", "matmul_swiglu"))
+# a backend's public functions that are neither work nor host reads (tests/test_compile.py
+# checks every backend's functions against these lists)
+SERVICES = frozenset(("capture", "dlpack_device", "empty_cache", "from_dlpack",
+                      "memory_available", "memory_stats", "precompile", "profile", "tuned",
+                      "wait_precompiled", "cached_bytes", "kernels", "num_threads", "wrap",
+                      "load"))
 _WORK = (frozenset(required_functions()) | _CAPABILITY_WORK) - {
     "Array", "to_numpy", "synchronize", "from_numpy"}
 _HOST_READS = {"to_numpy": ".item()/.numpy() or another read of device data",
