@@ -15,27 +15,25 @@ import threading
 
 import numpy as np
 
-from .backends.api import required_functions
+from .backends.api import capability_functions, required_functions
 from .errors import NeedleError
 from .fusion.call import Call
 
-# device work of the array API and of the capabilities that have any (a replay, a capture
-# and fusion's deferral must see each in its place)
-_CAPABILITY_WORK = frozenset(("sample", "paged_write", "paged_attention", "quant_matmul",
-                              "dequantize", "quant_rmsnorm_matvec", "quant_matvec_add",
-                              "attention_token_major", "matmul_swiglu"))
-# a backend's public functions that are neither work nor host reads (tests/test_compile.py
-# checks every backend's functions against these lists)
+# a backend's public functions that are neither device work nor host reads (tests/
+# test_compile.py checks every backend's functions against these lists)
 SERVICES = frozenset(("capture", "dlpack_device", "empty_cache", "from_dlpack",
                       "memory_available", "memory_stats", "precompile", "profile", "tuned",
                       "wait_precompiled", "cached_bytes", "kernels", "num_threads", "wrap",
                       "load"))
-_WORK = (frozenset(required_functions()) | _CAPABILITY_WORK) - {
-    "Array", "to_numpy", "synchronize", "from_numpy"}
 _HOST_READS = {"to_numpy": ".item()/.numpy() or another read of device data",
                "to_numpy_later": "an asynchronous read of device data",
                "host_view": "a host view of device data (DLPack, numpy)",
                "to_dlpack": "a DLPack export", "synchronize": "a wait for the device"}
+# device work: every function of the array API and of the capabilities' protocols (a
+# replay, a capture and fusion's deferral must see each in its place; a new capability's
+# functions are work without a list to update here)
+_WORK = ((frozenset(required_functions()) | frozenset(capability_functions())) - SERVICES
+         - set(_HOST_READS) - {"Array", "from_numpy"})
 _SCALARS = (numbers.Number, str, bytes, type(None), np.generic)
 
 

@@ -271,6 +271,14 @@ def required_functions() -> list[str]:
     return names
 
 
+def capability_functions() -> list[str]:
+    """Every function name a capability's protocol adds to the array API."""
+    names: list[str] = []
+    for protocol in CAPABILITY_PROTOCOLS.values():
+        names += [n for n in _protocol_functions(protocol) if n not in names]
+    return names
+
+
 def missing_functions(backend) -> list[str]:
     """What ``backend`` lacks of the array API and of its declared capabilities' protocols
     (empty when it implements the contract); the conformance test asserts it is empty."""

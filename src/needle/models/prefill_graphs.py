@@ -136,9 +136,9 @@ class PrefillGraphs:
 
     def _evict(self) -> None:
         """Close the least recently used graphs beyond ``limit``."""
-        while len(self.captured) > self.limit:
-            oldest = self.captured[0]
-            self._buckets.pop(oldest).close()
+        captured = self.captured  # least recently used first
+        for rows in captured[:max(0, len(captured) - self.limit)]:
+            self._buckets.pop(rows).close()
 
     def close(self) -> None:
         for bucket in self._buckets.values():
