@@ -138,7 +138,7 @@ class Transformer:
             if layer.post_attn_norm is not None:
                 a = a.rmsnorm(layer.post_attn_norm, cfg.rms_norm_eps)
             x, h = _add_norm(x, a, layer.mlp_norm, cfg)
-            delta = layer.down(self._gate(layer.gate_up(h)))
+            delta = layer.down(self._gate_up(layer, h))
             if layer.post_mlp_norm is not None:
                 delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
         if delta is None and _plain(w.lm_head, self.packed_fused):  # after a five-op layer

@@ -30,6 +30,7 @@ from ..gpu.array import (
 )
 from ..gpu.paged import PAGED_FLASH
 from ..precision import tf32_allowed
+from .gemv import GEMV_DTYPES, GemvOps
 from .quant_decode import QuantDecodeOps
 from .quant_skinny import QuantSkinnyOps
 from .tensor_map import matrix_map
@@ -56,7 +57,7 @@ def _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb, glu=False) -> tup
             n, p, batch, stride_a, stride_b, tb, glu)
 
 
-class CudaBackend(QuantSkinnyOps, QuantDecodeOps, GpuBackend):
+class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, GpuBackend):
     qmv_staged_x = True  # quant.cu's qmv stages x in shared memory (gpu/quant.py)
 
     def __init__(self, device, tuning: CudaTuning | None = None):
@@ -255,7 +256,11 @@ class CudaBackend(QuantSkinnyOps, QuantDecodeOps, GpuBackend):
     def matmul_swiglu(self, a, w, out, m: int, n: int, p: int) -> None:
         """numpy_ref.matmul_swiglu: on Hopper the TMA GEMM's GLU form (a tile's B stage holds
         128 gate rows and the same outputs' 128 up rows; the epilogue writes silu(gate) * up),
-        elsewhere the product into a workspace and swiglu."""
+        elsewhere the product into a workspace and swiglu; one row (a decode step) by
+        ``gemv_glu``, gate and up rows in one warp (gemv.py)."""
+        if m == 1 and a.dtype in GEMV_DTYPES:
+            self._gemv_glu(a, w, out, n, p)
+            return
         if (self.tuning.tma and self.tuning.gemm == "tma" and a.dtype in _HALF
                 and m >= 128 and p >= 128 and n >= 64 and n % 8 == 0 and p % 8 == 0
                 and aligned16(a.buffer) and aligned16(w.buffer)
