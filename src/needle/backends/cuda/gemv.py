@@ -10,9 +10,9 @@ memory and no separate SwiGLU launch; the numbers are those of the product then 
 from __future__ import annotations
 
 from ..gpu.array import MATMUL, SUFFIX, GpuArray, cdiv
-from ..gpu.matmul import MatmulOps
+from ..gpu.matmul import GEMV_DTYPES, MatmulOps
 
-GEMV_DTYPES = ("float16", "bfloat16", "float32")
+__all__ = ["GEMV_DTYPES", "GemvOps"]
 
 
 class GemvOps(MatmulOps):

@@ -9,6 +9,8 @@ from ...errors import DTypeError, ShapeError
 from .array import MATMUL, MAX_GRID_YZ, SMALL_INTS, SUFFIX, GpuArray, cdiv
 from .base import GpuBase
 
+GEMV_DTYPES = ("float16", "bfloat16", "float32")  # the one-row (gemv) kernels' dtypes
+
 
 class MatmulOps(GpuBase):
     def matmul(self, a: GpuArray, b: GpuArray, out: GpuArray, m: int, n: int, p: int, *,
@@ -29,7 +31,7 @@ class MatmulOps(GpuBase):
             self._matmul_small(a, b, out, m, n, p, batch, stride_a, stride_b, transpose_a,
                                transpose_b)
             return
-        if m == 1 and batch == 1 and dt in ("float16", "bfloat16", "float32"):
+        if m == 1 and batch == 1 and dt in GEMV_DTYPES:
             self._gemv(a, b, out, n, p, transpose_b)
             return
         if self._matmul_special(a, b, out, m, n, p, batch, stride_a, stride_b, transpose_a,
