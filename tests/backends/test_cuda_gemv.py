@@ -12,7 +12,7 @@ from tests.conftest import assert_close
 
 DEV = nd.cuda(0)
 RNG = np.random.default_rng(15)
-gpu = pytest.mark.skipif(not DEV.enabled(), reason="needs a CUDA GPU")
+gpu = pytest.mark.skipif(not DEV.enabled(), reason=f"cuda disabled: {DEV.reason}")
 SFX = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 
 

@@ -97,7 +97,7 @@ def test_cache_rows_past_the_length_stay_zero(checkpoints, device, name):
     directory, _ = checkpoints(name)
     model = load_pretrained(directory, device=device, dtype="float32", max_seq_len=48)
     decoder = model.decoder()
-    composed = not all(model.transformer.fused)
+    composed = not model.transformer.all_fused
     assert composed == (name == "mistral_window")
 
     def zero_past(n: int) -> None:

@@ -66,13 +66,13 @@ def _locked(method):
 class Pool:
     """Free blocks by size class. The allocator's default pool, or a capture's private one."""
 
-    def __init__(self, allocator: Allocator, name: str):
+    def __init__(self, allocator: Allocator, name: str, private: bool = False):
         self.allocator = allocator
         self.lock = allocator.lock
         self.name = name
         self.free: dict[int, list] = {}
         self.closed = False
-        self.private = False  # a capture's pool (private_pool): emptied only by close()
+        self.private = private  # a capture's pool (private_pool): emptied only by close()
 
     @_locked
     def take(self, capacity: int):
@@ -188,8 +188,7 @@ class Allocator:
 
         The caller owns the pool and closes it when its user (a captured graph) is gone.
         """
-        pool = Pool(self, name)
-        pool.private = True
+        pool = Pool(self, name, private=True)
         self._pools.append(pool)
         previous, self._pool = self._pool, pool
         try:

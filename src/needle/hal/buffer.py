@@ -33,6 +33,13 @@ class Buffer:
         keeps this buffer alive and never returns memory to a pool itself)."""
         return type(self)(self.handle, nbytes, 0, None, self.offset + offset, owner=self)
 
+    def root(self) -> Buffer:
+        """The buffer that owns this one's memory: itself, or the block a view was made of."""
+        root = self
+        while isinstance(root.owner, Buffer):
+            root = root.owner
+        return root
+
     def release(self) -> None:
         """Give the memory back now (to its pool, or to its foreign owner)."""
         pool, self.pool, self.owner = self.pool, None, None

@@ -80,7 +80,7 @@ class PrefillGraphs:
         self.model, self.cache = model, cache
         # a layer on the composed attention path uploads its mask from the host (not
         # recordable) and needs the cache zero past the length: such models run eagerly
-        self._capture = capture if all(model.transformer.fused) else None
+        self._capture = capture if model.transformer.all_fused else None
         self.limit = _limit_from_env() if limit is None else limit
         self._buckets: OrderedDict[int, _Bucket] = OrderedDict()  # least recently used first
 

@@ -37,6 +37,9 @@ class Transformer:
                  max_seq_len: int):
         self.cfg, self.weights, self.rope, self.max_seq_len = cfg, weights, rope, max_seq_len
         self.fused = [attention.is_fused(cfg, i, max_seq_len) for i in range(cfg.num_layers)]
+        # no layer on the composed attention path (which adds a step's key and value into
+        # zeroed cache rows, and uploads its masks from the host)
+        self.all_fused = all(self.fused)
         # layers whose decode step is the five fused operations (``_fused_layer``): where
         # the backend's fused projections are faster than the ops they fuse, or when asked
         choice = os.environ.get("NEEDLE_FUSED_DECODE", "auto")

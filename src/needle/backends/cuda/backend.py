@@ -285,10 +285,8 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, GpuBackend):
         grid, params, tensor maps) per MAX_GRID_YZ matrices; None when the operands cannot
         be described or the tile does not fit. A GLU tile is 256 wide: 128 gate and 128 up
         rows of B (two boxes a stage) for 128 outputs."""
-        if glu:
-            width = 256
-        else:
-            width = self.tuning.tma_tile or tma_width(m, p, batch, self.device.compute_units)
+        width = 256 if glu else (self.tuning.tma_tile
+                                 or tma_width(m, p, batch, self.device.compute_units))
         out_w = width // 2 if glu else width  # the output columns a tile writes
         if width not in TMA_WIDTHS or p < out_w:
             return None

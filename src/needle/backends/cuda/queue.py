@@ -31,7 +31,7 @@ import struct
 import numpy as np
 
 from ...errors import DeviceError, KernelLaunchError
-from ...hal import Buffer, CommandBuffer, Event, Queue
+from ...hal import CommandBuffer, Event, Queue
 from ...hal.queue import locked
 from .driver import check, cu, error_text
 
@@ -177,10 +177,8 @@ class CudaQueue(Queue):
         every intermediate it ever made (a 2,048-token prefill held 2 GiB)."""
         recording = self.capturing
         for b in buffers:
-            root = b
-            while isinstance(root.owner, Buffer):  # a view: its memory is its root's
-                root = root.owner
-            if root.pool is None or root.pool is not recording.pool:
+            pool = b.root().pool  # a view's memory is its root's
+            if pool is None or pool is not recording.pool:
                 recording.buffers.append(b)
 
     def _place_raw(self, kernel, fixed: int, raw_args) -> int:
