@@ -475,45 +475,33 @@ __device__ __forceinline__ void matmul_generic(const T* __restrict__ A, const T*
 // GEMV_UNROLL independent 16-byte loads of its row before using any (a 2048-long bf16 row is
 // then one round trip), and the weights bypass L1 (ld_stream) so the activation vector stays
 // there.
-// KIND 1 (gemv_glu, a decode step's gate/up projection and SwiGLU in one pass): B has 2p rows,
-// gate rows first; the warp of output j reads rows j and p + j and writes silu(g) * u, each
+// gemv_glu (a decode step's gate/up projection and SwiGLU in one pass): B has 2p rows, gate
+// rows first. Warps pair up: the first of a pair is gemv_t on gate row j, the second on up row
+// p + j (the same loads and sums as gemv_t, so twice its warps and the same bytes in flight);
+// the second hands its sum over in shared memory and the first writes silu(g) * u, each
 // product rounded to T first (projection_out), as matmul then swiglu would.
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 8
 #endif
 
-template <class T, int KIND>
-__device__ __forceinline__ void gemv_t(const T* __restrict__ a, const T* __restrict__ B,
-                                       T* __restrict__ out, const MatmulParams& p) {
+template <class T>
+__device__ __forceinline__ void gemv_row(const T* __restrict__ a, const T* __restrict__ row,
+                                         i64 K, typename Acc<T>::type& sum) {
   typedef typename Acc<T>::type Cmp;
-  constexpr int R = KIND == 1 ? 2 : 1;  // weight rows per warp
-  const i64 j = (i64)blockIdx.x * blockDim.y + threadIdx.y;
-  if (j >= p.p) return;
-  const i64 K = p.n;
-  const T* row[R];
-  bool aligned = aligned16(a);
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    row[r] = B + (j + r * p.p) * K;
-    aligned = aligned && aligned16(row[r]);
-  }
-  constexpr int V = 16 / sizeof(T), U = GEMV_UNROLL / R;
-  Cmp acc[R];
-#pragma unroll
-  for (int r = 0; r < R; r++) acc[r] = Cmp(0);
+  constexpr int V = 16 / sizeof(T), U = GEMV_UNROLL;
+  Cmp acc = Cmp(0);
   i64 k = 0;
-  if (aligned) {
+  if (aligned16(row) && aligned16(a)) {
     const i64 nv = K / V;
+    const Vec<T, V>* rv = reinterpret_cast<const Vec<T, V>*>(row);
     const Vec<T, V>* av = reinterpret_cast<const Vec<T, V>*>(a);
     for (i64 base = threadIdx.x; base < nv; base += 32 * U) {
-      Vec<T, V> x[R][U], y[U];
+      Vec<T, V> x[U], y[U];
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const i64 q = base + u * 32;
         if (q < nv) {
-#pragma unroll
-          for (int r = 0; r < R; r++)
-            x[r][u] = ld_stream<T, V>(reinterpret_cast<const Vec<T, V>*>(row[r]) + q);
+          x[u] = ld_stream<T, V>(rv + q);
           y[u] = av[q];
         }
       }
@@ -521,22 +509,40 @@ __device__ __forceinline__ void gemv_t(const T* __restrict__ a, const T* __restr
       for (int u = 0; u < U; u++) {
         if (base + u * 32 < nv) {
 #pragma unroll
-          for (int e = 0; e < V; e++)
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[r] += load(x[r][u].v[e]) * load(y[u].v[e]);
+          for (int e = 0; e < V; e++) acc += load(x[u].v[e]) * load(y[u].v[e]);
         }
       }
     }
     k = nv * V;
   }
-  for (k += threadIdx.x; k < K; k += 32)
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] += load(row[r][k]) * load(a[k]);
-#pragma unroll
-  for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
-  if (threadIdx.x == 0)
-    out[j] = KIND == 1 ? projection_out<T, 1>((float)acc[0], (float)acc[R - 1], Cmp(0))
-                       : store<T>(acc[0]);
+  for (k += threadIdx.x; k < K; k += 32) acc += load(row[k]) * load(a[k]);
+  sum = warp_sum(acc);
+}
+
+template <class T>
+__device__ __forceinline__ void gemv_t(const T* __restrict__ a, const T* __restrict__ B,
+                                       T* __restrict__ out, const MatmulParams& p) {
+  const i64 j = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+  if (j >= p.p) return;
+  typename Acc<T>::type acc;
+  gemv_row<T>(a, B + j * p.n, p.n, acc);
+  if (threadIdx.x == 0) out[j] = store<T>(acc);
+}
+
+// blockDim.y even: warps (2i, 2i + 1) of a group compute output blockIdx.x * blockDim.y / 2 + i
+template <class T>
+__device__ __forceinline__ void gemv_glu(const T* __restrict__ a, const T* __restrict__ B,
+                                         T* __restrict__ out, const MatmulParams& p,
+                                         float* handed) {
+  typedef typename Acc<T>::type Cmp;
+  const i64 j = (i64)blockIdx.x * (blockDim.y / 2) + threadIdx.y / 2;
+  const bool up = threadIdx.y & 1, live = j < p.p;
+  Cmp acc = Cmp(0);
+  if (live) gemv_row<T>(a, B + (j + (up ? p.p : 0)) * p.n, p.n, acc);
+  if (up && threadIdx.x == 0) handed[threadIdx.y / 2] = (float)acc;
+  __syncthreads();
+  if (live && !up && threadIdx.x == 0)
+    out[j] = projection_out<T, 1>((float)acc, handed[threadIdx.y / 2], Cmp(0));
 }
 
 // part[s][j] = sum over this split's k of a[k] * B[k][j]: B stored (n, p); lanes over
@@ -689,12 +695,13 @@ __device__ __forceinline__ void gemv_combine(const float* __restrict__ part, T* 
   extern "C" __global__ void gemv_t_##SFX(const T* __restrict__ a, const T* __restrict__ b,    \
                                           T* __restrict__ out, MatmulParams p) {               \
     pdl_entry();                                                                               \
-    gemv_t<T, 0>(a, b, out, p);                                                                \
+    gemv_t<T>(a, b, out, p);                                                                   \
   }                                                                                            \
   extern "C" __global__ void gemv_glu_##SFX(const T* __restrict__ a, const T* __restrict__ b,  \
                                             T* __restrict__ out, MatmulParams p) {             \
     pdl_entry();                                                                               \
-    gemv_t<T, 1>(a, b, out, p);                                                                \
+    __shared__ float handed[16];                                                               \
+    gemv_glu<T>(a, b, out, p, handed);                                                         \
   }                                                                                            \
   extern "C" __global__ void gemv_n_##SFX(const T* __restrict__ a, const T* __restrict__ b,    \
                                           float* __restrict__ part, MatmulParams p) {          \

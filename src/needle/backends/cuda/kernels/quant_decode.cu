@@ -106,8 +106,10 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
   auto fetch = [&](int n) {  // the warp's n-th round: step n / per_step, round n % per_step
     ra.fetch(first + (i64)(n / per_step) * NR, n % per_step, last, chunks, q, s, b, p);
   };
-  if (rounds) fetch(0);  // weights do not depend on the previous kernel: ask first
-  pdl_entry();  // x (and out, for qmv_add) are the previous kernels' outputs
+  // x (and out, for qmv_add) are the previous kernels' outputs; the weights are read after
+  // the wait too, since a load issued before it can see stale bytes if that kernel wrote them
+  pdl_entry();
+  if (rounds) fetch(0);
   // shared memory: staged h (k floats), each chunk's sum of h (with offsets), WARPS floats
   float* xsum = smem + k;
   float* red = xsum + (p.offsets ? chunks : 0);

@@ -59,12 +59,15 @@ __device__ __forceinline__ void run(const T* __restrict__ x, const u32* __restri
   const int b0 = warp * groups / WARPS * blocks_per_group;
   const int b1 = (warp + 1) * groups / WARPS * blocks_per_group;
   uint2 w[U];
+  // weights and scales only after the wait: the previous kernel may have written them (a
+  // load issued before griddepcontrol.wait can read stale bytes)
+  pdl_entry();
   auto fetch = [&](int bb) {
 #pragma unroll
     for (int u = 0; u < U; u++)
       if (bb + u < b1) w[u] = ld_stream8(reinterpret_cast<const uint2*>(qrow + (bb + u) * 8 + 2 * t));
   };
-  fetch(b0);  // the weights do not depend on the previous kernel: in flight during staging
+  fetch(b0);  // in flight while x is staged
   // shared memory: x (TOKENS x k / 8 x 16 bytes), the block's scales (and offsets)
   // [ROWS][groups], each token's sum of x over each group (offsets), the warps' sums
   uint4* xs = reinterpret_cast<uint4*>(smem);
@@ -78,7 +81,6 @@ __device__ __forceinline__ void run(const T* __restrict__ x, const u32* __restri
     ss[i] = __ldg(s + at);
     if (p.has_offsets) os[i] = __ldg(b + at);
   }
-  pdl_entry();
   for (int i = tid; i < TOKENS * k8; i += WARPS * 32) {  // x, 8 values in MMA order
     const int token = i / k8, c = i % k8;
     uint4 o = make_uint4(0u, 0u, 0u, 0u);
