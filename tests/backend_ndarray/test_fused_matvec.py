@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import needle.backend_ndarray as nd
+from needle.backends.api import has
 from needle.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -25,7 +26,7 @@ from needle.errors import (
     ShapeError,
 )
 
-from ..conftest import assert_close, assert_equal, check_unsupported_dtype
+from ..conftest import assert_close, assert_equal, check_unsupported_dtype, tolerance
 from .compare import FLOATS, np_dtype, on, random
 
 EPS = 1e-6
@@ -66,6 +67,45 @@ def every_size(test):
 
 
 # --- rmsnorm_matvec ------------------------------------------------------------------------
+
+@every_size
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_a_norm_folded_into_the_weight(device, dtype, rows, dim, p, swiglu, rng):
+    """norm_weight=None: the norm's scale is in weight's columns (as a model folds it at
+    load): r * (W' x) against float64 with the normed vector unrounded (the definition:
+    numpy_ref's folded_rmsnorm_matvec, one kernel on CUDA for one row) and against the
+    unfolded call with W, which rounds the normed vector and W's product with the scale at
+    other points (so: within a few times the product's tolerance)."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    x, w, weight = _inputs(rng, (rows,), dim, 2 * p if swiglu else p, dtype)
+    folded = _rounded(weight.astype(np.float64) * w.astype(np.float64), dtype)
+    X, Wn, W = on(device, x), on(device, w), on(device, weight)
+    F = on(device, folded.astype(np_dtype(dtype)))
+    activation = "swiglu" if swiglu else None
+    got = nd.rmsnorm_matvec(X, None, F, EPS, activation=activation)
+    assert (got.shape, got.dtype, got.device) == ((rows, p), dtype, device)
+    v = x.astype(np.float64)
+    want = v / np.sqrt((v * v).mean(-1, keepdims=True) + EPS) @ folded.T
+    if swiglu:
+        want = _rounded(want, dtype)
+        want = _silu_mul(want[:, :p], want[:, p:])
+    # one pass where the backend has it; elsewhere rmsnorm (rounded) then the product, which
+    # round the normed vector too: a few units in the last place more
+    native = rows == 1 and has(device.backend, "folded_norm_matvec")
+    rtol = tolerance(dtype, "matmul") * (1 if native else 4)
+    assert_close(got, want, dtype, rtol=rtol)
+    unfolded = nd.rmsnorm_matvec(X, Wn, W, EPS, activation=activation)
+    assert_close(got, unfolded, dtype, rtol=4 * tolerance(dtype, "matmul"))
+
+
+def test_a_folded_norm_needs_a_dense_weight(device, rng):
+    x = on(device, random(rng, (1, 64), "float32", -2, 2))
+    packed = nd.QuantizedMatrix.quantize(rng.standard_normal((8, 64)).astype(np.float32), 8,
+                                         None, True, device=device)
+    with pytest.raises(ArgumentError, match="dense weight"):
+        nd.rmsnorm_matvec(x, None, packed)
+
 
 @every_size
 def test_rmsnorm_matvec(device, dtype, rows, dim, p, rng):
@@ -234,7 +274,7 @@ def test_bad_inputs_name_the_argument(device, rng):
         (ArgumentError, "activation", lambda: nd.rmsnorm_matvec(x, w, weight,
                                                                 activation="gelu")),
         (ArgumentTypeError, "weight", lambda: nd.rmsnorm_matvec(x, w, np.ones((6, 8)))),
-        (ArgumentTypeError, "norm_weight", lambda: nd.rmsnorm_matvec(x, None, weight)),
+        (ArgumentTypeError, "norm_weight", lambda: nd.rmsnorm_matvec(x, "ones", weight)),
         (ArgumentTypeError, "x", lambda: nd.rmsnorm_matvec([1.0] * 8, w, weight)),
         (ArgumentTypeError, "eps", lambda: nd.rmsnorm_matvec(x, w, weight, eps="small")),
         (ShapeError, "total", lambda: nd.matvec_add(x, weight, total.transpose())),

@@ -56,6 +56,9 @@ CAPABILITY_TESTS = {
     "matmul_swiglu": [
         "backend_ndarray/test_transformer_ops.py::test_matmul_swiglu_is_the_product_then_swiglu",
         "backends/test_cuda_tma.py::test_glu_gemm_writes_the_activation_in_one_pass"],
+    "folded_norm_matvec": [
+        "backend_ndarray/test_fused_matvec.py::test_a_norm_folded_into_the_weight",
+        "models/test_llama_vs_hf.py::test_folded_norms_match_the_checkpoint_weights"],
 }
 
 
@@ -71,6 +74,10 @@ def _parameters(fn) -> list[str] | None:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # extension functions may carry no signature
         return None
+    kinds = {p.kind for p in params.values()}
+    if kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+        return None  # (*args, **kwargs): what some nanobind versions report for a native
+        # function (the H100 machine's build of the cpu backend): it names no parameters
     return [p for p in params if p != "self"]
 
 

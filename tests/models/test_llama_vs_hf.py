@@ -84,6 +84,43 @@ def test_five_operation_decode_matches_composed(checkpoints, device, name, monke
         assert rel_error(logits["1"], full) < tol, dtype
 
 
+@pytest.mark.parametrize("name", ["llama", "llama3_rope_tied"])
+def test_folded_norms_match_the_checkpoint_weights(checkpoints, device, name):
+    """Where the backend runs a norm inside the next projection (folded_norm_matvec), the
+    loaded model holds each layer's QKV and gate/up weights times the preceding norm's
+    scale (the checkpoint's tensors as transformers wrote them), unit norms in their place,
+    and the head folded with the final norm unless it is the embedding (tied). Elsewhere
+    nothing is folded. Logits stay those of transformers (test_logits_match)."""
+    from needle.backends.api import has
+
+    directory, hf = checkpoints(name)
+    model = load_pretrained(directory, device=device, dtype="float32")
+    w, folds = model.weights, has(device.backend, "folded_norm_matvec")
+    state = {k: v.detach().double().numpy() for k, v in hf.state_dict().items()}
+    for i, layer in enumerate(w.layers):
+        p = f"model.layers.{i}."
+        attn = state[p + "input_layernorm.weight"]
+        mlp = state[p + "post_attention_layernorm.weight"]
+        qkv = np.concatenate([state[f"{p}self_attn.{n}_proj.weight"] for n in "qkv"])
+        gate_up = np.concatenate([state[f"{p}mlp.{n}_proj.weight"] for n in ("gate", "up")])
+        assert layer.norms_folded == folds
+        if folds:
+            attn_scale, mlp_scale, attn, mlp = attn, mlp, np.ones_like(attn), np.ones_like(mlp)
+            qkv, gate_up = qkv * attn_scale, gate_up * mlp_scale
+        np.testing.assert_allclose(layer.attn_norm.numpy(), attn, rtol=1e-7)
+        np.testing.assert_allclose(layer.mlp_norm.numpy(), mlp, rtol=1e-7)
+        np.testing.assert_allclose(layer.qkv.weight.numpy(), qkv, rtol=1e-6)
+        np.testing.assert_allclose(layer.gate_up.weight.numpy(), gate_up, rtol=1e-6)
+    tied = w.lm_head.weight is w.embed
+    assert tied == (name == "llama3_rope_tied")
+    assert w.head_folded == (folds and not tied)
+    np.testing.assert_allclose(w.embed.numpy(), state["model.embed_tokens.weight"], rtol=1e-7)
+    if w.head_folded:
+        np.testing.assert_allclose(w.lm_head.weight.numpy(), state["lm_head.weight"]
+                                   * state["model.norm.weight"], rtol=1e-6)
+        np.testing.assert_allclose(w.final_norm.numpy(), 1.0)
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral_window"])
 def test_cache_rows_past_the_length_stay_zero(checkpoints, device, name):
     """A short prompt after a long sequence, and a rewound one, decode as in a fresh

@@ -17,7 +17,8 @@ import numbers
 from ..backends.api import has
 from ..errors import ArgumentError, ArgumentTypeError, DeviceError, DTypeError, ShapeError
 from . import dtypes
-from .ndarray import NDArray
+from .functions import matmul_swiglu
+from .ndarray import NDArray, ones
 from .quant import QuantizedMatrix, _activation_dtype, _h, quant_matmul
 
 
@@ -66,23 +67,33 @@ def _matrix(x: NDArray, weight: NDArray | QuantizedMatrix, dim: int, name: str,
     return shape[0] // factor
 
 
-def rmsnorm_matvec(x: NDArray, norm_weight: NDArray, weight: NDArray | QuantizedMatrix,
+def rmsnorm_matvec(x: NDArray, norm_weight: NDArray | None, weight: NDArray | QuantizedMatrix,
                    eps: float = 1e-6, activation: str | None = None) -> NDArray:
     """``rmsnorm(x) * norm_weight @ weight.T`` in one pass: shape (..., p) for weight
     (p, dim). With ``activation="swiglu"``, weight is (2p, dim), gate rows then up rows,
     and the result is ``silu(gate) * up`` (..., p). Rounded as the separate ops would be
-    (with a packed weight: as ``quant_matmul`` of the rounded norm)."""
+    (with a packed weight: as ``quant_matmul`` of the rounded norm).
+
+    ``norm_weight=None``: the norm's scale is already folded into weight's columns
+    (``weight * norm_weight``, rounded once, as the model does at load where the backend
+    declares ``folded_norm_matvec``). The result is then ``r * (weight @ x)`` with
+    r = 1 / sqrt(mean(x^2) + eps) and the normed vector never rounded (one pass over the
+    weights, the sum of squares taken from the values the product already reads); backends
+    without the capability compute ``rmsnorm(x)`` (rounded to x's dtype) and the product,
+    which differs from it only by that rounding. Dense weights only."""
     if activation not in (None, "swiglu"):
         raise ArgumentError(f"rmsnorm_matvec: activation must be None or 'swiglu', got "
                          f"{activation!r}")
     name = "rmsnorm_matvec"
     a, rows, dim = _rows_of(x, name, "x")
-    w = x._param(_operand(x, norm_weight, name, "norm_weight", "x"), dim, f"{name} norm_weight")
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise ArgumentTypeError(f"{name}: eps must be a real number, got {type(eps).__name__}")
     swiglu, eps = activation == "swiglu", float(eps)
     p = _matrix(x, weight, dim, name, 2 if swiglu else 1)
     packed = isinstance(weight, QuantizedMatrix)
+    if norm_weight is None:
+        return _folded_norm_matvec(x, a, rows, dim, weight, p, eps, swiglu)
+    w = x._param(_operand(x, norm_weight, name, "norm_weight", "x"), dim, f"{name} norm_weight")
     if packed and not has(weight._backend(), "fused_quant_matvec"):
         y = quant_matmul(x.rmsnorm(w, eps), weight)  # composed, with the same roundings
         return y.swiglu() if swiglu else y
@@ -100,6 +111,25 @@ def rmsnorm_matvec(x: NDArray, norm_weight: NDArray, weight: NDArray | Quantized
     elif out.size:
         out.fill(0)
     return out
+
+
+def _folded_norm_matvec(x: NDArray, a: NDArray, rows: int, dim: int, weight, p: int,
+                        eps: float, swiglu: bool) -> NDArray:
+    """rmsnorm_matvec with the norm's scale in weight (norm_weight None)."""
+    if isinstance(weight, QuantizedMatrix):
+        raise ArgumentError("rmsnorm_matvec: norm_weight=None (a scale folded into the "
+                            "weight) needs a dense weight; pass the norm weight with a "
+                            "packed one")
+    backend = x.device.backend
+    if rows == 1 and dim and has(backend, "folded_norm_matvec"):
+        out = a._empty_like(a.shape[:-1] + (p,))
+        backend.folded_rmsnorm_matvec(a._handle, weight.compact()._handle, out._handle, dim,
+                                      p, eps, swiglu)
+        return out
+    h = a.rmsnorm(ones((dim,), a.dtype, a.device), eps)
+    if swiglu:
+        return matmul_swiglu(h, weight)
+    return h @ weight.transpose()
 
 
 def matvec_add(a: NDArray, weight: NDArray | QuantizedMatrix, total: NDArray) -> NDArray:

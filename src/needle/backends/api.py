@@ -53,6 +53,10 @@ CAPABILITIES = {
                              "(numpy_ref/nn.py), with no heads-first copies",
     "matmul_swiglu": "matmul_swiglu(): a product with a fused gate/up weight and its SwiGLU "
                      "in one pass (numpy_ref/nn.py), without writing the 2p-wide product",
+    "folded_norm_matvec": "folded_rmsnorm_matvec(): one row's RMSNorm and projection in one "
+                          "pass with the norm's scale folded into the weight, r * (W x), the "
+                          "normed vector never rounded (numpy_ref/decode.py); the decode step "
+                          "folds its norms into the weights where a backend declares it",
 }
 # Names kept for capabilities that are planned but that no backend declares yet.
 RESERVED_CAPABILITIES: tuple[str, ...] = ()
@@ -236,6 +240,14 @@ class MatmulSwiglu(Protocol):
     def matmul_swiglu(self, a: Array, w: Array, out: Array, m: int, n: int, p: int) -> None: ...
 
 
+class FoldedNormMatvec(Protocol):
+    """rmsnorm_matvec of one row with norm_weight None (numpy_ref/decode.py defines it); the
+    array layer composes rmsnorm (rounded) and the product where a backend lacks it."""
+
+    def folded_rmsnorm_matvec(self, x: Array, weight: Array, out: Array, dim: int, p: int,
+                              eps: float, swiglu: bool) -> None: ...
+
+
 class _Marker(Protocol):
     """Capabilities that promise behaviour of required functions, not new functions."""
 
@@ -247,6 +259,7 @@ CAPABILITY_PROTOCOLS: dict[str, type] = {
     "precompile": Precompile, "paged_attention": PagedAttention, "int8": QuantizedWeights,
     "int4": QuantizedWeights, "fused_quant_matvec": FusedQuantMatvec,
     "token_major_attention": TokenMajorAttention, "matmul_swiglu": MatmulSwiglu,
+    "folded_norm_matvec": FoldedNormMatvec,
 }
 
 

@@ -98,6 +98,7 @@ def make_row_parallel(model: CausalLM) -> CausalLM:
     for layer in model.weights.layers:
         layer.o = RowParallelProjection(layer.o.weight, layer.o.bias)
         layer.down = RowParallelProjection(layer.down.weight, layer.down.bias)
+    model.transformer.plan_decode()  # the all-reducing projections are not fused ones
     return model
 
 

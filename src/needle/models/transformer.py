@@ -9,9 +9,11 @@ layer is five fused array operations (``_fused_layer``): norm + QKV projection, 
 residual, norm + gate/up projection + SiLU·mul, down projection + residual. Other layers
 (Gemma 2's extra norms, Qwen3's head norms) compose the same steps from single operations,
 their residual adds riding on the next norm (``add_rmsnorm``). The five-operation form is
-used where the backend declares ``fused_matvec`` (its fused kernels are faster), for
-quantized weights where it also declares ``fused_quant_matvec``; ``NEEDLE_FUSED_DECODE=1``
-or ``0`` forces it on or off.
+used where the backend declares ``fused_matvec`` (its fused kernels are faster) or
+``folded_norm_matvec`` (then each norm's scale is multiplied into the next projection's
+weights at load, ``fold_norm``, and the projection takes the norm in the same pass), for
+quantized weights where it declares ``fused_quant_matvec``; ``NEEDLE_FUSED_DECODE=1`` or
+``0`` forces it on or off.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..backends.api import has
 from . import attention
 from .cache import DecodeState, KVCache, RotaryTables
 from .config import ModelConfig
-from .weights import LayerWeights, ModelWeights
+from .weights import LayerWeights, ModelWeights, Projection, fold_norm
 
 
 class Transformer:
@@ -40,18 +42,43 @@ class Transformer:
         # no layer on the composed attention path (which adds a step's key and value into
         # zeroed cache rows, and uploads its masks from the host)
         self.all_fused = all(self.fused)
-        # layers whose decode step is the five fused operations (``_fused_layer``): where
-        # the backend's fused projections are faster than the ops they fuse, or when asked
-        choice = os.environ.get("NEEDLE_FUSED_DECODE", "auto")
         backend = weights.embed.device.backend
         self.packed_fused = has(backend, "fused_quant_matvec")
-        self.five_ops = [self.fused[i] and _fusable(cfg, layer, self.packed_fused)
-                         and _fuse(choice, backend, layer)
-                         for i, layer in enumerate(weights.layers)]
+        self.plan_decode()
+        if has(backend, "folded_norm_matvec"):
+            self._fold_norms()
         # Gemma scales embeddings by sqrt(hidden) rounded to the model's dtype
         dtype = dtypes.to_numpy_dtype(weights.embed.dtype)
         self.embed_scale = (float(np.asarray(math.sqrt(cfg.hidden_size), dtype))
                             if cfg.arch.scale_embeddings else None)
+
+    def plan_decode(self) -> None:
+        """Choose each layer's decode step: the five fused operations (``_fused_layer``)
+        where the backend's fused projections are faster than the ops they fuse, or when
+        asked (NEEDLE_FUSED_DECODE); call again after replacing projections (tensor
+        parallelism's all-reducing ones are not plain)."""
+        choice = os.environ.get("NEEDLE_FUSED_DECODE", "auto")
+        backend = self.weights.embed.device.backend
+        self.five_ops = [self.fused[i] and _fusable(self.cfg, layer, self.packed_fused)
+                         and _fuse(choice, backend, layer)
+                         for i, layer in enumerate(self.weights.layers)]
+
+    def _fold_norms(self) -> None:
+        """Where the backend runs a norm inside the next projection (``folded_norm_matvec``):
+        each five-operation dense layer's two norms, and the final norm unless the head is
+        the embedding, are multiplied into the projections they feed (``fold_norm``), once;
+        the prompt pass then norms with unit scales and reads the folded weights."""
+        w = self.weights
+        for i, layer in enumerate(w.layers):
+            dense = isinstance(layer.qkv.weight, NDArray)
+            if self.five_ops[i] and dense and not layer.norms_folded:
+                layer.attn_norm = fold_norm(layer.attn_norm, layer.qkv)
+                layer.mlp_norm = fold_norm(layer.mlp_norm, layer.gate_up)
+                layer.norms_folded = True
+        if (not w.head_folded and w.lm_head.weight is not w.embed
+                and type(w.lm_head) is Projection and isinstance(w.lm_head.weight, NDArray)):
+            w.final_norm = fold_norm(w.final_norm, w.lm_head)
+            w.head_folded = True
 
     # --- a prompt ------------------------------------------------------------------------
     def forward(self, ids: NDArray, cache: KVCache | None = None,
@@ -145,7 +172,8 @@ class Transformer:
             if layer.post_mlp_norm is not None:
                 delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
         if delta is None and _plain(w.lm_head, self.packed_fused):  # after a five-op layer
-            logits = attention.softcap(nd.rmsnorm_matvec(x, w.final_norm, w.lm_head.weight,
+            norm = None if w.head_folded else w.final_norm
+            logits = attention.softcap(nd.rmsnorm_matvec(x, norm, w.lm_head.weight,
                                                          cfg.rms_norm_eps), cfg.final_softcap)
         else:
             logits = self._logits(_add_norm(x, delta, w.final_norm, cfg)[1])
@@ -156,14 +184,15 @@ class Transformer:
         """One Llama layer for one token as five fused array operations; the residual
         stream x (1, 1, hidden) is updated in place and returned."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        qkv = nd.rmsnorm_matvec(x, layer.attn_norm, layer.qkv.weight, eps)
+        folded = layer.norms_folded  # the norms' scales are in the weights: norm_weight None
+        qkv = nd.rmsnorm_matvec(x, None if folded else layer.attn_norm, layer.qkv.weight, eps)
         if layer.qkv.bias is not None:  # Qwen2
             qkv = qkv + layer.qkv.bias
         a = nd.attention_decode(qkv, self.rope.cos, self.rope.sin, state.position,
                                 cache.keys[i], cache.values[i], cfg.num_heads, cfg.attn_scale)
         nd.matvec_add(a.reshape(x.shape[:-1] + (a.size,)), layer.o.weight, x)
-        gated = nd.rmsnorm_matvec(x, layer.mlp_norm, layer.gate_up.weight, eps,
-                                  activation="swiglu")
+        gated = nd.rmsnorm_matvec(x, None if folded else layer.mlp_norm,
+                                  layer.gate_up.weight, eps, activation="swiglu")
         return nd.matvec_add(gated, layer.down.weight, x)
 
     def _decode_attention(self, i: int, layer: LayerWeights, h: NDArray, state: DecodeState,
@@ -220,19 +249,24 @@ class Transformer:
 
 def _fuse(choice: str, backend, layer: LayerWeights) -> bool:
     """Whether a fusable layer takes the five operations: as asked (NEEDLE_FUSED_DECODE), else
-    where the backend's fused kernels are the faster way, ``fused_matvec`` for dense weights
-    and ``fused_quant_matvec`` for packed ones (on CUDA the packed kernels save the separate
-    norm and SwiGLU launches; the dense ones are slower than gemv + add_rmsnorm)."""
+    where the backend's fused kernels are the faster way: ``fused_matvec`` or
+    ``folded_norm_matvec`` for dense weights and ``fused_quant_matvec`` for packed ones (on
+    CUDA the packed kernels save the separate norm and SwiGLU launches, and dense layers fold
+    their norms into the weights; decode.cu's dense kernels with the norm weight are slower
+    than gemv + add_rmsnorm)."""
     if choice in ("0", "1"):
         return choice == "1"
-    packed = not isinstance(layer.qkv.weight, NDArray)
-    return has(backend, "fused_quant_matvec" if packed else "fused_matvec")
+    if not isinstance(layer.qkv.weight, NDArray):
+        return has(backend, "fused_quant_matvec")
+    return has(backend, "fused_matvec") or has(backend, "folded_norm_matvec")
 
 
 def _plain(projection, packed: bool) -> bool:
-    """A projection the fused operations can read: dense weights (or packed ones, where the
+    """A projection the fused operations can read: a plain product (not a subclass that does
+    more, as tensor parallelism's all-reducing one), dense weights (or packed ones, where the
     backend fuses those), no bias."""
-    return (isinstance(projection.weight, NDArray) or packed) and projection.bias is None
+    return (type(projection) is Projection and projection.bias is None
+            and (isinstance(projection.weight, NDArray) or packed))
 
 
 def _fusable(cfg: ModelConfig, layer: LayerWeights, packed: bool) -> bool:

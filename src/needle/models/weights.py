@@ -54,6 +54,10 @@ class LayerWeights:
     k_norm: NDArray | None = None
     post_attn_norm: NDArray | None = None
     post_mlp_norm: NDArray | None = None
+    # attn_norm and mlp_norm are ones, their scales multiplied into qkv's and gate_up's
+    # columns (fold_norm): every pass computes the same, and a backend with
+    # folded_norm_matvec runs each norm inside the projection (Transformer)
+    norms_folded: bool = False
 
 
 @dataclass
@@ -62,16 +66,33 @@ class ModelWeights:
     layers: list[LayerWeights]
     final_norm: NDArray
     lm_head: Projection
+    head_folded: bool = False  # final_norm folded into lm_head (as norms_folded)
 
     def arrays(self) -> list[NDArray]:
         """Every weight array once (a tied output head is the embedding itself)."""
         found = [self.embed, self.final_norm, *_parts(self.lm_head.weight), self.lm_head.bias]
         for layer in self.layers:
             for value in vars(layer).values():
-                found += ([*_parts(value.weight), value.bias] if isinstance(value, Projection)
-                          else [value])
+                if isinstance(value, Projection):
+                    found += [*_parts(value.weight), value.bias]
+                elif isinstance(value, NDArray):  # a norm (flags such as norms_folded: not)
+                    found.append(value)
         unique = {id(a): a for a in found if a is not None}
         return list(unique.values())
+
+
+def fold_norm(norm: NDArray, projection: Projection) -> NDArray:
+    """Multiply the RMSNorm scale ``norm`` (dim,) into the columns of the dense projection
+    that reads the norm's output (weight (out, dim) * norm, rounded once to the weight's
+    dtype, which replaces it) and return the unit scale that replaces the norm:
+    ``rmsnorm(x, ones) @ W'.T`` is then the model's ``rmsnorm(x, norm) @ W.T`` up to where
+    the rounding falls, and one-row products can take the norm in the same pass."""
+    w = projection.weight
+    if not isinstance(w, NDArray) or norm.shape != (w.shape[1],):
+        raise ModelFormatError(f"fold_norm needs a dense (out, {norm.shape[0]}) weight, got "
+                               f"{type(w).__name__} {getattr(w, 'shape', None)}")
+    projection.weight = (w * norm.astype(w.dtype).reshape((1, w.shape[1]))).compact()
+    return nd.ones(norm.shape, norm.dtype, norm.device)
 
 
 def _parts(w: NDArray | QuantizedMatrix) -> list[NDArray]:

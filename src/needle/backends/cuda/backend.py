@@ -75,6 +75,8 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, GpuBackend):
         caps.add("precompile")
         caps.add("token_major_attention")
         caps.add("matmul_swiglu")
+        if self.tuning.folded_norm:
+            caps.add("folded_norm_matvec")
         self.capabilities = frozenset(caps)
         self._tma_plans: dict[tuple, tuple | bool] = {}  # _tma_gemm's launch plans
         self._direct_plans: dict[tuple, tuple] = {}  # products known to take them (matmul)

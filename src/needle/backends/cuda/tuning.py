@@ -19,6 +19,9 @@ Environment overrides (docs/cuda.md lists them):
   (quant_skinny.cu, sm_80+).
 - ``NEEDLE_SKINNY_TC=N``: products X @ W^T of 2..N rows (default 128; 0: none) take the
   skinny tensor-core kernel (skinny.cu) instead of the tiled GEMMs.
+- ``NEEDLE_FOLDED_NORM=0``: the decode step keeps its RMSNorms as launches of their own
+  (by default a model folds each norm's scale into the next projection's weights at load,
+  and one-row products take the norm in the same pass: gemv.py).
 - ``NEEDLE_CUDA_OPTIONS``: extra NVRTC options; its ``-DTC_STAGES=``, ``-DWG_STAGES=`` and
   ``-DGEMM_TMA_STAGES=`` defines set pipeline depths that the launches must size shared
   memory for, so they are read here too.
@@ -80,6 +83,8 @@ class CudaTuning(GpuTuning):
     fused_matvec: bool = False  # the decode step's norm/SwiGLU/residual fused into its gemvs
     # (off by default: on the H100 the fused kernels are still slower than gemv + add_rmsnorm,
     # docs/cuda_notes.md v9)
+    folded_norm: bool = True  # the decode step's norms folded into its projections' weights
+    # (capability folded_norm_matvec: gemv_t_norm / gemv_glu_norm, cuda/gemv.py)
     l2_prefetch: bool = False  # fused gemvs prefetch their groups' weight rows into L2: sm_90+
     decode_attention: str = "tc"  # "tc" (kernels/decode_tc.cu: fp16/bf16 on tensor cores,
     # sm_80+; other dtypes take flash), "flash" (kernels/decode.cu) or "split" (nn.cu's)
@@ -107,6 +112,7 @@ class CudaTuning(GpuTuning):
                    tma_tile=_tma_tile(env.get("NEEDLE_TMA_TILE")),
                    quant_skinny=capability >= 80 and env.get("NEEDLE_QUANT_SKINNY", "1") != "0",
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "0") == "1",
+                   folded_norm=env.get("NEEDLE_FOLDED_NORM", "1") != "0",
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
                    paged_flash=env.get("NEEDLE_PAGED_ATTENTION", "flash") == "flash",
                    decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "tc"),

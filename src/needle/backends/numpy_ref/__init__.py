@@ -21,7 +21,7 @@ import sys
 
 from ...errors import DeviceError
 from .core import Array
-from .decode import matvec_add, rmsnorm_matvec, rmsnorm_matvec_swiglu
+from .decode import folded_rmsnorm_matvec, matvec_add, rmsnorm_matvec, rmsnorm_matvec_swiglu
 from .elementwise import (
     ewise_abs,
     ewise_add,
@@ -101,7 +101,8 @@ from .sampling import sample
 name = "cpu_numpy"
 # what each capability promises: backends/api.py
 capabilities = frozenset({"host_memory", "sampling", "paged_attention", "int8", "int4",
-                          "fused_quant_matvec", "token_major_attention", "matmul_swiglu"})
+                          "fused_quant_matvec", "token_major_attention", "matmul_swiglu",
+                          "folded_norm_matvec"})
 
 
 def load(index: int = 0):

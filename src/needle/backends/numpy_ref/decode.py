@@ -48,6 +48,24 @@ def rmsnorm_matvec_swiglu(x: Array, w: Array, weight: Array, out: Array, rows: i
     _store(out, (g * _sigmoid(g) * u).reshape(-1))
 
 
+def folded_rmsnorm_matvec(x: Array, weight: Array, out: Array, dim: int, p: int, eps: float,
+                          swiglu: bool) -> None:
+    """One row: out (p,) = r * (weight @ x), r = 1 / sqrt(mean(x^2) + eps), the norm's scale
+    already folded into weight's columns (weight * norm_weight, rounded once at load) and the
+    normed vector never rounded; with ``swiglu`` weight is (2p, dim) and out = silu(g) * u of
+    the two products, each rounded first."""
+    v = _f(x.array).reshape(1, dim)
+    r = 1 / np.sqrt((v * v).mean(axis=1, keepdims=True) + np.asarray(eps, v.dtype))
+    rows = 2 * p if swiglu else p
+    y = (v @ _f(weight.array).reshape(rows, dim).T) * r
+    if not swiglu:
+        _store(out, y.reshape(-1))
+        return
+    gu = _rounded(y, out)
+    g, u = gu[:, :p], gu[:, p:]
+    _store(out, (g * _sigmoid(g) * u).reshape(-1))
+
+
 def matvec_add(a: Array, weight: Array, total: Array, rows: int, dim: int, p: int) -> None:
     """total (rows, p) += a @ weight.T, a (rows, dim), weight (p, dim), the product rounded
     before the add: a projection added into the residual stream, in place."""

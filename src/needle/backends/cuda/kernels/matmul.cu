@@ -480,16 +480,24 @@ __device__ __forceinline__ void matmul_generic(const T* __restrict__ A, const T*
 // p + j (the same loads and sums as gemv_t, so twice its warps and the same bytes in flight);
 // the second hands its sum over in shared memory and the first writes silu(g) * u, each
 // product rounded to T first (projection_out), as matmul then swiglu would.
+// NORM (gemv_t_norm, gemv_glu_norm: the decode step's RMSNorm folded into the projection whose
+// columns carry the norm's scale): each lane also sums a[k]^2 over the values it already
+// loads, so every warp gets the same sum (same lanes, same order) with no pass of its own;
+// the dot product is scaled by r = 1 / sqrt(mean(a^2) + eps) at the end: r * (B a), the
+// normed vector never rounded. gemv_t_add: out[j] += the rounded product (the residual stream).
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 8
 #endif
 
-template <class T>
+struct GemvParams { i64 n, p; float eps; };  // cuda/gemv.py GEMV_PARAMS
+
+template <class T, bool NORM>
 __device__ __forceinline__ void gemv_row(const T* __restrict__ a, const T* __restrict__ row,
-                                         i64 K, typename Acc<T>::type& sum) {
+                                         i64 K, typename Acc<T>::type& sum,
+                                         typename Acc<T>::type& squares) {
   typedef typename Acc<T>::type Cmp;
   constexpr int V = 16 / sizeof(T), U = GEMV_UNROLL;
-  Cmp acc = Cmp(0);
+  Cmp acc = Cmp(0), sq = Cmp(0);
   i64 k = 0;
   if (aligned16(row) && aligned16(a)) {
     const i64 nv = K / V;
@@ -509,36 +517,55 @@ __device__ __forceinline__ void gemv_row(const T* __restrict__ a, const T* __res
       for (int u = 0; u < U; u++) {
         if (base + u * 32 < nv) {
 #pragma unroll
-          for (int e = 0; e < V; e++) acc += load(x[u].v[e]) * load(y[u].v[e]);
+          for (int e = 0; e < V; e++) {
+            const Cmp yv = load(y[u].v[e]);
+            acc += load(x[u].v[e]) * yv;
+            if (NORM) sq += yv * yv;
+          }
         }
       }
     }
     k = nv * V;
   }
-  for (k += threadIdx.x; k < K; k += 32) acc += load(row[k]) * load(a[k]);
+  for (k += threadIdx.x; k < K; k += 32) {
+    const Cmp yv = load(a[k]);
+    acc += load(row[k]) * yv;
+    if (NORM) sq += yv * yv;
+  }
   sum = warp_sum(acc);
+  if (NORM) squares = warp_sum(sq);
 }
 
-template <class T>
+// r = 1 / sqrt(mean(a^2) + eps) from a warp's sum of squares (nn.cu's rmsnorm formula)
+template <class C> __device__ __forceinline__ C rms_factor(C squares, i64 K, float eps) {
+  return C(1) / m_sqrt(squares / (C)K + (C)eps);
+}
+
+// KIND 0: out[j] = (B a)[j]; 1 (NORM): r * (B a)[j]; 2 (add): out[j] + (B a)[j] rounded first
+template <class T, int KIND>
 __device__ __forceinline__ void gemv_t(const T* __restrict__ a, const T* __restrict__ B,
-                                       T* __restrict__ out, const MatmulParams& p) {
+                                       T* __restrict__ out, i64 n, i64 p, float eps) {
+  typedef typename Acc<T>::type Cmp;
   const i64 j = (i64)blockIdx.x * blockDim.y + threadIdx.y;
-  if (j >= p.p) return;
-  typename Acc<T>::type acc;
-  gemv_row<T>(a, B + j * p.n, p.n, acc);
-  if (threadIdx.x == 0) out[j] = store<T>(acc);
+  if (j >= p) return;
+  Cmp acc, squares = Cmp(0);
+  gemv_row<T, KIND == 1>(a, B + j * n, n, acc, squares);
+  if (threadIdx.x != 0) return;
+  if (KIND == 1) acc *= rms_factor(squares, n, eps);
+  out[j] = KIND == 2 ? projection_out<T, 2>((float)acc, 0.f, load(out[j])) : store<T>(acc);
 }
 
 // blockDim.y even: warps (2i, 2i + 1) of a group compute output blockIdx.x * blockDim.y / 2 + i
-template <class T>
+template <class T, bool NORM>
 __device__ __forceinline__ void gemv_glu(const T* __restrict__ a, const T* __restrict__ B,
-                                         T* __restrict__ out, const MatmulParams& p,
+                                         T* __restrict__ out, i64 n, i64 p, float eps,
                                          float* handed) {
   typedef typename Acc<T>::type Cmp;
   const i64 j = (i64)blockIdx.x * (blockDim.y / 2) + threadIdx.y / 2;
-  const bool up = threadIdx.y & 1, live = j < p.p;
-  Cmp acc = Cmp(0);
-  if (live) gemv_row<T>(a, B + (j + (up ? p.p : 0)) * p.n, p.n, acc);
+  const bool up = threadIdx.y & 1, live = j < p;
+  Cmp acc = Cmp(0), squares = Cmp(0);
+  if (live) gemv_row<T, NORM>(a, B + (j + (up ? p : 0)) * n, n, acc, squares);
+  if (NORM) acc *= rms_factor(squares, n, eps);  // the same factor in both warps of a pair
   if (up && threadIdx.x == 0) handed[threadIdx.y / 2] = (float)acc;
   __syncthreads();
   if (live && !up && threadIdx.x == 0)
@@ -695,13 +722,32 @@ __device__ __forceinline__ void gemv_combine(const float* __restrict__ part, T* 
   extern "C" __global__ void gemv_t_##SFX(const T* __restrict__ a, const T* __restrict__ b,    \
                                           T* __restrict__ out, MatmulParams p) {               \
     pdl_entry();                                                                               \
-    gemv_t<T>(a, b, out, p);                                                                   \
+    gemv_t<T, 0>(a, b, out, p.n, p.p, 0.f);                                                    \
+  }                                                                                            \
+  extern "C" __global__ void gemv_t_norm_##SFX(const T* __restrict__ a,                        \
+                                               const T* __restrict__ b, T* __restrict__ out,   \
+                                               GemvParams p) {                                 \
+    pdl_entry();                                                                               \
+    gemv_t<T, 1>(a, b, out, p.n, p.p, p.eps);                                                  \
+  }                                                                                            \
+  extern "C" __global__ void gemv_t_add_##SFX(const T* __restrict__ a,                         \
+                                              const T* __restrict__ b, T* __restrict__ out,    \
+                                              GemvParams p) {                                  \
+    pdl_entry();                                                                               \
+    gemv_t<T, 2>(a, b, out, p.n, p.p, 0.f);                                                    \
   }                                                                                            \
   extern "C" __global__ void gemv_glu_##SFX(const T* __restrict__ a, const T* __restrict__ b,  \
                                             T* __restrict__ out, MatmulParams p) {             \
     pdl_entry();                                                                               \
     __shared__ float handed[16];                                                               \
-    gemv_glu<T>(a, b, out, p, handed);                                                         \
+    gemv_glu<T, false>(a, b, out, p.n, p.p, 0.f, handed);                                      \
+  }                                                                                            \
+  extern "C" __global__ void gemv_glu_norm_##SFX(const T* __restrict__ a,                      \
+                                                 const T* __restrict__ b, T* __restrict__ out, \
+                                                 GemvParams p) {                               \
+    pdl_entry();                                                                               \
+    __shared__ float handed[16];                                                               \
+    gemv_glu<T, true>(a, b, out, p.n, p.p, p.eps, handed);                                     \
   }                                                                                            \
   extern "C" __global__ void gemv_n_##SFX(const T* __restrict__ a, const T* __restrict__ b,    \
                                           float* __restrict__ part, MatmulParams p) {          \
