@@ -188,9 +188,10 @@ ONLY(f32, FUSED_GEMV(f32, float))
 
 // ---- attention_decode_flash_*: one token against the KV cache (numpy_ref.attention_decode) --
 // Group (KV head h, split s) of G warps, warp g = query head h * G + g. The cache up to the
-// position p (read on the device) is cut into S = min(splits, ceil((p + 1) / 64)) equal
-// ranges, one per active group, so that at any position about one or two groups per SM
-// have work and the merge reads at most `splits` (<= 64) partials. A group walks its range in
+// position p (read on the device) is cut into S = decode_ranges(p + 1, splits, NS) equal
+// ranges (common.cuh: at most splits, at least NS tiles each), one per active group, so
+// that a short cache needs no merge, a long one keeps about one or two groups per SM busy,
+// and the merge reads at most `splits` (<= 64) partials. A group walks its range in
 // tiles of 64 positions: the whole group copies each tile's key and value rows (contiguous in
 // the cache) into shared memory with 16-byte asynchronous copies, NS tiles in flight, and
 // every warp scores and weighs them from there for its own query head (flash_tile: an online
@@ -259,7 +260,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
     return;
   }
   const i64 n = pos + 1;
-  const i64 S = p.splits < (n + TILE - 1) / TILE ? p.splits : (n + TILE - 1) / TILE;
+  const i64 S = decode_ranges(n, p.splits, NS);
   if (s >= S) return;
   const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
   const i64 tiles = (end - start + TILE - 1) / TILE;

@@ -5,11 +5,11 @@
 // flash_tile's scalar loops made long caches instruction-bound (docs/cuda_notes.md v11).
 //
 // Group (KV head h, split s) of 4 warps; the cache up to the position p is cut into
-// S = min(splits, ceil((p + 1) / 64)) ranges as in attention_decode_flash. The group stages
-// each 64-position tile of keys and values in shared memory (cp.async, NS tiles in flight,
-// swizzled for ldmatrix); warp w scores keys 16w..16w+15 of every tile (S = Q Kᵀ), keeps an
-// online softmax (base 2) for the 16 rows and adds P V (P from the score registers, as
-// FlashAttention-2 does). Then the 4 warps' states are merged through shared memory into the
+// S = decode_ranges(p + 1, splits, NS) ranges (common.cuh) as in attention_decode_flash. The
+// group stages each 64-position tile of keys and values in shared memory (cp.async, NS
+// tiles in flight, swizzled for ldmatrix); warp w scores keys 16w..16w+15 of every tile
+// (S = Q Kᵀ), keeps an online softmax (base 2) for the 16 rows and adds P V (P from the
+// score registers, as FlashAttention-2 does). Then the 4 warps' states are merged through shared memory into the
 // group's (m, l, o) per head; with one split the group writes the output, otherwise it leaves
 // float32 partials and the group that finishes last for its KV head merges them.
 // The group whose range holds p ropes the new key, writes key and value to the cache and
@@ -64,7 +64,7 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
     return;
   }
   const i64 n = pos + 1;
-  const i64 S = p.splits < (n + TILE - 1) / TILE ? p.splits : (n + TILE - 1) / TILE;
+  const i64 S = decode_ranges(n, p.splits, NS);
   if (s >= S) return;
   const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
   const int tiles = (int)((end - start + TILE - 1) / TILE);
