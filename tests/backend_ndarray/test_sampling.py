@@ -121,6 +121,23 @@ def test_devices_match_the_reference(device, dtype, case, vocab):
 
 
 @ON_DEVICE
+@pytest.mark.parametrize("case", ["top_k", "top_p", "all"])
+def test_a_cut_inside_a_crowd_of_equal_logits(device, case):
+    """31,900 of a 32k row tie at the largest value (one bin of every radix digit, so the
+    selects' passes see them all, and each weighs exactly 2^24 in fixed point) and the rest
+    lie below: the cut falls inside the crowd, which is kept whole, and the device's tokens
+    are the reference's."""
+    rng = np.random.default_rng(3)
+    args = list(_case(rng, 16, 32000, "float32", SETTINGS[case]))
+    args[0][:, :100] = np.minimum(args[0][:, :100], 2.0)
+    args[0][:, 100:] = 3.0
+    want, _ = _reference(*args, "float32")
+    assert (want >= 100).all()
+    dev = [nd.array(a, device=device, dtype="bool" if a.dtype == bool else None) for a in args]
+    assert nd.sample(*dev).numpy().tolist() == want.tolist()
+
+
+@ON_DEVICE
 def test_large_vocabulary(device):
     """Llama 3's 128256-token vocabulary, one row."""
     rng = np.random.default_rng(1)

@@ -75,7 +75,7 @@ def _parameters(fn) -> list[str] | None:
     except (TypeError, ValueError):  # extension functions may carry no signature
         return None
     kinds = {p.kind for p in params.values()}
-    if kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+    if kinds and kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
         return None  # (*args, **kwargs): what some nanobind versions report for a native
         # function (the H100 machine's build of the cpu backend): it names no parameters
     return [p for p in params if p != "self"]
