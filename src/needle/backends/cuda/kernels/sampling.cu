@@ -13,12 +13,16 @@
 // Histogram updates are aggregated per warp (__match_any_sync, then one atomic per distinct
 // bin): the first digit of float keys is the sign and exponent, which most of a vocabulary
 // shares, and plain atomics on one bin serialized a 32k-token row (0.28 ms per token on an
-// H100, docs/cuda_notes.md). When the row's scaled logits fit in shared memory they are
+// H100, docs/cuda_notes.md), and where shared memory has room (64 KiB) each warp adds into
+// bins of its own, merged once a pass: the few bins most values share were hot spots for the
+// 32 warps' atomics (a 32k-token top-p select took ~90 us). When the row's scaled logits fit in shared memory they are
 // computed once and kept there, padded one word in 32 so that a thread's contiguous chunk
 // meets no bank conflicts. No host sync: a captured decode step samples in place.
 #include "common.cuh"
 
-struct SampleParams { i64 rows, vocab, cached; };
+// cached: the z values are kept in shared memory; warp_bins_at: where (in floats from the
+// start of the dynamic shared memory) the warps' own bins start, or -1 (none)
+struct SampleParams { i64 rows, vocab, cached, warp_bins_at; };
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
@@ -128,15 +132,23 @@ __device__ __forceinline__ int block_argmax(float v, int i, SampleShared& s) {
   return i;
 }
 
-// bins[bin] += amount for the lanes with ``active``, one atomic per distinct bin of a warp.
+// bins[bin] += amount for the lanes with ``active``, one update per distinct bin of a warp.
 // Every lane of the warp must call it (the loops below give all lanes the same trip count).
-__device__ __forceinline__ void bin_add(u64s* bins, u32 bin, u32 amount, bool active) {
+// With ``own`` the bins are this warp's alone: its lanes of one bin add up first, so one
+// plain update a bin (no atomic); otherwise one atomic per distinct bin.
+__device__ __forceinline__ void bin_add(u64s* bins, u32 bin, u32 amount, bool active,
+                                        bool own) {
   const unsigned lanes = __ballot_sync(0xffffffffu, active);
   if (!active) return;
   const unsigned peers = __match_any_sync(lanes, bin);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const u32 sum = __reduce_add_sync(peers, amount);  // <= 32 * 2^24: fits 32 bits
-  if (lane_id() == __ffs(peers) - 1) atomicAdd(&bins[bin], (u64s)sum);
+  if (lane_id() == __ffs(peers) - 1) {
+    if (own)
+      bins[bin] += sum;
+    else
+      atomicAdd(&bins[bin], (u64s)sum);
+  }
 #else
   atomicAdd(&bins[bin], (u64s)amount);
 #endif
@@ -193,19 +205,36 @@ template <class T> struct Row {
 // take no part.
 template <class T, bool BY_MASS>
 __device__ __forceinline__ u32 radix_select(const Row<T>& row, int vocab, float zmax,
-                                            u32 floor_key, SampleShared& s) {
+                                            u32 floor_key, u64s* warp_bins, SampleShared& s) {
   u32 prefix = 0, mask = 0;
+  // the warps' own bins ([warp][256], summed into s.bins after the pass) or the shared ones
+  u64s* bins = warp_bins ? warp_bins + warp_id() * 256 : s.bins;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  const bool own = warp_bins != nullptr;
+#else
+  const bool own = false;  // (bin_add adds lane by lane there: atomics)
+  bins = s.bins;
+#endif
   for (int shift = 24; shift >= 0; shift -= 8) {
-    if (threadIdx.x < 256) s.bins[threadIdx.x] = 0;
+    if (own)
+      for (int i = threadIdx.x; i < SAMPLE_WARPS * 256; i += SAMPLE_THREADS) warp_bins[i] = 0;
+    else if (threadIdx.x < 256)
+      s.bins[threadIdx.x] = 0;
     __syncthreads();
     for (int i0 = 0; i0 < vocab; i0 += SAMPLE_THREADS) {
       const int i = i0 + threadIdx.x;
       float z = i < vocab ? row.z(i) : neg_inf<float>();
       const u32 key = order_key(z);
       const bool take = i < vocab && key >= floor_key && (key & mask) == prefix;
-      bin_add(s.bins, (key >> shift) & 255u, BY_MASS ? fixed(expf(z - zmax)) : 1u, take);
+      bin_add(bins, (key >> shift) & 255u, BY_MASS ? fixed(expf(z - zmax)) : 1u, take, own);
     }
     __syncthreads();
+    if (own && threadIdx.x < 256) {  // the warps' bins, summed in warp order
+      u64s total = 0;
+      for (int w = 0; w < SAMPLE_WARPS; w++) total += warp_bins[w * 256 + threadIdx.x];
+      s.bins[threadIdx.x] = total;
+    }
+    if (own) __syncthreads();
     select_digit(s);
     __syncthreads();
     prefix |= s.digit << shift;
@@ -248,12 +277,14 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits,
   }
   zmax = block_max(zmax, s);  // (its barriers also publish the cache)
   if (p.cached) row.cache = zcache;
+  u64s* warp_bins = p.warp_bins_at >= 0 ? reinterpret_cast<u64s*>(zcache + p.warp_bins_at)
+                                        : nullptr;
   const u32 k = (u32)q[1];
   const float top_p = q[2], min_p = q[3];
   u32 cut = 0;
   if (k > 0 && k < (u32)vocab) {
     if (threadIdx.x == 0) s.need = k;
-    cut = radix_select<T, false>(row, vocab, zmax, 0u, s);
+    cut = radix_select<T, false>(row, vocab, zmax, 0u, warp_bins, s);
   }
   if (top_p < 1.f) {
     u64s total = 0;
@@ -263,7 +294,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits,
     }
     total = block_sum64(total, s);
     if (threadIdx.x == 0) s.need = (u64s)ceil((double)top_p * (double)total);
-    cut = radix_select<T, true>(row, vocab, zmax, cut, s);
+    cut = radix_select<T, true>(row, vocab, zmax, cut, warp_bins, s);
   }
   // each thread's contiguous chunk: its kept mass, then a scan over the group
   const int chunk = (vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
