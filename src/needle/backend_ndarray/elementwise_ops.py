@@ -35,13 +35,16 @@ class ElementwiseOps:
     def _binary(self, other, name: str, dtype_rule=None, out_dtype=None) -> NDArray:
         """Promote, broadcast and compact both sides, then call ewise_/scalar_ ``name``."""
         if type(other) is NDArray:
-            dt = self._handle.dtype
+            a, b = self._handle, other._handle
+            dt = a.dtype
             if (other._device is self._device and other._shape == self._shape
-                    and other._handle.dtype == dt and (dtype_rule is None or dtype_rule(dt) == dt)
-                    and self._is_plain() and other._is_plain()):  # the common case, fast
-                out = self._fresh(self._shape, out_dtype or dt)
-                getattr(self._device.backend, "ewise_" + name)(self._handle, other._handle,
-                                                               out._handle)
+                    and b.dtype == dt and (dtype_rule is None or dtype_rule(dt) == dt)
+                    and self._offset == 0 and other._offset == 0 and a.size == b.size
+                    and self._strides == other._strides and self._is_plain()):
+                # the common case, fast: both compact over whole buffers of one size (so one
+                # _is_plain test serves both, and the output takes their strides and size)
+                out = self._fresh_like(out_dtype or dt)
+                getattr(self._device.backend, "ewise_" + name)(a, b, out._handle)
                 return out
             self._check_device(other)
             dt = dtypes.promote(self.dtype, other.dtype)

@@ -168,6 +168,15 @@ class NDArray(LayoutOps, ElementwiseOps, TransformerOps):
         arr._handle = self._device.backend.Array(_prod(shape), dtype)
         return arr
 
+    def _fresh_like(self, dtype: str) -> NDArray:
+        """A new array of this compact whole-buffer array's shape (``_is_plain``), its
+        strides and element count reused: the elementwise fast path's output."""
+        arr = NDArray.__new__(NDArray)
+        arr._shape, arr._strides, arr._offset = self._shape, self._strides, 0
+        arr._device = device = self._device
+        arr._handle = device.backend.Array(self._handle.size, dtype)
+        return arr
+
     def fill(self, value) -> None:
         """Set every element to ``value`` (the array must be compact)."""
         if not isinstance(value, (numbers.Number, np.bool_)):
