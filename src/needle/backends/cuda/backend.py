@@ -380,7 +380,10 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, GpuBackend):
     # --- the decode step's fused projections (kernels/decode.cu) ----------------------------
     def _fused_matvec_special(self, kind, x, w, weight, out, rows, dim, p, eps) -> bool:
         """One row: a warp per output row, 16-byte loads; the norm is summed by each warp
-        along with its dot products."""
+        along with its dot products (decode.cu, tuning ``fused_matvec``). Otherwise
+        matvec_add of one row is gemv.py's ``gemv_t_add``."""
+        if kind == "add" and not self.tuning.fused_matvec:
+            return self._gemv_add(x, weight, out, rows, dim, p)
         dt = x.dtype
         item = ITEMSIZE.get(dt, 0)
         if not (self.tuning.fused_matvec and rows == 1 and dt in _FUSED_DTYPES

@@ -41,41 +41,27 @@ class GemvOps(MatmulOps):
         self.queue.dispatch(k, (cdiv(p, ty // 2), 1, 1), (32, ty, 1),
                             (a.buffer, w.buffer, out.buffer), params)
 
-    def _gemv_rows(self, name: str, a: GpuArray, w: GpuArray, out: GpuArray, n: int, p: int,
-                   eps: float) -> None:
-        """A warp an output row, groups of 4 warps (as gemv_t)."""
-        k = self._kernel("matmul", f"{name}_{SUFFIX[a.dtype]}")
-        ty = max(1, min(4, k.max_threads // 32))
-        self.queue.dispatch(k, (cdiv(p, ty), 1, 1), (32, ty, 1),
-                            (a.buffer, w.buffer, out.buffer), GEMV_PARAMS.pack(n, p, eps))
-
     def folded_rmsnorm_matvec(self, x: GpuArray, weight: GpuArray, out: GpuArray, dim: int,
                               p: int, eps: float, swiglu: bool) -> None:
-        """numpy_ref.folded_rmsnorm_matvec: one kernel for the gemv dtypes; float64 as
-        rmsnorm (a unit weight) then the product, in float64."""
-        if x.dtype in GEMV_DTYPES:
-            if swiglu:
-                self._gemv_pairs("gemv_glu_norm", x, weight, out,
-                                 GEMV_PARAMS.pack(dim, p, eps), p)
-            else:
-                self._gemv_rows("gemv_t_norm", x, weight, out, dim, p, eps)
-            return
-        ones = self._new_array(dim, x.dtype)
-        self.fill(ones, 1)
-        h = self._new_array(dim, x.dtype)
-        self.rmsnorm(x, ones, h, dim, eps)
-        if swiglu:
-            self.matmul_swiglu(h, weight, out, 1, dim, p)
+        """numpy_ref.folded_rmsnorm_matvec: one kernel for the gemv dtypes; float64 by the
+        composed projections with a unit norm weight (rmsnorm, then the product)."""
+        params = GEMV_PARAMS.pack(dim, p, eps)
+        if x.dtype in GEMV_DTYPES and swiglu:
+            self._gemv_pairs("gemv_glu_norm", x, weight, out, params, p)
+        elif x.dtype in GEMV_DTYPES:
+            self._gemv_rows("gemv_t_norm", x, weight, out, p, params)
         else:
-            self.matmul(h, weight, out, 1, dim, p, transpose_b=True)
+            ones = self._new_array(dim, x.dtype)
+            self.fill(ones, 1)
+            compose = self.rmsnorm_matvec_swiglu if swiglu else self.rmsnorm_matvec
+            compose(x, ones, weight, out, 1, dim, p, eps)
 
-    def matvec_add(self, a: GpuArray, weight: GpuArray, total: GpuArray, rows: int, dim: int,
-                   p: int) -> None:
-        """numpy_ref.matvec_add: one row by ``gemv_t_add`` (unless decode.cu's fused kernels
-        are asked for: tuning ``fused_matvec``); otherwise the product, then the add."""
-        if (rows == 1 and a.dtype in GEMV_DTYPES and not self.tuning.fused_matvec
-                and not overlap(a.buffer, total.buffer)
+    def _gemv_add(self, a: GpuArray, weight: GpuArray, total: GpuArray, rows: int, dim: int,
+                  p: int) -> bool:
+        """matvec_add of one row by ``gemv_t_add`` (total[j] += the rounded product), where
+        it applies (the backend's _fused_matvec_special asks)."""
+        if not (rows == 1 and a.dtype in GEMV_DTYPES and not overlap(a.buffer, total.buffer)
                 and not overlap(weight.buffer, total.buffer)):
-            self._gemv_rows("gemv_t_add", a, weight, total, dim, p, 0.0)
-            return
-        super().matvec_add(a, weight, total, rows, dim, p)
+            return False
+        self._gemv_rows("gemv_t_add", a, weight, total, p, GEMV_PARAMS.pack(dim, p, 0.0))
+        return True

@@ -91,16 +91,21 @@ class MatmulOps(GpuBase):
             params = MATMUL.pack(m, n, p, nb, stride_a, stride_b, int(ta), int(tb), 1, 0)
             self.queue.dispatch(k, (gx, gy, nb), threads, (av, bv, ov), params, shared)
 
+    def _gemv_rows(self, name: str, a: GpuArray, b: GpuArray, out: GpuArray, p: int,
+                   params: bytes) -> None:
+        """Kernel ``name`` (gemv_t or one of its forms) over the p rows of B (p, n): a warp a
+        row, small groups (256 rows still span 64 SMs)."""
+        k = self._kernel("matmul", f"{name}_{SUFFIX[a.dtype]}")
+        ty = max(1, min(4, k.max_threads // 32))
+        self.queue.dispatch(k, (cdiv(p, ty), 1, 1), (32, ty, 1),
+                            (a.buffer, b.buffer, out.buffer), params)
+
     def _gemv(self, a: GpuArray, b: GpuArray, out: GpuArray, n: int, p: int,
               transpose_b: bool) -> None:
-        sfx = SUFFIX[a.dtype]
         if transpose_b:
-            k = self._kernel("matmul", f"gemv_t_{sfx}")
-            ty = max(1, min(4, k.max_threads // 32))  # small groups: 256 rows still span 64 SMs
-            params = MATMUL.pack(1, n, p, 1, 0, 0, 0, 1, 1, n)
-            self.queue.dispatch(k, (cdiv(p, ty), 1, 1), (32, ty, 1),
-                                (a.buffer, b.buffer, out.buffer), params)
+            self._gemv_rows("gemv_t", a, b, out, p, MATMUL.pack(1, n, p, 1, 0, 0, 0, 1, 1, n))
             return
+        sfx = SUFFIX[a.dtype]
         k = self._kernel("matmul", f"gemv_n_{sfx}")
         ty = max(1, min(8, k.max_threads // 32))
         width = 16 // ITEMSIZE[a.dtype]

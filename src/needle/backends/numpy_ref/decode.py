@@ -18,15 +18,27 @@ from .core import Array, _f, _store
 from .elementwise import _sigmoid
 
 
+def _rms_factor(v: np.ndarray, eps: float) -> np.ndarray:
+    """1 / sqrt(mean(v^2) + eps) of each row of v (the compute dtype)."""
+    return 1 / np.sqrt((v * v).mean(axis=1, keepdims=True) + np.asarray(eps, v.dtype))
+
+
 def _normed(x: Array, w: Array, rows: int, dim: int, eps: float) -> np.ndarray:
     """rmsnorm(x) * w rounded to x's dtype, then back in the compute dtype."""
     v = _f(x.array).reshape(rows, dim)
-    r = 1 / np.sqrt((v * v).mean(axis=1, keepdims=True) + np.asarray(eps, v.dtype))
-    return _f((v * r * _f(w.array)).astype(x.array.dtype))
+    return _f((v * _rms_factor(v, eps) * _f(w.array)).astype(x.array.dtype))
 
 
 def _rounded(value: np.ndarray, like: Array) -> np.ndarray:
     return _f(value.astype(like.array.dtype))
+
+
+def _store_swiglu(out: Array, gate_up: np.ndarray, p: int) -> None:
+    """out = silu(g) * u of the products [g | u] (rows, 2p), each rounded first (``swiglu``
+    of a rounded product)."""
+    gu = _rounded(gate_up, out)
+    g, u = gu[:, :p], gu[:, p:]
+    _store(out, (g * _sigmoid(g) * u).reshape(-1))
 
 
 def rmsnorm_matvec(x: Array, w: Array, weight: Array, out: Array, rows: int, dim: int,
@@ -43,9 +55,7 @@ def rmsnorm_matvec_swiglu(x: Array, w: Array, weight: Array, out: Array, rows: i
     (2p, dim) holding the gate's rows then the up projection's (each rounded before the
     gate, as ``swiglu`` of a rounded product)."""
     h = _normed(x, w, rows, dim, eps)
-    gu = _rounded(h @ _f(weight.array).reshape(2 * p, dim).T, out)
-    g, u = gu[:, :p], gu[:, p:]
-    _store(out, (g * _sigmoid(g) * u).reshape(-1))
+    _store_swiglu(out, h @ _f(weight.array).reshape(2 * p, dim).T, p)
 
 
 def folded_rmsnorm_matvec(x: Array, weight: Array, out: Array, dim: int, p: int, eps: float,
@@ -55,15 +65,11 @@ def folded_rmsnorm_matvec(x: Array, weight: Array, out: Array, dim: int, p: int,
     normed vector never rounded; with ``swiglu`` weight is (2p, dim) and out = silu(g) * u of
     the two products, each rounded first."""
     v = _f(x.array).reshape(1, dim)
-    r = 1 / np.sqrt((v * v).mean(axis=1, keepdims=True) + np.asarray(eps, v.dtype))
-    rows = 2 * p if swiglu else p
-    y = (v @ _f(weight.array).reshape(rows, dim).T) * r
-    if not swiglu:
+    y = (v @ _f(weight.array).reshape(2 * p if swiglu else p, dim).T) * _rms_factor(v, eps)
+    if swiglu:
+        _store_swiglu(out, y, p)
+    else:
         _store(out, y.reshape(-1))
-        return
-    gu = _rounded(y, out)
-    g, u = gu[:, :p], gu[:, p:]
-    _store(out, (g * _sigmoid(g) * u).reshape(-1))
 
 
 def matvec_add(a: Array, weight: Array, total: Array, rows: int, dim: int, p: int) -> None:
