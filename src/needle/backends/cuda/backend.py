@@ -49,7 +49,7 @@ _COMPILE_ORDER = {"nn": 0, "elementwise": 1, "matmul": 2, "reduce": 3}
 _SAMPLE = struct.Struct("4q")
 _SAMPLE_WARP_BINS = 32 * 256 * 8  # the selects' per-warp bins (sampling.cu)
 _SAMPLE_THREADS = 1024
-_SAMPLE_STATIC = 4096  # sampling.cu's static shared memory (2.6 KiB), rounded up
+_SAMPLE_STATIC = 8192  # sampling.cu's static shared memory (6.7 KiB), rounded up
 _ATTN_ROWS = struct.Struct("6q")  # nn.cu's AttnRows: q's and out's row strides
 _TMA_PLANS = 256  # launch plans kept by _tma_gemm and routes by matmul (emptied when full)
 
@@ -573,20 +573,23 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, GpuBackend):
     # --- sampling ----------------------------------------------------------------------------
     def sample(self, logits, params, seeds, positions, seen, out, rows: int,
                vocab: int) -> None:
-        """sampling.cu: a group of 1024 threads per row; the row's scaled logits kept in
-        shared memory when they fit (vocabularies up to ~55k on an H100), then the top-k /
-        top-p selects' per-warp bins where there is room (else they share one set)."""
+        """sampling.cu: a cluster of groups of 1024 threads per row (8 on sm_90+, read back
+        from the compiled kernel), each group a slice of the vocabulary; a slice's scaled
+        logits kept in shared memory when they fit, then the top-k / top-p selects' per-warp
+        bins where there is room (else a group's warps share one set)."""
         kern = self._kernel("sampling", f"sample_{SUFFIX[logits.dtype]}")
         kern.check_threads(_SAMPLE_THREADS)
+        groups = kern.cluster_width
         room = self.device.max_shared_bytes - _SAMPLE_STATIC
-        padded = (vocab + vocab // 32 + 1) * 4  # one word in 32 of padding (bank conflicts)
+        slice_ = -(-vocab // groups)
+        padded = (slice_ + slice_ // 32 + 1) * 4  # one word in 32 of padding (bank conflicts)
         cache = padded if padded <= room else 0
         cache = cache + cache % 8  # the bins after it are 8-byte words
         bins_at = cache // 4 if cache + _SAMPLE_WARP_BINS <= room else -1
         shared = cache + (_SAMPLE_WARP_BINS if bins_at >= 0 else 0)
         if shared:
             kern.reserve_shared(shared)
-        self.queue.dispatch(kern, (rows, 1, 1), (_SAMPLE_THREADS, 1, 1),
+        self.queue.dispatch(kern, (rows * groups, 1, 1), (_SAMPLE_THREADS, 1, 1),
                             (logits.buffer, params.buffer, seeds.buffer, positions.buffer,
                              seen.buffer, out.buffer),
                             _SAMPLE.pack(rows, vocab, int(cache > 0), bins_at), shared)

@@ -121,7 +121,7 @@ def compile_source(source: str, family: str, arch: str, ptx: bool = False,
 class CudaKernel(Kernel):
     """A CUfunction and its limits, from the driver's attribute and occupancy queries."""
 
-    __slots__ = ("_sm_count", "_shared_reserved", "address")
+    __slots__ = ("_sm_count", "_shared_reserved", "address", "cluster_width")
 
     def __init__(self, name: str, function, sm_count: int):
         attr = cu.CUfunction_attribute
@@ -133,6 +133,10 @@ class CudaKernel(Kernel):
         self._sm_count = sm_count
         self._shared_reserved = _SHARED_DEFAULT
         self.address = int(function)  # the CUfunction as an integer, for the native launch
+        # groups a cluster, where the kernel fixes it (__cluster_dims__); grids are multiples
+        width = check(cu.cuFuncGetAttribute(
+            attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, function), "cuFuncGetAttribute")
+        self.cluster_width = max(1, int(width))
 
     def _occupancy(self, threads: int, shared_bytes: int) -> int:
         per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
