@@ -103,6 +103,17 @@ def test_reduce_big(device, op, rng):
     _check(device, op, x, None, False)
 
 
+@pytest.mark.parametrize("op", list(REDUCTIONS))
+@pytest.mark.parametrize("shape, axis", [((2, 70001), 0), ((3, 5, 30000), 1),
+                                         ((16, 65536), 0), ((65, 70000), 0)], ids=str)
+def test_short_wide_columns(device, op, shape, axis, rng):
+    """A few rows of many columns (split-K slabs, a node's gradients summed): the GPUs take
+    a thread per output below 65 rows and 65,536 outputs (gpu/reduce.py)."""
+    x = random(rng, shape, "float32", -1.0, 1.0)
+    x.reshape(-1)[::9973] = x.max() + 1  # ties and clear maxima for the arg- ops
+    _check(device, op, x, axis, False)
+
+
 @pytest.mark.parametrize("axis", [0, 1])
 def test_sum_big_2d(device, axis, rng):
     x = random(rng, (1001, 999), "float32", 0.0, 1.0)

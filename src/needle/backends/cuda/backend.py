@@ -61,6 +61,7 @@ def _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb, glu=False) -> tup
 
 class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, GpuBackend):
     qmv_staged_x = True  # quant.cu's qmv stages x in shared memory (gpu/quant.py)
+    wide_column_reduce = True  # reduce.cu's reduce_wide (gpu/reduce.py)
 
     def __init__(self, device, tuning: CudaTuning | None = None):
         tuning = tuning or CudaTuning.for_device(device.capability, device.executables.arch)

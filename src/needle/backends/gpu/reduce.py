@@ -1,6 +1,8 @@
 """Reductions over the middle axis of a compact (outer, reduce_size, inner) array (kernel
 file ``reduce``): rows when inner == 1, columns otherwise, split over more groups (and
-combined by a second launch) when few groups would each walk a long reduction."""
+combined by a second launch) when few groups would each walk a long reduction; a few rows
+of many columns (split-K slabs, summed gradients) a thread per output where the kernel file
+has it (``reduce_wide``)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,20 @@ for _dt in ALL:
 # 2-byte values, so a 32k-token row of logits is 63 warps. H100, one (1, 32000) bfloat16 row
 # in a graph, argmax / sum: 13.3 / 3.9 us with 4096, 6.8 / 2.9 with 1024, 4.1 / 2.5 with 512
 _ROW_CHUNK = 512
+# rows of a column a warp takes at least, when a short, wide sum is split over groups: a
+# training step's bias gradients, (4096, 512) summed over its rows, were 16 groups on 16 of
+# 132 multiprocessors (splits needed 256 rows a warp)
+_COL_ROWS = 16
+# columns of at most _WIDE_ROWS rows and at least _WIDE_OUTPUTS outputs take reduce_wide
+_WIDE_ROWS = 64
+_WIDE_OUTPUTS = 1 << 16
 
 
 class ReduceOps(GpuBase):
+    # whether the kernel file has reduce_wide_* (a thread per output; reduce.cu does, the
+    # Metal file not yet)
+    wide_column_reduce = False
+
     def _reduce(self, op: str, a: GpuArray, out: GpuArray, outer: int, reduce_size: int,
                 inner: int) -> None:
         if a.dtype in SMALL_INTS:
@@ -41,13 +54,19 @@ class ReduceOps(GpuBase):
             chunk = cdiv(cdiv(reduce_size, splits), 16) * 16  # keeps 16-byte alignment
             splits = cdiv(reduce_size, chunk)
             groups, shared = (cdiv(outer, ty), splits, 1), 0
+        elif (self.wide_column_reduce and reduce_size <= _WIDE_ROWS
+              and outer * inner >= _WIDE_OUTPUTS):
+            params = REDUCE.pack(outer, reduce_size, inner, 1, reduce_size)
+            self._launch_1d(f"reduce_wide_{op}_{sfx}", outer * inner, (a.buffer, out.buffer),
+                            params, "reduce")
+            return
         else:
             k = self._kernel("reduce", f"reduce_cols_{op}_{sfx}")
             ty = max(1, min(32, k.max_threads // 32, reduce_size))  # no idle rows of threads
             blocks = cdiv(inner, 32) * outer
             splits = 1  # split only when few groups each walk a long column
-            if blocks * ty < cu * 16 and reduce_size >= 256 * ty:
-                splits = min(cdiv(cu * 16, blocks * ty), cdiv(reduce_size, 64 * ty),
+            if blocks * ty < cu * 16 and reduce_size >= _COL_ROWS * ty:
+                splits = min(cdiv(cu * 16, blocks * ty), cdiv(reduce_size, _COL_ROWS * ty),
                              MAX_GRID_YZ)
             chunk = cdiv(reduce_size, splits)
             splits = cdiv(reduce_size, chunk)

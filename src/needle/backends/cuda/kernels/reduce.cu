@@ -124,6 +124,25 @@ __device__ __forceinline__ void reduce_cols(const In* __restrict__ in, Out* __re
   }
 }
 
+// Short, wide columns (a few rows of a long array: autograd's sum of a node's gradients): a
+// thread per output, grid-stride, its rows' loads in flight together; the warp's loads of
+// one row are 32 neighbouring elements. (reduce_cols gave such a sum 65,536 groups of two
+// warps meeting in shared memory for one value each: 41 us for two rows of 2M floats.)
+template <class Op, class In, class Out, class C>
+__device__ __forceinline__ void reduce_wide(const In* __restrict__ in, Out* __restrict__ out,
+                                            const ReduceParams& p) {
+  const i64 n = p.outer * p.inner, stride = (i64)gridDim.x * blockDim.x;
+  for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+    const i64 o = e / p.inner, c = e - o * p.inner;
+    const In* col = in + o * p.reduce * p.inner + c;
+    C acc = Op::init();
+    i64 ai = kNoIndex;
+#pragma unroll 8
+    for (i64 r = 0; r < p.reduce; r++) Op::fold(acc, ai, (C)load(col[r * p.inner]), r);
+    out[e] = Result<Op, Out, C>::get(acc, ai);
+  }
+}
+
 template <class Op, class Out, class C>
 __device__ __forceinline__ void reduce_combine(const C* __restrict__ part_val, const i64* __restrict__ part_idx,
                                                Out* __restrict__ out, const ReduceParams& p) {
@@ -151,6 +170,11 @@ __device__ __forceinline__ void reduce_combine(const C* __restrict__ part_val, c
     pdl_entry();                                                                               \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
     reduce_cols<OPT<C>, IN, OUT, C>(in, out, part_val, part_idx, p, smem);                     \
+  }                                                                                            \
+  extern "C" __global__ void reduce_wide_##NAME##_##SFX(const IN* __restrict__ in,                \
+                                                        OUT* __restrict__ out, ReduceParams p) { \
+    pdl_entry();                                                                               \
+    reduce_wide<OPT<C>, IN, OUT, C>(in, out, p);                                               \
   }                                                                                            \
   extern "C" __global__ void reduce_combine_##NAME##_##SFX(const C* __restrict__ part_val,     \
                                                            const i64* __restrict__ part_idx,   \
