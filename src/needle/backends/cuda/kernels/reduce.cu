@@ -124,9 +124,9 @@ __device__ __forceinline__ void reduce_cols(const In* __restrict__ in, Out* __re
   }
 }
 
-// Short, wide columns (a few rows of a long array: autograd's sum of a node's gradients): a
-// thread per output, grid-stride, its rows' loads in flight together; the warp's loads of
-// one row are 32 neighbouring elements. (reduce_cols gave such a sum 65,536 groups of two
+// Short, wide columns (a few rows of a long array: the split-K slabs of a float32 product,
+// a node's gradients summed): a thread per output, grid-stride, its rows' loads in flight
+// together; the warp's loads of one row are 32 neighbouring elements. (reduce_cols gave such a sum 65,536 groups of two
 // warps meeting in shared memory for one value each: 41 us for two rows of 2M floats.)
 template <class Op, class In, class Out, class C>
 __device__ __forceinline__ void reduce_wide(const In* __restrict__ in, Out* __restrict__ out,

@@ -112,6 +112,17 @@ __device__ __forceinline__ u32 in_group(const void* p, u32 rank) {
 }
 #endif
 
+// a 4- or 8-byte shared variable of group ``rank`` (one group: this one's)
+__device__ __forceinline__ u32 remote32(const void* p, u32 rank) {
+#if SAMPLE_CLUSTER > 1
+  u32 v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(in_group(p, rank)) : "memory");
+  return v;
+#else
+  return *reinterpret_cast<const u32*>(p);
+#endif
+}
+
 __device__ __forceinline__ u64s remote(const u64s* p, u32 rank) {
 #if SAMPLE_CLUSTER > 1
   u64s v;
@@ -123,24 +134,10 @@ __device__ __forceinline__ u64s remote(const u64s* p, u32 rank) {
 }
 
 __device__ __forceinline__ float remote(const float* p, u32 rank) {
-#if SAMPLE_CLUSTER > 1
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(in_group(p, rank)) : "memory");
-  return v;
-#else
-  return *p;
-#endif
+  return __uint_as_float(remote32(p, rank));
 }
 
-__device__ __forceinline__ int remote(const int* p, u32 rank) {
-#if SAMPLE_CLUSTER > 1
-  int v;
-  asm volatile("ld.shared::cluster.s32 %0, [%1];\n" : "=r"(v) : "r"(in_group(p, rank)) : "memory");
-  return v;
-#else
-  return *p;
-#endif
-}
+__device__ __forceinline__ int remote(const int* p, u32 rank) { return (int)remote32(p, rank); }
 
 __device__ __forceinline__ float block_max(float v, SampleShared& s) {
   v = warp_max(v);
