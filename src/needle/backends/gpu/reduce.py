@@ -31,8 +31,8 @@ _WIDE_OUTPUTS = 1 << 16
 
 
 class ReduceOps(GpuBase):
-    # whether the kernel file has reduce_wide_* (a thread per output; reduce.cu does, the
-    # Metal file not yet)
+    # whether the kernel file has reduce_wide_* (a thread per output: reduce.cu and
+    # reduce.metal do)
     wide_column_reduce = False
 
     def _reduce(self, op: str, a: GpuArray, out: GpuArray, outer: int, reduce_size: int,

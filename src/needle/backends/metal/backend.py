@@ -45,6 +45,8 @@ class MetalTuning(GpuTuning):
 
 
 class MetalBackend(GpuBackend):
+    wide_column_reduce = True  # reduce.metal's reduce_wide (gpu/reduce.py)
+
     def __init__(self, device, tuning: MetalTuning | None = None):
         super().__init__(device, "metal", tuning or MetalTuning.from_env())
         self._retuned()

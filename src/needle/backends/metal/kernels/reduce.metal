@@ -1,8 +1,9 @@
 // Reductions of a compact (outer, reduce, inner) array over its middle axis: sum, max, min,
 // argmax (docs/kernels.md, "reduce"). Rows (inner == 1): one simd-group per (row, split),
 // finished with simd-group functions. Columns (inner > 1): 32 columns per threadgroup, its
-// simd-groups splitting the reduced axis and meeting in threadgroup memory. Long axes split
-// across threadgroups and a combine dispatch finishes.
+// simd-groups splitting the reduced axis and meeting in threadgroup memory; a few rows of
+// many columns, a thread per output. Long axes split across threadgroups and a combine
+// dispatch finishes.
 #include <metal_stdlib>
 using namespace metal;
 
@@ -157,6 +158,21 @@ kernel void reduce_cols(device const In* in [[buffer(0)]], device Out* out [[buf
   }
 }
 
+// Short, wide columns (a few rows of a long array: split-K slabs, a node's gradients summed):
+// a thread per output walking its rows, grid-stride (gpu/reduce.py picks it; as CUDA's)
+template <class Op, class In, class Out, class C>
+kernel void reduce_wide(device const In* in [[buffer(0)]], device Out* out [[buffer(1)]],
+                        constant ReduceParams& p [[buffer(2)]], GRID_ARGS) {
+  GRID_STRIDE(e, p.outer * p.inner) {
+    const long o = e / p.inner, c = e - o * p.inner;
+    device const In* col = in + o * p.reduce * p.inner + c;
+    C acc = Op::init();
+    long ai = kNoIndex;
+    for (long r = 0; r < p.reduce; r++) Op::fold(acc, ai, C(load(col[r * p.inner])), r);
+    out[e] = Result<Op, Out, C>::get(acc, ai);
+  }
+}
+
 // one simd-group per output element, its lanes over the splits (In only tells dtypes whose
 // combine would otherwise be the same function apart: each host name needs its own)
 template <class Op, class In, class Out, class C>
@@ -180,6 +196,7 @@ kernel void reduce_combine(device const C* part_val [[buffer(0)]],
 #define REDUCE(OP, OPT, SFX, IN, OUT, C)                                         \
   INSTANTIATE(NAME(reduce_rows_##OP##_##SFX), reduce_rows<OPT<C>, IN, OUT, C>)    \
   INSTANTIATE(NAME(reduce_cols_##OP##_##SFX), reduce_cols<OPT<C>, IN, OUT, C>)    \
+  INSTANTIATE(NAME(reduce_wide_##OP##_##SFX), reduce_wide<OPT<C>, IN, OUT, C>)    \
   INSTANTIATE(NAME(reduce_combine_##OP##_##SFX), reduce_combine<OPT<C>, IN, OUT, C>)
 
 // (storage type, output type, accumulator) per dtype: sums of integers and bools accumulate
