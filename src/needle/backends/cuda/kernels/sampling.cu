@@ -185,26 +185,31 @@ __device__ __forceinline__ u64s block_inclusive_scan64(u64s v, SampleShared& s) 
   return v + (warp_id() > 0 ? s.red64[warp_id() - 1] : 0ull);
 }
 
-// the first index of the largest value (ties and the whole group: the smallest index); v
-// becomes the largest value
-__device__ __forceinline__ int block_argmax(float& v, int i, SampleShared& s) {
+// the warp's largest (best, at), ties to the smallest index, in every lane (on copies: the
+// code is then the same as the loop written in place)
+__device__ __forceinline__ void warp_argmax(float& best, int& at) {
+  float v = best;
+  int i = at;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     float ov = __shfl_xor_sync(0xffffffffu, v, o);
     int oi = __shfl_xor_sync(0xffffffffu, i, o);
     if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
   }
+  best = v;
+  at = i;
+}
+
+// the first index of the largest value (ties and the whole group: the smallest index); v
+// becomes the largest value
+__device__ __forceinline__ int block_argmax(float& v, int i, SampleShared& s) {
+  warp_argmax(v, i);
   __syncthreads();
   if (lane_id() == 0) { s.redf[warp_id()] = v; s.redi[warp_id()] = i; }
   __syncthreads();
   v = lane_id() < SAMPLE_WARPS ? s.redf[lane_id()] : neg_inf<float>();
   i = lane_id() < SAMPLE_WARPS ? s.redi[lane_id()] : 0x7fffffff;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
-  }
+  warp_argmax(v, i);
   return i;
 }
 
@@ -356,12 +361,7 @@ __device__ __forceinline__ void greedy_row(const Row<T>& row, int* out_row, u32 
     const int g = lane_id();
     float v = g < SAMPLE_CLUSTER ? remote(&s.group_best, g) : neg_inf<float>();
     int i = g < SAMPLE_CLUSTER ? remote(&s.group_at, g) : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, v, o);
-      int oi = __shfl_xor_sync(0xffffffffu, i, o);
-      if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
-    }
+    warp_argmax(v, i);
     if (g == 0) {
       *out_row = i;
       row.seen[i] = 1;
