@@ -59,6 +59,9 @@ CAPABILITY_TESTS = {
     "folded_norm_matvec": [
         "backend_ndarray/test_fused_matvec.py::test_a_norm_folded_into_the_weight",
         "models/test_llama_vs_hf.py::test_folded_norms_match_the_checkpoint_weights"],
+    "multi_tensor_adam": [
+        "backend_ndarray/test_adam_many.py::test_many_is_each_parameter_alone_bitwise",
+        "backend_ndarray/test_adam_many.py::test_cuda_launches_sixteen_parameters_at_a_time"],
 }
 
 

@@ -49,11 +49,12 @@ from .ndarray import (
 from .paged import paged_attention, paged_write
 from .quant import QuantizedMatrix, quant_matmul
 from .sampling import sample
-from .updates import adam_update, sgd_update, state_dtype
+from .updates import adam_update, adam_update_many, sgd_update, state_dtype
 
 __all__ = [
     "ALL_DTYPES", "Device", "NDArray", "QuantizedMatrix", "quant_matmul",
-    "adam_update", "add_rmsnorm", "matvec_add", "rmsnorm_matvec", "all_devices", "array",
+    "adam_update", "adam_update_many", "add_rmsnorm", "matvec_add", "rmsnorm_matvec",
+    "all_devices", "array",
     "as_device", "attention", "attention_decode",
     "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
     "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",

@@ -10,6 +10,7 @@ expects: ``param`` and ``grad`` of one floating dtype, the state in ``state_dtyp
 
 from __future__ import annotations
 
+from ..backends import api
 from ..errors import DTypeError, NeedleError, ShapeError
 from . import dtypes
 from .ndarray import NDArray
@@ -53,6 +54,35 @@ def adam_update(param: NDArray, grad: NDArray, m: NDArray, v: NDArray, *, lr: fl
         param.device.backend.adam_update(
             param.handle, g.handle, m.handle, v.handle, float(lr), float(beta1), float(beta2),
             float(eps), float(weight_decay), int(step), bool(decoupled))
+
+
+def adam_update_many(params: list[NDArray], grads: list[NDArray], ms: list[NDArray],
+                     vs: list[NDArray], *, lr: float, beta1: float, beta2: float, eps: float,
+                     weight_decay: float, step: int, decoupled: bool = False) -> None:
+    """``adam_update`` of every ``params[i]`` with ``grads[i]``, ``ms[i]``, ``vs[i]`` and
+    one set of hyper-parameters, each parameter's result bitwise its own ``adam_update``'s.
+    Where the device declares ``multi_tensor_adam`` the parameters of each dtype are updated
+    together (CUDA: a launch per 16 parameters instead of one each)."""
+    if not len(params) == len(grads) == len(ms) == len(vs):
+        raise ShapeError(f"adam_update_many: {len(params)} parameters, {len(grads)} gradients, "
+                         f"{len(ms)} first and {len(vs)} second moments (one each)")
+    if int(step) < 1:
+        raise NeedleError(f"adam_update_many: step counts from 1, got {step}")
+    groups: dict[tuple, list] = {}  # (device, dtype) -> [(param, grad, m, v)], in order
+    for i, (w, g, m, v) in enumerate(zip(params, grads, ms, vs)):
+        g = _check(w, g, {"m": m, "v": v}, f"adam_update_many (parameter {i})")
+        if w.size:
+            groups.setdefault((w.device, w.dtype), []).append((w, g, m, v))
+    hyper = (float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), int(step),
+             bool(decoupled))
+    for (device, _), group in groups.items():
+        backend = device.backend
+        handles = [[a.handle for a in column] for column in zip(*group)]
+        if api.has(backend, "multi_tensor_adam"):
+            backend.adam_update_many(*handles, *hyper)
+        else:
+            for w, g, m, v in zip(*handles):
+                backend.adam_update(w, g, m, v, *hyper)
 
 
 def sgd_update(param: NDArray, grad: NDArray, momentum_buf: NDArray | None, *, lr: float,

@@ -57,6 +57,9 @@ CAPABILITIES = {
                           "pass with the norm's scale folded into the weight, r * (W x), the "
                           "normed vector never rounded (numpy_ref/decode.py); the decode step "
                           "folds its norms into the weights where a backend declares it",
+    "multi_tensor_adam": "adam_update_many(): Adam steps of many parameters of one dtype "
+                         "together (numpy_ref/optim.py), each bitwise its own adam_update; "
+                         "on a GPU a few launches for a whole model's step",
 }
 # Names kept for capabilities that are planned but that no backend declares yet.
 RESERVED_CAPABILITIES: tuple[str, ...] = ()
@@ -248,6 +251,15 @@ class FoldedNormMatvec(Protocol):
                               eps: float, swiglu: bool) -> None: ...
 
 
+class MultiTensorAdam(Protocol):
+    """adam_update of each parameter of a list, together (numpy_ref/optim.py defines it);
+    the array layer calls adam_update once a parameter where a backend lacks it."""
+
+    def adam_update_many(self, params: list, grads: list, ms: list, vs: list, lr: float,
+                         beta1: float, beta2: float, eps: float, weight_decay: float,
+                         step: int, decoupled: bool) -> None: ...
+
+
 class _Marker(Protocol):
     """Capabilities that promise behaviour of required functions, not new functions."""
 
@@ -259,7 +271,7 @@ CAPABILITY_PROTOCOLS: dict[str, type] = {
     "precompile": Precompile, "paged_attention": PagedAttention, "int8": QuantizedWeights,
     "int4": QuantizedWeights, "fused_quant_matvec": FusedQuantMatvec,
     "token_major_attention": TokenMajorAttention, "matmul_swiglu": MatmulSwiglu,
-    "folded_norm_matvec": FoldedNormMatvec,
+    "folded_norm_matvec": FoldedNormMatvec, "multi_tensor_adam": MultiTensorAdam,
 }
 
 

@@ -38,6 +38,13 @@ def is_array(x) -> bool:
     return not isinstance(x, _SCALARS)
 
 
+def _arrays(x) -> list:
+    """The backend arrays an argument holds: itself, or a list's (``adam_update_many``)."""
+    if isinstance(x, list):
+        return [a for a in x if is_array(a)]
+    return [x] if is_array(x) else []
+
+
 @dataclass(eq=False)
 class Call:
     """One recorded backend call: ``fn(*args, **kwargs)`` at position ``pos`` of the step."""
@@ -53,8 +60,8 @@ class Call:
 
     def analyse(self) -> None:
         """Fill ``reads`` and ``writes`` (they hold references: ``plan.dead_arrays`` first)."""
-        arrays = [a for a in self.args if is_array(a)]
-        arrays += [v for v in self.kwargs.values() if is_array(v)]
+        arrays = [a for x in self.args for a in _arrays(x)]
+        arrays += [a for v in self.kwargs.values() for a in _arrays(v)]
         self.reads = arrays
         known = WRITES.get(self.name)
         if known is None:  # a function outside the array API: it may write anything it gets

@@ -31,8 +31,10 @@ from ..gpu.array import (
 from ..gpu.paged import PAGED_FLASH
 from ..precision import tf32_allowed
 from .gemv import GEMV_DTYPES, GemvOps
+from .multi_tensor import MultiTensorOps
 from .quant_decode import QuantDecodeOps
 from .quant_skinny import QuantSkinnyOps
+from .split_k import split_k_plan
 from .tensor_map import matrix_map
 from .tuning import TMA_WIDTHS, CudaTuning, tma_stages, tma_width
 
@@ -59,7 +61,7 @@ def _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb, glu=False) -> tup
             n, p, batch, stride_a, stride_b, tb, glu)
 
 
-class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, GpuBackend):
+class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTensorOps, GpuBackend):
     qmv_staged_x = True  # quant.cu's qmv stages x in shared memory (gpu/quant.py)
     wide_column_reduce = True  # reduce.cu's reduce_wide (gpu/reduce.py)
 
@@ -78,6 +80,7 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, GpuBackend):
         caps.add("precompile")
         caps.add("token_major_attention")
         caps.add("matmul_swiglu")
+        caps.add("multi_tensor_adam")
         if self.tuning.folded_norm:
             caps.add("folded_norm_matvec")
         self.capabilities = frozenset(caps)
@@ -192,9 +195,7 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, GpuBackend):
         tiles = cdiv(m, 128) * cdiv(p, 128) * batch
         if not self.tuning.split_k or tiles >= self.device.compute_units or n < 512:
             return False
-        splits = min(cdiv(2 * self.device.compute_units, tiles), n // 256)
-        chunk = cdiv(cdiv(n, max(splits, 1)), 16) * 16
-        splits = cdiv(n, chunk)
+        splits, chunk = split_k_plan(tiles, m, n, p, batch, self.device.compute_units)
         if splits == 1 or batch > MAX_GRID_YZ // splits:
             return False
         part = GpuArray(self._workspace(splits * batch * m * p * 4), splits * batch * m * p,

@@ -168,6 +168,12 @@ class CudaQueue(Queue):
         self._keep(buffers)
         self.capturing.kernels += 1
 
+    def keep(self, buffers) -> None:
+        """While capturing, keep alive buffers that a launch reaches through its params
+        (an address table) rather than its buffer arguments, as those are kept."""
+        if self.capturing is not None:
+            self._keep(buffers)
+
     def _keep(self, buffers) -> None:
         """Keep alive what the graph touches from outside its private pool (weights, caches,
         inputs): freed, their blocks could go to other work while the graph still runs.

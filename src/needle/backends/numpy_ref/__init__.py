@@ -92,7 +92,7 @@ from .nn import (
     softmax,
     swiglu,
 )
-from .optim import adam_update, sgd_update
+from .optim import adam_update, adam_update_many, sgd_update
 from .paged import paged_attention, paged_write
 from .quant import dequantize, quant_matmul, quant_matvec_add, quant_rmsnorm_matvec
 from .reduce import matmul, reduce_argmax, reduce_max, reduce_min, reduce_sum
@@ -102,7 +102,7 @@ name = "cpu_numpy"
 # what each capability promises: backends/api.py
 capabilities = frozenset({"host_memory", "sampling", "paged_attention", "int8", "int4",
                           "fused_quant_matvec", "token_major_attention", "matmul_swiglu",
-                          "folded_norm_matvec"})
+                          "folded_norm_matvec", "multi_tensor_adam"})
 
 
 def load(index: int = 0):

@@ -47,6 +47,17 @@ def adam_update(param: Array, grad: Array, m: Array, v: Array, lr: float, beta1:
         _store(param, w - update)
 
 
+def adam_update_many(params: list, grads: list, ms: list, vs: list, lr: float, beta1: float,
+                     beta2: float, eps: float, weight_decay: float, step: int,
+                     decoupled: bool) -> None:
+    """``adam_update`` of each parameter in turn (capability ``multi_tensor_adam``): lists
+    of equal length, the parameters of one dtype, one set of hyper-parameters. A backend
+    may update them in any order and together (one launch for many), so each result must
+    be bitwise what ``adam_update`` of that parameter alone gives."""
+    for param, grad, m, v in zip(params, grads, ms, vs):
+        adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, decoupled)
+
+
 def sgd_update(param: Array, grad: Array, momentum_buf: Array | None, lr: float,
                momentum: float, dampening: float, weight_decay: float, nesterov: bool,
                first: bool) -> None:
