@@ -52,7 +52,8 @@ _SAMPLE = struct.Struct("4q")
 _SAMPLE_WARP_BINS = 32 * 256 * 8  # the selects' per-warp bins (sampling.cu)
 _SAMPLE_THREADS = 1024
 _SAMPLE_STATIC = 8192  # sampling.cu's static shared memory (6.7 KiB), rounded up
-_ATTN_ROWS = struct.Struct("6q")  # nn.cu's AttnRows: q's and out's row strides
+_ATTN_ROWS = struct.Struct("6q")  # attention.cuh's AttnRows: q's and out's row strides
+_ATTN_SIMT_SHARED = ((64 + 2 * 64) * 68 + 64 * 80) * 4  # attention_simt.cu's tiles
 _TMA_PLANS = 256  # launch plans kept by _tma_gemm and routes by matmul (emptied when full)
 
 
@@ -405,19 +406,20 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTensorOps, GpuBa
     def _attention_special(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
                            kv_capacity, head_dim, scale, causal) -> bool:
         heads_first = (q_heads * q_len * head_dim, q_len * head_dim, head_dim)
-        return self._attention_tc(q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
-                                  kv_capacity, head_dim, scale, causal, heads_first,
-                                  heads_first)
+        shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal)
+        return (self._attention_tc(q, k, v, out, *shape, heads_first, heads_first)
+                or self._attention_simt(q, k, v, out, *shape, heads_first, heads_first))
 
     def attention_token_major(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
                               kv_capacity, head_dim, scale, causal, q_row) -> None:
         """numpy_ref.attention_token_major: the tensor-core kernel reads and writes the
         token-major rows directly; other shapes and dtypes go through heads-first copies
         and the other kernels."""
-        if self._attention_tc(q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
-                              kv_capacity, head_dim, scale, causal,
-                              (q_len * q_row, head_dim, q_row),
-                              (q_len * q_heads * head_dim, head_dim, q_heads * head_dim)):
+        shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal)
+        rows = ((q_len * q_row, head_dim, q_row),
+                (q_len * q_heads * head_dim, head_dim, q_heads * head_dim))
+        if (self._attention_tc(q, k, v, out, *shape, *rows)
+                or self._attention_simt(q, k, v, out, *shape, *rows)):
             return
         shape = (batch, q_heads, q_len, head_dim)
         qh = self._new_array(out.size, q.dtype)
@@ -427,6 +429,32 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTensorOps, GpuBa
                        head_dim, scale, causal)
         self.compact(oh, out, (batch, q_len, q_heads, head_dim),
                      (q_heads * q_len * head_dim, head_dim, q_len * head_dim, 1), 0)
+
+    def _attention_simt(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                        kv_capacity, head_dim, scale, causal, q_rows, out_rows) -> bool:
+        """Prefill- and training-sized float32 attention with head_dim 64 as tiled products
+        (attention_simt.cu: 64 query rows x 64-key tiles a group of 256 threads); q's and
+        out's rows where ``q_rows`` and ``out_rows`` say, as for _attention_tc. False where
+        the kernel does not apply (nn.cu's attention_f32 then runs)."""
+        if not (self.tuning.attention_simt and q.dtype == "float32" and head_dim == 64
+                and q_heads // kv_heads * q_len >= 64 and kv_len >= 1
+                and all(s % 4 == 0 for s in q_rows + out_rows)  # 16-byte rows
+                and all(aligned16(x.buffer) for x in (q, k, v, out))):
+            return False
+        kern = self._kernel("attention_simt", "attention_simt64_f32")
+        kern.check_threads(256)
+        gx, gy = cdiv(q_heads // kv_heads * q_len, 64), batch * kv_heads
+        if gy > MAX_GRID_YZ:
+            raise ShapeError(f"attention over {gy} (batch x kv heads) exceeds the GPU grid")
+        shared = _ATTN_SIMT_SHARED
+        kern.reserve_shared(shared)
+        hi, lo = split_scale(scale)
+        params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
+                           1, kv_len, hi, int(bool(causal)), lo)
+        self.queue.dispatch(kern, (gx, gy, 1), (256, 1, 1),
+                            (q.buffer, k.buffer, v.buffer, out.buffer), params, shared,
+                            raw_args=(_ATTN_ROWS.pack(*q_rows, *out_rows),))
+        return True
 
     def _attention_tc(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
                       kv_capacity, head_dim, scale, causal, q_rows, out_rows) -> bool:

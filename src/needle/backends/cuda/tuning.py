@@ -63,6 +63,8 @@ class CudaTuning(GpuTuning):
     """``capability``/``arch`` decide what the device can run; the rest is choice."""
 
     split_k: bool = True  # float32 products with few output tiles split K over more groups
+    attention_simt: bool = True  # float32 attention (head_dim 64, >= 64 query rows) as
+    # tiled products (attention_simt.cu) rather than nn.cu's attention_f32
     transpose: bool = True  # compact() of transposed matrices by a tiled transpose kernel
     skinny: bool = True  # products of <= 8 rows read B once (matmul_skinny)
     skinny_tc: int = 128  # X @ W^T of 2..this many rows on tensor cores, W read once

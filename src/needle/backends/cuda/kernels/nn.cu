@@ -2,17 +2,12 @@
 // layernorm), rope, and attention (flash-style tiles; split-K partials for decoding; a
 // tensor-core kernel for half precisions with head_dim 64 or 128).
 #include "common.cuh"
+#include "attention.cuh"
 #include "tensor_core.cuh"
 
 struct RowParams { i64 rows, dim; };
 template <class S> struct NormParams { i64 rows, dim; S eps; };
 struct RopeParams { i64 batch, seq, heads, head_dim; };
-struct AttnParams {
-  i64 batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, splits, chunk;
-  float scale;
-  int causal;
-  float scale_lo;  // scale - (float)scale: float64 kernels use scale + scale_lo
-};
 
 // ---- row kernels: threads (TX, TY); TX threads (whole warps) per row, TY rows per group --
 // Reduce v over the TX threads of this thread's row. Every thread of the group calls it
@@ -778,11 +773,8 @@ __device__ __forceinline__ void combine(const float* __restrict__ part_o, const 
 // ldmatrix). Keys past the causal limit or kv_len score -inf; K and V rows past the last
 // key the group can see are zero-filled, never read.
 //
-// Where q's and out's rows live (AttnRows, a by-value argument after the params): query
-// head h of position i in batch b at q + b * q_batch + h * q_head + i * q_pos, the same for
-// out. Heads-first arrays (batch, heads, len, D) have q_pos = D; token-major ones (batch,
-// len, heads, D), e.g. the query part of a fused QKV projection, have q_head = D.
-struct AttnRows { i64 q_batch, q_head, q_pos, o_batch, o_head, o_pos; };
+// Where q's and out's rows live: AttnRows (attention.cuh), a by-value argument after the
+// params.
 
 namespace fa {
 constexpr int BR = 64, BC = 64, THREADS = 128;

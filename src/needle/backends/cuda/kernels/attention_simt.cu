@@ -1,0 +1,201 @@
+// float32 attention as tiled products on the FP32 pipes (docs/kernels.md, "attention_simt"):
+// attention_simt64_f32, head_dim 64, for prefill- and training-sized queries.
+//
+// nn.cu's attention_f32 gives each warp 4 query rows and each lane one key of a 32-key tile
+// (a dot product of 64 terms a lane, then a shuffle per key to spread P): 226 µs for a GPT
+// step's causal (16, 8, 256, 64) attention on an H100, where PyTorch's memory-efficient
+// kernel takes 73. Here a group of 256 threads (16 x 16) owns 64 query rows of one (batch,
+// kv head), numbered as nn.cu's (row r: query head kv_head * group + r / q_len, position
+// r % q_len), and streams 64-key tiles of K and V through shared memory. Each thread holds
+// a 4 x 4 block of S = Q Kᵀ (rows ty + 16 i, keys tx + 16 c) and of O (rows ty + 16 i,
+// columns 4 tx .. 4 tx + 3), so both products are register-tiled outer products: per four
+// steps of d (or of keys) 8 float4 shared loads feed 64 multiply-adds. The softmax is
+// online; a row's 64 scores sit in the 16 lanes of one half-warp (shuffles over xor 8, 4,
+// 2, 1). P goes through shared memory between the products. Keys past the causal limit or
+// kv_len score -inf; rows past the end are computed on zeros and not stored.
+//
+// Shared rows are padded to 68 floats (K's 16 rows a load then fill each bank once) and P's
+// to 80 (the two rows a warp writes fall in different banks).
+#include "common.cuh"
+#include "attention.cuh"
+
+// tuning knob (NEEDLE_CUDA_OPTIONS): how far the products' loops unroll. Not at all: 128
+// registers, two groups an SM (H100, (16, 8, 256, 64) causal: 83-86 us); 4: 150 registers,
+// one group an SM, 90 us (docs/cuda_notes.md v18)
+#ifndef ATTN_SIMT_UNROLL
+#define ATTN_SIMT_UNROLL 1
+#endif
+
+namespace asimt {
+constexpr int BR = 64, BC = 64, D = 64, THREADS = 256, LD = D + 4, PLD = BC + 16;
+constexpr int SHARED_FLOATS = (BR + 2 * BC) * LD + BR * PLD;
+
+__device__ __forceinline__ float4 ld4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ void st4(float* p, float4 x) { *reinterpret_cast<float4*>(p) = x; }
+__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+__device__ __forceinline__ float half_warp_max(float x) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float half_warp_sum(float x) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__device__ __forceinline__ void run(const float* __restrict__ q, const float* __restrict__ k,
+                                    const float* __restrict__ v, float* __restrict__ out,
+                                    const AttnParams& p, const AttnRows& rows, float* smem) {
+  float* Qs = smem;           // [BR][LD], scaled
+  float* Ks = Qs + BR * LD;   // [BC][LD]
+  float* Vs = Ks + BC * LD;   // [BC][LD]
+  float* Ps = Vs + BC * LD;   // [BR][PLD]
+  const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+  const i64 group = p.q_heads / p.kv_heads, rows_total = group * p.q_len;
+  const i64 b = blockIdx.y / p.kv_heads, kvh = blockIdx.y % p.kv_heads;
+  const i64 r0 = (i64)(gridDim.x - 1 - blockIdx.x) * BR;  // the longest causal rows first
+  const float scale = p.scale + p.scale_lo;
+
+  // keys this group can see: [0, k_end)
+  const i64 last = r0 + BR - 1 < rows_total ? r0 + BR - 1 : rows_total - 1;
+  const i64 max_pos = (r0 / p.q_len != last / p.q_len) ? p.q_len - 1 : last % p.q_len;
+  i64 k_end = p.kv_len;
+  if (p.causal) {
+    const i64 lim = p.kv_len - p.q_len + max_pos + 1;
+    k_end = k_end < lim ? k_end : lim;
+  }
+
+#pragma unroll
+  for (int i = 0; i < BR * D / 4 / THREADS; i++) {  // the Q tile, 4 float4 a thread
+    const int c = tid + i * THREADS, r = c / (D / 4), d = (c % (D / 4)) * 4;
+    const i64 row = r0 + r;
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (row < rows_total) {
+      const i64 hq = kvh * group + row / p.q_len, pos = row % p.q_len;
+      x = ld4(q + b * rows.q_batch + hq * rows.q_head + pos * rows.q_pos + d);
+      x = make_float4(x.x * scale, x.y * scale, x.z * scale, x.w * scale);
+    }
+    st4(Qs + r * LD + d, x);
+  }
+
+  float m[4], l[4], o[4][4];
+  int limit[4];  // each row's last visible key (keys counted in int: kv_len < 2^31)
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    m[i] = neg_inf<float>();
+    l[i] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) o[i][j] = 0.f;
+    const i64 row = r0 + ty + 16 * i;
+    limit[i] = (int)(row >= rows_total ? -1
+                     : p.causal ? p.kv_len - p.q_len + row % p.q_len : p.kv_len - 1);
+  }
+
+  const float* kbase = k + (b * p.kv_heads + kvh) * p.kv_capacity * D;
+  const float* vbase = v + (b * p.kv_heads + kvh) * p.kv_capacity * D;
+  const int keys = (int)k_end;
+  for (int kt = 0; kt < keys; kt += BC) {
+    __syncthreads();  // the last tile's P V is done with Vs and Ps (and Qs is stored)
+#pragma unroll
+    for (int i = 0; i < BC * D / 4 / THREADS; i++) {
+      const int c = tid + i * THREADS, j = c / (D / 4), d = (c % (D / 4)) * 4;
+      const bool ok = kt + j < keys;
+      const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+      st4(Ks + j * LD + d, ok ? ld4(kbase + (i64)(kt + j) * D + d) : zero);
+      st4(Vs + j * LD + d, ok ? ld4(vbase + (i64)(kt + j) * D + d) : zero);
+    }
+    __syncthreads();
+
+    float s[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) s[i][c] = 0.f;
+#pragma unroll ATTN_SIMT_UNROLL
+    for (int d = 0; d < D; d += 4) {
+      float4 qa[4], kb[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) qa[i] = ld4(Qs + (ty + 16 * i) * LD + d);
+#pragma unroll
+      for (int c = 0; c < 4; c++) kb[c] = ld4(Ks + (tx + 16 * c) * LD + d);
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) s[i][c] = dot4(qa[i], kb[c], s[i][c]);
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {  // the online softmax of row ty + 16 i
+      float mt = neg_inf<float>();
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int key = kt + tx + 16 * c;
+        if (key >= keys || key > limit[i]) s[i][c] = neg_inf<float>();
+        mt = fmaxf(mt, s[i][c]);
+      }
+      const float mn = fmaxf(m[i], half_warp_max(mt));
+      const bool seen = mn != neg_inf<float>();  // some key visible so far
+      const float alpha = m[i] == neg_inf<float>() ? 0.f : m_exp(m[i] - mn);
+      float sum = 0.f;
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const float pc = (!seen || s[i][c] == neg_inf<float>()) ? 0.f : m_exp(s[i][c] - mn);
+        Ps[(ty + 16 * i) * PLD + tx + 16 * c] = pc;
+        sum += pc;
+      }
+      l[i] = l[i] * alpha + half_warp_sum(sum);
+      m[i] = mn;
+#pragma unroll
+      for (int j = 0; j < 4; j++) o[i][j] *= alpha;
+    }
+    __syncthreads();
+
+#pragma unroll ATTN_SIMT_UNROLL
+    for (int j = 0; j < BC; j += 4) {  // O += P V
+      float4 pa[4], vb[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) pa[i] = ld4(Ps + (ty + 16 * i) * PLD + j);
+#pragma unroll
+      for (int jj = 0; jj < 4; jj++) vb[jj] = ld4(Vs + (j + jj) * LD + tx * 4);
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const float pi[4] = {pa[i].x, pa[i].y, pa[i].z, pa[i].w};
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+          o[i][0] = fmaf(pi[jj], vb[jj].x, o[i][0]);
+          o[i][1] = fmaf(pi[jj], vb[jj].y, o[i][1]);
+          o[i][2] = fmaf(pi[jj], vb[jj].z, o[i][2]);
+          o[i][3] = fmaf(pi[jj], vb[jj].w, o[i][3]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const i64 row = r0 + ty + 16 * i;
+    if (row >= rows_total) continue;
+    const i64 hq = kvh * group + row / p.q_len, pos = row % p.q_len;
+    const float inv = 1.f / l[i];
+    st4(out + b * rows.o_batch + hq * rows.o_head + pos * rows.o_pos + tx * 4,
+        make_float4(o[i][0] * inv, o[i][1] * inv, o[i][2] * inv, o[i][3] * inv));
+  }
+}
+}  // namespace asimt
+
+ONLY(f32, extern "C" __global__ void __launch_bounds__(asimt::THREADS)
+              attention_simt64_f32(const float* __restrict__ q, const float* __restrict__ k,
+                                   const float* __restrict__ v, float* __restrict__ out,
+                                   AttnParams p, AttnRows rows) {
+                pdl_entry();
+                extern __shared__ __align__(16) float smem[];
+                asimt::run(q, k, v, out, p, rows, smem);
+              })
