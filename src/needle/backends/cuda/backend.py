@@ -161,8 +161,9 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTensorOps, GpuBa
                                           tb):
             return True
         if not tc:
-            return dt == "float32" and self._split_k_f32(a, b, out, m, n, p, batch, stride_a,
-                                                         stride_b, ta, tb)
+            return dt == "float32" and (
+                self._split_k_f32(a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb)
+                or self._narrow_f32(a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb))
         if self.tuning.wgmma:
             self._wgmma(a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb)
             return True
@@ -189,11 +190,22 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTensorOps, GpuBa
         b, stride_b = self._untranspose(b, p, n, batch, stride_b, not tb)
         return bool(self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b, True))
 
+    def _narrow_f32(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
+        """A float32 product of at most 64 columns on 128 x 64 tiles (matmul_*64_f32: 101
+        registers, two groups an SM), where a 128-wide tile would compute half in vain."""
+        if p > 64:
+            return False
+        name = f"matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}64_f32"
+        self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
+                           (128, 64), 256, 0, ta, tb)
+        return True
+
     def _split_k_f32(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
-        """A float32 product whose 128x128 output tiles alone would leave most SMs idle (a
-        512x1024 product has 32 tiles for 132 SMs): groups also split K, each writing its
+        """A float32 product whose output tiles alone would leave most SMs idle (a 512x1024
+        product has 32 tiles of 128x128 for 132 SMs): groups also split K, each writing its
         partial product to a float32 slab, and a column sum adds the slabs."""
-        tiles = cdiv(m, 128) * cdiv(p, 128) * batch
+        width = 64 if p <= 64 else 128
+        tiles = cdiv(m, 128) * cdiv(p, width) * batch
         if not self.tuning.split_k or tiles >= self.device.compute_units or n < 512:
             return False
         splits, chunk = split_k_plan(tiles, m, n, p, batch, self.device.compute_units)
@@ -201,9 +213,10 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTensorOps, GpuBa
             return False
         part = GpuArray(self._workspace(splits * batch * m * p * 4), splits * batch * m * p,
                         "float32")
-        k = self._kernel("matmul", f"matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}_f32")
+        k = self._kernel("matmul", f"matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}"
+                                   f"{'64' if width == 64 else ''}_f32")
         params = MATMUL.pack(m, n, p, batch, stride_a, stride_b, int(ta), int(tb), splits, chunk)
-        self.queue.dispatch(k, (cdiv(p, 128), cdiv(m, 128), splits * batch), (256, 1, 1),
+        self.queue.dispatch(k, (cdiv(p, width), cdiv(m, 128), splits * batch), (256, 1, 1),
                             (a.buffer, b.buffer, part.buffer), params)
         self._reduce("sum", part, out, 1, splits, batch * m * p)
         return True

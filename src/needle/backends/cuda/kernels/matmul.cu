@@ -1,6 +1,8 @@
 // Matrix products (docs/kernels.md, "matmul").
 //  * matmul_{nn,nt,tn,tt}_f32: SIMT fp32, 128x128x16 tiles, 8x8 outputs per thread,
-//    16-byte loads, the next tile prefetched into registers while this one is multiplied.
+//    16-byte loads, the next tile prefetched into registers while this one is multiplied;
+//    matmul_{nn,nt,tn,tt}64_f32 the same on 128x64 tiles (8x4 a thread: CUDA's products of
+//    at most 64 columns).
 //  * matmul_tc_{f16,bf16} / matmul_tc256_*: tensor cores (mma.sync m16n8k16, fp32
 //    accumulate), cp.async multi-stage pipeline, ldmatrix from XOR-swizzled shared memory.
 //  * matmul_{dt}: any dtype and layout, 16x16 tiles (the fallback).
@@ -30,16 +32,17 @@ struct MatmulParams { i64 m, n, p, batch, stride_a, stride_b, trans_a, trans_b, 
 
 // ======================================================================= SIMT fp32 =========
 namespace sgemm {
-constexpr int BM = 128, BN = 128, BK = 16, NT = 256, PAD = 4;
+constexpr int BM = 128, BK = 16, NT = 256, PAD = 4;
 
-// Fetch the 2 float4 of this thread's share of an A tile (rows m0.., k k0..) into registers.
-// !TA: A is (M, K) row-major, contiguous along k; TA: A is (K, M), contiguous along m.
-// K is the row length (stride); kend bounds the k range of this group (split-K).
-template <bool TA>
+// Fetch this thread's share of an operand tile of R rows (m or n: 128, or 64 for the narrow
+// kernels) by BK k's into registers: R / 64 float4. !TA: X is (M, K) row-major, contiguous
+// along k; TA: X is (K, M), contiguous along m. K is the row length (stride); kend bounds
+// the k range of this group (split-K).
+template <bool TA, int R>
 __device__ __forceinline__ void fetch_a(const float* A, i64 M, i64 K, i64 kend, i64 m0, i64 k0,
-                                        bool vec, float4 (&r)[2]) {
+                                        bool vec, float4 (&r)[R / 64]) {
 #pragma unroll
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < R / 64; i++) {
     const int c = threadIdx.x + i * NT;
     float v[4];
     if (!TA) {
@@ -53,7 +56,7 @@ __device__ __forceinline__ void fetch_a(const float* A, i64 M, i64 K, i64 kend, 
         for (int j = 0; j < 4; j++) v[j] = (gm < M && gk + j < kend) ? A[gm * K + gk + j] : 0.f;
       }
     } else {
-      const i64 gk = k0 + c / 32, gm = m0 + (c % 32) * 4;
+      const i64 gk = k0 + c / (R / 4), gm = m0 + (c % (R / 4)) * 4;
       if (vec) {
         float4 x = (gk < kend && gm < M) ? *reinterpret_cast<const float4*>(A + gk * M + gm)
                                       : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -67,39 +70,44 @@ __device__ __forceinline__ void fetch_a(const float* A, i64 M, i64 K, i64 kend, 
   }
 }
 
-// As[k][m]: for !TA the 4 values are 4 k's of one row; for TA 4 m's of one k.
-template <bool TA>
-__device__ __forceinline__ void stash_a(float (*As)[BM + PAD], const float4 (&r)[2]) {
+// S[k][m]: for !TA the 4 values are 4 k's of one row; for TA 4 m's of one k.
+template <bool TA, int R>
+__device__ __forceinline__ void stash_a(float (*S)[R + PAD], const float4 (&r)[R / 64]) {
 #pragma unroll
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < R / 64; i++) {
     const int c = threadIdx.x + i * NT;
     if (!TA) {
       const int m = c / 4, k = (c % 4) * 4;
-      As[k][m] = r[i].x; As[k + 1][m] = r[i].y; As[k + 2][m] = r[i].z; As[k + 3][m] = r[i].w;
+      S[k][m] = r[i].x; S[k + 1][m] = r[i].y; S[k + 2][m] = r[i].z; S[k + 3][m] = r[i].w;
     } else {
-      const int k = c / 32, m = (c % 32) * 4;
-      *reinterpret_cast<float4*>(&As[k][m]) = r[i];
+      const int k = c / (R / 4), m = (c % (R / 4)) * 4;
+      *reinterpret_cast<float4*>(&S[k][m]) = r[i];
     }
   }
 }
 
 // B as (K, N): !TB row-major (contiguous along n); TB stored (N, K) (contiguous along k).
-// Same shapes as A with the roles of the two layouts swapped.
-template <bool TB>
+// Same shapes as A with the roles of the two layouts swapped; W columns a tile.
+template <bool TB, int W>
 __device__ __forceinline__ void fetch_b(const float* B, i64 K, i64 N, i64 kend, i64 k0, i64 n0,
-                                        bool vec, float4 (&r)[2]) {
-  fetch_a<!TB>(B, N, K, kend, n0, k0, vec, r);
+                                        bool vec, float4 (&r)[W / 64]) {
+  fetch_a<!TB, W>(B, N, K, kend, n0, k0, vec, r);
 }
-template <bool TB>
-__device__ __forceinline__ void stash_b(float (*Bs)[BN + PAD], const float4 (&r)[2]) {
-  stash_a<!TB>(Bs, r);
+template <bool TB, int W>
+__device__ __forceinline__ void stash_b(float (*Bs)[W + PAD], const float4 (&r)[W / 64]) {
+  stash_a<!TB, W>(Bs, r);
 }
 
-template <bool TA, bool TB>
+// A 128 x W tile of C a group of 256 threads (16 x 16), 8 x (W / 16) a thread: rows
+// ty*4.. and 64 + ty*4.., columns tx*4.. (and 64 + tx*4.. when W = 128). The 64-wide tile
+// serves products of at most 64 columns (the attention backward's (256 x 256) x (256 x 64)
+// products), which the 128-wide tile computes half of in vain.
+template <bool TA, bool TB, int W>
 __device__ __forceinline__ void run(const float* __restrict__ A, const float* __restrict__ B,
                                     float* __restrict__ C, const MatmulParams& p) {
+  constexpr int NH = W / 64;  // float4 of B a thread loads per k, and per tile load
   __shared__ __align__(16) float As[2][BK][BM + PAD];
-  __shared__ __align__(16) float Bs[2][BK][BN + PAD];
+  __shared__ __align__(16) float Bs[2][BK][W + PAD];
   const i64 M = p.m, K = p.n, N = p.p;
   // blockIdx.z = split * batch + matrix: split-K groups write partial products to C's
   // split-th slab (a workspace; the host sums the slabs), others write C itself
@@ -108,47 +116,50 @@ __device__ __forceinline__ void run(const float* __restrict__ A, const float* __
   B += zb * p.stride_b;
   C += blockIdx.z * M * N;
   const i64 kbeg = zs * p.chunk, kend = p.splits > 1 && kbeg + p.chunk < K ? kbeg + p.chunk : K;
-  const i64 m0 = (i64)blockIdx.y * BM, n0 = (i64)blockIdx.x * BN;
+  const i64 m0 = (i64)blockIdx.y * BM, n0 = (i64)blockIdx.x * W;
   const bool vec_a = aligned16(A) && (TA ? M : K) % 4 == 0;
   const bool vec_b = aligned16(B) && (TB ? K : N) % 4 == 0;
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 
-  float acc[8][8];
+  float acc[8][4 * NH];
 #pragma unroll
   for (int i = 0; i < 8; i++)
 #pragma unroll
-    for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
+    for (int j = 0; j < 4 * NH; j++) acc[i][j] = 0.f;
 
-  float4 ra[2], rb[2];
-  fetch_a<TA>(A, M, K, kend, m0, kbeg, vec_a, ra);
-  fetch_b<TB>(B, K, N, kend, kbeg, n0, vec_b, rb);
-  stash_a<TA>(As[0], ra);
-  stash_b<TB>(Bs[0], rb);
+  float4 ra[2], rb[NH];
+  fetch_a<TA, BM>(A, M, K, kend, m0, kbeg, vec_a, ra);
+  fetch_b<TB, W>(B, K, N, kend, kbeg, n0, vec_b, rb);
+  stash_a<TA, BM>(As[0], ra);
+  stash_b<TB, W>(Bs[0], rb);
   __syncthreads();
 
   for (i64 k0 = kbeg; k0 < kend; k0 += BK) {
     const int cur = (int)(((k0 - kbeg) / BK) & 1);
     const bool next = k0 + BK < kend;
     if (next) {
-      fetch_a<TA>(A, M, K, kend, m0, k0 + BK, vec_a, ra);
-      fetch_b<TB>(B, K, N, kend, k0 + BK, n0, vec_b, rb);
+      fetch_a<TA, BM>(A, M, K, kend, m0, k0 + BK, vec_a, ra);
+      fetch_b<TB, W>(B, K, N, kend, k0 + BK, n0, vec_b, rb);
     }
 #pragma unroll
     for (int k = 0; k < BK; k++) {
       const float4 a0 = *reinterpret_cast<const float4*>(&As[cur][k][ty * 4]);
       const float4 a1 = *reinterpret_cast<const float4*>(&As[cur][k][64 + ty * 4]);
-      const float4 b0 = *reinterpret_cast<const float4*>(&Bs[cur][k][tx * 4]);
-      const float4 b1 = *reinterpret_cast<const float4*>(&Bs[cur][k][64 + tx * 4]);
       const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-      const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+      float b[4 * NH];
+#pragma unroll
+      for (int h = 0; h < NH; h++) {
+        const float4 bh = *reinterpret_cast<const float4*>(&Bs[cur][k][64 * h + tx * 4]);
+        b[4 * h] = bh.x; b[4 * h + 1] = bh.y; b[4 * h + 2] = bh.z; b[4 * h + 3] = bh.w;
+      }
 #pragma unroll
       for (int i = 0; i < 8; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        for (int j = 0; j < 4 * NH; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
     }
     if (next) {
-      stash_a<TA>(As[cur ^ 1], ra);
-      stash_b<TB>(Bs[cur ^ 1], rb);
+      stash_a<TA, BM>(As[cur ^ 1], ra);
+      stash_b<TB, W>(Bs[cur ^ 1], rb);
     }
     __syncthreads();
   }
@@ -159,7 +170,7 @@ __device__ __forceinline__ void run(const float* __restrict__ A, const float* __
     const i64 row = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
     if (row >= M) continue;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < NH; h++) {
       const i64 col = n0 + h * 64 + tx * 4;
       float* dst = C + row * N + col;
       const float* v = &acc[i][h * 4];
@@ -180,7 +191,13 @@ __device__ __forceinline__ void run(const float* __restrict__ A, const float* __
       matmul_##NAME##_f32(const float* __restrict__ a, const float* __restrict__ b,            \
                           float* __restrict__ out, MatmulParams p) {                           \
     pdl_entry();                                                                               \
-    sgemm::run<TA, TB>(a, b, out, p);                                                          \
+    sgemm::run<TA, TB, 128>(a, b, out, p);                                                     \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(256)                                            \
+      matmul_##NAME##64_f32(const float* __restrict__ a, const float* __restrict__ b,          \
+                            float* __restrict__ out, MatmulParams p) {                         \
+    pdl_entry();                                                                               \
+    sgemm::run<TA, TB, 64>(a, b, out, p);                                                      \
   }
 ONLY(f32, SGEMM(nn, false, false))
 ONLY(f32, SGEMM(nt, false, true))
