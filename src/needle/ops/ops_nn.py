@@ -242,7 +242,10 @@ class ScaledDotProductAttention(TensorOp):
         return nd.attention(q, k, v, scale=self.scale, causal=self.causal)
 
     def gradient(self, out_grad, node):
-        q, k, v, out_grad = _widen(*node.inputs, out_grad)
+        # compact once: q and out_grad each feed two products, k and v one each, and a
+        # product copies an operand that is a view of token-major rows (a model's
+        # projections) every time it meets one (7 copies a layer, now 4)
+        q, k, v, out_grad = (t.contiguous() for t in _widen(*node.inputs, out_grad))
         _, hq, sq, d = q.shape
         _, hkv, skv, _ = k.shape
         group = hq // hkv
