@@ -259,8 +259,11 @@ class ScaledDotProductAttention(TensorOp):
                 Tensor(mask, device=q.device, dtype=q.dtype, requires_grad=False), scores.shape)
         probs = softmax(scores)
         grad_probs = out_grad @ transpose(v_rep)
-        grad_scores = probs * (grad_probs - broadcast_to(
-            summation(grad_probs * probs, -1, keepdims=True), probs.shape)) * scale
+        # sum_j P_ij dP_ij = dO_i . (sum_j P_ij V_j) = dO_i . O_i: a pass over (s, d) rows of
+        # the output instead of two over (s, s) matrices
+        out = _widen(node)[0]
+        row_dot = summation(out_grad * out, -1, keepdims=True)
+        grad_scores = probs * (grad_probs - broadcast_to(row_dot, probs.shape)) * scale
         grad_q = grad_scores @ k_rep
         grad_k = _sum_groups(transpose(grad_scores) @ q, hkv, group)
         grad_v = _sum_groups(transpose(probs) @ out_grad, hkv, group)
