@@ -121,3 +121,18 @@ def test_cuda_adam_is_the_reference_bit_for_bit(dtype, rng):
     for column_ref, column_got in zip(ref, got):
         for a, b in zip(column_ref, column_got):
             assert np.array_equal(a.numpy(), b.numpy(), equal_nan=True)
+
+
+def test_cuda_backend_refuses_mixed_lists(rng):
+    """The backend function takes one dtype and equal lists (nd.adam_update_many groups and
+    checks them); called directly with others it raises rather than misreading memory."""
+    dev = nd.cuda()
+    if not dev.enabled():
+        pytest.skip(f"cuda disabled: {dev.reason}")
+    params, grads, ms, vs = _problem(rng, dev, ["float32", "bfloat16"])
+    handles = [[a.handle for a in column] for column in (params, grads, ms, vs)]
+    hyper = (0.1, 0.9, 0.99, 1e-8, 0.0, 1, False)
+    with pytest.raises(DTypeError, match="share a dtype"):
+        dev.backend.adam_update_many(*handles, *hyper)
+    with pytest.raises(ShapeError, match="one gradient and two moments"):
+        dev.backend.adam_update_many(handles[0], handles[1][:-1], handles[2], handles[3], *hyper)

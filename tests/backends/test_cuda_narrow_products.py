@@ -36,3 +36,16 @@ def test_narrow_products_match_float64(m, k, p, batch, ta, tb):
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     want = np.matmul(a64.transpose(0, 2, 1) if ta else a64, b64.transpose(0, 2, 1) if tb else b64)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_switched_off_the_wide_tiles_agree():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((8, 256, 256)).astype(np.float32)
+    b = rng.standard_normal((8, 256, 64)).astype(np.float32)
+    x, y = nd.array(a, device=DEV), nd.array(b, device=DEV)
+    narrow = (x @ y).numpy()
+    with DEV.backend.tuned(narrow_f32=False):
+        with DEV.backend.profile() as prof:
+            wide = (x @ y).numpy()
+    assert "matmul_nn_f32" in prof.totals and "matmul_nn64_f32" not in prof.totals
+    np.testing.assert_allclose(narrow, wide, rtol=1e-5, atol=1e-4)

@@ -193,7 +193,7 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTensorOps, GpuBa
     def _narrow_f32(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
         """A float32 product of at most 64 columns on 128 x 64 tiles (matmul_*64_f32: 101
         registers, two groups an SM), where a 128-wide tile would compute half in vain."""
-        if p > 64:
+        if p > 64 or not self.tuning.narrow_f32:
             return False
         name = f"matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}64_f32"
         self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
@@ -204,7 +204,7 @@ class CudaBackend(GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTensorOps, GpuBa
         """A float32 product whose output tiles alone would leave most SMs idle (a 512x1024
         product has 32 tiles of 128x128 for 132 SMs): groups also split K, each writing its
         partial product to a float32 slab, and a column sum adds the slabs."""
-        width = 64 if p <= 64 else 128
+        width = 64 if p <= 64 and self.tuning.narrow_f32 else 128
         tiles = cdiv(m, 128) * cdiv(p, width) * batch
         if not self.tuning.split_k or tiles >= self.device.compute_units or n < 512:
             return False

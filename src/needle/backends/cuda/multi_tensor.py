@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 
+from ...errors import DTypeError, ShapeError
 from ..gpu.array import ADAM, FLOATS, SUFFIX, GpuArray, cdiv
 from ..gpu.optim import OptimOps, adam_scalars
 
@@ -32,10 +33,15 @@ class MultiTensorOps(OptimOps):
                          step: int, decoupled: bool) -> None:
         """numpy_ref.adam_update_many: the parameters (one dtype) in launches of
         ADAM_MANY tensors; empty ones are skipped."""
+        if not len(params) == len(grads) == len(ms) == len(vs):
+            raise ShapeError("adam_update_many: one gradient and two moments per parameter")
         work = [t for t in zip(params, grads, ms, vs) if t[0].size]
         if not work:
             return
         dt = self._need(work[0][0].dtype, FLOATS, "adam_update_many")
+        if any(t[0].dtype != dt or t[1].dtype != dt for t in work):
+            raise DTypeError("adam_update_many: the parameters and gradients of one call share "
+                             "a dtype (nd.adam_update_many groups them)")
         mode, scalars = adam_scalars(dt, lr, beta1, beta2, eps, weight_decay, step, decoupled)
         header = ADAM[dt].pack(0, mode, *scalars)
         k = self._kernel("optim", f"adam_update_many_{SUFFIX[dt]}")

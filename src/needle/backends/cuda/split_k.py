@@ -7,7 +7,7 @@ slab of the whole output and a column sum (``reduce_wide``) adds the ``s`` slabs
 below picks the ``s`` whose estimated time, whole waves of groups plus the slabs' traffic,
 is least. A 4096 x 512 x 512 product (128 tiles on 132 SMs) is then not split: two waves of
 half-length groups take as long as one wave of whole ones, and the sum comes on top
-(H100: 72.3 us split in two against ~56 us predicted whole; docs/cuda_notes.md v18).
+(H100: 72.3 us split in two, 58-61 us whole; docs/cuda_notes.md v18).
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ class CudaTuning(GpuTuning):
     """``capability``/``arch`` decide what the device can run; the rest is choice."""
 
     split_k: bool = True  # float32 products with few output tiles split K over more groups
+    narrow_f32: bool = True  # float32 products of <= 64 columns on 128 x 64 tiles
     attention_simt: bool = True  # float32 attention (head_dim 64, >= 64 query rows) as
     # tiled products (attention_simt.cu) rather than nn.cu's attention_f32
     transpose: bool = True  # compact() of transposed matrices by a tiled transpose kernel
