@@ -1,0 +1,198 @@
+"""CUDA's attention kernels (a mixin of ``CudaBackend``): prefill and training attention
+on tensor cores (half precisions, ``nn.cu``'s attention_tc) or as float32 tiled products
+(``attention_simt.cu``), token-major rows read and written directly; one token's attention
+against the cache (``decode.cu``, ``decode_tc.cu``); paged attention by flash decoding
+(``paged.cu``). Each path returns False (or is skipped) where its kernel does not apply, and
+the generic GPU backend's kernels run instead.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from ...backend_ndarray.dtypes import ITEMSIZE
+from ...errors import ShapeError
+from ..gpu.array import ACC, ATTN, MAX_GRID_YZ, SUFFIX, aligned16, cdiv, split_scale
+from ..gpu.nn import NNOps
+from ..gpu.paged import PAGED_FLASH
+
+HALF = ("float16", "bfloat16")
+FUSED_DTYPES = ("float16", "bfloat16", "float32")  # dtypes of the fused decode kernels
+_ATTN_ROWS = struct.Struct("6q")  # attention.cuh's AttnRows: q's and out's row strides
+_ATTN_SIMT_SHARED = ((64 + 2 * 64) * 68 + 64 * 80) * 4  # attention_simt.cu's tiles
+
+
+class AttentionOps(NNOps):
+    def _attention_special(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                           kv_capacity, head_dim, scale, causal) -> bool:
+        heads_first = (q_heads * q_len * head_dim, q_len * head_dim, head_dim)
+        shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal)
+        return (self._attention_tc(q, k, v, out, *shape, heads_first, heads_first)
+                or self._attention_simt(q, k, v, out, *shape, heads_first, heads_first))
+
+    def attention_token_major(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                              kv_capacity, head_dim, scale, causal, q_row) -> None:
+        """numpy_ref.attention_token_major: the tensor-core kernel reads and writes the
+        token-major rows directly; other shapes and dtypes go through heads-first copies
+        and the other kernels."""
+        shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal)
+        rows = ((q_len * q_row, head_dim, q_row),
+                (q_len * q_heads * head_dim, head_dim, q_heads * head_dim))
+        if (self._attention_tc(q, k, v, out, *shape, *rows)
+                or self._attention_simt(q, k, v, out, *shape, *rows)):
+            return
+        shape = (batch, q_heads, q_len, head_dim)
+        qh = self._new_array(out.size, q.dtype)
+        self.compact(q, qh, shape, (q_len * q_row, head_dim, q_row, 1), 0)
+        oh = self._new_array(out.size, out.dtype)
+        self.attention(qh, k, v, oh, batch, q_heads, kv_heads, q_len, kv_len, kv_capacity,
+                       head_dim, scale, causal)
+        self.compact(oh, out, (batch, q_len, q_heads, head_dim),
+                     (q_heads * q_len * head_dim, head_dim, q_len * head_dim, 1), 0)
+
+    def _attention_simt(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                        kv_capacity, head_dim, scale, causal, q_rows, out_rows) -> bool:
+        """Prefill- and training-sized float32 attention with head_dim 64 as tiled products
+        (attention_simt.cu: 64 query rows x 64-key tiles a group of 256 threads); q's and
+        out's rows where ``q_rows`` and ``out_rows`` say, as for _attention_tc. False where
+        the kernel does not apply (nn.cu's attention_f32 then runs)."""
+        if not (self.tuning.attention_simt and q.dtype == "float32" and head_dim == 64
+                and q_heads // kv_heads * q_len >= 64 and kv_len >= 1
+                and all(s % 4 == 0 for s in q_rows + out_rows)  # 16-byte rows
+                and all(aligned16(x.buffer) for x in (q, k, v, out))):
+            return False
+        kern = self._kernel("attention_simt", "attention_simt64_f32")
+        kern.check_threads(256)
+        gx, gy = cdiv(q_heads // kv_heads * q_len, 64), batch * kv_heads
+        if gy > MAX_GRID_YZ:
+            raise ShapeError(f"attention over {gy} (batch x kv heads) exceeds the GPU grid")
+        shared = _ATTN_SIMT_SHARED
+        kern.reserve_shared(shared)
+        hi, lo = split_scale(scale)
+        params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
+                           1, kv_len, hi, int(bool(causal)), lo)
+        self.queue.dispatch(kern, (gx, gy, 1), (256, 1, 1),
+                            (q.buffer, k.buffer, v.buffer, out.buffer), params, shared,
+                            raw_args=(_ATTN_ROWS.pack(*q_rows, *out_rows),))
+        return True
+
+    def _attention_tc(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
+                      kv_capacity, head_dim, scale, causal, q_rows, out_rows) -> bool:
+        """Prefill-sized attention on tensor cores (mma.sync): groups of 64 query rows,
+        K/V in 64-key tiles through two shared-memory stages, P kept in registers; q's and
+        out's rows where ``q_rows`` and ``out_rows`` (batch, head, position strides in
+        elements: nn.cu's AttnRows) say. False where the kernel does not apply."""
+        if not (self.tuning.mma and q.dtype in HALF and head_dim in (64, 128)
+                and q_heads // kv_heads * q_len >= 64
+                and all(s % 8 == 0 for s in q_rows + out_rows)  # 16-byte rows
+                and all(aligned16(x.buffer) for x in (q, k, v, out))):
+            return False
+        kern = self._kernel("nn", f"attention_tc{head_dim}_{SUFFIX[q.dtype]}")
+        kern.check_threads(128)
+        gx, gy = cdiv(q_heads // kv_heads * q_len, 64), batch * kv_heads
+        if gy > MAX_GRID_YZ:
+            raise ShapeError(f"attention over {gy} (batch x kv heads) exceeds the GPU grid")
+        shared = (64 + 4 * 64) * head_dim * 2  # Q tile + two stages of K and V tiles
+        kern.reserve_shared(shared)
+        hi, lo = split_scale(scale)
+        params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
+                           1, kv_len, hi, int(bool(causal)), lo)
+        self.queue.dispatch(kern, (gx, gy, 1), (128, 1, 1),
+                            (q.buffer, k.buffer, v.buffer, out.buffer, out.buffer, out.buffer),
+                            params, shared, raw_args=(_ATTN_ROWS.pack(*q_rows, *out_rows),))
+        return True
+
+    def _decode_by_ranges(self, dt, head_dim: int, group: int, keys, values) -> bool:
+        """Whether flash decoding (scalar or tensor-core) takes this call: head sizes 64 and
+        128, at most 16 query heads per KV head, 16-byte aligned caches."""
+        return (dt in FUSED_DTYPES and head_dim in (64, 128) and group <= 16
+                and aligned16(keys.buffer) and aligned16(values.buffer))
+
+    def _launch_decode(self, kern, threads: int, shared: int, splits: int, chunk: int, dt,
+                       qkv, cos, sin, position, keys, values, out, q_heads: int,
+                       kv_heads: int, head_dim: int, capacity: int, table_rows: int,
+                       scale: float) -> None:
+        """One launch of a one-kernel attention_decode (the ABI of docs/kernels.md's
+        attention_decode_fused): groups (KV head, split), partials, one counter per KV
+        head for the merging group."""
+        part_o, part_ml, params = self._decode_launch_state(
+            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk, scale)
+        self.queue.dispatch(kern, (kv_heads, splits, 1), (threads, 1, 1),
+                            (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
+                             keys.buffer, values.buffer, part_o, part_ml, out.buffer,
+                             self._counters(kv_heads)), params, shared)
+
+    def attention_decode(self, qkv, cos, sin, position, keys, values, out, q_heads: int,
+                         kv_heads: int, head_dim: int, capacity: int, table_rows: int,
+                         scale: float) -> None:
+        """One launch. Flash decoding where it applies (tuning ``decode_attention``): the
+        cache up to the position cut into at most 32 (or 64) ranges per KV head, 64-position
+        tiles of keys and values staged in shared memory with an online softmax, the last
+        group per KV head merging; on tensor cores in fp16/bf16 (kernels/decode_tc.cu: the
+        KV head's query heads are the 16 rows of an mma tile, 4 warps take 16 keys each of
+        every tile), else a warp per query head (kernels/decode.cu: 3 tiles in flight, 2 in
+        float32). Otherwise nn.cu's split kernel: the generic plan's groups also stage each
+        chunk's keys and values (padded rows) and the merge weights in shared memory, and
+        the last group of each KV head to finish merges."""
+        dt = self._need(qkv.dtype, ("float16", "bfloat16", "float32", "float64"),
+                        "attention_decode")
+        args = (dt, qkv, cos, sin, position, keys, values, out, q_heads, kv_heads, head_dim,
+                capacity, table_rows, scale)
+        group, item, kind = q_heads // kv_heads, ITEMSIZE[dt], self.tuning.decode_attention
+        if kind in ("flash", "tc") and self._decode_by_ranges(dt, head_dim, group, keys,
+                                                              values):
+            ranges = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
+            if kind == "tc" and self.tuning.mma and dt in HALF:
+                kern = self._kernel("decode_tc", f"attention_decode_tc{head_dim}_{SUFFIX[dt]}")
+                # Q tile (16 rows), 64 KiB of key and value tiles, the new row (Smem there)
+                threads, shared = 128, 16 * head_dim * 2 + 64 * 1024 + 2 * head_dim * 2
+            else:
+                kern = self._kernel("decode", f"attention_decode_flash{head_dim}_{SUFFIX[dt]}")
+                kern.check_threads(32 * group)
+                stages = 2 if dt == "float32" else 3
+                # the staged key and value tiles, each warp's roped query and scores, the
+                # new row
+                threads = 32 * group
+                shared = (stages * 2 * 64 * head_dim * item + group * (head_dim + 64) * 4
+                          + 2 * head_dim * item)
+            kern.reserve_shared(shared)
+            self._launch_decode(kern, threads, shared, ranges, 64, *args)
+            return
+        _, chunk, splits, shared = self._decode_plan(dt, q_heads, kv_heads, head_dim, capacity)
+        stride = head_dim + (2 if item == 2 else 1)
+        shared = cdiv(shared + 2 * chunk * stride * item, 16) * 16
+        shared += group * (splits + 1) * ACC[dt]
+        kern = self._kernel("nn", f"attention_decode_fused_{SUFFIX[dt]}")
+        self._decode_check(kern, group, head_dim, shared, splits)
+        self._launch_decode(kern, 128, shared, splits, chunk, *args)
+
+    def _paged_attention_special(self, dt, q, key_pages, value_pages, block_tables, seq_of,
+                                 positions, out, tokens, q_heads, kv_heads, head_dim,
+                                 page_size, max_pages, num_pages, scale) -> bool:
+        """paged_attention_flash (kernels/paged.cu): flash decoding through the block
+        tables, a group per (token, KV head, range of positions) with a warp per query head
+        of the group; ranges enough for about two groups per SM, merged in the kernel."""
+        group = q_heads // kv_heads
+        if not (self.tuning.paged_flash and head_dim in (64, 128) and group <= 16
+                and dt in ("float16", "bfloat16", "float32") and kv_heads <= MAX_GRID_YZ
+                and all(aligned16(x.buffer) for x in (q, key_pages, value_pages))):
+            return False
+        kern = self._kernel("paged", f"paged_attention_flash{head_dim}_{SUFFIX[dt]}")
+        kern.check_threads(32 * group)
+        # the tile's keys and values (64 rows each) and slots; per warp its query and scores
+        shared = 2 * 64 * head_dim * ITEMSIZE[dt] + 64 * 4 + group * (head_dim + 64) * 4
+        kern.reserve_shared(shared)
+        splits = max(1, min(32, cdiv(2 * self.device.compute_units, tokens * kv_heads)))
+        heads = tokens * q_heads
+        part_o = self._workspace(heads * splits * head_dim * 4)
+        part_ml = self._workspace(heads * splits * 2 * 4)
+        params = PAGED_FLASH.pack(tokens, q_heads, kv_heads, page_size, max_pages, num_pages,
+                                  splits, scale)
+        self.queue.dispatch(kern, (tokens, kv_heads, splits), (32 * group, 1, 1),
+                            (q.buffer, key_pages.buffer, value_pages.buffer,
+                             block_tables.buffer, seq_of.buffer, positions.buffer, part_o,
+                             part_ml, out.buffer, self._counters(tokens * kv_heads)), params,
+                            shared)
+        return True
+
+    # --- compiling ahead ------------------------------------------------------------------
