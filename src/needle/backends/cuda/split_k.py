@@ -12,6 +12,8 @@ half-length groups take as long as one wave of whole ones, and the sum comes on 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..gpu.array import cdiv
 
 K_STEP = 16  # the kernel's k tile: a slice's length is a multiple of it
@@ -35,6 +37,9 @@ def estimated_us(tiles: int, m: int, n: int, p: int, batch: int, splits: int,
     return us
 
 
+# kept: a training step asks for the same shapes every step, and a long k tries many splits
+# (2^20: 4096 of them, ~2 ms of host time once)
+@lru_cache(maxsize=4096)
 def split_k_plan(tiles: int, m: int, n: int, p: int, batch: int,
                  groups_at_once: int) -> tuple[int, int]:
     """(splits, chunk): the number of K slices with the least estimated time and each
