@@ -214,9 +214,6 @@ class Adam(Optimizer):
                          weight_decay=self.weight_decay, step=self.step_count,
                          decoupled=self.decoupled)
 
-    def _update(self, i, w, g):
-        self._update_all([(i, w, g)])
-
 
 class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov and Hutter, 2019), as

@@ -62,18 +62,10 @@ class AttentionOps(NNOps):
                 and all(aligned16(x.buffer) for x in (q, k, v, out))):
             return False
         kern = self._kernel("attention_simt", "attention_simt64_f32")
-        kern.check_threads(256)
-        gx, gy = cdiv(q_heads // kv_heads * q_len, 64), batch * kv_heads
-        if gy > MAX_GRID_YZ:
-            raise ShapeError(f"attention over {gy} (batch x kv heads) exceeds the GPU grid")
-        shared = _ATTN_SIMT_SHARED
-        kern.reserve_shared(shared)
-        hi, lo = split_scale(scale)
-        params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
-                           1, kv_len, hi, int(bool(causal)), lo)
-        self.queue.dispatch(kern, (gx, gy, 1), (256, 1, 1),
-                            (q.buffer, k.buffer, v.buffer, out.buffer), params, shared,
-                            raw_args=(_ATTN_ROWS.pack(*q_rows, *out_rows),))
+        self._launch_row_attention(kern, 256, _ATTN_SIMT_SHARED,
+                                   (q.buffer, k.buffer, v.buffer, out.buffer), batch, q_heads,
+                                   kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal,
+                                   q_rows, out_rows)
         return True
 
     def _attention_tc(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
@@ -81,26 +73,37 @@ class AttentionOps(NNOps):
         """Prefill-sized attention on tensor cores (mma.sync): groups of 64 query rows,
         K/V in 64-key tiles through two shared-memory stages, P kept in registers; q's and
         out's rows where ``q_rows`` and ``out_rows`` (batch, head, position strides in
-        elements: nn.cu's AttnRows) say. False where the kernel does not apply."""
+        elements: attention.cuh's AttnRows) say. False where the kernel does not apply."""
         if not (self.tuning.mma and q.dtype in HALF and head_dim in (64, 128)
                 and q_heads // kv_heads * q_len >= 64
                 and all(s % 8 == 0 for s in q_rows + out_rows)  # 16-byte rows
                 and all(aligned16(x.buffer) for x in (q, k, v, out))):
             return False
         kern = self._kernel("nn", f"attention_tc{head_dim}_{SUFFIX[q.dtype]}")
-        kern.check_threads(128)
+        shared = (64 + 4 * 64) * head_dim * 2  # Q tile + two stages of K and V tiles
+        buffers = (q.buffer, k.buffer, v.buffer, out.buffer,
+                   out.buffer, out.buffer)  # part_o, part_ml: nn.cu's slots, unused here
+        self._launch_row_attention(kern, 128, shared, buffers, batch, q_heads, kv_heads, q_len,
+                                   kv_len, kv_capacity, head_dim, scale, causal, q_rows,
+                                   out_rows)
+        return True
+
+    def _launch_row_attention(self, kern, threads: int, shared: int, buffers, batch, q_heads,
+                              kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal,
+                              q_rows, out_rows) -> None:
+        """One launch of a 64-query-row attention kernel (tensor-core or float32 tiles):
+        groups (64 rows of a KV head's queries, batch x KV heads), AttnParams, then AttnRows
+        by value."""
+        kern.check_threads(threads)
         gx, gy = cdiv(q_heads // kv_heads * q_len, 64), batch * kv_heads
         if gy > MAX_GRID_YZ:
             raise ShapeError(f"attention over {gy} (batch x kv heads) exceeds the GPU grid")
-        shared = (64 + 4 * 64) * head_dim * 2  # Q tile + two stages of K and V tiles
         kern.reserve_shared(shared)
         hi, lo = split_scale(scale)
         params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
                            1, kv_len, hi, int(bool(causal)), lo)
-        self.queue.dispatch(kern, (gx, gy, 1), (128, 1, 1),
-                            (q.buffer, k.buffer, v.buffer, out.buffer, out.buffer, out.buffer),
-                            params, shared, raw_args=(_ATTN_ROWS.pack(*q_rows, *out_rows),))
-        return True
+        self.queue.dispatch(kern, (gx, gy, 1), (threads, 1, 1), buffers, params, shared,
+                            raw_args=(_ATTN_ROWS.pack(*q_rows, *out_rows),))
 
     def _decode_by_ranges(self, dt, head_dim: int, group: int, keys, values) -> bool:
         """Whether flash decoding (scalar or tensor-core) takes this call: head sizes 64 and

@@ -409,7 +409,6 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
         self.queue.dispatch(kern, (cdiv(p, 4), 1, 1), (128, 1, 1), buffers, params)
         return True
 
-    # --- attention -------------------------------------------------------------------------
     def precompile(self, dtypes, families=None) -> list[str]:
         """Start compiling, in parallel, the kernel shards of ``dtypes`` in ``families``
         (default: those of inference — every family but the optimizer updates in the

@@ -112,26 +112,22 @@ __device__ __forceinline__ u32 in_group(const void* p, u32 rank) {
 }
 #endif
 
-// a 4- or 8-byte shared variable of group ``rank`` (one group: this one's)
-__device__ __forceinline__ u32 remote32(const void* p, u32 rank) {
+// a 4- or 8-byte shared variable of group ``rank`` (one group: this one's); U is u32 or u64s
+template <class U> __device__ __forceinline__ U remote_bits(const void* p, u32 rank) {
 #if SAMPLE_CLUSTER > 1
-  u32 v;
-  asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(in_group(p, rank)) : "memory");
+  U v;
+  if constexpr (sizeof(U) == 8)
+    asm volatile("ld.shared::cluster.u64 %0, [%1];\n" : "=l"(v) : "r"(in_group(p, rank)) : "memory");
+  else
+    asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(in_group(p, rank)) : "memory");
   return v;
 #else
-  return *reinterpret_cast<const u32*>(p);
+  return *reinterpret_cast<const U*>(p);
 #endif
 }
 
-__device__ __forceinline__ u64s remote(const u64s* p, u32 rank) {
-#if SAMPLE_CLUSTER > 1
-  u64s v;
-  asm volatile("ld.shared::cluster.u64 %0, [%1];\n" : "=l"(v) : "r"(in_group(p, rank)) : "memory");
-  return v;
-#else
-  return *p;
-#endif
-}
+__device__ __forceinline__ u32 remote32(const void* p, u32 rank) { return remote_bits<u32>(p, rank); }
+__device__ __forceinline__ u64s remote(const u64s* p, u32 rank) { return remote_bits<u64s>(p, rank); }
 
 __device__ __forceinline__ float remote(const float* p, u32 rank) {
   return __uint_as_float(remote32(p, rank));
