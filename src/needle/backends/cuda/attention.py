@@ -197,5 +197,3 @@ class AttentionOps(NNOps):
                              part_ml, out.buffer, self._counters(tokens * kv_heads)), params,
                             shared)
         return True
-
-    # --- compiling ahead ------------------------------------------------------------------

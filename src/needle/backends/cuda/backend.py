@@ -184,31 +184,39 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
         b, stride_b = self._untranspose(b, p, n, batch, stride_b, not tb)
         return bool(self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b, True))
 
+    def _sgemm_f32(self, ta: bool, tb: bool, p: int) -> tuple[str, int]:
+        """The SIMT float32 GEMM's name for a product of ``p`` columns, and its tile width:
+        128 x 64 tiles (matmul_*64_f32: 101 registers, two groups an SM) for at most 64
+        columns, where a 128-wide tile would compute half in vain (tuning ``narrow_f32``)."""
+        width = 64 if p <= 64 and self.tuning.narrow_f32 else 128
+        name = f"matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}{'64' if width == 64 else ''}_f32"
+        return name, width
+
     def _narrow_f32(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
-        """A float32 product of at most 64 columns on 128 x 64 tiles (matmul_*64_f32: 101
-        registers, two groups an SM), where a 128-wide tile would compute half in vain."""
+        """A float32 product of at most 64 columns on the narrow tiles (_sgemm_f32)."""
         if p > 64 or not self.tuning.narrow_f32:
             return False
-        name = f"matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}64_f32"
+        name, width = self._sgemm_f32(ta, tb, p)
         self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
-                           (128, 64), 256, 0, ta, tb)
+                           (128, width), 256, 0, ta, tb)
         return True
 
     def _split_k_f32(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
         """A float32 product whose output tiles alone would leave most SMs idle (a 512x1024
         product has 32 tiles of 128x128 for 132 SMs): groups also split K, each writing its
         partial product to a float32 slab, and a column sum adds the slabs."""
-        width = 64 if p <= 64 and self.tuning.narrow_f32 else 128
+        if not self.tuning.split_k or n < 512:
+            return False
+        name, width = self._sgemm_f32(ta, tb, p)
         tiles = cdiv(m, 128) * cdiv(p, width) * batch
-        if not self.tuning.split_k or tiles >= self.device.compute_units or n < 512:
+        if tiles >= self.device.compute_units:
             return False
         splits, chunk = split_k_plan(tiles, m, n, p, batch, self.device.compute_units)
         if splits == 1 or batch > MAX_GRID_YZ // splits:
             return False
         part = GpuArray(self._workspace(splits * batch * m * p * 4), splits * batch * m * p,
                         "float32")
-        k = self._kernel("matmul", f"matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}"
-                                   f"{'64' if width == 64 else ''}_f32")
+        k = self._kernel("matmul", name)
         params = MATMUL.pack(m, n, p, batch, stride_a, stride_b, int(ta), int(tb), splits, chunk)
         self.queue.dispatch(k, (cdiv(p, width), cdiv(m, 128), splits * batch), (256, 1, 1),
                             (a.buffer, b.buffer, part.buffer), params)
