@@ -24,7 +24,7 @@ from .fusion.call import Call
 SERVICES = frozenset(("capture", "dlpack_device", "empty_cache", "from_dlpack",
                       "memory_available", "memory_stats", "precompile", "profile", "tuned",
                       "wait_precompiled", "cached_bytes", "kernels", "num_threads", "wrap",
-                      "load"))
+                      "load", "attention_backward_supported"))
 _HOST_READS = {"to_numpy": ".item()/.numpy() or another read of device data",
                "to_numpy_later": "an asynchronous read of device data",
                "host_view": "a host view of device data (DLPack, numpy)",

@@ -50,6 +50,9 @@ CAPABILITY_TESTS = {
     "fused_quant_matvec": [
         "backend_ndarray/test_quant_decode.py::test_rmsnorm_matvec_with_packed_weights",
         "models/test_quantize.py::test_quantized_decode_as_five_operations_matches_composed"],
+    "attention_backward": [
+        "backends/test_attention_backward.py::test_heads_first_matches_float64",
+        "backends/test_attention_backward.py::test_tensor_gradient_takes_the_fused_backward"],
     "token_major_attention": [
         "backend_ndarray/test_transformer_ops.py::test_attention_of_token_major_query_rows",
         "models/test_llama_vs_hf.py::test_cached_decode_matches_full_forward"],

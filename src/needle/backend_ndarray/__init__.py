@@ -17,6 +17,7 @@ from .dtypes import ALL_DTYPES, promote
 from .functions import (
                      add_rmsnorm,
                      attention,
+                     attention_backward,
                      attention_decode,
                      broadcast_to,
                      concatenate,
@@ -55,7 +56,7 @@ __all__ = [
     "ALL_DTYPES", "Device", "NDArray", "QuantizedMatrix", "quant_matmul",
     "adam_update", "adam_update_many", "add_rmsnorm", "matvec_add", "rmsnorm_matvec",
     "all_devices", "array",
-    "as_device", "attention", "attention_decode",
+    "as_device", "attention", "attention_backward", "attention_decode",
     "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
     "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",
     "matmul_swiglu", "max", "maximum", "metal", "minimum", "ones",

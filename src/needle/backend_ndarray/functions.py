@@ -212,6 +212,56 @@ def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
     return out
 
 
+def attention_backward(q: NDArray, k: NDArray, v: NDArray, out: NDArray, dout: NDArray,
+                       scale: float | None = None, causal: bool = False
+                       ) -> tuple[NDArray, NDArray, NDArray] | None:
+    """(dq, dk, dv), the gradients of ``out = attention(q, k, v, scale, causal)`` given the
+    output's gradient ``dout``, in one backend call (capability ``attention_backward``:
+    numpy_ref/nn.py defines the numbers); None where the backend lacks it or does not
+    support these arrays (``attention_backward_supported``), and the caller composes the
+    gradients from products and a softmax.
+
+    q, out and dout are (batch, q_heads, q_len, head_dim), k and v (batch, kv_heads, kv_len,
+    head_dim), all of one floating dtype; views whose rows are contiguous (a model's
+    token-major projections seen heads-first) are read as they are. The gradients are
+    heads-first views of token-major arrays, as ``attention`` returns its output.
+    """
+    backend = q.device.backend
+    if not has(backend, "attention_backward"):
+        return None
+    for t in (k, v, out, dout):
+        q._check_device(t)
+    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape or out.shape != q.shape \
+            or dout.shape != q.shape:
+        raise ShapeError(f"attention_backward needs 4-d q, k, v, out, dout with k and v of one "
+                         f"shape and out, dout of q's; got {q.shape}, {k.shape}, {v.shape}, "
+                         f"{out.shape}, {dout.shape}")
+    bsz, hq, sq, d = q.shape
+    bk, hkv, skv, kd = k.shape
+    if bk != bsz or kd != d or hkv == 0 or hq % hkv or (causal and skv < sq):
+        raise ShapeError(f"attention_backward: q {q.shape} and k {k.shape} differ in batch or "
+                         "head_dim, or the query heads are not a multiple of the KV heads, or "
+                         "a causal kv_len is shorter than q_len")
+    if any(t.dtype != q.dtype for t in (k, v, out, dout)) or not dtypes.is_floating(q.dtype):
+        raise DTypeError("attention_backward needs q, k, v, out and dout of one floating dtype")
+    if not q.size or not k.size:
+        return None
+    scale = 1 / math.sqrt(d) if scale is None else float(scale)
+    inputs = [t if t.strides[3] == 1 and min(t.strides) >= 0 else t.compact()
+              for t in (q, k, v, out, dout)]
+    grads = [NDArray.make((bsz, n, h, d), device=q.device, dtype=q.dtype)
+             for n, h in ((sq, hq), (skv, hkv), (skv, hkv))]
+    rows = tuple(s for t in inputs for s in t.strides[:3])
+    rows += tuple(s for g in grads for s in (g.strides[0], g.strides[2], g.strides[1]))
+    rows += tuple(t.offset for t in inputs + grads)
+    if not backend.attention_backward_supported(q.dtype, d, rows):
+        return None
+    backend.attention_backward(*(t._handle for t in inputs + grads), bsz, hq, hkv, sq, skv, d,
+                               scale, bool(causal), rows)
+    dq, dk, dv = (g.permute((0, 2, 1, 3)) for g in grads)
+    return dq, dk, dv
+
+
 def _token_major_rows(q: NDArray) -> int | None:
     """The elements between q's positions when q (batch, heads, len, d) is a view of
     token-major rows starting at its buffer's first element (query head h of position i in

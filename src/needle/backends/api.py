@@ -57,6 +57,10 @@ CAPABILITIES = {
                           "pass with the norm's scale folded into the weight, r * (W x), the "
                           "normed vector never rounded (numpy_ref/decode.py); the decode step "
                           "folds its norms into the weights where a backend declares it",
+    "attention_backward": "attention_backward(): the gradients of attention in one call "
+                          "(numpy_ref/nn.py), q, k, v and the gradients read and written "
+                          "through row strides, no (q_len, kv_len) matrix left to the caller, "
+                          "for what attention_backward_supported() accepts",
     "multi_tensor_adam": "adam_update_many(): Adam steps of many parameters of one dtype "
                          "together (numpy_ref/optim.py), each bitwise its own adam_update; "
                          "on a GPU a few launches for a whole model's step",
@@ -260,6 +264,20 @@ class MultiTensorAdam(Protocol):
                          step: int, decoupled: bool) -> None: ...
 
 
+class AttentionBackward(Protocol):
+    """The gradients of attention (numpy_ref/nn.py defines them); the Tensor layer composes
+    them from products and a softmax where a backend lacks it or does not support the
+    arrays (a service answers that, so a recorded step never reads a work call's result)."""
+
+    def attention_backward_supported(self, dtype: str, head_dim: int,
+                                     rows: tuple[int, ...]) -> bool: ...
+
+    def attention_backward(self, q: Array, k: Array, v: Array, out: Array, dout: Array,
+                           dq: Array, dk: Array, dv: Array, batch: int, q_heads: int,
+                           kv_heads: int, q_len: int, kv_len: int, head_dim: int,
+                           scale: float, causal: bool, rows: tuple[int, ...]) -> None: ...
+
+
 class _Marker(Protocol):
     """Capabilities that promise behaviour of required functions, not new functions."""
 
@@ -272,6 +290,7 @@ CAPABILITY_PROTOCOLS: dict[str, type] = {
     "int4": QuantizedWeights, "fused_quant_matvec": FusedQuantMatvec,
     "token_major_attention": TokenMajorAttention, "matmul_swiglu": MatmulSwiglu,
     "folded_norm_matvec": FoldedNormMatvec, "multi_tensor_adam": MultiTensorAdam,
+    "attention_backward": AttentionBackward,
 }
 
 

@@ -15,6 +15,7 @@ from .. import backend_ndarray as nd
 from ..amp import low_precision_inputs
 from ..autograd import Tensor, TensorOp
 from ..errors import ShapeError
+from ..grad_mode import is_grad_enabled
 from .ops_logarithmic import softmax
 from .ops_mathematic import silu, silu_derivative
 from .ops_shape import (
@@ -242,6 +243,9 @@ class ScaledDotProductAttention(TensorOp):
         return nd.attention(q, k, v, scale=self.scale, causal=self.causal)
 
     def gradient(self, out_grad, node):
+        fused = self._fused_gradient(out_grad, node)
+        if fused is not None:
+            return fused
         # compact once: q and out_grad each feed two products, k and v one each, and a
         # product copies an operand that is a view of token-major rows (a model's
         # projections) every time it meets one (7 copies a layer, now 4)
@@ -268,6 +272,21 @@ class ScaledDotProductAttention(TensorOp):
         grad_k = _sum_groups(transpose(grad_scores) @ q, hkv, group)
         grad_v = _sum_groups(transpose(probs) @ out_grad, hkv, group)
         return grad_q, grad_k, grad_v
+
+    def _fused_gradient(self, out_grad, node):
+        """The three gradients from the backend's fused attention backward (nd's
+        attention_backward: no (s, s) matrices, no heads-first copies), or None where the
+        backend has none for these arrays. Not while building a differentiable graph
+        (``create_graph``): its results are constants."""
+        if is_grad_enabled():
+            return None
+        q, k, v, out, out_grad = _widen(*node.inputs, node, out_grad)
+        grads = nd.attention_backward(*(t.realize_cached_data() for t in (q, k, v, out,
+                                                                          out_grad)),
+                                      scale=self.scale, causal=self.causal)
+        if grads is None:
+            return None
+        return tuple(Tensor.make_const(g) for g in grads)
 
 
 def _repeat_kv(t: Tensor, group: int) -> Tensor:

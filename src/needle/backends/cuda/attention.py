@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 
 from ...backend_ndarray.dtypes import ITEMSIZE
-from ...errors import ShapeError
+from ...errors import DTypeError, ShapeError
 from ..gpu.array import ACC, ATTN, MAX_GRID_YZ, SUFFIX, aligned16, cdiv, split_scale
 from ..gpu.nn import NNOps
 from ..gpu.paged import PAGED_FLASH
@@ -20,6 +20,8 @@ HALF = ("float16", "bfloat16")
 FUSED_DTYPES = ("float16", "bfloat16", "float32")  # dtypes of the fused decode kernels
 _ATTN_ROWS = struct.Struct("6q")  # attention.cuh's AttnRows: q's and out's row strides
 _ATTN_SIMT_SHARED = ((64 + 2 * 64) * 68 + 64 * 80) * 4  # attention_simt.cu's tiles
+_ATTN_GRADS = struct.Struct("33q")  # attention_simt_bwd.cu's AttnGrads: strides, offsets, slab
+_ATTN_BWD_SHARED = (5 * 64 * 68 + 64 * 80 + 4 * 64) * 4  # attention_simt_bwd.cu's tiles
 
 
 class AttentionOps(NNOps):
@@ -67,6 +69,46 @@ class AttentionOps(NNOps):
                                    kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal,
                                    q_rows, out_rows)
         return True
+
+    def attention_backward_supported(self, dtype: str, head_dim: int,
+                                     rows: tuple[int, ...]) -> bool:
+        """Float32 with head_dim 64 and 16-byte rows (tuning ``attention_backward``)."""
+        return (self.tuning.attention_backward and dtype == "float32" and head_dim == 64
+                and all(s % 4 == 0 for s in rows))
+
+    def attention_backward(self, q, k, v, out, dout, dq, dk, dv, batch, q_heads, kv_heads,
+                           q_len, kv_len, head_dim, scale, causal, rows) -> None:
+        """numpy_ref.attention_backward (attention_simt_bwd.cu): each row's softmax
+        statistics and dO . O, then a group per 64 keys of a (batch, KV head) walking the
+        query tiles that see them, dK and dV in registers, each key block's share of dQ
+        into its own slab, summed here in block order (deterministic)."""
+        if not self.attention_backward_supported(q.dtype, head_dim, rows):
+            raise DTypeError(f"attention_backward: no kernel for {q.dtype} with head_dim "
+                             f"{head_dim} and these rows; ask attention_backward_supported")
+        gy, blocks = batch * kv_heads, cdiv(kv_len, 64)
+        if gy > MAX_GRID_YZ:
+            raise ShapeError(f"attention_backward over {gy} (batch x kv heads) exceeds the "
+                             "GPU grid")
+        hi, lo = split_scale(scale)
+        params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim, 1,
+                           kv_len, hi, int(bool(causal)), lo)
+        stats = self._new_array(3 * batch * q_heads * q_len, "float32")
+        slabs = self._new_array(blocks * dq.size, "float32") if blocks > 1 else dq
+        grads = _ATTN_GRADS.pack(*rows, dq.size if blocks > 1 else 0)
+        kern = self._kernel("attention_simt_bwd", "attention_simt64_stats_f32")
+        kern.check_threads(256)
+        self.queue.dispatch(kern, (cdiv(q_heads // kv_heads * q_len, 64), gy, 1), (256, 1, 1),
+                            (q.buffer, k.buffer, out.buffer, dout.buffer, stats.buffer), params,
+                            raw_args=(grads,))
+        kern = self._kernel("attention_simt_bwd", "attention_simt64_bwd_f32")
+        kern.check_threads(256)
+        kern.reserve_shared(_ATTN_BWD_SHARED)
+        self.queue.dispatch(kern, (blocks, gy, 1), (256, 1, 1),
+                            (q.buffer, k.buffer, v.buffer, dout.buffer, stats.buffer,
+                             slabs.buffer, dk.buffer, dv.buffer), params, _ATTN_BWD_SHARED,
+                            raw_args=(grads,))
+        if blocks > 1:
+            self._reduce("sum", slabs, dq, 1, blocks, dq.size)
 
     def _attention_tc(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
                       kv_capacity, head_dim, scale, causal, q_rows, out_rows) -> bool:

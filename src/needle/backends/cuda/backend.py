@@ -74,6 +74,7 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
         caps.add("sampling")
         caps.add("precompile")
         caps.add("token_major_attention")
+        caps.add("attention_backward")
         caps.add("matmul_swiglu")
         caps.add("multi_tensor_adam")
         if self.tuning.folded_norm:

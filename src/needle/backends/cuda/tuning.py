@@ -66,6 +66,8 @@ class CudaTuning(GpuTuning):
     narrow_f32: bool = True  # float32 products of <= 64 columns on 128 x 64 tiles
     attention_simt: bool = True  # float32 attention (head_dim 64, >= 64 query rows) as
     # tiled products (attention_simt.cu) rather than nn.cu's attention_f32
+    attention_backward: bool = True  # float32 attention gradients (head_dim 64) fused
+    # (attention_simt_bwd.cu) rather than composed of products and a softmax
     transpose: bool = True  # compact() of transposed matrices by a tiled transpose kernel
     skinny: bool = True  # products of <= 8 rows read B once (matmul_skinny)
     skinny_tc: int = 128  # X @ W^T of 2..this many rows on tensor cores, W read once
@@ -106,6 +108,7 @@ class CudaTuning(GpuTuning):
                    gemm="wgmma" if env.get("NEEDLE_GEMM") == "wgmma" else "tma",
                    wgmma_tile=env.get("NEEDLE_WGMMA_TILE"),
                    tc_tile=256 if env.get("NEEDLE_TC_TILE", "128") == "256" else 128,
+                   attention_backward=env.get("NEEDLE_ATTENTION_BACKWARD", "1") != "0",
                    skinny_tc=int(env.get("NEEDLE_SKINNY_TC", "128")) if capability >= 80
                    else 0,
                    pdl=target >= 90 and env.get("NEEDLE_PDL", "1") != "0",

@@ -81,6 +81,8 @@ from .memory import (
 from .nn import (
     add_rmsnorm,
     attention,
+    attention_backward,
+    attention_backward_supported,
     attention_decode,
     attention_token_major,
     layernorm,
@@ -102,7 +104,7 @@ name = "cpu_numpy"
 # what each capability promises: backends/api.py
 capabilities = frozenset({"host_memory", "sampling", "paged_attention", "int8", "int4",
                           "fused_quant_matvec", "token_major_attention", "matmul_swiglu",
-                          "folded_norm_matvec", "multi_tensor_adam"})
+                          "folded_norm_matvec", "multi_tensor_adam", "attention_backward"})
 
 
 def load(index: int = 0):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import Array, _f, _store
+from .core import Array, _f, _store, _view
 from .elementwise import _sigmoid
 from .reduce import matmul
 
@@ -136,6 +136,57 @@ def _attend(qq: np.ndarray, k: Array, v: Array, kv_heads: int, kv_len: int, kv_c
     p = np.exp(s)
     p /= p.sum(axis=-1, keepdims=True)
     return np.matmul(p, vv)
+
+
+def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, dq: Array,
+                       dk: Array, dv: Array, batch: int, q_heads: int, kv_heads: int,
+                       q_len: int, kv_len: int, head_dim: int, scale: float, causal: bool,
+                       rows: tuple[int, ...]) -> None:
+    """The gradients of ``out = attention(q, k, v)`` given ``dout`` (capability
+    ``attention_backward``), in one call and without the caller holding (q_len, kv_len)
+    matrices: dq (like q), dk and dv (like k). q, out, dout and dq have (batch, q_heads,
+    q_len, head_dim) elements, k, v, dk and dv (batch, kv_heads, kv_len, head_dim), each
+    found through ``rows``: for q, k, v, out, dout, dq, dk, dv in that order, the strides in
+    elements of batch, head and position (a row's head_dim values are contiguous), then the
+    eight arrays' offsets in elements; token-major rows need no copies. Query head h uses KV head
+    h // (q_heads // kv_heads); with ``causal`` query i sees keys up to kv_len - q_len + i.
+
+    The numbers: P = softmax(scale q kᵀ) recomputed, D = rowsum(dout * out), dS = P (dout
+    vᵀ - D); dv = Pᵀ dout, dk = scale dSᵀ q, dq = scale dS k, summed over each KV head's
+    query heads, in the compute dtype. Callers ask ``attention_backward_supported`` first."""
+    group = q_heads // kv_heads
+
+    def view(a: Array, x: int, heads: int, length: int) -> np.ndarray:
+        sb, sh, sp = rows[3 * x:3 * x + 3]
+        return _view(a, (batch, heads, length, head_dim), (sb, sh, sp, 1), rows[24 + x])
+
+    qq, oo, do = (_f(view(a, x, q_heads, q_len)) for a, x in ((q, 0), (out, 3), (dout, 4)))
+    kk, vv = (np.repeat(_f(view(a, x, kv_heads, kv_len)), group, axis=1)
+              for a, x in ((k, 1), (v, 2)))
+    sc = np.asarray(scale, qq.dtype)
+    s = np.matmul(qq, kk.transpose(0, 1, 3, 2)) * sc
+    if causal:
+        qpos = np.arange(q_len)[:, None] + (kv_len - q_len)
+        s = np.where(np.arange(kv_len)[None, :] <= qpos, s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    ds = p * (np.matmul(do, vv.transpose(0, 1, 3, 2)) - (do * oo).sum(axis=-1, keepdims=True))
+    grads = {5: np.matmul(ds, kk) * sc,
+             6: (np.matmul(ds.transpose(0, 1, 3, 2), qq) * sc),
+             7: np.matmul(p.transpose(0, 1, 3, 2), do)}
+    for x, a in ((5, dq), (6, dk), (7, dv)):
+        g = grads[x]
+        if x != 5:  # each KV head's query heads summed
+            g = g.reshape(batch, kv_heads, group, kv_len, head_dim).sum(axis=2)
+        heads = q_heads if x == 5 else kv_heads
+        dst = view(a, x, heads, q_len if x == 5 else kv_len)
+        dst[...] = g.astype(a.array.dtype)
+
+
+def attention_backward_supported(dtype: str, head_dim: int, rows: tuple[int, ...]) -> bool:
+    """Whether ``attention_backward`` takes arrays of ``dtype`` with ``head_dim`` and these
+    ``rows`` (strides and offsets); a service, launching nothing. The reference takes all."""
+    return True
 
 
 def attention_decode(qkv: Array, cos: Array, sin: Array, position: Array, keys: Array,

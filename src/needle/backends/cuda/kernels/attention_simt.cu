@@ -18,6 +18,7 @@
 // to 80 (the two rows a warp writes fall in different banks).
 #include "common.cuh"
 #include "attention.cuh"
+#include "attention_simt.cuh"
 
 // tuning knob (NEEDLE_CUDA_OPTIONS): how far the products' loops unroll. Not at all: 128
 // registers, two groups an SM (H100, (16, 8, 256, 64) causal: 83-86 us); 4: 150 registers,
@@ -30,26 +31,7 @@ namespace asimt {
 constexpr int BR = 64, BC = 64, D = 64, THREADS = 256, LD = D + 4, PLD = BC + 16;
 constexpr int SHARED_FLOATS = (BR + 2 * BC) * LD + BR * PLD;
 
-__device__ __forceinline__ float4 ld4(const float* p) {
-  return *reinterpret_cast<const float4*>(p);
-}
-__device__ __forceinline__ void st4(float* p, float4 x) { *reinterpret_cast<float4*>(p) = x; }
-__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
-  acc = fmaf(a.x, b.x, acc);
-  acc = fmaf(a.y, b.y, acc);
-  acc = fmaf(a.z, b.z, acc);
-  return fmaf(a.w, b.w, acc);
-}
-__device__ __forceinline__ float half_warp_max(float x) {
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ __forceinline__ float half_warp_sum(float x) {
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
+using simt::dot4, simt::half_warp_max, simt::half_warp_sum, simt::ld4, simt::st4;
 
 __device__ __forceinline__ void run(const float* __restrict__ q, const float* __restrict__ k,
                                     const float* __restrict__ v, float* __restrict__ out,

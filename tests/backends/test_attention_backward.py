@@ -1,0 +1,201 @@
+"""The fused attention backward (capability ``attention_backward``: numpy_ref/nn.py, CUDA's
+kernels/attention_simt_bwd.cu for float32 with head_dim 64) against float64 gradients, on
+heads-first arrays and on heads-first views of token-major rows, with grouped heads, causal
+and not, keys before the queries, rows ending mid-tile and several key blocks; that the CUDA
+kernels are the ones that ran and that the result does not depend on the run; that the
+Tensor gradient takes it and still composes where it does not apply or a graph is built."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import needle as ndl
+import needle.backend_ndarray as nd
+from needle.backends.api import has
+from needle.backprop import grad
+from needle.errors import DTypeError, ShapeError
+from needle.ops import ops_nn
+
+CUDA = nd.cuda(0)
+DEVICES = [pytest.param(nd.cpu_numpy(), id="numpy_ref"),
+           pytest.param(CUDA, id="cuda", marks=pytest.mark.skipif(
+               not CUDA.enabled(), reason=f"cuda disabled: {CUDA.reason}"))]
+
+CASES = [  # batch, q_heads, kv_heads, q_len, kv_len, causal
+    (2, 8, 8, 256, 256, True),   # the GPT benchmark's layer, smaller batch
+    (1, 4, 2, 100, 100, True),   # grouped heads, rows ending mid-tile
+    (2, 2, 1, 70, 200, True),    # keys before the queries
+    (1, 3, 3, 65, 130, False),
+    (1, 8, 1, 40, 40, True),     # 320 rows of one KV head: tiles cross heads
+    (1, 2, 2, 3, 50, False),     # fewer rows than a tile, one key block
+]
+
+
+def _ids(c):
+    return f"b{c[0]}h{c[1]}/{c[2]}q{c[3]}kv{c[4]}{'c' if c[5] else ''}"
+
+
+def _reference(q, k, v, dout, causal):
+    """float64 (dq, dk, dv) and the output, composed step by step."""
+    group = q.shape[1] // k.shape[1]
+    kr, vr = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = q @ kr.swapaxes(-1, -2) * scale
+    if causal:
+        q_len, kv_len = q.shape[2], k.shape[2]
+        allowed = np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None] + (kv_len - q_len)
+        s = np.where(allowed, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out = p @ vr
+    dp = dout @ vr.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    b, hkv, kv_len, d = k.shape
+    dq = ds @ kr * scale
+    dk = (ds.swapaxes(-1, -2) @ q * scale).reshape(b, hkv, group, kv_len, d).sum(2)
+    dv = (p.swapaxes(-1, -2) @ dout).reshape(b, hkv, group, kv_len, d).sum(2)
+    return out, (dq, dk, dv)
+
+
+def _inputs(case, seed):
+    b, hq, hkv, q_len, kv_len, causal = case
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, hq, q_len, 64))
+    k = rng.standard_normal((b, hkv, kv_len, 64))
+    v = rng.standard_normal((b, hkv, kv_len, 64))
+    dout = rng.standard_normal((b, hq, q_len, 64))
+    out, want = _reference(q, k, v, dout, causal)
+    return [x.astype(np.float32) for x in (q, k, v, out, dout)], want
+
+
+def _check(got, want):
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_heads_first_matches_float64(dev, case):
+    arrays, want = _inputs(case, 0)
+    args = [nd.array(x, device=dev) for x in arrays]
+    got = nd.attention_backward(*args, causal=case[5])
+    assert got is not None
+    _check(got, want)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[4]], ids=_ids)
+def test_token_major_views_match_float64(dev, case):
+    """q, k, v as heads-first views of one fused QKV projection's rows, out and dout of
+    token-major arrays: nothing is copied heads-first, and the gradients come back as
+    heads-first views of token-major arrays."""
+    b, hq, hkv, q_len, kv_len, causal = case  # q_len == kv_len: one projection's rows
+    (q, k, v, out, dout), want = _inputs(case, 1)
+    rows = np.concatenate([x.transpose(0, 2, 1, 3) for x in (q, k, v)], axis=2)
+    qkv = nd.array(rows, device=dev)
+    qv = qkv[:, :, :hq].permute((0, 2, 1, 3))
+    kv = qkv[:, :, hq:hq + hkv].permute((0, 2, 1, 3))
+    vv = qkv[:, :, hq + hkv:].permute((0, 2, 1, 3))
+    ov, dov = (nd.array(x.transpose(0, 2, 1, 3), device=dev).permute((0, 2, 1, 3))
+               for x in (out, dout))
+    if dev is CUDA:
+        with dev.backend.profile() as prof:
+            got = nd.attention_backward(qv, kv, vv, ov, dov, causal=causal)
+        assert "attention_simt64_bwd_f32" in prof.totals
+        assert "compact_f32" not in prof.totals
+    else:
+        got = nd.attention_backward(qv, kv, vv, ov, dov, causal=causal)
+    assert all(g.permute((0, 2, 1, 3)).is_compact() for g in got)
+    _check(got, want)
+
+
+@pytest.mark.skipif(not CUDA.enabled(), reason=f"cuda disabled: {CUDA.reason}")
+def test_cuda_kernels_ran_and_the_result_is_the_same_every_run():
+    """Several key blocks: dQ's shares are summed in block order, so two runs agree bitwise."""
+    arrays, _ = _inputs(CASES[0], 2)
+    args = [nd.array(x, device=CUDA) for x in arrays]
+    with CUDA.backend.profile() as prof:
+        first = [g.numpy() for g in nd.attention_backward(*args, causal=True)]
+    assert {"attention_simt64_stats_f32", "attention_simt64_bwd_f32"} <= set(prof.totals)
+    for _ in range(3):
+        again = [g.numpy() for g in nd.attention_backward(*args, causal=True)]
+        for a, b in zip(first, again):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(not CUDA.enabled(), reason=f"cuda disabled: {CUDA.reason}")
+def test_cuda_declines_what_its_kernels_do_not_cover():
+    """head_dim 32, float16 and the switched-off tuning (NEEDLE_ATTENTION_BACKWARD=0): None,
+    nothing launched (the caller composes)."""
+    rng = np.random.default_rng(3)
+    small = [nd.array(rng.standard_normal(s).astype(np.float32), device=CUDA)
+             for s in ((1, 2, 64, 32), (1, 2, 64, 32), (1, 2, 64, 32), (1, 2, 64, 32),
+                       (1, 2, 64, 32))]
+    assert nd.attention_backward(*small, causal=True) is None
+    arrays, _ = _inputs(CASES[1], 4)
+    half = [nd.array(x, device=CUDA).astype("float16") for x in arrays]
+    assert nd.attention_backward(*half, causal=True) is None
+    with CUDA.backend.tuned(attention_backward=False):
+        assert nd.attention_backward(*[nd.array(x, device=CUDA) for x in arrays]) is None
+
+
+def test_bad_shapes_are_clear_errors():
+    dev = nd.cpu_numpy()
+    a = nd.array(np.zeros((1, 4, 8, 64), np.float32), device=dev)
+    k = nd.array(np.zeros((1, 3, 8, 64), np.float32), device=dev)
+    with pytest.raises(ShapeError, match="multiple of the KV heads"):
+        nd.attention_backward(a, k, k, a, a)
+    with pytest.raises(ShapeError, match="4-d"):
+        nd.attention_backward(a, a, a, a, a.reshape((4, 8, 64)))
+    with pytest.raises(DTypeError, match="one floating dtype"):
+        nd.attention_backward(a, a, a, a, a.astype("float64"))
+
+
+def _tensor_grads(dev, case, seed, create_graph=False, fused=True):
+    b, hq, hkv, q_len, kv_len, causal = case
+    rng = np.random.default_rng(seed)
+    q, k, v = (ndl.Tensor(rng.standard_normal(s).astype(np.float32), device=dev)
+               for s in ((b, hq, q_len, 64), (b, hkv, kv_len, 64), (b, hkv, kv_len, 64)))
+    w = ndl.Tensor(rng.standard_normal((b, hq, q_len, 64)).astype(np.float32), device=dev,
+                   requires_grad=False)
+    out = ops_nn.scaled_dot_product_attention(q, k, v, causal=causal)
+    calls = []
+    real = nd.attention_backward
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs) if fused else None
+
+    ops_nn.nd.attention_backward = spy
+    try:
+        grads = grad((out * w).sum(), [q, k, v], create_graph=create_graph)
+    finally:
+        ops_nn.nd.attention_backward = real
+    return [g.numpy() for g in grads], calls
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_tensor_gradient_takes_the_fused_backward(dev):
+    """The fused gradients equal the composed ones (which the backend's absence gives)."""
+    case = CASES[1]
+    fused, calls = _tensor_grads(dev, case, 5)
+    assert calls and has(dev.backend, "attention_backward")
+    composed, _ = _tensor_grads(dev, case, 5, fused=False)
+    for a, b in zip(fused, composed):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+
+
+def test_create_graph_composes_a_differentiable_gradient():
+    """With create_graph the gradient is itself a graph: the fused path (constants) is not
+    asked, and the composed gradients are those of the fused path."""
+    dev = nd.cpu_numpy()
+    graph, calls = _tensor_grads(dev, CASES[5], 6, create_graph=True)
+    assert not calls
+    plain, calls = _tensor_grads(dev, CASES[5], 6)
+    assert calls
+    for a, b in zip(graph, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
