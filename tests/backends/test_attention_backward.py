@@ -199,3 +199,54 @@ def test_create_graph_composes_a_differentiable_gradient():
     assert calls
     for a, b in zip(graph, plain):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _stats_reference(q, k, causal):
+    group = q.shape[1] // k.shape[1]
+    s = q @ np.repeat(k, group, axis=1).swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        q_len, kv_len = q.shape[2], k.shape[2]
+        allowed = np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None] + (kv_len - q_len)
+        s = np.where(allowed, s, -np.inf)
+    m = s.max(-1)
+    return np.concatenate([m.reshape(-1), (1 / np.exp(s - m[..., None]).sum(-1)).reshape(-1)])
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5]], ids=_ids)
+def test_forward_keeps_the_softmax_statistics(dev, case):
+    """attention_with_stats: the output of attention and each row's max and 1 / sum, which
+    the backward then reads (and gives the same gradients as recomputing them)."""
+    (q, k, v, out, dout), want = _inputs(case, 7)
+    args = [nd.array(x, device=dev) for x in (q, k, v)]
+    got, stats = nd.attention_with_stats(*args, causal=case[5])
+    assert stats is not None
+    np.testing.assert_allclose(got.numpy(), out, rtol=2e-5, atol=2e-5)
+    ref = _stats_reference(*(x.astype(np.float64) for x in (q, k)), case[5])
+    np.testing.assert_allclose(stats.numpy(), ref, rtol=2e-5, atol=1e-6)
+    d = nd.array(dout, device=dev)
+    with_stats = nd.attention_backward(*args, got, d, causal=case[5], stats=stats)
+    _check(with_stats, want)
+    plain = nd.attention_backward(*args, got, d, causal=case[5])
+    for a, b in zip(with_stats, plain):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not CUDA.enabled(), reason=f"cuda disabled: {CUDA.reason}")
+def test_cuda_training_step_reuses_the_forward_statistics():
+    """A forward whose inputs need gradients runs the statistics-keeping kernel, and the
+    backward then skips its statistics pass."""
+    b, hq, hkv, q_len, kv_len, causal = CASES[1]
+    rng = np.random.default_rng(8)
+    q, k, v = (ndl.Tensor(rng.standard_normal(s).astype(np.float32), device=CUDA)
+               for s in ((b, hq, q_len, 64), (b, hkv, kv_len, 64), (b, hkv, kv_len, 64)))
+    with CUDA.backend.profile() as prof:
+        out = ops_nn.scaled_dot_product_attention(q, k, v, causal=causal)
+        out.sum().backward()
+        q.grad.numpy()
+    assert {"attention_simt64_train_f32", "attention_simt64_bwd_f32"} <= set(prof.totals)
+    assert "attention_simt64_stats_f32" not in prof.totals
+    with ndl.no_grad():
+        with CUDA.backend.profile() as prof:
+            ops_nn.scaled_dot_product_attention(q, k, v, causal=causal).numpy()
+    assert "attention_simt64_train_f32" not in prof.totals

@@ -167,14 +167,9 @@ def scatter_add(indices, values: NDArray, rows: int, out: NDArray | None = None)
     return out
 
 
-def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
-              causal: bool = False, kv_len: int | None = None) -> NDArray:
-    """softmax(q kᵀ · scale) v with grouped-query heads.
-
-    q is (batch, q_heads, q_len, head_dim); k and v are (batch, kv_heads, capacity,
-    head_dim), of which the first ``kv_len`` positions (default: all) are attended to.
-    k and v may be views of a larger cache along the capacity axis.
-    """
+def _attention_shapes(q: NDArray, k: NDArray, v: NDArray, kv_len: int | None,
+                      causal: bool) -> tuple[int, int, int, int, int, int, int]:
+    """attention's checks; (batch, q_heads, q_len, head_dim, kv_heads, capacity, kv_len)."""
     for t in (k, v):
         q._check_device(t)
     if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
@@ -192,6 +187,46 @@ def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
                          + (f" and at least q_len {sq} when causal" if causal else ""))
     if not dtypes.is_floating(q.dtype):
         raise DTypeError(f"attention needs floating-point arrays, got {q.dtype}")
+    return bsz, hq, sq, d, hkv, cap, kv_len
+
+
+def attention_with_stats(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
+                         causal: bool = False) -> tuple[NDArray, NDArray | None]:
+    """``attention(q, k, v, scale, causal)`` and, where the backend can (capability
+    ``attention_backward``, arrays it supports), each query row's max score and 1 / sum of
+    exponentials, which ``attention_backward`` then reads instead of recomputing them (a
+    training step's forward: ``ops.scaled_dot_product_attention`` asks for them when a
+    gradient may follow). (output, None) elsewhere."""
+    bsz, hq, sq, d, hkv, cap, kv_len = _attention_shapes(q, k, v, None, causal)
+    backend = q.device.backend
+    if not has(backend, "attention_backward") or not q.size or k.dtype != q.dtype \
+            or v.dtype != q.dtype:
+        return attention(q, k, v, scale, causal), None
+    q_row = _token_major_rows(q)
+    q_rows = (sq * q_row, d, q_row) if q_row is not None else (hq * sq * d, sq * d, d)
+    out_rows = (sq * hq * d, d, hq * d)
+    if not backend.attention_backward_supported(q.dtype, d, q_rows + out_rows):
+        return attention(q, k, v, scale, causal), None
+    qc = q if q_row is not None else q.compact()
+    kc, vc = k.compact(), v.compact()
+    out = NDArray.make((bsz, sq, hq, d), device=q.device, dtype=q.dtype)
+    stats = NDArray.make((2 * bsz * hq * sq,), device=q.device, dtype="float32")
+    scale = 1 / math.sqrt(d) if scale is None else float(scale)
+    backend.attention_with_stats(qc._handle, kc._handle, vc._handle, out._handle, stats._handle,
+                                 bsz, hq, hkv, sq, kv_len, d, scale, bool(causal), q_rows,
+                                 out_rows)
+    return out.permute((0, 2, 1, 3)), stats
+
+
+def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
+              causal: bool = False, kv_len: int | None = None) -> NDArray:
+    """softmax(q kᵀ · scale) v with grouped-query heads.
+
+    q is (batch, q_heads, q_len, head_dim); k and v are (batch, kv_heads, capacity,
+    head_dim), of which the first ``kv_len`` positions (default: all) are attended to.
+    k and v may be views of a larger cache along the capacity axis.
+    """
+    bsz, hq, sq, d, hkv, cap, kv_len = _attention_shapes(q, k, v, kv_len, causal)
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
     kc, vc = k.astype(q.dtype).compact(), v.astype(q.dtype).compact()
     backend = q.device.backend
@@ -213,8 +248,8 @@ def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
 
 
 def attention_backward(q: NDArray, k: NDArray, v: NDArray, out: NDArray, dout: NDArray,
-                       scale: float | None = None, causal: bool = False
-                       ) -> tuple[NDArray, NDArray, NDArray] | None:
+                       scale: float | None = None, causal: bool = False,
+                       stats: NDArray | None = None) -> tuple[NDArray, NDArray, NDArray] | None:
     """(dq, dk, dv), the gradients of ``out = attention(q, k, v, scale, causal)`` given the
     output's gradient ``dout``, in one backend call (capability ``attention_backward``:
     numpy_ref/nn.py defines the numbers); None where the backend lacks it or does not
@@ -224,7 +259,9 @@ def attention_backward(q: NDArray, k: NDArray, v: NDArray, out: NDArray, dout: N
     q, out and dout are (batch, q_heads, q_len, head_dim), k and v (batch, kv_heads, kv_len,
     head_dim), all of one floating dtype; views whose rows are contiguous (a model's
     token-major projections seen heads-first) are read as they are. The gradients are
-    heads-first views of token-major arrays, as ``attention`` returns its output.
+    heads-first views of token-major arrays, as ``attention`` returns its output. ``stats``:
+    what ``attention_with_stats`` gave with this ``out`` (the backend then need not
+    recompute them).
     """
     backend = q.device.backend
     if not has(backend, "attention_backward"):
@@ -257,7 +294,8 @@ def attention_backward(q: NDArray, k: NDArray, v: NDArray, out: NDArray, dout: N
     if not backend.attention_backward_supported(q.dtype, d, rows):
         return None
     backend.attention_backward(*(t._handle for t in inputs + grads), bsz, hq, hkv, sq, skv, d,
-                               scale, bool(causal), rows)
+                               scale, bool(causal), rows,
+                               None if stats is None else stats._handle)
     dq, dk, dv = (g.permute((0, 2, 1, 3)) for g in grads)
     return dq, dk, dv
 

@@ -58,6 +58,8 @@ CAPABILITIES = {
                           "normed vector never rounded (numpy_ref/decode.py); the decode step "
                           "folds its norms into the weights where a backend declares it",
     "attention_backward": "attention_backward(): the gradients of attention in one call "
+                          "(with attention_with_stats(): a forward that keeps each row's "
+                          "softmax statistics for it) "
                           "(numpy_ref/nn.py), q, k, v and the gradients read and written "
                           "through row strides, no (q_len, kv_len) matrix left to the caller, "
                           "for what attention_backward_supported() accepts",
@@ -275,7 +277,14 @@ class AttentionBackward(Protocol):
     def attention_backward(self, q: Array, k: Array, v: Array, out: Array, dout: Array,
                            dq: Array, dk: Array, dv: Array, batch: int, q_heads: int,
                            kv_heads: int, q_len: int, kv_len: int, head_dim: int,
-                           scale: float, causal: bool, rows: tuple[int, ...]) -> None: ...
+                           scale: float, causal: bool, rows: tuple[int, ...],
+                           stats: Array | None = None) -> None: ...
+
+    def attention_with_stats(self, q: Array, k: Array, v: Array, out: Array, stats: Array,
+                             batch: int, q_heads: int, kv_heads: int, q_len: int, kv_len: int,
+                             head_dim: int, scale: float, causal: bool,
+                             q_rows: tuple[int, int, int],
+                             out_rows: tuple[int, int, int]) -> None: ...
 
 
 class _Marker(Protocol):

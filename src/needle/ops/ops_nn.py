@@ -236,10 +236,18 @@ class ScaledDotProductAttention(TensorOp):
     attention probabilities with matmul and softmax.
     """
 
-    def __init__(self, causal: bool = False, scale: float | None = None):
+    def __init__(self, causal: bool = False, scale: float | None = None,
+                 keep_stats: bool = False):
         self.causal, self.scale = causal, scale
+        # a gradient may follow: the forward keeps each row's softmax statistics where the
+        # backend can, and the fused backward reads them instead of recomputing them
+        self.keep_stats, self.stats = keep_stats, None
 
     def compute(self, q, k, v):
+        if self.keep_stats:
+            out, self.stats = nd.attention_with_stats(q, k, v, scale=self.scale,
+                                                      causal=self.causal)
+            return out
         return nd.attention(q, k, v, scale=self.scale, causal=self.causal)
 
     def gradient(self, out_grad, node):
@@ -283,7 +291,7 @@ class ScaledDotProductAttention(TensorOp):
         q, k, v, out, out_grad = _widen(*node.inputs, node, out_grad)
         grads = nd.attention_backward(*(t.realize_cached_data() for t in (q, k, v, out,
                                                                           out_grad)),
-                                      scale=self.scale, causal=self.causal)
+                                      scale=self.scale, causal=self.causal, stats=self.stats)
         if grads is None:
             return None
         return tuple(Tensor.make_const(g) for g in grads)
@@ -307,5 +315,6 @@ def _sum_groups(t: Tensor, kv_heads: int, group: int) -> Tensor:
 
 def scaled_dot_product_attention(q, k, v, causal: bool = False, scale: float | None = None):
     q, k, v = low_precision_inputs(q, k, v)  # autocast (amp.py)
-    return ScaledDotProductAttention(causal, scale)(q, k, v)
+    keep = is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return ScaledDotProductAttention(causal, scale, keep)(q, k, v)
 

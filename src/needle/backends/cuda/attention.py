@@ -76,12 +76,26 @@ class AttentionOps(NNOps):
         return (self.tuning.attention_backward and dtype == "float32" and head_dim == 64
                 and all(s % 4 == 0 for s in rows))
 
+    def attention_with_stats(self, q, k, v, out, stats, batch, q_heads, kv_heads, q_len,
+                             kv_len, head_dim, scale, causal, q_rows, out_rows) -> None:
+        """numpy_ref.attention_with_stats: attention_simt.cu's kernel also writing each row's
+        max and 1 / sum (attention_simt64_train_f32), for any number of rows."""
+        if not self.attention_backward_supported(q.dtype, head_dim, q_rows + out_rows):
+            raise DTypeError(f"attention_with_stats: no kernel for {q.dtype} with head_dim "
+                             f"{head_dim} and these rows; ask attention_backward_supported")
+        kern = self._kernel("attention_simt", "attention_simt64_train_f32")
+        self._launch_row_attention(kern, 256, _ATTN_SIMT_SHARED,
+                                   (q.buffer, k.buffer, v.buffer, out.buffer, stats.buffer),
+                                   batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim,
+                                   scale, causal, q_rows, out_rows)
+
     def attention_backward(self, q, k, v, out, dout, dq, dk, dv, batch, q_heads, kv_heads,
-                           q_len, kv_len, head_dim, scale, causal, rows) -> None:
+                           q_len, kv_len, head_dim, scale, causal, rows, stats=None) -> None:
         """numpy_ref.attention_backward (attention_simt_bwd.cu): each row's softmax
-        statistics and dO . O, then a group per 64 keys of a (batch, KV head) walking the
-        query tiles that see them, dK and dV in registers, each key block's share of dQ
-        into its own slab, summed here in block order (deterministic)."""
+        statistics (unless the forward kept them: ``stats``), then a group per 64 keys of a
+        (batch, KV head) walking the query tiles that see them (each row's dO . O computed
+        as its tile is loaded), dK and dV in registers, each key block's share of dQ into
+        its own slab, summed here in block order (deterministic)."""
         if not self.attention_backward_supported(q.dtype, head_dim, rows):
             raise DTypeError(f"attention_backward: no kernel for {q.dtype} with head_dim "
                              f"{head_dim} and these rows; ask attention_backward_supported")
@@ -92,20 +106,22 @@ class AttentionOps(NNOps):
         hi, lo = split_scale(scale)
         params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim, 1,
                            kv_len, hi, int(bool(causal)), lo)
-        stats = self._new_array(3 * batch * q_heads * q_len, "float32")
         slabs = self._new_array(blocks * dq.size, "float32") if blocks > 1 else dq
         grads = _ATTN_GRADS.pack(*rows, dq.size if blocks > 1 else 0)
-        kern = self._kernel("attention_simt_bwd", "attention_simt64_stats_f32")
-        kern.check_threads(256)
-        self.queue.dispatch(kern, (cdiv(q_heads // kv_heads * q_len, 64), gy, 1), (256, 1, 1),
-                            (q.buffer, k.buffer, out.buffer, dout.buffer, stats.buffer), params,
-                            raw_args=(grads,))
+        if stats is None:
+            stats = self._new_array(2 * batch * q_heads * q_len, "float32")
+            kern = self._kernel("attention_simt_bwd", "attention_simt64_stats_f32")
+            kern.check_threads(256)
+            self.queue.dispatch(kern, (cdiv(q_heads // kv_heads * q_len, 64), gy, 1),
+                                (256, 1, 1), (q.buffer, k.buffer, stats.buffer), params,
+                                raw_args=(grads,))
         kern = self._kernel("attention_simt_bwd", "attention_simt64_bwd_f32")
         kern.check_threads(256)
         kern.reserve_shared(_ATTN_BWD_SHARED)
         self.queue.dispatch(kern, (blocks, gy, 1), (256, 1, 1),
-                            (q.buffer, k.buffer, v.buffer, dout.buffer, stats.buffer,
-                             slabs.buffer, dk.buffer, dv.buffer), params, _ATTN_BWD_SHARED,
+                            (q.buffer, k.buffer, v.buffer, out.buffer, dout.buffer,
+                             stats.buffer, slabs.buffer, dk.buffer, dv.buffer), params,
+                            _ATTN_BWD_SHARED,
                             raw_args=(grads,))
         if blocks > 1:
             self._reduce("sum", slabs, dq, 1, blocks, dq.size)

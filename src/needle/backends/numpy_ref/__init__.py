@@ -85,6 +85,7 @@ from .nn import (
     attention_backward_supported,
     attention_decode,
     attention_token_major,
+    attention_with_stats,
     layernorm,
     log_softmax,
     matmul_swiglu,

@@ -141,7 +141,7 @@ def _attend(qq: np.ndarray, k: Array, v: Array, kv_heads: int, kv_len: int, kv_c
 def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, dq: Array,
                        dk: Array, dv: Array, batch: int, q_heads: int, kv_heads: int,
                        q_len: int, kv_len: int, head_dim: int, scale: float, causal: bool,
-                       rows: tuple[int, ...]) -> None:
+                       rows: tuple[int, ...], stats: Array | None = None) -> None:
     """The gradients of ``out = attention(q, k, v)`` given ``dout`` (capability
     ``attention_backward``), in one call and without the caller holding (q_len, kv_len)
     matrices: dq (like q), dk and dv (like k). q, out, dout and dq have (batch, q_heads,
@@ -153,7 +153,9 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, dq
 
     The numbers: P = softmax(scale q kᵀ) recomputed, D = rowsum(dout * out), dS = P (dout
     vᵀ - D); dv = Pᵀ dout, dk = scale dSᵀ q, dq = scale dS k, summed over each KV head's
-    query heads, in the compute dtype. Callers ask ``attention_backward_supported`` first."""
+    query heads, in the compute dtype. ``stats``: ``attention_with_stats``'s for this
+    output, or None; the reference recomputes P either way. Callers ask
+    ``attention_backward_supported`` first."""
     group = q_heads // kv_heads
 
     def view(a: Array, x: int, heads: int, length: int) -> np.ndarray:
@@ -181,6 +183,32 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, dq
         heads = q_heads if x == 5 else kv_heads
         dst = view(a, x, heads, q_len if x == 5 else kv_len)
         dst[...] = g.astype(a.array.dtype)
+
+
+def attention_with_stats(q: Array, k: Array, v: Array, out: Array, stats: Array, batch: int,
+                         q_heads: int, kv_heads: int, q_len: int, kv_len: int, head_dim: int,
+                         scale: float, causal: bool, q_rows: tuple[int, int, int],
+                         out_rows: tuple[int, int, int]) -> None:
+    """``attention`` (k, v compact (batch, kv_heads, kv_len, head_dim)) with q and out read
+    and written through their (batch, head, position) strides, and each query row's max
+    score m (of scale q kᵀ, masked) and 1 / sum(exp(s - m)) into the float32 ``stats``:
+    row r of KV head h in batch b (query head h * group + r // q_len at position
+    r % q_len) at (b * kv_heads + h) * group * q_len + r, the sums R = batch * q_heads *
+    q_len further (capability ``attention_backward``: its backward reads them)."""
+    qq = _f(_view(q, (batch, q_heads, q_len, head_dim), (*q_rows, 1), 0))
+    kk = np.repeat(_f(k.array).reshape(batch, kv_heads, kv_len, head_dim), q_heads // kv_heads,
+                   axis=1)
+    s = np.matmul(qq, kk.transpose(0, 1, 3, 2)) * np.asarray(scale, qq.dtype)
+    if causal:
+        qpos = np.arange(q_len)[:, None] + (kv_len - q_len)
+        s = np.where(np.arange(kv_len)[None, :] <= qpos, s, -np.inf)
+    m = s.max(axis=-1)
+    inv = 1 / np.exp(s - m[..., None]).sum(axis=-1)
+    o = _attend(qq, k, v, kv_heads, kv_len, kv_len, scale, causal)
+    _view(out, (batch, q_heads, q_len, head_dim), (*out_rows, 1), 0)[...] = \
+        o.astype(out.array.dtype)
+    # (batch, q_heads, q_len) is (batch, kv_heads, group * q_len) row order
+    _store(stats, np.concatenate([m.reshape(-1), inv.reshape(-1)]))
 
 
 def attention_backward_supported(dtype: str, head_dim: int, rows: tuple[int, ...]) -> bool:

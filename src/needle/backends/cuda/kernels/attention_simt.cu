@@ -33,9 +33,14 @@ constexpr int SHARED_FLOATS = (BR + 2 * BC) * LD + BR * PLD;
 
 using simt::dot4, simt::half_warp_max, simt::half_warp_sum, simt::ld4, simt::st4;
 
+// STATS: also each row's max score and 1 / sum of exponentials, for the backward
+// (attention_simt_bwd.cu reads them: stats[(b * kv_heads + kv_head) * rows + r] and R
+// floats further, R = batch * q_heads * q_len)
+template <bool STATS>
 __device__ __forceinline__ void run(const float* __restrict__ q, const float* __restrict__ k,
                                     const float* __restrict__ v, float* __restrict__ out,
-                                    const AttnParams& p, const AttnRows& rows, float* smem) {
+                                    float* __restrict__ stats, const AttnParams& p,
+                                    const AttnRows& rows, float* smem) {
   float* Qs = smem;           // [BR][LD], scaled
   float* Ks = Qs + BR * LD;   // [BC][LD]
   float* Vs = Ks + BC * LD;   // [BC][LD]
@@ -169,6 +174,11 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const float* __
     const float inv = 1.f / l[i];
     st4(out + b * rows.o_batch + hq * rows.o_head + pos * rows.o_pos + tx * 4,
         make_float4(o[i][0] * inv, o[i][1] * inv, o[i][2] * inv, o[i][3] * inv));
+    if (STATS && tx == 0) {
+      const i64 at = (b * p.kv_heads + kvh) * rows_total + row;
+      stats[at] = m[i];
+      stats[p.batch * p.q_heads * p.q_len + at] = inv;
+    }
   }
 }
 }  // namespace asimt
@@ -179,5 +189,17 @@ ONLY(f32, extern "C" __global__ void __launch_bounds__(asimt::THREADS)
                                    AttnParams p, AttnRows rows) {
                 pdl_entry();
                 extern __shared__ __align__(16) float smem[];
-                asimt::run(q, k, v, out, p, rows, smem);
+                asimt::run<false>(q, k, v, out, nullptr, p, rows, smem);
+              })
+
+// the same with each row's max and 1 / sum written to stats (capability attention_backward's
+// attention_with_stats: a training step's forward, whose backward then skips its stats pass)
+ONLY(f32, extern "C" __global__ void __launch_bounds__(asimt::THREADS)
+              attention_simt64_train_f32(const float* __restrict__ q, const float* __restrict__ k,
+                                         const float* __restrict__ v, float* __restrict__ out,
+                                         float* __restrict__ stats, AttnParams p,
+                                         AttnRows rows) {
+                pdl_entry();
+                extern __shared__ __align__(16) float smem[];
+                asimt::run<true>(q, k, v, out, stats, p, rows, smem);
               })

@@ -89,12 +89,11 @@ __device__ __forceinline__ void load_keys(float* S, const float* base, i64 strid
   }
 }
 
-// Each row's m, 1 / l and D = dO . O (stats[0..R), [R..2R), [2R..3R), row index
-// (b * kv_heads + kvh) * rows_total + r).
+// Each row's m and 1 / l (stats[0..R) and [R..2R), row index (b * kv_heads + kvh) *
+// rows_total + r), as attention_simt64_train_f32 writes them with its output.
 __device__ __forceinline__ void stats(const float* __restrict__ q, const float* __restrict__ k,
-                                      const float* __restrict__ out,
-                                      const float* __restrict__ dout, float* __restrict__ st,
-                                      const AttnParams& p, const AttnGrads& g) {
+                                      float* __restrict__ st, const AttnParams& p,
+                                      const AttnGrads& g) {
   __shared__ __align__(16) float Qs[BR * LD];
   __shared__ __align__(16) float Ks[BC * LD];
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
@@ -157,21 +156,16 @@ __device__ __forceinline__ void stats(const float* __restrict__ q, const float* 
 #pragma unroll
   for (int i = 0; i < 4; i++) {
     const i64 r = r0 + ty + 16 * i;
-    float dd = 0.f;
-    if (r < rows_total)
-      dd = dot4(ld4(row_ptr(dout, g, GDO, b, kvh, r, p) + 4 * tx),
-                ld4(row_ptr(out, g, GO, b, kvh, r, p) + 4 * tx), 0.f);
-    dd = half_warp_sum(dd);
     if (r < rows_total && tx == 0) {
       st[base + r] = m[i];
       st[R + base + r] = 1.f / l[i];
-      st[2 * R + base + r] = dd;
     }
   }
 }
 
 __device__ __forceinline__ void bwd(const float* __restrict__ q, const float* __restrict__ k,
-                                    const float* __restrict__ v, const float* __restrict__ dout,
+                                    const float* __restrict__ v, const float* __restrict__ out,
+                                    const float* __restrict__ dout,
                                     const float* __restrict__ st, float* __restrict__ dq,
                                     float* __restrict__ dk, float* __restrict__ dv,
                                     const AttnParams& p, const AttnGrads& g, float* smem) {
@@ -217,15 +211,21 @@ __device__ __forceinline__ void bwd(const float* __restrict__ q, const float* __
       continue;
     }
     __syncthreads();  // the last tile's products are done with Qs, Os, Ps, Ts
+    // Q (scaled) and dO into shared memory; each row's D = dO . O from the 16 lanes (a
+    // half-warp) that load it
 #pragma unroll
     for (int i = 0; i < BR * D / 4 / THREADS; i++) {
       const int c = tid + i * THREADS, r = c / (D / 4), d = (c % (D / 4)) * 4;
       float4 x = make_float4(0.f, 0.f, 0.f, 0.f), o = x;
+      float dd = 0.f;
       if (r0 + r < rows_total) {
         x = ld4(row_ptr(q, g, GQ, b, kvh, r0 + r, p) + d);
         x = make_float4(x.x * scale, x.y * scale, x.z * scale, x.w * scale);
         o = ld4(row_ptr(dout, g, GDO, b, kvh, r0 + r, p) + d);
+        dd = dot4(o, ld4(row_ptr(out, g, GO, b, kvh, r0 + r, p) + d), 0.f);
       }
+      dd = half_warp_sum(dd);
+      if (d == 0) Dd[r] = dd;
       st4(Qs + r * LD + d, x);
       st4(Os + r * LD + d, o);
     }
@@ -234,7 +234,6 @@ __device__ __forceinline__ void bwd(const float* __restrict__ q, const float* __
       const bool ok = r < rows_total;
       Ms[tid] = ok ? st[sbase + r] : 0.f;
       Ls[tid] = ok ? st[R + sbase + r] : 0.f;
-      Dd[tid] = ok ? st[2 * R + sbase + r] : 0.f;
       Lim[tid] = row_limit(r, rows_total, p);
     }
     __syncthreads();
@@ -346,24 +345,23 @@ __device__ __forceinline__ void bwd(const float* __restrict__ q, const float* __
 ONLY(f32, extern "C" __global__ void __launch_bounds__(abwd::THREADS)
               attention_simt64_stats_f32(const float* __restrict__ q,
                                          const float* __restrict__ k,
-                                         const float* __restrict__ out,
-                                         const float* __restrict__ dout,
                                          float* __restrict__ stats, AttnParams p,
                                          AttnGrads g) {
                 pdl_entry();
-                abwd::stats(q + g.off[GQ], k + g.off[GK], out + g.off[GO], dout + g.off[GDO],
-                            stats, p, g);
+                abwd::stats(q + g.off[GQ], k + g.off[GK], stats, p, g);
               })
 
 ONLY(f32, extern "C" __global__ void __launch_bounds__(abwd::THREADS, ATTN_BWD_MIN_BLOCKS)
               attention_simt64_bwd_f32(const float* __restrict__ q, const float* __restrict__ k,
                                        const float* __restrict__ v,
+                                       const float* __restrict__ out,
                                        const float* __restrict__ dout,
                                        const float* __restrict__ stats,
                                        float* __restrict__ dq, float* __restrict__ dk,
                                        float* __restrict__ dv, AttnParams p, AttnGrads g) {
                 pdl_entry();
                 extern __shared__ __align__(16) float smem[];
-                abwd::bwd(q + g.off[GQ], k + g.off[GK], v + g.off[GV], dout + g.off[GDO], stats,
+                abwd::bwd(q + g.off[GQ], k + g.off[GK], v + g.off[GV], out + g.off[GO],
+                          dout + g.off[GDO], stats,
                           dq + g.off[GDQ], dk + g.off[GDK], dv + g.off[GDV], p, g, smem);
               })
