@@ -250,3 +250,24 @@ def test_cuda_training_step_reuses_the_forward_statistics():
         with CUDA.backend.profile() as prof:
             ops_nn.scaled_dot_product_attention(q, k, v, causal=causal).numpy()
     assert "attention_simt64_train_f32" not in prof.totals
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_forward_with_statistics_reads_token_major_projections(dev):
+    """q, k and v as heads-first views of token-major projections (separate arrays, as a
+    model's q, k and v Linear layers give them): read where they are, nothing copied."""
+    case = CASES[1]
+    b, hq, hkv, q_len, kv_len, causal = case
+    (q, k, v, out, _), _ = _inputs(case, 9)
+    views = [nd.array(x.transpose(0, 2, 1, 3), device=dev).permute((0, 2, 1, 3))
+             for x in (q, k, v)]
+    if dev is CUDA:
+        with dev.backend.profile() as prof:  # (reading got copies it heads-first: later)
+            got, stats = nd.attention_with_stats(*views, causal=causal)
+        assert "attention_simt64_train_f32" in prof.totals
+        assert "compact_f32" not in prof.totals
+    else:
+        got, stats = nd.attention_with_stats(*views, causal=causal)
+    np.testing.assert_allclose(got.numpy(), out, rtol=2e-5, atol=2e-5)
+    ref = _stats_reference(*(x.astype(np.float64) for x in (q, k)), causal)
+    np.testing.assert_allclose(stats.numpy(), ref, rtol=2e-5, atol=1e-6)

@@ -205,16 +205,20 @@ def attention_with_stats(q: NDArray, k: NDArray, v: NDArray, scale: float | None
     q_row = _token_major_rows(q)
     q_rows = (sq * q_row, d, q_row) if q_row is not None else (hq * sq * d, sq * d, d)
     out_rows = (sq * hq * d, d, hq * d)
-    if not backend.attention_backward_supported(q.dtype, d, q_rows + out_rows):
+    # k and v as they are where their rows are contiguous (a model's token-major projections
+    # seen heads-first), else compacted
+    kc, vc = (t if t.offset == 0 and t.strides[3] == 1 and min(t.strides) >= 0
+              else t.compact() for t in (k, v))
+    kv_rows = (*kc.strides[:3], *vc.strides[:3])
+    if not backend.attention_backward_supported(q.dtype, d, q_rows + out_rows + kv_rows):
         return attention(q, k, v, scale, causal), None
     qc = q if q_row is not None else q.compact()
-    kc, vc = k.compact(), v.compact()
     out = NDArray.make((bsz, sq, hq, d), device=q.device, dtype=q.dtype)
     stats = NDArray.make((2 * bsz * hq * sq,), device=q.device, dtype="float32")
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
     backend.attention_with_stats(qc._handle, kc._handle, vc._handle, out._handle, stats._handle,
                                  bsz, hq, hkv, sq, kv_len, d, scale, bool(causal), q_rows,
-                                 out_rows)
+                                 out_rows, kv_rows)
     return out.permute((0, 2, 1, 3)), stats
 
 

@@ -283,8 +283,8 @@ class AttentionBackward(Protocol):
     def attention_with_stats(self, q: Array, k: Array, v: Array, out: Array, stats: Array,
                              batch: int, q_heads: int, kv_heads: int, q_len: int, kv_len: int,
                              head_dim: int, scale: float, causal: bool,
-                             q_rows: tuple[int, int, int],
-                             out_rows: tuple[int, int, int]) -> None: ...
+                             q_rows: tuple[int, int, int], out_rows: tuple[int, int, int],
+                             kv_rows: tuple[int, ...]) -> None: ...
 
 
 class _Marker(Protocol):

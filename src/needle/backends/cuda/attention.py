@@ -77,17 +77,20 @@ class AttentionOps(NNOps):
                 and all(s % 4 == 0 for s in rows))
 
     def attention_with_stats(self, q, k, v, out, stats, batch, q_heads, kv_heads, q_len,
-                             kv_len, head_dim, scale, causal, q_rows, out_rows) -> None:
+                             kv_len, head_dim, scale, causal, q_rows, out_rows,
+                             kv_rows) -> None:
         """numpy_ref.attention_with_stats: attention_simt.cu's kernel also writing each row's
-        max and 1 / sum (attention_simt64_train_f32), for any number of rows."""
-        if not self.attention_backward_supported(q.dtype, head_dim, q_rows + out_rows):
+        max and 1 / sum (attention_simt64_train_f32), K and V read through their strides,
+        for any number of rows."""
+        if not self.attention_backward_supported(q.dtype, head_dim,
+                                                 q_rows + out_rows + kv_rows):
             raise DTypeError(f"attention_with_stats: no kernel for {q.dtype} with head_dim "
                              f"{head_dim} and these rows; ask attention_backward_supported")
         kern = self._kernel("attention_simt", "attention_simt64_train_f32")
         self._launch_row_attention(kern, 256, _ATTN_SIMT_SHARED,
                                    (q.buffer, k.buffer, v.buffer, out.buffer, stats.buffer),
                                    batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim,
-                                   scale, causal, q_rows, out_rows)
+                                   scale, causal, q_rows, out_rows, kv_rows)
 
     def attention_backward(self, q, k, v, out, dout, dq, dk, dv, batch, q_heads, kv_heads,
                            q_len, kv_len, head_dim, scale, causal, rows, stats=None) -> None:
@@ -148,10 +151,10 @@ class AttentionOps(NNOps):
 
     def _launch_row_attention(self, kern, threads: int, shared: int, buffers, batch, q_heads,
                               kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal,
-                              q_rows, out_rows) -> None:
+                              q_rows, out_rows, kv_rows=None) -> None:
         """One launch of a 64-query-row attention kernel (tensor-core or float32 tiles):
         groups (64 rows of a KV head's queries, batch x KV heads), AttnParams, then AttnRows
-        by value."""
+        (and KVRows, where given) by value."""
         kern.check_threads(threads)
         gx, gy = cdiv(q_heads // kv_heads * q_len, 64), batch * kv_heads
         if gy > MAX_GRID_YZ:
@@ -160,8 +163,11 @@ class AttentionOps(NNOps):
         hi, lo = split_scale(scale)
         params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
                            1, kv_len, hi, int(bool(causal)), lo)
+        raw = (_ATTN_ROWS.pack(*q_rows, *out_rows),)
+        if kv_rows is not None:  # attention_simt.cu's KVRows
+            raw += (_ATTN_ROWS.pack(*kv_rows),)
         self.queue.dispatch(kern, (gx, gy, 1), (threads, 1, 1), buffers, params, shared,
-                            raw_args=(_ATTN_ROWS.pack(*q_rows, *out_rows),))
+                            raw_args=raw)
 
     def _decode_by_ranges(self, dt, head_dim: int, group: int, keys, values) -> bool:
         """Whether flash decoding (scalar or tensor-core) takes this call: head sizes 64 and

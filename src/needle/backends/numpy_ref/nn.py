@@ -188,27 +188,31 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, dq
 def attention_with_stats(q: Array, k: Array, v: Array, out: Array, stats: Array, batch: int,
                          q_heads: int, kv_heads: int, q_len: int, kv_len: int, head_dim: int,
                          scale: float, causal: bool, q_rows: tuple[int, int, int],
-                         out_rows: tuple[int, int, int]) -> None:
-    """``attention`` (k, v compact (batch, kv_heads, kv_len, head_dim)) with q and out read
-    and written through their (batch, head, position) strides, and each query row's max
-    score m (of scale q kᵀ, masked) and 1 / sum(exp(s - m)) into the float32 ``stats``:
-    row r of KV head h in batch b (query head h * group + r // q_len at position
-    r % q_len) at (b * kv_heads + h) * group * q_len + r, the sums R = batch * q_heads *
-    q_len further (capability ``attention_backward``: its backward reads them)."""
+                         out_rows: tuple[int, int, int], kv_rows: tuple[int, ...]) -> None:
+    """``attention`` with q, out, k and v read and written through their (batch, head,
+    position) strides (``kv_rows``: k's three, then v's; every array from its first
+    element), and each query row's max score m (of scale q kᵀ, masked) and 1 / sum(exp(s -
+    m)) into the float32 ``stats``: row r of KV head h in batch b (query head h * group +
+    r // q_len at position r % q_len) at (b * kv_heads + h) * group * q_len + r, the sums
+    R = batch * q_heads * q_len further (capability ``attention_backward``: its backward
+    reads them)."""
+    group = q_heads // kv_heads
     qq = _f(_view(q, (batch, q_heads, q_len, head_dim), (*q_rows, 1), 0))
-    kk = np.repeat(_f(k.array).reshape(batch, kv_heads, kv_len, head_dim), q_heads // kv_heads,
-                   axis=1)
+    shape = (batch, kv_heads, kv_len, head_dim)
+    kk, vv = (np.repeat(_f(_view(a, shape, (*kv_rows[3 * i:3 * i + 3], 1), 0)), group, axis=1)
+              for i, a in enumerate((k, v)))
     s = np.matmul(qq, kk.transpose(0, 1, 3, 2)) * np.asarray(scale, qq.dtype)
     if causal:
         qpos = np.arange(q_len)[:, None] + (kv_len - q_len)
         s = np.where(np.arange(kv_len)[None, :] <= qpos, s, -np.inf)
-    m = s.max(axis=-1)
-    inv = 1 / np.exp(s - m[..., None]).sum(axis=-1)
-    o = _attend(qq, k, v, kv_heads, kv_len, kv_len, scale, causal)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - m)
+    total = e.sum(axis=-1, keepdims=True)
+    o = np.matmul(e / total, vv)
     _view(out, (batch, q_heads, q_len, head_dim), (*out_rows, 1), 0)[...] = \
         o.astype(out.array.dtype)
     # (batch, q_heads, q_len) is (batch, kv_heads, group * q_len) row order
-    _store(stats, np.concatenate([m.reshape(-1), inv.reshape(-1)]))
+    _store(stats, np.concatenate([m.reshape(-1), (1 / total).reshape(-1)]))
 
 
 def attention_backward_supported(dtype: str, head_dim: int, rows: tuple[int, ...]) -> bool:

@@ -33,6 +33,11 @@ constexpr int SHARED_FLOATS = (BR + 2 * BC) * LD + BR * PLD;
 
 using simt::dot4, simt::half_warp_max, simt::half_warp_sum, simt::ld4, simt::st4;
 
+// Where K's and V's rows live: key j of KV head h in batch b at k + b * k_batch + h * k_head
+// + j * k_pos (the same for v); heads-first caches for attention, token-major projections'
+// rows for a training step's forward (attention_simt64_train_f32).
+struct KVRows { i64 k_batch, k_head, k_pos, v_batch, v_head, v_pos; };
+
 // STATS: also each row's max score and 1 / sum of exponentials, for the backward
 // (attention_simt_bwd.cu reads them: stats[(b * kv_heads + kv_head) * rows + r] and R
 // floats further, R = batch * q_heads * q_len)
@@ -40,7 +45,7 @@ template <bool STATS>
 __device__ __forceinline__ void run(const float* __restrict__ q, const float* __restrict__ k,
                                     const float* __restrict__ v, float* __restrict__ out,
                                     float* __restrict__ stats, const AttnParams& p,
-                                    const AttnRows& rows, float* smem) {
+                                    const AttnRows& rows, const KVRows& kv, float* smem) {
   float* Qs = smem;           // [BR][LD], scaled
   float* Ks = Qs + BR * LD;   // [BC][LD]
   float* Vs = Ks + BC * LD;   // [BC][LD]
@@ -86,8 +91,8 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const float* __
                      : p.causal ? p.kv_len - p.q_len + row % p.q_len : p.kv_len - 1);
   }
 
-  const float* kbase = k + (b * p.kv_heads + kvh) * p.kv_capacity * D;
-  const float* vbase = v + (b * p.kv_heads + kvh) * p.kv_capacity * D;
+  const float* kbase = k + b * kv.k_batch + kvh * kv.k_head;
+  const float* vbase = v + b * kv.v_batch + kvh * kv.v_head;
   const int keys = (int)k_end;
   for (int kt = 0; kt < keys; kt += BC) {
     __syncthreads();  // the last tile's P V is done with Vs and Ps (and Qs is stored)
@@ -96,8 +101,8 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const float* __
       const int c = tid + i * THREADS, j = c / (D / 4), d = (c % (D / 4)) * 4;
       const bool ok = kt + j < keys;
       const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-      st4(Ks + j * LD + d, ok ? ld4(kbase + (i64)(kt + j) * D + d) : zero);
-      st4(Vs + j * LD + d, ok ? ld4(vbase + (i64)(kt + j) * D + d) : zero);
+      st4(Ks + j * LD + d, ok ? ld4(kbase + (i64)(kt + j) * kv.k_pos + d) : zero);
+      st4(Vs + j * LD + d, ok ? ld4(vbase + (i64)(kt + j) * kv.v_pos + d) : zero);
     }
     __syncthreads();
 
@@ -189,17 +194,21 @@ ONLY(f32, extern "C" __global__ void __launch_bounds__(asimt::THREADS)
                                    AttnParams p, AttnRows rows) {
                 pdl_entry();
                 extern __shared__ __align__(16) float smem[];
-                asimt::run<false>(q, k, v, out, nullptr, p, rows, smem);
+                const i64 head = p.kv_capacity * asimt::D;  // heads-first caches
+                const asimt::KVRows kv = {p.kv_heads * head, head, asimt::D,
+                                          p.kv_heads * head, head, asimt::D};
+                asimt::run<false>(q, k, v, out, nullptr, p, rows, kv, smem);
               })
 
 // the same with each row's max and 1 / sum written to stats (capability attention_backward's
-// attention_with_stats: a training step's forward, whose backward then skips its stats pass)
+// attention_with_stats: a training step's forward, whose backward then skips its stats pass),
+// K and V read where KVRows says (a model's token-major projections: no heads-first copies)
 ONLY(f32, extern "C" __global__ void __launch_bounds__(asimt::THREADS)
               attention_simt64_train_f32(const float* __restrict__ q, const float* __restrict__ k,
                                          const float* __restrict__ v, float* __restrict__ out,
                                          float* __restrict__ stats, AttnParams p,
-                                         AttnRows rows) {
+                                         AttnRows rows, asimt::KVRows kv) {
                 pdl_entry();
                 extern __shared__ __align__(16) float smem[];
-                asimt::run<true>(q, k, v, out, stats, p, rows, smem);
+                asimt::run<true>(q, k, v, out, stats, p, rows, kv, smem);
               })
