@@ -3,7 +3,8 @@ kernels/attention_simt_bwd.cu for float32 with head_dim 64) against float64 grad
 heads-first arrays and on heads-first views of token-major rows, with grouped heads, causal
 and not, keys before the queries, rows ending mid-tile and several key blocks; that the CUDA
 kernels are the ones that ran and that the result does not depend on the run; that the
-Tensor gradient takes it and still composes where it does not apply or a graph is built."""
+Tensor gradient takes it and still composes where it does not apply or a graph is built; and
+the forward that keeps each row's softmax statistics for it (``attention_with_stats``)."""
 
 from __future__ import annotations
 

@@ -232,8 +232,10 @@ class ScaledDotProductAttention(TensorOp):
     k, v (batch, kv_heads, kv_len, head_dim); each group of q_heads / kv_heads query heads
     shares one KV head. With ``causal``, query i sits at position kv_len - q_len + i.
 
-    The forward pass is the fused attention kernel; the backward pass recomputes the
-    attention probabilities with matmul and softmax.
+    The forward pass is the fused attention kernel. The backward pass is one fused call where
+    the backend has ``attention_backward`` for these arrays (the forward then keeps each
+    row's softmax statistics for it) and no graph of the gradient is being built; otherwise
+    it recomputes the attention probabilities with matmul and softmax.
     """
 
     def __init__(self, causal: bool = False, scale: float | None = None,

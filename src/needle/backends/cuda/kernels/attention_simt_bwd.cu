@@ -6,13 +6,14 @@
 // q, k, v and the output gradient copied heads-first first: for a GPT step's causal
 // (16, 8, 256, 64) attention that is ~0.4 ms a layer on an H100. Here, as FlashAttention-2's
 // backward does, nothing of size (s, s) leaves the chip:
-//  * stats: a group of 256 threads a 64-row tile of queries (numbered as attention_simt.cu:
-//    row r of a KV head is query head kv_head * group + r / q_len at position r % q_len)
-//    recomputes each row's running max m and 1 / l over the keys (as the forward kernel does)
-//    and D = dO . O; three float32 values a row.
+//  * stats (only where the forward kept none: attention_simt64_train_f32 writes the same): a
+//    group of 256 threads a 64-row tile of queries (numbered as attention_simt.cu: row r of
+//    a KV head is query head kv_head * group + r / q_len at position r % q_len) recomputes
+//    each row's running max m and 1 / l over the keys, as the forward kernel does.
 //  * bwd: a group of 256 threads owns 64 keys of one (batch, KV head), keeps K and V in shared
 //    memory and dK, dV in registers, and walks the query tiles that can see its keys: per
-//    tile S = Q Kᵀ and dP = dO Vᵀ (each thread 4 rows x 4 keys, keys tx + 16 c), P = exp(S -
+//    tile each row's D = dO . O (from the half-warp that loads the row), S = Q Kᵀ and
+//    dP = dO Vᵀ (each thread 4 rows x 4 keys, keys tx + 16 c), P = exp(S -
 //    m) / l, dS = P (dP - D); then dV += Pᵀ dO, dK += dSᵀ Q (Q held scaled, so the scale is
 //    in) and the tile's share of dQ = scale dS K (each thread 4 keys or rows x 4 columns).
 //    dQ sums over key blocks: with one block it is written; with several each block writes
