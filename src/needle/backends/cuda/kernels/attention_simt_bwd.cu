@@ -30,6 +30,11 @@
 #ifndef ATTN_BWD_MIN_BLOCKS
 #define ATTN_BWD_MIN_BLOCKS 2
 #endif
+// how far the one-row-a-step loops (dV, dQ) unroll: 4 keeps 128 registers with no spill
+// (8 spills); H100, (16, 8, 256, 64) causal: 1: 202 us, 2: 195, 4: 187 (docs/cuda_notes.md v20)
+#ifndef ATTN_BWD_UNROLL
+#define ATTN_BWD_UNROLL 4
+#endif
 
 // q, k, v, out, dout, dq, dk, dv: element (b, h, i, c) at off[x] + b * s[x][0] +
 // h * s[x][1] + i * s[x][2] + c; dq_slab: the elements between key blocks' dQ slabs (0: dq
@@ -272,7 +277,7 @@ __device__ __forceinline__ void bwd(const float* __restrict__ q, const float* __
     __syncthreads();
 
     // dV += Pᵀ dO and dK += dSᵀ Q: keys 4 ty + i, columns 4 tx + c
-#pragma unroll 1
+#pragma unroll ATTN_BWD_UNROLL
     for (int r = 0; r < BR; r++) {
       const float4 pa = ld4(Ps + r * PLD + 4 * ty), ob = ld4(Os + r * LD + 4 * tx);
       const float pk[4] = {pa.x, pa.y, pa.z, pa.w};
@@ -309,7 +314,7 @@ __device__ __forceinline__ void bwd(const float* __restrict__ q, const float* __
     for (int i = 0; i < 4; i++)
 #pragma unroll
       for (int c = 0; c < 4; c++) dqa[i][c] = 0.f;
-#pragma unroll 1
+#pragma unroll ATTN_BWD_UNROLL
     for (int j = 0; j < BC; j++) {
       const float4 ta = ld4(Ts + j * LD + 4 * ty), kb = ld4(Ks + j * LD + 4 * tx);
       const float t[4] = {ta.x, ta.y, ta.z, ta.w};
