@@ -24,6 +24,15 @@ _ATTN_GRADS = struct.Struct("33q")  # attention_simt_bwd.cu's AttnGrads: strides
 _ATTN_BWD_SHARED = (5 * 64 * 68 + 64 * 80 + 4 * 64) * 4  # attention_simt_bwd.cu's tiles
 
 
+def _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale,
+                 causal) -> bytes:
+    """attention.cuh's AttnParams of a one-pass kernel (splits 1, one chunk of kv_len), the
+    scale as float32 hi + lo."""
+    hi, lo = split_scale(scale)
+    return ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, 1, kv_len,
+                     hi, int(bool(causal)), lo)
+
+
 class AttentionOps(NNOps):
     def _attention_special(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
                            kv_capacity, head_dim, scale, causal) -> bool:
@@ -106,9 +115,8 @@ class AttentionOps(NNOps):
         if gy > MAX_GRID_YZ:
             raise ShapeError(f"attention_backward over {gy} (batch x kv heads) exceeds the "
                              "GPU grid")
-        hi, lo = split_scale(scale)
-        params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim, 1,
-                           kv_len, hi, int(bool(causal)), lo)
+        params = _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim, scale,
+                              causal)
         slabs = self._new_array(blocks * dq.size, "float32") if blocks > 1 else dq
         grads = _ATTN_GRADS.pack(*rows, dq.size if blocks > 1 else 0)
         if stats is None:
@@ -160,9 +168,8 @@ class AttentionOps(NNOps):
         if gy > MAX_GRID_YZ:
             raise ShapeError(f"attention over {gy} (batch x kv heads) exceeds the GPU grid")
         kern.reserve_shared(shared)
-        hi, lo = split_scale(scale)
-        params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
-                           1, kv_len, hi, int(bool(causal)), lo)
+        params = _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
+                              scale, causal)
         raw = (_ATTN_ROWS.pack(*q_rows, *out_rows),)
         if kv_rows is not None:  # attention_simt.cu's KVRows
             raw += (_ATTN_ROWS.pack(*kv_rows),)

@@ -122,20 +122,30 @@ def attention_token_major(q: Array, k: Array, v: Array, out: Array, batch: int, 
 def _attend(qq: np.ndarray, k: Array, v: Array, kv_heads: int, kv_len: int, kv_capacity: int,
             scale: float, causal: bool) -> np.ndarray:
     """softmax(q kᵀ · scale) v for qq (batch, q_heads, q_len, head_dim) in compute dtype."""
-    batch, q_heads, q_len, head_dim = qq.shape
+    batch, q_heads, _, head_dim = qq.shape
     group = q_heads // kv_heads
     kk = _f(k.array).reshape(batch, kv_heads, kv_capacity, head_dim)[:, :, :kv_len]
     vv = _f(v.array).reshape(batch, kv_heads, kv_capacity, head_dim)[:, :, :kv_len]
     kk = np.repeat(kk, group, axis=1)
     vv = np.repeat(vv, group, axis=1)
+    return np.matmul(_softmax_last(_scores(qq, kk, scale, causal)), vv)
+
+
+def _scores(qq: np.ndarray, kk: np.ndarray, scale: float, causal: bool) -> np.ndarray:
+    """scale q kᵀ for qq (batch, heads, q_len, d) and kk repeated to the same heads; with
+    ``causal`` the keys past each query's position (kv_len - q_len + i) score -inf."""
+    q_len, kv_len = qq.shape[2], kk.shape[2]
     s = np.matmul(qq, kk.transpose(0, 1, 3, 2)) * np.asarray(scale, qq.dtype)
     if causal:
         qpos = np.arange(q_len)[:, None] + (kv_len - q_len)
         s = np.where(np.arange(kv_len)[None, :] <= qpos, s, -np.inf)
-    s = s - s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
+    return s
+
+
+def _softmax_last(s: np.ndarray) -> np.ndarray:
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
-    return np.matmul(p, vv)
+    return p
 
 
 def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, dq: Array,
@@ -166,23 +176,17 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, dq
     kk, vv = (np.repeat(_f(view(a, x, kv_heads, kv_len)), group, axis=1)
               for a, x in ((k, 1), (v, 2)))
     sc = np.asarray(scale, qq.dtype)
-    s = np.matmul(qq, kk.transpose(0, 1, 3, 2)) * sc
-    if causal:
-        qpos = np.arange(q_len)[:, None] + (kv_len - q_len)
-        s = np.where(np.arange(kv_len)[None, :] <= qpos, s, -np.inf)
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
+    p = _softmax_last(_scores(qq, kk, scale, causal))
     ds = p * (np.matmul(do, vv.transpose(0, 1, 3, 2)) - (do * oo).sum(axis=-1, keepdims=True))
-    grads = {5: np.matmul(ds, kk) * sc,
-             6: (np.matmul(ds.transpose(0, 1, 3, 2), qq) * sc),
-             7: np.matmul(p.transpose(0, 1, 3, 2), do)}
-    for x, a in ((5, dq), (6, dk), (7, dv)):
-        g = grads[x]
-        if x != 5:  # each KV head's query heads summed
-            g = g.reshape(batch, kv_heads, group, kv_len, head_dim).sum(axis=2)
-        heads = q_heads if x == 5 else kv_heads
-        dst = view(a, x, heads, q_len if x == 5 else kv_len)
-        dst[...] = g.astype(a.array.dtype)
+
+    def per_kv_head(g: np.ndarray) -> np.ndarray:  # each KV head's query heads summed
+        return g.reshape(batch, kv_heads, group, kv_len, head_dim).sum(axis=2)
+
+    view(dq, 5, q_heads, q_len)[...] = (np.matmul(ds, kk) * sc).astype(dq.array.dtype)
+    view(dk, 6, kv_heads, kv_len)[...] = per_kv_head(
+        np.matmul(ds.transpose(0, 1, 3, 2), qq) * sc).astype(dk.array.dtype)
+    view(dv, 7, kv_heads, kv_len)[...] = per_kv_head(
+        np.matmul(p.transpose(0, 1, 3, 2), do)).astype(dv.array.dtype)
 
 
 def attention_with_stats(q: Array, k: Array, v: Array, out: Array, stats: Array, batch: int,
@@ -201,10 +205,7 @@ def attention_with_stats(q: Array, k: Array, v: Array, out: Array, stats: Array,
     shape = (batch, kv_heads, kv_len, head_dim)
     kk, vv = (np.repeat(_f(_view(a, shape, (*kv_rows[3 * i:3 * i + 3], 1), 0)), group, axis=1)
               for i, a in enumerate((k, v)))
-    s = np.matmul(qq, kk.transpose(0, 1, 3, 2)) * np.asarray(scale, qq.dtype)
-    if causal:
-        qpos = np.arange(q_len)[:, None] + (kv_len - q_len)
-        s = np.where(np.arange(kv_len)[None, :] <= qpos, s, -np.inf)
+    s = _scores(qq, kk, scale, causal)
     m = s.max(axis=-1, keepdims=True)
     e = np.exp(s - m)
     total = e.sum(axis=-1, keepdims=True)

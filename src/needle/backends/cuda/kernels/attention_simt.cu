@@ -107,22 +107,7 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const float* __
     __syncthreads();
 
     float s[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) s[i][c] = 0.f;
-#pragma unroll ATTN_SIMT_UNROLL
-    for (int d = 0; d < D; d += 4) {
-      float4 qa[4], kb[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) qa[i] = ld4(Qs + (ty + 16 * i) * LD + d);
-#pragma unroll
-      for (int c = 0; c < 4; c++) kb[c] = ld4(Ks + (tx + 16 * c) * LD + d);
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) s[i][c] = dot4(qa[i], kb[c], s[i][c]);
-    }
+    simt::row_dots<D, LD, ATTN_SIMT_UNROLL>(Qs, Ks, ty, tx, s);
 
 #pragma unroll
     for (int i = 0; i < 4; i++) {  // the online softmax of row ty + 16 i

@@ -43,31 +43,16 @@ struct AttnGrads { i64 s[8][3]; i64 off[8]; i64 dq_slab; };
 enum { GQ, GK, GV, GO, GDO, GDQ, GDK, GDV };
 
 namespace abwd {
-constexpr int BR = 64, BC = 64, D = 64, THREADS = 256, LD = D + 4, PLD = BC + 16;
 // bwd's shared memory (cuda/attention.py's _ATTN_BWD_SHARED): K, V, Q, dO and dSᵀ tiles
 // [64][LD], P [64][PLD], 4 values a row of the tile
-using simt::dot4, simt::half_warp_max, simt::half_warp_sum, simt::ld4, simt::st4;
+constexpr int BR = 64, BC = 64, D = 64, THREADS = 256, LD = D + 4, PLD = BC + 16;
+using simt::dot4, simt::half_warp_max, simt::half_warp_sum, simt::ld4, simt::outer4, simt::st4;
 
-// s[i][c] = A's row ty + 16 i . B's row tx + 16 c, rows of D floats LD apart in shared memory
 __device__ __forceinline__ void row_dots(const float* A, const float* B, int ty, int tx,
                                          float (&s)[4][4]) {
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int c = 0; c < 4; c++) s[i][c] = 0.f;
-#pragma unroll 1
-  for (int d = 0; d < D; d += 4) {
-    float4 a[4], b[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) a[i] = ld4(A + (ty + 16 * i) * LD + d);
-#pragma unroll
-    for (int c = 0; c < 4; c++) b[c] = ld4(B + (tx + 16 * c) * LD + d);
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) s[i][c] = dot4(a[i], b[c], s[i][c]);
-  }
+  simt::row_dots<D, LD, 1>(A, B, ty, tx, s);
 }
+
 // a row r of KV head kvh: its query head and position
 template <class T>
 __device__ __forceinline__ T* row_ptr(T* base, const AttnGrads& g, int x, i64 b, i64 kvh, i64 r,
@@ -279,15 +264,7 @@ __device__ __forceinline__ void bwd(const float* __restrict__ q, const float* __
     // dV += Pᵀ dO and dK += dSᵀ Q: keys 4 ty + i, columns 4 tx + c
 #pragma unroll ATTN_BWD_UNROLL
     for (int r = 0; r < BR; r++) {
-      const float4 pa = ld4(Ps + r * PLD + 4 * ty), ob = ld4(Os + r * LD + 4 * tx);
-      const float pk[4] = {pa.x, pa.y, pa.z, pa.w};
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        dva[i][0] = fmaf(pk[i], ob.x, dva[i][0]);
-        dva[i][1] = fmaf(pk[i], ob.y, dva[i][1]);
-        dva[i][2] = fmaf(pk[i], ob.z, dva[i][2]);
-        dva[i][3] = fmaf(pk[i], ob.w, dva[i][3]);
-      }
+      outer4(dva, ld4(Ps + r * PLD + 4 * ty), ld4(Os + r * LD + 4 * tx));
     }
 #pragma unroll 1
     for (int r = 0; r < BR; r += 4) {
@@ -316,15 +293,7 @@ __device__ __forceinline__ void bwd(const float* __restrict__ q, const float* __
       for (int c = 0; c < 4; c++) dqa[i][c] = 0.f;
 #pragma unroll ATTN_BWD_UNROLL
     for (int j = 0; j < BC; j++) {
-      const float4 ta = ld4(Ts + j * LD + 4 * ty), kb = ld4(Ks + j * LD + 4 * tx);
-      const float t[4] = {ta.x, ta.y, ta.z, ta.w};
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        dqa[i][0] = fmaf(t[i], kb.x, dqa[i][0]);
-        dqa[i][1] = fmaf(t[i], kb.y, dqa[i][1]);
-        dqa[i][2] = fmaf(t[i], kb.z, dqa[i][2]);
-        dqa[i][3] = fmaf(t[i], kb.w, dqa[i][3]);
-      }
+      outer4(dqa, ld4(Ts + j * LD + 4 * ty), ld4(Ks + j * LD + 4 * tx));
     }
 #pragma unroll
     for (int i = 0; i < 4; i++) {
