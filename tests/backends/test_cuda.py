@@ -504,26 +504,72 @@ def test_native_launch_module_is_built_and_used_where_there_is_a_driver(monkeypa
     it, a bad launch is a KernelLaunchError with the driver's reason, results match the
     cuda-bindings fallback, and NEEDLE_CUDA_NATIVE_LAUNCH=0 selects that fallback."""
     from needle.backends.cuda import _launch
-    from needle.backends.cuda.queue import native_launch
+    from needle.backends.cuda import queue as queue_module
+    from needle.backends.cuda.queue import native_dispatch, native_launch
     from needle.errors import KernelLaunchError
 
     assert isinstance(_launch.available(), bool)
+    assert _launch.BLOCK_BYTES == queue_module._SCRATCH  # one argument-block layout
     monkeypatch.setenv("NEEDLE_CUDA_NATIVE_LAUNCH", "0")
-    assert native_launch() is None
+    assert native_launch() is None and native_dispatch() is None
     monkeypatch.delenv("NEEDLE_CUDA_NATIVE_LAUNCH")
     if not DEV.enabled():
         assert native_launch() is (_launch.launch if _launch.available() else None)
+        if not _launch.available():  # no driver: dispatch says so before reading anything
+            assert _launch.dispatch(0, (1, 1, 1), (1, 1, 1), 0, 0, (), b"") == -1
         return
     q = DEV.backend.queue
-    assert _launch.available() and q.launch is not None
+    assert _launch.available() and q.launch is not None and q._native_dispatch is not None
     x = on(np.arange(1000, dtype=np.float32))
     native = (x * 2.0 + 1.0).numpy()
-    launch, q.launch = q.launch, None
+    fast, q._native_dispatch = q._native_dispatch, None
     try:
-        fallback = (x * 2.0 + 1.0).numpy()
+        packed = (x * 2.0 + 1.0).numpy()  # packed in Python, launched natively
+        launch, q.launch = q.launch, None
+        try:
+            fallback = (x * 2.0 + 1.0).numpy()  # cuda-bindings' cuLaunchKernel
+        finally:
+            q.launch = launch
     finally:
-        q.launch = launch
+        q._native_dispatch = fast
+    np.testing.assert_array_equal(native, packed)
     np.testing.assert_array_equal(native, fallback)
     k, t, _ = DEV.backend._geometry_1d("ewise_add_f32", "elementwise")
     with pytest.raises(KernelLaunchError, match="threads=\\(4096, 1, 1\\).*CUDA_ERROR"):
         q._submit((k, (1, 1, 1), (4096, 1, 1), b"", 0, q._argv_addr))
+    with pytest.raises(KernelLaunchError, match="threads=\\(4096, 1, 1\\).*CUDA_ERROR"):
+        q.dispatch(k, (1, 1, 1), (4096, 1, 1), (), b"")  # the native dispatch's error path
+
+
+@gpu
+def test_native_dispatch_reads_buffer_offsets_and_refuses_oversized_arguments():
+    """The eager launch packs each buffer's handle + offset natively: a view into the middle
+    of a block must be read there, not at the block's start; arguments over the 512-byte
+    block are a KernelLaunchError (the Python path's message), not a launch of junk; a
+    buffer without a handle is the Python error it raises."""
+    from needle.backends.gpu.array import N_PARAMS, GpuArray
+    from needle.errors import KernelLaunchError
+
+    be = DEV.backend
+    assert be.queue._native_dispatch is not None
+    x = on(np.arange(1000, dtype=np.float32))
+    block = x._handle.buffer
+    view = GpuArray(block.view(400, 600 * 4), 600, "float32")  # elements 100..699
+    out = be.Array(600, "float32")
+    be.ewise_add(view, view, out)
+    np.testing.assert_array_equal(be.to_numpy(out, (600,), (1,), 0),
+                                  2 * np.arange(100, 700, dtype=np.float32))
+    k, t, _ = be._geometry_1d("ewise_add_f32", "elementwise")
+    too_many = (block,) * 70
+    with pytest.raises(KernelLaunchError, match="arguments exceed the 512-byte launch block"):
+        be.queue.dispatch(k, (1, 1, 1), (t, 1, 1), too_many, N_PARAMS.pack(1))
+    fast, be.queue._native_dispatch = be.queue._native_dispatch, None
+    try:  # the Python packing refuses them with the same error
+        with pytest.raises(KernelLaunchError, match="exceed the 512-byte launch block"):
+            be.queue.dispatch(k, (1, 1, 1), (t, 1, 1), too_many, N_PARAMS.pack(1))
+    finally:
+        be.queue._native_dispatch = fast
+    with pytest.raises(AttributeError):
+        be.queue.dispatch(k, (1, 1, 1), (t, 1, 1), (block, object(), block), N_PARAMS.pack(1))
+    with pytest.raises(ValueError, match="three entries"):
+        be.queue.dispatch(k, (1, 1), (t, 1, 1), (block, block, block), N_PARAMS.pack(1))

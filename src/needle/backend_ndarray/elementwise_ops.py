@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ArgumentTypeError, DTypeError, ShapeError
 from . import dtypes
-from .shapes import broadcast_shapes
+from .shapes import _compact_strides_of, _prod_shape, broadcast_shapes
 
 if TYPE_CHECKING:
     from .ndarray import NDArray, full
@@ -36,15 +36,17 @@ class ElementwiseOps:
         """Promote, broadcast and compact both sides, then call ewise_/scalar_ ``name``."""
         if type(other) is NDArray:
             a, b = self._handle, other._handle
-            dt = a.dtype
-            if (other._device is self._device and other._shape == self._shape
-                    and b.dtype == dt and (dtype_rule is None or dtype_rule(dt) == dt)
+            dt, shape, strides = a.dtype, self._shape, self._strides
+            if (other._shape == shape and b.dtype == dt and other._device is self._device
+                    and (dtype_rule is None or dtype_rule(dt) == dt)
                     and self._offset == 0 and other._offset == 0 and a.size == b.size
-                    and self._strides == other._strides and self._is_plain()):
-                # the common case, fast: both compact over whole buffers of one size (so one
-                # _is_plain test serves both, and the output takes their strides and size)
+                    and strides == other._strides and a.size == _prod_shape(shape)
+                    and strides == _compact_strides_of(shape)):
+                # the common case, fast: both compact over whole buffers of one size (one
+                # _is_plain test, inline, serves both; the output takes their strides and
+                # size). An array exists, so its device's backend is loaded: read it directly
                 out = self._fresh_like(out_dtype or dt)
-                getattr(self._device.backend, "ewise_" + name)(a, b, out._handle)
+                getattr(self._device._backend, "ewise_" + name)(a, b, out._handle)
                 return out
             self._check_device(other)
             dt = dtypes.promote(self.dtype, other.dtype)

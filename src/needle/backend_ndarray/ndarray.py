@@ -174,7 +174,7 @@ class NDArray(LayoutOps, ElementwiseOps, TransformerOps):
         arr = NDArray.__new__(NDArray)
         arr._shape, arr._strides, arr._offset = self._shape, self._strides, 0
         arr._device = device = self._device
-        arr._handle = device.backend.Array(self._handle.size, dtype)
+        arr._handle = device._backend.Array(self._handle.size, dtype)  # loaded: self exists
         return arr
 
     def fill(self, value) -> None:

@@ -134,7 +134,7 @@ class Allocator:
     def allocate(self, nbytes: int) -> Buffer:
         """A buffer of at least ``nbytes`` bytes, from the pool when a block is cached."""
         start = time.perf_counter() if trace.enabled else 0.0
-        capacity = size_class(nbytes)
+        capacity = MIN_BLOCK if nbytes <= MIN_BLOCK else size_class(nbytes)
         with self.lock:  # inline, not @_locked: the hot path of every op
             pool = self._pool
             blocks = pool.free.get(capacity)  # pool.take, inline

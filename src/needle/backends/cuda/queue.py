@@ -19,7 +19,9 @@ cuLaunchKernel: they are bound by host time, where the cheaper call matters more
 call it through ``_launch`` (native/launch.cc: libcuda's function with the arguments as
 integers) rather than cuda-bindings' wrapper, which converts every argument; the wrapper
 remains where the module or the driver's symbol is missing, or with
-``NEEDLE_CUDA_NATIVE_LAUNCH=0``.
+``NEEDLE_CUDA_NATIVE_LAUNCH=0``. An eager launch without raw arguments, outside captures,
+traces and profiles, skips the Python packing too: ``_launch.dispatch`` writes the buffer
+addresses and the params struct into its own block (the same layout) and launches.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import struct
 import numpy as np
 
 from ...errors import DeviceError, KernelLaunchError
-from ...hal import CommandBuffer, Event, Queue
+from ...hal import CommandBuffer, Event, Queue, trace
 from ...hal.queue import locked
 from .driver import check, cu, error_text
 
@@ -47,9 +49,16 @@ def native_launch():
         return None
     return _native.launch if _native is not None and _native.available() else None
 
+
+def native_dispatch():
+    """native/launch.cc's dispatch (arguments packed natively), or None where the launch
+    module is not used."""
+    return _native.dispatch if native_launch() is not None else None
+
 _SLOTS = 64
 _SCRATCH = 8 * _SLOTS
 _PACK = [struct.Struct(f"{n}Q") for n in range(_SLOTS)]
+_TOO_LARGE = -2  # _launch.dispatch: the arguments exceed its block (of _SCRATCH bytes)
 _RAW_ALIGN = 64  # CUtensorMap's alignment; every raw argument starts on such a boundary
 _RAW_SCRATCH = 1024
 _PINNED_SLOT = 256  # copy_to_host_later: reads this small go through page-locked slots
@@ -143,6 +152,7 @@ class CudaQueue(Queue):
         self._raw = self._raw_argv = None  # raw-argument block, made at the first use
         self._raw_args = self._raw_fixed = self._raw_argv_addr = None  # what the block holds
         self.launch = native_launch()
+        self._native_dispatch = native_dispatch()
         self.pdl = False  # set by the backend from its tuning (CudaTuning.pdl)
         self._pdl_config = None  # the CUlaunchConfig of PDL launches, made at the first use
         self._pinned = None  # page-locked slots of copy_to_host_later, made at the first use
@@ -150,15 +160,40 @@ class CudaQueue(Queue):
         self._pinned_next = 0
 
     # --- launches ------------------------------------------------------------------------
+    def dispatch(self, kernel, groups, threads, buffers, params=b"", shared_bytes=0,
+                 raw_args=()) -> None:
+        """Queue.dispatch, with the eager hot path (no raw arguments, no capture, trace or
+        profile) in one native call that packs the arguments and launches."""
+        with self.lock:
+            fast = self._native_dispatch
+            if (fast is None or raw_args or self.capturing is not None
+                    or self.profiler is not None or trace.enabled):
+                Queue.dispatch(self, kernel, groups, threads, buffers, params, shared_bytes,
+                               raw_args)
+                return
+            err = fast(kernel.address, groups, threads, shared_bytes, self.handle, buffers,
+                       params)
+            if err:
+                self._launch_failed(kernel, groups, threads, shared_bytes, err,
+                                    8 * len(buffers) + len(params))
+
+    def _launch_failed(self, kernel, groups, threads, shared_bytes, err, nbytes) -> None:
+        if err == _TOO_LARGE:
+            raise KernelLaunchError(f"{kernel.name}: {nbytes} bytes of arguments exceed "
+                                    f"the {_SCRATCH}-byte launch block")
+        raise KernelLaunchError(f"launching {kernel.name} with groups={groups} "
+                                f"threads={threads} shared={shared_bytes} failed: "
+                                f"{error_text(err)}")
+
     def _prepare_dispatch(self, kernel, groups, threads, buffers, params, shared_bytes,
                           raw_args):
         """The launch block: buffer addresses then the params struct; ``raw_args`` (e.g.
         128-byte tensor maps) each get their own 64-byte-aligned copy, which the driver
         copies at launch (graph capture included)."""
+        nbytes = 8 * len(buffers) + len(params)
+        if nbytes > _SCRATCH:
+            self._launch_failed(kernel, groups, threads, shared_bytes, _TOO_LARGE, nbytes)
         args = _PACK[len(buffers)].pack(*[b.handle + b.offset for b in buffers]) + params
-        if len(args) > _SCRATCH:
-            raise KernelLaunchError(f"{kernel.name}: {len(args)} bytes of arguments exceed "
-                                    f"the {_SCRATCH}-byte launch block")
         argv = self._argv_addr if not raw_args else self._place_raw(
             kernel, len(buffers) + (1 if params else 0), raw_args)
         return kernel, groups, threads, args, shared_bytes, argv
@@ -225,9 +260,7 @@ class CudaQueue(Queue):
                                     threads[1], threads[2], shared_bytes, self.stream, argv,
                                     0)[0]
         if err != 0:
-            raise KernelLaunchError(f"launching {kernel.name} with groups={groups} "
-                                    f"threads={threads} shared={shared_bytes} failed: "
-                                    f"{error_text(err)}")
+            self._launch_failed(kernel, groups, threads, shared_bytes, err, len(args))
 
     def _launch_pdl(self, kernel, groups, threads, shared_bytes: int, argv: int):
         """cuLaunchKernelEx with programmatic stream serialization (see the module notes)."""

@@ -34,6 +34,7 @@ class GpuBase:
         self.allocator = device.allocator
         self._kernels: dict[str, object] = {}
         self._geometry: dict[str, tuple] = {}
+        self._map_plans: dict[str, tuple] = {}
         self._counter_array: GpuArray | None = None
         self._outgrown_counters: list[GpuArray] = []  # still read by captured graphs
         self.Array = self._new_array
@@ -105,10 +106,18 @@ class GpuBase:
     def _map(self, name: str, n: int, in_dtype: str, out_dtype: str, buffers, params) -> None:
         """An elementwise launch: each thread handles 16 bytes of the wider dtype."""
         if n:
-            width = 16 // max(ITEMSIZE[in_dtype], ITEMSIZE[out_dtype])
-            k, t, resident = self._geometry.get(name) or self._geometry_1d(name, "elementwise")
-            groups = min(-(-n // (width * t)), resident) or 1
-            self.queue.dispatch(k, (groups, 1, 1), (t, 1, 1), buffers, params)
+            plan = self._map_plans.get(name) or self._map_plan(name, in_dtype, out_dtype)
+            k, chunk, resident, threads = plan
+            self.queue.dispatch(k, (min(-(-n // chunk), resident) or 1, 1, 1), threads,
+                                buffers, params)
+
+    def _map_plan(self, name: str, in_dtype: str, out_dtype: str) -> tuple:
+        """(kernel, elements a group covers, resident groups, threads) of an elementwise
+        kernel, kept per name (a name fixes both dtypes): the hot path of every small op."""
+        width = 16 // max(ITEMSIZE[in_dtype], ITEMSIZE[out_dtype])
+        k, t, resident = self._geometry.get(name) or self._geometry_1d(name, "elementwise")
+        plan = self._map_plans[name] = (k, width * t, resident, (t, 1, 1))
+        return plan
 
     @staticmethod
     def _row_geometry(kernel, dim: int) -> tuple[int, int]:

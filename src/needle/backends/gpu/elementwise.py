@@ -24,8 +24,9 @@ def _binary_op(op: str, dtypes):
     snames = {dt: f"scalar_{op}_{SUFFIX[dt]}" for dt in dtypes}
 
     def ewise(self, a: GpuArray, b: GpuArray, out: GpuArray) -> None:
-        self._map(names[self._need(a.dtype, names, op)], out.size, a.dtype, out.dtype,
-                  (a.buffer, b.buffer, out.buffer), N_PARAMS.pack(out.size))
+        name = names.get(a.dtype) or names[self._need(a.dtype, names, op)]  # get: hot path
+        self._map(name, out.size, a.dtype, out.dtype, (a.buffer, b.buffer, out.buffer),
+                  N_PARAMS.pack(out.size))
 
     def scalar_op(self, a: GpuArray, value, out: GpuArray) -> None:
         dt = self._need(a.dtype, snames, op)
