@@ -573,3 +573,7 @@ def test_native_dispatch_reads_buffer_offsets_and_refuses_oversized_arguments():
         be.queue.dispatch(k, (1, 1, 1), (t, 1, 1), (block, object(), block), N_PARAMS.pack(1))
     with pytest.raises(ValueError, match="three entries"):
         be.queue.dispatch(k, (1, 1), (t, 1, 1), (block, block, block), N_PARAMS.pack(1))
+    with pytest.raises(ValueError, match="32 bits"):
+        be.queue.dispatch(k, (2**32 + 1, 1, 1), (t, 1, 1), (block,) * 3, N_PARAMS.pack(1))
+    with pytest.raises(OverflowError):
+        be.queue.dispatch(k, (-1, 1, 1), (t, 1, 1), (block,) * 3, N_PARAMS.pack(1))

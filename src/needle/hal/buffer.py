@@ -47,12 +47,12 @@ class Buffer:
             pool.give_back(self.handle, self.capacity)
 
     def __del__(self):
-        pool = self.pool  # release(), inline: every array an op makes ends here
-        if pool is not None:
-            try:
+        try:  # release(), inline: every array an op makes ends here
+            pool = self.pool
+            if pool is not None:
                 pool.give_back(self.handle, self.capacity)
-            except Exception:  # never raise from a finalizer (e.g. at interpreter exit)
-                pass
+        except Exception:  # never raise from a finalizer (e.g. at interpreter exit)
+            pass
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.nbytes} bytes)"

@@ -55,6 +55,7 @@ def native_dispatch():
     module is not used."""
     return _native.dispatch if native_launch() is not None else None
 
+
 _SLOTS = 64
 _SCRATCH = 8 * _SLOTS
 _PACK = [struct.Struct(f"{n}Q") for n in range(_SLOTS)]

@@ -84,11 +84,15 @@ void dims(nb::handle shape, unsigned (&out)[3]) {
     Py_DECREF(seq);
     throw nb::value_error("a launch shape has three entries (x, y, z)");
   }
+  bool too_large = false;
   for (int i = 0; i < 3; ++i) {
-    out[i] = static_cast<unsigned>(PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i)));
+    unsigned long v = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
+    too_large |= v > 0xffffffffUL && !PyErr_Occurred();
+    out[i] = static_cast<unsigned>(v);
   }
   Py_DECREF(seq);
   if (PyErr_Occurred()) throw nb::python_error();
+  if (too_large) throw nb::value_error("a launch shape's entries must fit in 32 bits");
 }
 
 int dispatch(std::uintptr_t function, nb::handle groups, nb::handle threads, unsigned shared,
