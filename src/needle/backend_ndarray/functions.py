@@ -207,8 +207,7 @@ def attention_with_stats(q: NDArray, k: NDArray, v: NDArray, scale: float | None
     out_rows = (sq * hq * d, d, hq * d)
     # k and v as they are where their rows are contiguous (a model's token-major projections
     # seen heads-first), else compacted
-    kc, vc = (t if t.offset == 0 and t.strides[3] == 1 and min(t.strides) >= 0
-              else t.compact() for t in (k, v))
+    kc, vc = (_rows_contiguous(t, offset=False) for t in (k, v))
     kv_rows = (*kc.strides[:3], *vc.strides[:3])
     if not backend.attention_backward_supported(q.dtype, d, q_rows + out_rows + kv_rows):
         return attention(q, k, v, scale, causal), None
@@ -288,8 +287,7 @@ def attention_backward(q: NDArray, k: NDArray, v: NDArray, out: NDArray, dout: N
     if not q.size or not k.size:
         return None
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
-    inputs = [t if t.strides[3] == 1 and min(t.strides) >= 0 else t.compact()
-              for t in (q, k, v, out, dout)]
+    inputs = [_rows_contiguous(t) for t in (q, k, v, out, dout)]
     grads = [NDArray.make((bsz, n, h, d), device=q.device, dtype=q.dtype)
              for n, h in ((sq, hq), (skv, hkv), (skv, hkv))]
     rows = tuple(s for t in inputs for s in t.strides[:3])
@@ -302,6 +300,15 @@ def attention_backward(q: NDArray, k: NDArray, v: NDArray, out: NDArray, dout: N
                                None if stats is None else stats._handle)
     dq, dk, dv = (g.permute((0, 2, 1, 3)) for g in grads)
     return dq, dk, dv
+
+
+def _rows_contiguous(t: NDArray, offset: bool = True) -> NDArray:
+    """``t`` itself where each row (its last axis) is contiguous and no stride is negative
+    (and, unless ``offset``, it starts at its buffer's first element), else a compact copy:
+    what the attention kernels that read rows through strides take."""
+    if t.strides[-1] == 1 and min(t.strides) >= 0 and (offset or t.offset == 0):
+        return t
+    return t.compact()
 
 
 def _token_major_rows(q: NDArray) -> int | None:

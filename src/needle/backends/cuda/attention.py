@@ -85,16 +85,19 @@ class AttentionOps(NNOps):
         return (self.tuning.attention_backward and dtype == "float32" and head_dim == 64
                 and all(s % 4 == 0 for s in rows))
 
+    def _require_backward(self, op: str, dtype: str, head_dim: int, rows) -> None:
+        if not self.attention_backward_supported(dtype, head_dim, rows):
+            raise DTypeError(f"{op}: no kernel for {dtype} with head_dim {head_dim} and these "
+                             "rows; ask attention_backward_supported")
+
     def attention_with_stats(self, q, k, v, out, stats, batch, q_heads, kv_heads, q_len,
                              kv_len, head_dim, scale, causal, q_rows, out_rows,
                              kv_rows) -> None:
         """numpy_ref.attention_with_stats: attention_simt.cu's kernel also writing each row's
         max and 1 / sum (attention_simt64_train_f32), K and V read through their strides,
         for any number of rows."""
-        if not self.attention_backward_supported(q.dtype, head_dim,
-                                                 q_rows + out_rows + kv_rows):
-            raise DTypeError(f"attention_with_stats: no kernel for {q.dtype} with head_dim "
-                             f"{head_dim} and these rows; ask attention_backward_supported")
+        self._require_backward("attention_with_stats", q.dtype, head_dim,
+                               q_rows + out_rows + kv_rows)
         kern = self._kernel("attention_simt", "attention_simt64_train_f32")
         self._launch_row_attention(kern, 256, _ATTN_SIMT_SHARED,
                                    (q.buffer, k.buffer, v.buffer, out.buffer, stats.buffer),
@@ -108,9 +111,7 @@ class AttentionOps(NNOps):
         (batch, KV head) walking the query tiles that see them (each row's dO . O computed
         as its tile is loaded), dK and dV in registers, each key block's share of dQ into
         its own slab, summed here in block order (deterministic)."""
-        if not self.attention_backward_supported(q.dtype, head_dim, rows):
-            raise DTypeError(f"attention_backward: no kernel for {q.dtype} with head_dim "
-                             f"{head_dim} and these rows; ask attention_backward_supported")
+        self._require_backward("attention_backward", q.dtype, head_dim, rows)
         gy, blocks = batch * kv_heads, cdiv(kv_len, 64)
         if gy > MAX_GRID_YZ:
             raise ShapeError(f"attention_backward over {gy} (batch x kv heads) exceeds the "

@@ -31,7 +31,8 @@ namespace asimt {
 constexpr int BR = 64, BC = 64, D = 64, THREADS = 256, LD = D + 4, PLD = BC + 16;
 constexpr int SHARED_FLOATS = (BR + 2 * BC) * LD + BR * PLD;
 
-using simt::dot4, simt::half_warp_max, simt::half_warp_sum, simt::ld4, simt::st4;
+using simt::dot4, simt::half_warp_max, simt::half_warp_sum, simt::ld4, simt::rows4_times4,
+    simt::st4;
 
 // Where K's and V's rows live: key j of KV head h in batch b at k + b * k_batch + h * k_head
 // + j * k_pos (the same for v); heads-first caches for attention, token-major projections'
@@ -142,17 +143,7 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const float* __
       for (int i = 0; i < 4; i++) pa[i] = ld4(Ps + (ty + 16 * i) * PLD + j);
 #pragma unroll
       for (int jj = 0; jj < 4; jj++) vb[jj] = ld4(Vs + (j + jj) * LD + tx * 4);
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const float pi[4] = {pa[i].x, pa[i].y, pa[i].z, pa[i].w};
-#pragma unroll
-        for (int jj = 0; jj < 4; jj++) {
-          o[i][0] = fmaf(pi[jj], vb[jj].x, o[i][0]);
-          o[i][1] = fmaf(pi[jj], vb[jj].y, o[i][1]);
-          o[i][2] = fmaf(pi[jj], vb[jj].z, o[i][2]);
-          o[i][3] = fmaf(pi[jj], vb[jj].w, o[i][3]);
-        }
-      }
+      rows4_times4(o, pa, vb);
     }
   }
 

@@ -58,4 +58,22 @@ __device__ __forceinline__ void outer4(float (&acc)[4][4], float4 a, float4 b) {
     acc[i][3] = fmaf(ai[i], b.w, acc[i][3]);
   }
 }
+
+// acc[i][c] += a[i].k b[k].c for k = 0..3 in order: four steps of a product whose thread
+// block is 4 x 4, a[i] holding four k's of its row i and b[k] four columns of row k
+// (O += P V in the forward, dK += dSᵀ Q in the backward)
+__device__ __forceinline__ void rows4_times4(float (&acc)[4][4], const float4 (&a)[4],
+                                             const float4 (&b)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float ai[4] = {a[i].x, a[i].y, a[i].z, a[i].w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      acc[i][0] = fmaf(ai[k], b[k].x, acc[i][0]);
+      acc[i][1] = fmaf(ai[k], b[k].y, acc[i][1]);
+      acc[i][2] = fmaf(ai[k], b[k].z, acc[i][2]);
+      acc[i][3] = fmaf(ai[k], b[k].w, acc[i][3]);
+    }
+  }
+}
 }  // namespace simt

@@ -46,7 +46,8 @@ namespace abwd {
 // bwd's shared memory (cuda/attention.py's _ATTN_BWD_SHARED): K, V, Q, dO and dSᵀ tiles
 // [64][LD], P [64][PLD], 4 values a row of the tile
 constexpr int BR = 64, BC = 64, D = 64, THREADS = 256, LD = D + 4, PLD = BC + 16;
-using simt::dot4, simt::half_warp_max, simt::half_warp_sum, simt::ld4, simt::outer4, simt::st4;
+using simt::dot4, simt::half_warp_max, simt::half_warp_sum, simt::ld4, simt::outer4,
+    simt::rows4_times4, simt::st4;
 
 __device__ __forceinline__ void row_dots(const float* A, const float* B, int ty, int tx,
                                          float (&s)[4][4]) {
@@ -273,17 +274,7 @@ __device__ __forceinline__ void bwd(const float* __restrict__ q, const float* __
       for (int i = 0; i < 4; i++) ta[i] = ld4(Ts + (4 * ty + i) * LD + r);
 #pragma unroll
       for (int rr = 0; rr < 4; rr++) qb[rr] = ld4(Qs + (r + rr) * LD + 4 * tx);
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const float t[4] = {ta[i].x, ta[i].y, ta[i].z, ta[i].w};
-#pragma unroll
-        for (int rr = 0; rr < 4; rr++) {
-          dka[i][0] = fmaf(t[rr], qb[rr].x, dka[i][0]);
-          dka[i][1] = fmaf(t[rr], qb[rr].y, dka[i][1]);
-          dka[i][2] = fmaf(t[rr], qb[rr].z, dka[i][2]);
-          dka[i][3] = fmaf(t[rr], qb[rr].w, dka[i][3]);
-        }
-      }
+      rows4_times4(dka, ta, qb);
     }
     // this block's share of dQ = scale dS K: rows 4 ty + i, columns 4 tx + c
     float dqa[4][4];
