@@ -32,6 +32,7 @@
 // then full[STAGES] and empty[STAGES] (8 bytes each): 197,696 bytes with 4 stages of W = 256
 // (6 of 128 and 8 of 64: 32 and 64 bytes more barriers).
 #include "common.cuh"
+#include "mbarrier.cuh"
 #include "tensor_core.cuh"
 
 #ifndef GEMM_TMA_STAGES
@@ -59,31 +60,6 @@ constexpr u32 CONSUMER_WARPS = 8;  // arrivals that empty a stage
 template <int BN> __device__ constexpr int stages() { return GEMM_TMA_STAGES * (BM + 256) / (BM + BN); }
 
 using tc::smem_u32;
-
-// ---- mbarriers ---------------------------------------------------------------------------
-__device__ __forceinline__ void bar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void bar_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bar_arrive(u32 bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// true once the phase of parity `parity` has completed
-__device__ __forceinline__ bool bar_try_wait(u32 bar, u32 parity) {
-  u32 done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  return done != 0;
-}
-__device__ __forceinline__ void bar_wait(u32 bar, u32 parity) {
-  while (!bar_try_wait(bar, parity)) {
-  }
-}
 
 // ---- TMA ---------------------------------------------------------------------------------
 __device__ __forceinline__ void tma_load(u32 dst, const TmaMap* map, u32 bar, int k, int row,
