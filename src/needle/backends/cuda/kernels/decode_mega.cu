@@ -59,7 +59,7 @@ struct Params {  // the probe's PARAMS
   // probe knobs: 1 skip the dot products, 2 skip the grid barriers, 4 skip the attention
   // (1, 2 and 4 give wrong results: they time the parts), 8 each page in 4 bulk copies,
   // 16 + (n << 8) L2 prefetches n pages ahead, 32 the producer warps' cp.async instead of
-  // bulk copies
+  // bulk copies, 64 no ring: the consumer warps load their rows themselves (direct)
   int flags;
 };
 
@@ -289,6 +289,52 @@ __device__ __forceinline__ void consume(const Slice& s, int off, u32& q, u32 rin
   }
 }
 
+// consume without the ring (flag 64): each warp loads a contiguous run of the slice's
+// granules itself, U 16-byte loads a lane in flight, as gemv_t does
+template <class T>
+__device__ __forceinline__ void consume_direct(const Slice& s, int off, const uint4* vec,
+                                               float* acc, int flags) {
+  constexpr int U = 8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int upr = (int)(s.k * (i64)sizeof(T) / 512), total = (int)(s.r1 - s.r0) * upr;
+  const int per = (total + CW - 1) / CW, g0 = warp * per;
+  const int g1 = g0 + per < total ? g0 + per : total;
+  if (g0 >= g1) return;
+  const uint4* base = reinterpret_cast<const uint4*>(s.w + s.r0 * s.k * (i64)sizeof(T)) + lane;
+  int row = g0 / upr, col = g0 - row * upr;
+  float d = 0.f;
+  for (int g = g0; g < g1; g += U) {
+    uint4 w[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (g + u < g1) w[u] = ld_stream16(base + (i64)(g + u) * 32);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (g + u < g1) {
+        if (!(flags & 1)) d = dot8<T>(w[u], vec[col * 32 + lane], d);
+        if (++col == upr || g + u + 1 == g1) {
+          d = warp_sum(d);
+          if (lane == 0) atomicAdd(acc + off + row, d);
+          d = 0.f;
+          col = 0;
+          row++;
+        }
+      }
+    }
+  }
+}
+
+// this stage's rows of slice s: from the ring, or directly (flag 64)
+template <class T>
+__device__ __forceinline__ void rows_dot(const Slice& s, int off, u32& q, u32 ring,
+                                         const unsigned char* smem, const uint4* vec,
+                                         float* acc, int flags) {
+  if (flags & 64)
+    consume_direct<T>(s, off, vec, acc, flags);
+  else
+    consume<T>(s, off, q, ring, smem, vec, acc, flags);
+}
+
 // vec[0..n) = src (T, as stored: every stage input is a T array); returns
 // 1/sqrt(mean(src^2) + eps) when `norm` (else 1)
 template <class T>
@@ -478,6 +524,8 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
     return;
   }
   if (tid >= CT) {  // the producer warps
+    if (p.flags & 64)
+      return;
     if (p.flags & 32)
       produce_lsu<T, D>(layers, p, ring, tid - CT);
     else if (tid == CT)
@@ -496,7 +544,7 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
     // QKV
     float r = stage_vec(x, H, true, p.eps, vecv, misc);
     slices<D>(L, p, l, 0, s);
-    consume<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
+    rows_dot<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
     stamp(l * 10 + 1);
     consumers_sync();
     for (i64 i = tid; i < s[0].r1 - s[0].r0; i += CT) {
@@ -522,7 +570,7 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
     // O
     stage_vec(attn, p.q_heads * D, false, p.eps, vecv, misc);
     slices<D>(L, p, l, 1, s);
-    consume<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
+    rows_dot<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
     stamp(l * 10 + 4);
     consumers_sync();
     add_rows(x, s[0], acc);
@@ -532,8 +580,8 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
     r = stage_vec(x, H, true, p.eps, vecv, misc);
     slices<D>(L, p, l, 2, s);
     const int nr = (int)(s[0].r1 - s[0].r0);
-    consume<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
-    consume<T>(s[1], nr, q, ring, smem, vecv, acc, flags);
+    rows_dot<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
+    rows_dot<T>(s[1], nr, q, ring, smem, vecv, acc, flags);
     stamp(l * 10 + 6);
     consumers_sync();
     for (int i = tid; i < nr; i += CT) {
@@ -546,7 +594,7 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
     // DOWN
     stage_vec(hbuf, I, false, p.eps, vecv, misc);
     slices<D>(L, p, l, 3, s);
-    consume<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
+    rows_dot<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
     stamp(l * 10 + 8);
     consumers_sync();
     add_rows(x, s[0], acc);
