@@ -9,6 +9,7 @@ operations a layer (``Transformer._fused_layer``, what the decoder runs) and one
 docs/cuda_notes.md v22 has the figures and what they say.
 
     python scripts/probe_decode_mega.py [--position 128] [--flags 0] [--parts 7,6]
+    compute-sanitizer python scripts/probe_decode_mega.py --check-only
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main() -> None:  # noqa: PLR0915 - one probe, read top to bottom
     ap.add_argument("--flags", type=int, default=0, help="the kernel's flags for the checks")
     ap.add_argument("--parts", default="7,6,1,2,4,39",
                     help="flags to time besides --flags (comma-separated)")
+    ap.add_argument("--check-only", action="store_true",
+                    help="only the agreement checks (e.g. under compute-sanitizer)")
     args = ap.parse_args()
 
     from benchmarks import cases_llm
@@ -131,6 +134,8 @@ def main() -> None:  # noqa: PLR0915 - one probe, read top to bottom
         err = np.abs(ref - got).max() / np.abs(ref).max()
         print(f"after {n} layers: max |x| {np.abs(ref).max():.3f}, max difference / max |x| "
               f"{err:.2e}")
+    if args.check_only:
+        return
 
     xa, xb = copy(x0), copy(x0)
     with be.capture() as g_five:
