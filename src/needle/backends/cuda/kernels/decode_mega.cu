@@ -284,8 +284,9 @@ __device__ __forceinline__ void consume(const Slice& s, int off, u32& q, u32 rin
         }
       }
     }
-    __syncwarp();
-    if (lane == 0) bar_arrive(ring + EMPTY + 8 * slot);
+    // every lane releases its own reads of the page (one lane after __syncwarp ran as fast,
+    // but racecheck reported the next copy into the page as a hazard: cuda_notes v22)
+    bar_arrive(ring + EMPTY + 8 * slot);
   }
 }
 
@@ -509,7 +510,7 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
   if (tid == 0) {
     for (int i = 0; i < NP; i++) {
       bar_init(ring + FULL + 8 * i, (p.flags & 32) ? PT : 1);
-      bar_init(ring + EMPTY + 8 * i, CW);
+      bar_init(ring + EMPTY + 8 * i, CT);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
