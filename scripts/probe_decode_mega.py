@@ -76,9 +76,11 @@ def main() -> None:  # noqa: PLR0915 - one probe, read top to bottom
     if not (all(tr.five_ops) and all(layer.norms_folded for layer in layers)):
         raise SystemExit("the probe needs the five-operation layers with folded norms")
     decoder = model.decoder()
-    p = args.position
-    decoder.prefill(cases_llm._prompt(min(p, 4000), cfg.vocab_size)[0])
     state, cache = decoder.state, decoder.cache
+    p = args.position
+    if not 1 <= p < cache.capacity:
+        raise SystemExit(f"--position must be in 1..{cache.capacity - 1} (the model's cache)")
+    decoder.prefill(cases_llm._prompt(p, cfg.vocab_size)[0])
     state.set(7, p)
     x0 = tr._embed(state.token)
 

@@ -3,8 +3,8 @@
 //
 // decode_layers{D}g{G}_{bf16,f16}: every layer of a Llama-family decode step for one token
 // in one persistent launch (numpy_ref: Transformer._fused_layer's five operations with
-// folded norms, layer after layer). One group per multiprocessor: 16 consumer warps and one
-// producer warp (or PW with flag 32).
+// folded norms, layer after layer). One group per multiprocessor: 16 consumer warps and 4
+// producer warps (one lane issues the bulk copies; all four copy with flag 32).
 //
 // Why: a 1.1B layer's five launches each pay a ramp, a DRAM round trip and a tail that the
 // weight stream does not cover (docs/cuda_notes.md v15-v17). Here weights never wait for
@@ -92,21 +92,20 @@ template <class T> __device__ __forceinline__ float ld_fresh(const T* p) {
   return load(v);
 }
 
-// every consumer thread of every group waits until all have arrived; sync[0] counts the
-// arrivals (the last one sets it back to 0), sync[1] is the generation (read at launch)
-// probe: group 0's %globaltimer at the stage boundaries (stamp(l * 10 + i)), into `stamps`
-__device__ u64* g_stamps;
-__device__ int g_flags;
-__device__ __forceinline__ void stamp(int i) {
-  if (blockIdx.x == 0 && threadIdx.x == 0 && g_stamps) {
+// probe: group 0's %globaltimer at the stage boundaries, stamps[l * 10 + i]
+__device__ __forceinline__ void stamp(u64* stamps, i64 i) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && stamps) {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    g_stamps[i] = t;
+    stamps[i] = t;
   }
 }
-__device__ __forceinline__ void grid_barrier(unsigned* sync, u32& gen) {
+
+// every consumer thread of every group waits until all have arrived; sync[0] counts the
+// arrivals (the last one sets it back to 0), sync[1] is the generation (read at launch)
+__device__ __forceinline__ void grid_barrier(unsigned* sync, u32& gen, int flags) {
   consumers_sync();
-  if (g_flags & 2) return;
+  if (flags & 2) return;
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(sync, 1u) == gridDim.x - 1) {
@@ -200,13 +199,17 @@ struct Cursor {
 };
 
 template <class T, int D>
+__device__ __forceinline__ void prefetch_l2(const Cursor<T, D>& c) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c.src()), "r"(c.bytes())
+               : "memory");
+}
+
+template <class T, int D>
 __device__ void produce(const Layer* layers, const Params& p, u32 ring) {
   const int pf_pages = (p.flags & 16) ? (p.flags >> 8) : 0;
   const int parts = (p.flags & 8) ? 4 : 1;
   Cursor<T, D> c(layers, &p), pf(layers, &p);
-  for (int i = 0; i < pf_pages && pf.valid(); i++, pf.advance())
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.src()), "r"(pf.bytes())
-                 : "memory");
+  for (int i = 0; i < pf_pages && pf.valid(); i++, pf.advance()) prefetch_l2(pf);
   for (u32 q = 0; c.valid(); q++, c.advance()) {
     const u32 slot = q % NP, bytes = c.bytes();
     if (q >= NP) bar_wait(ring + EMPTY + 8 * slot, (q / NP - 1) & 1);
@@ -220,8 +223,7 @@ __device__ void produce(const Layer* layers, const Params& p, u32 ring) {
                   ring + FULL + 8 * slot);
     }
     if (pf_pages && pf.valid()) {
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.src()), "r"(pf.bytes())
-                   : "memory");
+      prefetch_l2(pf);
       pf.advance();
     }
   }
@@ -236,9 +238,10 @@ __device__ void produce_lsu(const Layer* layers, const Params& p, u32 ring, int 
     const u32 slot = q % NP, bytes = c.bytes();
     if (q >= NP) bar_wait(ring + EMPTY + 8 * slot, (q / NP - 1) & 1);
     const unsigned char* src = c.src();
-    for (u32 o = t * 16; o < bytes; o += PT * 16) tc::cp_async16(ring + slot * PAGE + o, src + o, 16);
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(ring + FULL + 8 * slot)
-                 : "memory");
+    for (u32 o = t * 16; o < bytes; o += PT * 16)
+      tc::cp_async16(ring + slot * PAGE + o, src + o, 16);
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n"
+                 ::"r"(ring + FULL + 8 * slot) : "memory");
   }
 }
 
@@ -253,10 +256,31 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& v, float d) {
   return d;
 }
 
-// acc[off + row - r0] += (row of the slice) . vec, page by page as the producer fills them.
-// A page is rows x (k / 256) granules of 256 values (a warp's 32 16-byte chunks); warp w
-// takes a contiguous run of the page's granules, each lane summing its chunk's products
-// until the run leaves a row, then one warp sum and one shared atomic for that row.
+// A warp's contiguous run of granules (256 values of a row: the warp's 32 16-byte chunks),
+// starting at granule g0 of rows of upr granules: each lane sums its chunk's products until
+// the run leaves a row, then one warp sum and one shared atomic into that row's acc
+template <class T>
+struct RowRun {
+  float* acc;  // the accumulator of row 0
+  int upr, row, col;
+  float d = 0.f;
+  __device__ RowRun(float* acc_, int upr_, int g0)
+      : acc(acc_), upr(upr_), row(g0 / upr_), col(g0 % upr_) {}
+  // the next granule's weights w (this lane's chunk); `last`: the run ends with it
+  __device__ __forceinline__ void take(const uint4& w, const uint4* vec, bool dot, bool last) {
+    if (dot) d = dot8<T>(w, vec[col * 32 + (threadIdx.x & 31)], d);
+    if (++col == upr || last) {
+      d = warp_sum(d);
+      if ((threadIdx.x & 31) == 0) atomicAdd(acc + row, d);
+      d = 0.f;
+      col = 0;
+      row++;
+    }
+  }
+};
+
+// acc[off + row - r0] += (row of the slice) . vec, page by page as the producer fills them;
+// warp w takes a contiguous run of each page's granules (RowRun).
 template <class T>
 __device__ __forceinline__ void consume(const Slice& s, int off, u32& q, u32 ring,
                                         const unsigned char* smem, const uint4* vec,
@@ -271,18 +295,8 @@ __device__ __forceinline__ void consume(const Slice& s, int off, u32& q, u32 rin
     bar_wait(ring + FULL + 8 * slot, (q / NP) & 1);
     const uint4* page = reinterpret_cast<const uint4*>(smem + slot * PAGE);
     if (g0 < g1 && !(flags & 1)) {
-      int row = g0 / upr, col = g0 - row * upr;
-      float d = 0.f;
-      for (int g = g0; g < g1; g++) {
-        d = dot8<T>(page[g * 32 + lane], vec[col * 32 + lane], d);
-        if (++col == upr || g + 1 == g1) {  // the run leaves this row
-          d = warp_sum(d);
-          if (lane == 0) atomicAdd(acc + off + (r - s.r0) + row, d);
-          d = 0.f;
-          col = 0;
-          row++;
-        }
-      }
+      RowRun<T> run(acc + off + (r - s.r0), upr, g0);
+      for (int g = g0; g < g1; g++) run.take(page[g * 32 + lane], vec, true, g + 1 == g1);
     }
     // every lane releases its own reads of the page (one lane after __syncwarp ran as fast,
     // but racecheck reported the next copy into the page as a hazard: cuda_notes v22)
@@ -302,26 +316,15 @@ __device__ __forceinline__ void consume_direct(const Slice& s, int off, const ui
   const int g1 = g0 + per < total ? g0 + per : total;
   if (g0 >= g1) return;
   const uint4* base = reinterpret_cast<const uint4*>(s.w + s.r0 * s.k * (i64)sizeof(T)) + lane;
-  int row = g0 / upr, col = g0 - row * upr;
-  float d = 0.f;
+  RowRun<T> run(acc + off, upr, g0);
   for (int g = g0; g < g1; g += U) {
     uint4 w[U];
 #pragma unroll
     for (int u = 0; u < U; u++)
       if (g + u < g1) w[u] = ld_stream16(base + (i64)(g + u) * 32);
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      if (g + u < g1) {
-        if (!(flags & 1)) d = dot8<T>(w[u], vec[col * 32 + lane], d);
-        if (++col == upr || g + u + 1 == g1) {
-          d = warp_sum(d);
-          if (lane == 0) atomicAdd(acc + off + row, d);
-          d = 0.f;
-          col = 0;
-          row++;
-        }
-      }
-    }
+    for (int u = 0; u < U; u++)
+      if (g + u < g1) run.take(w[u], vec, !(flags & 1), g + u + 1 == g1);
   }
 }
 
@@ -509,14 +512,12 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
   const int flags = p.flags;
   if (tid == 0) {
     for (int i = 0; i < NP; i++) {
-      bar_init(ring + FULL + 8 * i, (p.flags & 32) ? PT : 1);
+      bar_init(ring + FULL + 8 * i, (flags & 32) ? PT : 1);
       bar_init(ring + EMPTY + 8 * i, CT);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   for (int i = tid; i < MAX_ROWS; i += THREADS) acc[i] = 0.f;
-  __syncthreads();
-  if (tid == 0) { g_flags = p.flags; g_stamps = stamps; }
   __syncthreads();
   const i64 pos = position[0];
   if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) {  // nothing written: NaN out
@@ -525,9 +526,9 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
     return;
   }
   if (tid >= CT) {  // the producer warps
-    if (p.flags & 64)
+    if (flags & 64)
       return;
-    if (p.flags & 32)
+    if (flags & 32)
       produce_lsu<T, D>(layers, p, ring, tid - CT);
     else if (tid == CT)
       produce<T, D>(layers, p, ring);
@@ -541,19 +542,19 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
   for (i64 l = 0; l < p.layers; l++) {
     const Layer L = layers[l];
     Slice s[2];
-    stamp(l * 10 + 0);
+    stamp(stamps, l * 10 + 0);
     // QKV
     float r = stage_vec(x, H, true, p.eps, vecv, misc);
     slices<D>(L, p, l, 0, s);
     rows_dot<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
-    stamp(l * 10 + 1);
+    stamp(stamps, l * 10 + 1);
     consumers_sync();
     for (i64 i = tid; i < s[0].r1 - s[0].r0; i += CT) {
       qkv[s[0].r0 + i] = store<T>(acc[i] * r);
       acc[i] = 0.f;
     }
-    grid_barrier(sync, gen);
-    stamp(l * 10 + 2);
+    grid_barrier(sync, gen, flags);
+    stamp(stamps, l * 10 + 2);
     // ATT (and MERGE)
     T* keys = static_cast<T*>(L.keys);
     T* values = static_cast<T*>(L.values);
@@ -561,46 +562,46 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
       attend<T, D, G>(qkv, cs, sn, keys, values, attn, part_o, part_ml, pos, u, S, per, p, vec);
       consumers_sync();
     }
-    grid_barrier(sync, gen);
+    grid_barrier(sync, gen, flags);
     if (S > 1) {
       for (i64 head = blockIdx.x; head < p.q_heads; head += gridDim.x)
         merge<T, D>(part_o, part_ml, attn, head, S, p);
-      grid_barrier(sync, gen);
+      grid_barrier(sync, gen, flags);
     }
-    stamp(l * 10 + 3);
+    stamp(stamps, l * 10 + 3);
     // O
     stage_vec(attn, p.q_heads * D, false, p.eps, vecv, misc);
     slices<D>(L, p, l, 1, s);
     rows_dot<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
-    stamp(l * 10 + 4);
+    stamp(stamps, l * 10 + 4);
     consumers_sync();
     add_rows(x, s[0], acc);
-    grid_barrier(sync, gen);
-    stamp(l * 10 + 5);
+    grid_barrier(sync, gen, flags);
+    stamp(stamps, l * 10 + 5);
     // GU
     r = stage_vec(x, H, true, p.eps, vecv, misc);
     slices<D>(L, p, l, 2, s);
     const int nr = (int)(s[0].r1 - s[0].r0);
     rows_dot<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
     rows_dot<T>(s[1], nr, q, ring, smem, vecv, acc, flags);
-    stamp(l * 10 + 6);
+    stamp(stamps, l * 10 + 6);
     consumers_sync();
     for (int i = tid; i < nr; i += CT) {
       const float g = load(store<T>(acc[i] * r)), u = load(store<T>(acc[nr + i] * r));
       hbuf[s[0].r0 + i] = store<T>(g * sigmoid(g) * u);
       acc[i] = acc[nr + i] = 0.f;
     }
-    grid_barrier(sync, gen);
-    stamp(l * 10 + 7);
+    grid_barrier(sync, gen, flags);
+    stamp(stamps, l * 10 + 7);
     // DOWN
     stage_vec(hbuf, I, false, p.eps, vecv, misc);
     slices<D>(L, p, l, 3, s);
     rows_dot<T>(s[0], 0, q, ring, smem, vecv, acc, flags);
-    stamp(l * 10 + 8);
+    stamp(stamps, l * 10 + 8);
     consumers_sync();
     add_rows(x, s[0], acc);
-    if (l + 1 < p.layers) grid_barrier(sync, gen);
-    stamp(l * 10 + 9);
+    if (l + 1 < p.layers) grid_barrier(sync, gen, flags);
+    stamp(stamps, l * 10 + 9);
   }
 }
 }  // namespace dmk
@@ -608,8 +609,8 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // bulk copies, mbarrier transactions
 #define DECODE_MEGA_BODY(T, D, G)                                                              \
   extern __shared__ __align__(128) unsigned char dmk_smem[];                                   \
-  dmk::run<T, D, G>(layers, x, qkv, attn, hbuf, part_o, part_ml, cs, sn, position, sync, stamps, p, \
-                    dmk_smem);
+  dmk::run<T, D, G>(layers, x, qkv, attn, hbuf, part_o, part_ml, cs, sn, position, sync,      \
+                    stamps, p, dmk_smem);
 #else
 #define DECODE_MEGA_BODY(T, D, G) __trap();
 #endif
@@ -617,7 +618,7 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
   extern "C" __global__ void __launch_bounds__(dmk::THREADS, 1) decode_layers##D##g##G##_##SFX( \
       const dmk::Layer* __restrict__ layers, T* x, T* qkv, T* attn, T* hbuf, float* part_o,    \
       float* part_ml, const T* __restrict__ cs, const T* __restrict__ sn,                      \
-      const int* __restrict__ position, unsigned* sync, u64* stamps, dmk::Params p) {                       \
+      const int* __restrict__ position, unsigned* sync, u64* stamps, dmk::Params p) {        \
     pdl_entry();                                                                               \
     DECODE_MEGA_BODY(T, D, G)                                                                  \
   }
