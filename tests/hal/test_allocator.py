@@ -7,7 +7,8 @@ import gc
 import pytest
 
 from needle.errors import OutOfMemoryError
-from needle.hal import size_class, trace
+from needle.hal import Buffer, Pool, size_class, trace
+from needle.hal._native import Ledger
 
 from .host_memory import HostAllocator
 
@@ -125,3 +126,69 @@ def test_trace_prints_allocations(capsys):
         trace.set_enabled(False)
     err = capsys.readouterr().err
     assert "alloc" in err and "2.0 KiB on host (new block" in err and "pool hit" in err
+
+
+class _Block:
+    """A block handle that is a Python object with state (as Metal's MTLBuffer wrappers)."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+
+class _ObjectAllocator(HostAllocator):
+    def _allocate_raw(self, nbytes: int):
+        return _Block(nbytes) if super()._allocate_raw(nbytes) is not None else None
+
+    def _free_raw(self, handle) -> None:
+        self.used -= handle.nbytes
+        self.raw_frees += 1
+
+
+def test_a_buffer_dying_in_a_garbage_cycle_returns_an_intact_block():
+    """An array dropped inside a reference cycle (a traceback's frames, say) is freed by the
+    cycle collector: its block must come back to the pool unbroken, not with its handle's
+    state cleared by the collector first."""
+    alloc = _ObjectAllocator(64 * MIB)
+    for _ in range(20):
+        cycle = [alloc.allocate(1000)]
+        cycle.append(cycle)
+        del cycle
+        gc.collect()
+        again = alloc.allocate(1000)
+        assert again.handle.nbytes == size_class(1000)  # the same block, its state intact
+        assert alloc.stats().in_use == size_class(1000)
+        del again
+    assert alloc.raw_allocs == 1 and alloc.stats().hits == 39
+
+
+def test_buffers_made_by_the_pool_are_the_allocators_buffer_type():
+    class Tagged(Buffer):
+        __slots__ = ()
+
+        def tag(self) -> str:
+            return f"tagged {self.nbytes}"
+
+    class TaggedAllocator(HostAllocator):
+        buffer_type = Tagged
+
+    alloc = TaggedAllocator(64 * MIB)
+    buf = alloc.allocate(100)
+    assert type(buf) is Tagged and buf.tag() == "tagged 100" and buf.capacity == 512
+    assert buf.pool is not None and buf.owner is None and buf.offset == 0
+    view = buf.view(16, 32)
+    assert type(view) is Tagged and view.root() is buf and view.capacity == 0
+    import weakref
+
+    ref = weakref.ref(buf)
+    del buf
+    assert ref() is not None  # the view keeps its base alive
+    del view
+    assert ref() is None and alloc.stats().in_use == 0
+
+
+def test_a_pool_refuses_a_negative_size_and_a_foreign_buffer_type():
+    alloc = HostAllocator(64 * MIB)
+    with pytest.raises(ValueError, match="negative"):
+        alloc.allocate(-1)
+    with pytest.raises(TypeError, match="BufferBase"):
+        Pool(Ledger(), "bad", False, alloc._reserve, alloc._release_block, dict)

@@ -1,32 +1,29 @@
 """Buffer: a range of device memory (CUDA: a CUdeviceptr; Metal: an MTLBuffer).
 
-A buffer knows the allocator (and pool) it came from and goes back there when released,
+A buffer knows the pool its block came from and goes back there when released,
 explicitly or when the last reference to it dies. Buffers imported from another framework
-(DLPack) have no allocator: releasing one drops the reference that keeps the foreign
-memory alive.
+(DLPack) have no pool: releasing one drops the reference that keeps the foreign memory
+alive.
+
+The fields and the finalizer are native (``BufferBase``, hal/native/blocks.cc): every op
+makes and frees a buffer, and a Python ``__init__`` and ``__del__`` cost more than the
+rest of the allocation (docs/cuda_notes.md v23). The methods are here.
 """
 
 from __future__ import annotations
 
+from ._native import BufferBase
 
-class Buffer:
+
+class Buffer(BufferBase):
     """``nbytes`` usable bytes at ``offset`` bytes into the backend object ``handle``.
 
     ``capacity`` is the size of the block actually reserved (a size class), ``pool`` the
     pool that block returns to. ``owner`` keeps foreign memory alive for imported buffers.
-    Backends subclass this to add what their dispatch needs (CUDA: the device address).
+    Backends subclass this (with ``__slots__ = ()``) to add methods (Metal: ``host_view``).
     """
 
-    __slots__ = ("handle", "offset", "nbytes", "capacity", "pool", "owner", "__weakref__")
-
-    def __init__(self, handle, nbytes: int, capacity: int, pool=None, offset: int = 0,
-                 owner=None):
-        self.handle = handle
-        self.offset = offset
-        self.nbytes = nbytes
-        self.capacity = capacity
-        self.pool = pool
-        self.owner = owner
+    __slots__ = ()
 
     def view(self, offset: int, nbytes: int) -> Buffer:
         """The bytes ``[offset, offset + nbytes)`` of this buffer, sharing its memory (the view
@@ -45,14 +42,6 @@ class Buffer:
         pool, self.pool, self.owner = self.pool, None, None
         if pool is not None:
             pool.give_back(self.handle, self.capacity)
-
-    def __del__(self):
-        try:  # release(), inline: every array an op makes ends here
-            pool = self.pool
-            if pool is not None:
-                pool.give_back(self.handle, self.capacity)
-        except Exception:  # never raise from a finalizer (e.g. at interpreter exit)
-            pass
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.nbytes} bytes)"
