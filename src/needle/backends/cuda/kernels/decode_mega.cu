@@ -77,14 +77,6 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(CT) : "memory");
 }
-__device__ __forceinline__ u32 ld_acquire(const unsigned* p) {
-  u32 v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release(unsigned* p, u32 v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
 // a value another group wrote in this launch: read from L2, never from a stale L1 line
 template <class T> __device__ __forceinline__ float ld_fresh(const T* p) {
   T v;
@@ -101,23 +93,31 @@ __device__ __forceinline__ void stamp(u64* stamps, i64 i) {
   }
 }
 
-// every consumer thread of every group waits until all have arrived; sync[0] counts the
-// arrivals (the last one sets it back to 0), sync[1] is the generation (read at launch)
-__device__ __forceinline__ void grid_barrier(unsigned* sync, u32& gen, int flags) {
+// every consumer thread of every group waits until all have arrived. sync (8 bytes) is one
+// 64-bit count of arrivals that only grows: thread 0 of each group adds 1 with a release
+// reduction (cumulative: it publishes the writes its group made before consumers_sync)
+// and polls the count with acquire loads until it reaches this barrier's multiple of the
+// group count. ~1.1 us a barrier against 2.15 for the last-arriver reset-and-release
+// version this replaced (scripts/probe_stream.py, docs/cuda_notes.md v24).
+__device__ __forceinline__ u64 barrier_base(const unsigned* sync) {
+  // every barrier of earlier launches is complete, and none of this launch's can be
+  // before every group has read the count: the count is a multiple of gridDim.x plus the
+  // first barrier's early arrivals
+  const u64 v = *reinterpret_cast<const volatile u64*>(sync);
+  return v - v % gridDim.x;
+}
+__device__ __forceinline__ void grid_barrier(unsigned* sync, u64& target, int flags) {
   consumers_sync();
   if (flags & 2) return;
+  target += gridDim.x;
   if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(sync, 1u) == gridDim.x - 1) {
-      atomicExch(sync, 0u);
-      __threadfence();
-      st_release(sync + 1, gen + 1);
-    } else {
-      while (ld_acquire(sync + 1) == gen) {
-      }
-    }
+    u64* count = reinterpret_cast<u64*>(sync);
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;\n" ::"l"(count) : "memory");
+    u64 v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(count) : "memory");
+    } while (v < target);
   }
-  gen++;
   consumers_sync();
 }
 
@@ -534,7 +534,8 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
       produce<T, D>(layers, p, ring);
     return;
   }
-  u32 gen = tid == 0 ? ld_acquire(sync + 1) : 0u, q = 0;
+  u64 gen = tid == 0 ? barrier_base(sync) : 0;  // the barriers' target count
+  u32 q = 0;
   const i64 H = p.hidden, I = p.inter, n = pos + 1;
   i64 per = (n + p.splits - 1) / p.splits;
   per = per < MIN_RANGE ? MIN_RANGE : per;
