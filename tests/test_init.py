@@ -82,3 +82,21 @@ def test_one_hot(device):
     np.testing.assert_array_equal(hot.numpy(), expected)
     with pytest.raises(ShapeError, match="labels"):
         init.one_hot(3, [0, 3])
+
+
+def test_one_hot_reuses_its_class_ids_on_a_device():
+    """A loss calls one_hot every step: the 0..n-1 row it compares against is made once per
+    (n, device, dtype), not copied from the host each time."""
+    from needle import backend_ndarray as nd
+
+    dev = nd.cpu()
+    labels = nd.array(np.array([2, 0, 1, 2]), device=dev, dtype="int64")
+    init._class_ids.cache_clear()
+    first = init.one_hot(3, labels, device=dev).numpy()
+    again = init.one_hot(3, labels, device=dev).numpy()
+    np.testing.assert_array_equal(first, np.eye(3, dtype=np.float32)[[2, 0, 1, 2]])
+    np.testing.assert_array_equal(again, first)
+    info = init._class_ids.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+    other = init.one_hot(4, nd.array(np.array([3]), device=dev, dtype="int32"), device=dev)
+    np.testing.assert_array_equal(other.numpy(), [[0, 0, 0, 1]])

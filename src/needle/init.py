@@ -9,6 +9,7 @@ masks, data shuffling, augmentation) repeatable.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -121,14 +122,21 @@ def one_hot(n: int, i, device=None, dtype="float32", requires_grad: bool = False
         i = i.realize_cached_data()
     if isinstance(i, NDArray):
         device = device or i.device
-        classes = NDArray(np.arange(n, dtype=np.int64), device=device, dtype=i.dtype)
-        hot = i.to(device).reshape(i.shape + (1,)) == classes
+        hot = i.to(device).reshape(i.shape + (1,)) == _class_ids(n, device, i.dtype)
         return Tensor(hot.astype(canonical(dtype)), requires_grad=requires_grad)
     labels = np.asarray(i)
     if labels.size and (labels.min() < 0 or labels.max() >= n):
         raise ShapeError(f"one_hot: labels must lie in [0, {n}), got values "
                          f"{labels.min()}..{labels.max()}")
     return _tensor(np.eye(n, dtype=np.float32)[labels], device, dtype, requires_grad)
+
+
+@functools.lru_cache(maxsize=32)
+def _class_ids(n: int, device, dtype: str) -> NDArray:
+    """0..n-1 on ``device``, made once per (n, device, dtype): a training loop's loss calls
+    one_hot every step, and each new copy from the host cost an upload (and on CUDA a wait
+    for the stream). Never written to: one_hot only compares against it."""
+    return NDArray(np.arange(n, dtype=np.int64), device=device, dtype=dtype)
 
 
 def _fan_shape(fan_in: int, fan_out: int, shape) -> tuple[int, ...]:

@@ -64,6 +64,8 @@ _RAW_ALIGN = 64  # CUtensorMap's alignment; every raw argument starts on such a 
 _RAW_SCRATCH = 1024
 _PINNED_SLOT = 256  # copy_to_host_later: reads this small go through page-locked slots
 _PINNED_SLOTS = 64
+_UPLOAD_SLOT = 16384  # uploads this small go through page-locked slots (see _UploadRing)
+_UPLOAD_SLOTS = 32
 
 
 class _PendingRead:
@@ -80,6 +82,49 @@ class _PendingRead:
             self._data = self._view.copy()  # the slot may be reused once this returns
             self._event = self._view = None
         return self._data
+
+
+class _UploadRing:
+    """Page-locked slots for small host-to-device copies.
+
+    A copy from pageable memory makes the driver wait for the stream's queued work first
+    (CUDA's "API synchronization behavior": a stream sync before a pageable host-to-device
+    transfer), so an eager step that uploads a few bytes (SoftmaxLoss's class indices, a
+    label batch) waited for the GPU every time. Copied into a page-locked slot first, the
+    transfer is queued like a kernel. A slot is reused only after the event recorded with
+    its last copy, normally long done (32 uploads ago). The eager MLP and GPT steps did not
+    get faster (they are host-bound: the device is idle when the loss uploads); the wait
+    costs where the device runs behind the host (docs/training_notes.md).
+    """
+
+    def __init__(self, queue: CudaQueue):
+        self._queue = queue
+        size = _UPLOAD_SLOT * _UPLOAD_SLOTS
+        self._address = int(check(cu.cuMemHostAlloc(size, 0), "cuMemHostAlloc"))
+        self._memory = np.frombuffer((ctypes.c_ubyte * size).from_address(self._address),
+                                     np.uint8)
+        self._events: list[CudaEvent | None] = [None] * _UPLOAD_SLOTS
+        self._next = 0
+
+    def upload(self, address: int, src: np.ndarray) -> None:
+        slot = self._next
+        self._next = (slot + 1) % _UPLOAD_SLOTS
+        event = self._events[slot]
+        if event is None:
+            event = self._events[slot] = self._queue.event()
+        else:
+            event.synchronize()  # the slot's last copy has left it
+        start = slot * _UPLOAD_SLOT
+        self._memory[start:start + src.nbytes] = src.reshape(-1).view(np.uint8)
+        check(cu.cuMemcpyHtoDAsync(address, self._address + start, src.nbytes,
+                                   self._queue.stream), "cuMemcpyHtoDAsync")
+        event.record()
+
+    def __del__(self):
+        try:
+            cu.cuMemFreeHost(self._address)
+        except Exception:  # never raise from a finalizer (e.g. at interpreter exit)
+            pass
 
 
 class CudaEvent(Event):
@@ -158,6 +203,7 @@ class CudaQueue(Queue):
         self._pdl_config = None  # the CUlaunchConfig of PDL launches, made at the first use
         self._pinned = None  # page-locked slots of copy_to_host_later, made at the first use
         self._pinned_reads: list = [None] * _PINNED_SLOTS
+        self._uploads: _UploadRing | None = None  # made at the first small upload
         self._pinned_next = 0
 
     # --- launches ------------------------------------------------------------------------
@@ -285,6 +331,11 @@ class CudaQueue(Queue):
     # --- copies --------------------------------------------------------------------------
     def _upload(self, dst, dst_offset: int, src: np.ndarray) -> None:
         address = dst.handle + dst.offset + dst_offset
+        if src.nbytes <= _UPLOAD_SLOT:  # without waiting for the stream (_UploadRing)
+            if self._uploads is None:
+                self._uploads = _UploadRing(self)
+            self._uploads.upload(address, src)
+            return
         check(cu.cuMemcpyHtoDAsync(address, src.ctypes.data, src.nbytes, self.stream),
               "cuMemcpyHtoDAsync")
 
