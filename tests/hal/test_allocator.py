@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 
 import pytest
 
@@ -192,3 +193,25 @@ def test_a_pool_refuses_a_negative_size_and_a_foreign_buffer_type():
         alloc.allocate(-1)
     with pytest.raises(TypeError, match="BufferBase"):
         Pool(Ledger(), "bad", False, alloc._reserve, alloc._release_block, dict)
+
+
+def test_an_uninitialized_pool_raises_instead_of_crashing():
+    pool = Pool.__new__(Pool)
+    with pytest.raises(RuntimeError, match="never initialized"):
+        pool.allocate(16)
+    with pytest.raises(RuntimeError, match="never initialized"):
+        pool.give_back(123, 512)
+    with pytest.raises(RuntimeError, match="never initialized"):
+        pool.empty()
+    with pytest.raises(RuntimeError, match="never initialized"):
+        _ = pool.free
+    reports = []
+    previous, sys.unraisablehook = sys.unraisablehook, reports.append
+    try:
+        buf = Buffer(5, 8, 512)
+        buf.pool = pool  # its finalizer reports the refusal as unraisable, and goes on
+        del buf
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    assert len(reports) == 1 and isinstance(reports[0].exc_value, RuntimeError)

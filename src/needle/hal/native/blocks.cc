@@ -197,6 +197,13 @@ struct PoolObject {
   FreeLists* free;
 };
 
+// Pool.__new__ without __init__ leaves no state: refuse to use it rather than crash
+bool ready(PoolObject* pool) {
+  if (pool->free != nullptr) return true;
+  PyErr_SetString(PyExc_RuntimeError, "this Pool was never initialized (Pool(ledger, ...))");
+  return false;
+}
+
 PyObject* call_release(PoolObject* pool, PyObject* handle, long long capacity) {
   if (pool->release == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "this pool was cleared by the garbage collector");
@@ -207,6 +214,10 @@ PyObject* call_release(PoolObject* pool, PyObject* handle, long long capacity) {
 
 // A block comes back: cached, or (a closed pool) handed to the device. Steals handle.
 int take_back(PoolObject* pool, PyObject* handle, long long capacity) {
+  if (!ready(pool)) {
+    Py_DECREF(handle);
+    return -1;
+  }
   pool->ledger->in_use -= capacity;
   if (!pool->closed) {
     (*pool->free)[capacity].push_back(handle);
@@ -247,6 +258,7 @@ PyObject* make_buffer(PoolObject* pool, PyObject* handle, long long nbytes,
 // Pool.allocate(nbytes): a buffer of at least nbytes, from a cached block when one fits.
 PyObject* pool_allocate(PyObject* obj, PyObject* arg) {
   auto* pool = reinterpret_cast<PoolObject*>(obj);
+  if (!ready(pool)) return nullptr;
   long long nbytes = PyLong_AsLongLong(arg);
   if (nbytes == -1 && PyErr_Occurred()) return nullptr;
   if (nbytes < 0) {
@@ -291,6 +303,7 @@ PyObject* pool_give_back(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
 // Return every cached block to the device (the lists are emptied first: release may run
 // Python code that frees more buffers into this pool).
 int pool_empty_lists(PoolObject* pool) {
+  if (!ready(pool)) return -1;
   FreeLists lists;
   lists.swap(*pool->free);
   int status = 0;
@@ -319,6 +332,7 @@ PyObject* pool_close(PyObject* obj, PyObject*) {
 
 PyObject* pool_free(PyObject* obj, void*) {
   auto* pool = reinterpret_cast<PoolObject*>(obj);
+  if (!ready(pool)) return nullptr;
   PyObject* out = PyDict_New();
   if (out == nullptr) return nullptr;
   for (auto& [capacity, handles] : *pool->free) {
