@@ -8,6 +8,7 @@ import torch
 
 import needle as ndl
 from needle import init, nn
+from needle.backends.api import has
 
 from ..conftest import assert_close
 
@@ -75,6 +76,30 @@ def test_softmax_loss_and_gradient(device, rng):
     assert_close(loss2, ref_loss.detach().numpy(), "float32", "reduction")
     with pytest.raises(ndl.ShapeError, match="labels"):
         nn.SoftmaxLoss()(t, ndl.Tensor(labels[:3], device=device))
+
+
+def test_out_of_range_labels_raise_on_host_and_poison_the_loss_on_a_gpu(device, rng):
+    """Host labels are checked at once; labels on a GPU are not read back (that would stall
+    the device), so each out-of-range label makes its loss NaN instead of a wrong number."""
+    logits = rng.standard_normal((5, 4)).astype(np.float32)
+    good = np.array([0, 3, 1, 2, 3])
+    bad = np.array([0, 4, 1, -1, 3])
+    t = tensor(logits, device)
+    ref = torch.nn.functional.cross_entropy(torch_t(logits), torch.tensor(good)).item()
+    assert_close(nn.SoftmaxLoss()(t, ndl.Tensor(good, device=device)), ref, "float32",
+                 "reduction")
+    labels = ndl.Tensor(bad, device=device)
+    if has(device.backend, "host_memory"):
+        with pytest.raises(ndl.IndexOutOfRangeError, match="label"):
+            nn.SoftmaxLoss()(t, labels)
+        return
+    assert np.isnan(nn.SoftmaxLoss()(t, labels).numpy())
+    per_row = nn.CrossEntropyLoss(reduction="none")(t, labels).numpy()
+    np.testing.assert_array_equal(np.isnan(per_row), (bad < 0) | (bad >= 4))
+    finite = ~np.isnan(per_row)
+    want = torch.nn.functional.cross_entropy(torch_t(logits), torch.tensor(np.clip(bad, 0, 3)),
+                                             reduction="none").detach().numpy()
+    np.testing.assert_allclose(per_row[finite], want[finite], rtol=1e-5, atol=1e-6)
 
 
 def batchnorm_pair(dim, device, two_d):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import init, ops
 from ..autograd import Tensor
 from ..errors import ArgumentError, ShapeError
-from .nn_basic import Module, SoftmaxLoss, _check_labels
+from .nn_basic import Module, SoftmaxLoss, _check_labels, _label_poison
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -35,11 +35,11 @@ class CrossEntropyLoss(Module):
         if tuple(target.shape) != tuple(logits.shape[:-1]):
             raise ShapeError(f"nn.CrossEntropyLoss: target of shape {tuple(target.shape)} does "
                              f"not match logits of shape {logits.shape}")
-        poison = _check_labels(target, classes)
+        on_device = _check_labels(target, classes)
         hot = init.one_hot(classes, target, device=logits.device, dtype=logits.dtype)
         losses = ops.logsumexp(logits, axes=(last,)) - ops.summation(logits * hot, axes=(last,))
-        if poison is not None:
-            losses = losses + poison
+        if on_device:  # NaN for each out-of-range label's loss
+            losses = losses + _label_poison(hot, tuple(losses.shape))
         return losses if self.reduction == "none" else ops.summation(losses)
 
 
