@@ -25,19 +25,12 @@
 // The XOR of everything read is stored only if it equals a value it never has, so the
 // loads stay and nothing is written.
 #include "common.cuh"
+#include "grid_count.cuh"
 
 struct Array16 {
   const uint4* p;
   i64 n;  // 16-byte units
 };
-
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // units [lo, hi) of p, read by `lanes` threads of which this is `lane`
 template <int U>
@@ -47,12 +40,12 @@ __device__ __forceinline__ u32 read_run(const uint4* p, i64 lo, i64 hi, i64 lane
   for (; i + (U - 1) * lanes < hi; i += U * lanes) {
     uint4 v[U];
 #pragma unroll
-    for (int u = 0; u < U; u++) v[u] = ld_stream(p + i + u * lanes);
+    for (int u = 0; u < U; u++) v[u] = ld_stream16(p + i + u * lanes);
 #pragma unroll
     for (int u = 0; u < U; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
   for (; i < hi; i += lanes) {
-    uint4 v = ld_stream(p + i);
+    uint4 v = ld_stream16(p + i);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   return acc;
@@ -85,23 +78,11 @@ __device__ __forceinline__ void grid_barrier(unsigned* sync, u32& gen) {
   __syncthreads();
 }
 
-// modes 12, 13: the counter at launch is a multiple of G (every barrier of earlier
-// launches complete) plus this launch's first arrivals: round down (none can pass the
-// first barrier before every group has read it)
-__device__ __forceinline__ u64 counter_base(const u64* counter) {
-  const u64 v = *reinterpret_cast<const volatile u64*>(counter);
-  return v - v % gridDim.x;
-}
+// modes 12, 13: grid_count.cuh's barrier
 __device__ __forceinline__ void grid_barrier_counted(u64* counter, u64& target) {
   __syncthreads();
   target += gridDim.x;
-  if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u64 [%0], 1;\n" ::"l"(counter) : "memory");
-    u64 v;
-    do {
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(counter) : "memory");
-    } while (v < target);
-  }
+  if (threadIdx.x == 0) grid_count_wait(counter, target);
   __syncthreads();
 }
 
@@ -113,14 +94,21 @@ __device__ __forceinline__ void warp_slice(const Array16& arr, i64& lo, i64& hi)
   hi = glo + (w + 1) * (ghi - glo) / W;
 }
 
+// U loads a lane of units [lo, hi) of p (zeros past hi): a warp's first batch
+template <int U>
+__device__ __forceinline__ void loads(const uint4* p, i64 lo, i64 hi, uint4 (&v)[U]) {
+  const i64 l = threadIdx.x % 32;
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    v[u] = lo + l + u * 32 < hi ? ld_stream16(p + lo + l + u * 32) : make_uint4(0, 0, 0, 0);
+}
+
+// the first batch of this warp's slice of an array (modes 5, 7)
 template <int U>
 __device__ __forceinline__ void first_loads(const Array16& arr, uint4 (&v)[U]) {
   i64 lo, hi;
   warp_slice(arr, lo, hi);
-  const i64 l = threadIdx.x % 32;
-#pragma unroll
-  for (int u = 0; u < U; u++)
-    v[u] = lo + l + u * 32 < hi ? ld_stream(arr.p + lo + l + u * 32) : make_uint4(0, 0, 0, 0);
+  loads<U>(arr.p, lo, hi, v);
 }
 
 // L2 prefetches of this warp's slice of an array, one 128-byte line a lane at a time
@@ -138,7 +126,7 @@ __device__ __forceinline__ u32 staged(const Array16* table, int count, bool grid
   u32 acc = 0, gen = *reinterpret_cast<volatile unsigned*>(sync + 1);
   uint4 v[U];
   u64* counter = reinterpret_cast<u64*>(sync + 2);  // 8-byte aligned: sync is
-  u64 target = mode >= 12 ? counter_base(counter) : 0;
+  u64 target = mode >= 12 ? grid_count_base(counter) : 0;
   if (mode == 11 || mode == 12) {
     for (int a = 0; a < count; a++) {
       if (mode == 11) grid_barrier(sync, gen);
@@ -166,14 +154,6 @@ __device__ __forceinline__ u32 staged(const Array16* table, int count, bool grid
 // lane 0 claims `chunk` units of a counter; the caller broadcasts the result later
 __device__ __forceinline__ u32 claim(unsigned* counter, i64 chunk) {
   return threadIdx.x % 32 == 0 ? atomicAdd(counter, static_cast<u32>(chunk)) : 0u;
-}
-
-template <int U>
-__device__ __forceinline__ void loads(const uint4* p, i64 lo, i64 hi, uint4 (&v)[U]) {
-  const i64 l = threadIdx.x % 32;
-#pragma unroll
-  for (int u = 0; u < U; u++)
-    v[u] = lo + l + u * 32 < hi ? ld_stream(p + lo + l + u * 32) : make_uint4(0, 0, 0, 0);
 }
 
 // modes 8, 9 (counters: ctr[a], zero at launch; group 0 zeroes each after its barrier)

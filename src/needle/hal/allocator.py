@@ -28,7 +28,7 @@ from . import trace
 from ._native import Ledger, Pool, size_class
 from .buffer import Buffer
 
-MIN_BLOCK = 512  # the smallest size class (blocks.cc's size_class has the same)
+MIN_BLOCK = size_class(0)  # the smallest size class (blocks.cc decides it)
 
 __all__ = ["Allocator", "MemoryStats", "Pool", "size_class", "MIN_BLOCK"]
 

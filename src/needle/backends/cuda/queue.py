@@ -68,6 +68,12 @@ _UPLOAD_SLOT = 16384  # uploads this small go through page-locked slots (see _Up
 _UPLOAD_SLOTS = 32
 
 
+def _page_locked(size: int) -> tuple[int, np.ndarray]:
+    """``size`` bytes of page-locked host memory: its address and a uint8 view of it."""
+    address = int(check(cu.cuMemHostAlloc(size, 0), "cuMemHostAlloc"))
+    return address, np.frombuffer((ctypes.c_ubyte * size).from_address(address), np.uint8)
+
+
 class _PendingRead:
     """A read started by copy_to_host_later: calling it waits and returns the bytes."""
 
@@ -99,10 +105,7 @@ class _UploadRing:
 
     def __init__(self, queue: CudaQueue):
         self._queue = queue
-        size = _UPLOAD_SLOT * _UPLOAD_SLOTS
-        self._address = int(check(cu.cuMemHostAlloc(size, 0), "cuMemHostAlloc"))
-        self._memory = np.frombuffer((ctypes.c_ubyte * size).from_address(self._address),
-                                     np.uint8)
+        self._address, self._memory = _page_locked(_UPLOAD_SLOT * _UPLOAD_SLOTS)
         self._events: list[CudaEvent | None] = [None] * _UPLOAD_SLOTS
         self._next = 0
 
@@ -354,10 +357,7 @@ class CudaQueue(Queue):
         if nbytes > _PINNED_SLOT or self.capturing is not None:
             return super().copy_to_host_later(src, src_offset, nbytes)
         if self._pinned is None:
-            size = _PINNED_SLOT * _PINNED_SLOTS
-            address = check(cu.cuMemHostAlloc(size, 0), "cuMemHostAlloc")
-            self._pinned = np.frombuffer((ctypes.c_ubyte * size).from_address(int(address)),
-                                         np.uint8)
+            self._pinned = _page_locked(_PINNED_SLOT * _PINNED_SLOTS)[1]
         slot = self._pinned_next
         self._pinned_next = (slot + 1) % _PINNED_SLOTS
         previous = self._pinned_reads[slot]

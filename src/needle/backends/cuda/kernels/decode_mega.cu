@@ -30,6 +30,7 @@
 // Every group must be resident at once (grid = multiprocessors, one group each): the host
 // launches it only so, and never while another kernel could hold a multiprocessor.
 #include "common.cuh"
+#include "grid_count.cuh"
 #include "mbarrier.cuh"
 #include "tensor_core.cuh"
 
@@ -93,31 +94,13 @@ __device__ __forceinline__ void stamp(u64* stamps, i64 i) {
   }
 }
 
-// every consumer thread of every group waits until all have arrived. sync (8 bytes) is one
-// 64-bit count of arrivals that only grows: thread 0 of each group adds 1 with a release
-// reduction (cumulative: it publishes the writes its group made before consumers_sync)
-// and polls the count with acquire loads until it reaches this barrier's multiple of the
-// group count. ~1.1 us a barrier against 2.15 for the last-arriver reset-and-release
-// version this replaced (scripts/probe_stream.py, docs/cuda_notes.md v24).
-__device__ __forceinline__ u64 barrier_base(const unsigned* sync) {
-  // every barrier of earlier launches is complete, and none of this launch's can be
-  // before every group has read the count: the count is a multiple of gridDim.x plus the
-  // first barrier's early arrivals
-  const u64 v = *reinterpret_cast<const volatile u64*>(sync);
-  return v - v % gridDim.x;
-}
+// every consumer thread of every group waits until all have arrived (grid_count.cuh: sync's
+// 8 bytes are the count, `target` this barrier's value of it)
 __device__ __forceinline__ void grid_barrier(unsigned* sync, u64& target, int flags) {
   consumers_sync();
   if (flags & 2) return;
   target += gridDim.x;
-  if (threadIdx.x == 0) {
-    u64* count = reinterpret_cast<u64*>(sync);
-    asm volatile("red.release.gpu.global.add.u64 [%0], 1;\n" ::"l"(count) : "memory");
-    u64 v;
-    do {
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(count) : "memory");
-    } while (v < target);
-  }
+  if (threadIdx.x == 0) grid_count_wait(sync, target);
   consumers_sync();
 }
 
@@ -534,7 +517,7 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
       produce<T, D>(layers, p, ring);
     return;
   }
-  u64 gen = tid == 0 ? barrier_base(sync) : 0;  // the barriers' target count
+  u64 target = tid == 0 ? grid_count_base(sync) : 0;  // the barriers' count (thread 0)
   u32 q = 0;
   const i64 H = p.hidden, I = p.inter, n = pos + 1;
   i64 per = (n + p.splits - 1) / p.splits;
@@ -554,7 +537,7 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
       qkv[s[0].r0 + i] = store<T>(acc[i] * r);
       acc[i] = 0.f;
     }
-    grid_barrier(sync, gen, flags);
+    grid_barrier(sync, target, flags);
     stamp(stamps, l * 10 + 2);
     // ATT (and MERGE)
     T* keys = static_cast<T*>(L.keys);
@@ -563,11 +546,11 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
       attend<T, D, G>(qkv, cs, sn, keys, values, attn, part_o, part_ml, pos, u, S, per, p, vec);
       consumers_sync();
     }
-    grid_barrier(sync, gen, flags);
+    grid_barrier(sync, target, flags);
     if (S > 1) {
       for (i64 head = blockIdx.x; head < p.q_heads; head += gridDim.x)
         merge<T, D>(part_o, part_ml, attn, head, S, p);
-      grid_barrier(sync, gen, flags);
+      grid_barrier(sync, target, flags);
     }
     stamp(stamps, l * 10 + 3);
     // O
@@ -577,7 +560,7 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
     stamp(stamps, l * 10 + 4);
     consumers_sync();
     add_rows(x, s[0], acc);
-    grid_barrier(sync, gen, flags);
+    grid_barrier(sync, target, flags);
     stamp(stamps, l * 10 + 5);
     // GU
     r = stage_vec(x, H, true, p.eps, vecv, misc);
@@ -592,7 +575,7 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
       hbuf[s[0].r0 + i] = store<T>(g * sigmoid(g) * u);
       acc[i] = acc[nr + i] = 0.f;
     }
-    grid_barrier(sync, gen, flags);
+    grid_barrier(sync, target, flags);
     stamp(stamps, l * 10 + 7);
     // DOWN
     stage_vec(hbuf, I, false, p.eps, vecv, misc);
@@ -601,7 +584,7 @@ __device__ void run(const Layer* layers, T* x, T* qkv, T* attn, T* hbuf, float* 
     stamp(stamps, l * 10 + 8);
     consumers_sync();
     add_rows(x, s[0], acc);
-    if (l + 1 < p.layers) grid_barrier(sync, gen, flags);
+    if (l + 1 < p.layers) grid_barrier(sync, target, flags);
     stamp(stamps, l * 10 + 9);
   }
 }
