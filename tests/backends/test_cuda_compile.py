@@ -117,7 +117,7 @@ def test_kernel_lookup_compiles_the_shard_it_needs(tmp_path, monkeypatch):
     loaded = []
 
     class Loaded:  # stands in for the driver's module load (no GPU here)
-        def __init__(self, unit, image, sm_count):
+        def __init__(self, unit, image, sm_count, context):
             loaded.append(unit)
             self.image = image
 

@@ -468,7 +468,8 @@ def from_dlpack(x, device: Device | None = None) -> NDArray:
         return target.backend.from_dlpack(x, NDArray)
     try:
         host = np.from_dlpack(x)
-    except RuntimeError as e:  # e.g. bfloat16, which numpy's DLPack import does not know
+    except (RuntimeError, BufferError) as e:  # e.g. bfloat16, which numpy's DLPack import
+        # does not know (older numpy raises RuntimeError, newer BufferError)
         raise DTypeError(f"cannot import this array through DLPack ({e}); convert it to "
                          "float32, float16, int32, int64 or bool first") from None
     target = device or cpu_numpy()

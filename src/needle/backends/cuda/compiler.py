@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ...errors import DeviceError, KernelCompileError
 from ...hal import DiskCache, Executable, ExecutableCache, Kernel
-from .driver import check, cu, nvrtc
+from .driver import bind, check, cu, nvrtc
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
 # NEEDLE_CUDA_OPTIONS adds NVRTC options (tuning defines such as -DTC_STAGES=3); they are
@@ -154,8 +154,10 @@ class CudaKernel(Kernel):
 class CudaExecutable(Executable):
     """A CUmodule loaded from a CUBIN (or PTX)."""
 
-    def __init__(self, name: str, image: bytes, sm_count: int):
+    def __init__(self, name: str, image: bytes, sm_count: int, context):
         super().__init__(name)
+        if context is not None:
+            bind(context)  # a kernel first used in another thread loads there
         self.module = check(cu.cuModuleLoadData(image), f"loading kernel module {name}",
                             KernelCompileError)
         self._sm_count = sm_count
@@ -171,8 +173,9 @@ class CudaExecutable(Executable):
 class CudaExecutableCache(ExecutableCache):
     """Kernel files of one CUDA device; CUBINs cached on disk by source, arch and options."""
 
-    def __init__(self, device_name: str, capability: int, sm_count: int):
+    def __init__(self, device_name: str, capability: int, sm_count: int, context=None):
         super().__init__(KERNEL_DIR, ".cu", device_name)
+        self.context = context  # the device's (None: whatever is current when modules load)
         self.arch, self.ptx = target_for(capability)
         self.sm_count = sm_count
         self.disk = DiskCache("cuda")
@@ -190,7 +193,7 @@ class CudaExecutableCache(ExecutableCache):
     def _compile(self, unit: str, source: str) -> Executable:
         pending = self._pending.pop(unit, None)
         image = pending.result() if pending is not None else self._image(unit)
-        return CudaExecutable(unit, image, self.sm_count)
+        return CudaExecutable(unit, image, self.sm_count, self.context)
 
     def precompile_async(self, dtypes, families=None) -> list[str]:
         """Start compiling every shard of ``dtypes`` of ``families`` (default: all) that is
@@ -215,7 +218,7 @@ class CudaExecutableCache(ExecutableCache):
         in its own kernel (codegen.py keeps the compiler from contracting across them)."""
         image = cached_image("fused", source, self.arch, self.ptx, self.disk, None,
                              FUSED_OPTIONS)
-        return CudaExecutable("fused", image, self.sm_count)
+        return CudaExecutable("fused", image, self.sm_count, self.context)
 
     def wait_precompiled(self) -> None:
         """Wait for every compile started by ``precompile_async`` (raising its error)."""

@@ -28,7 +28,7 @@ class CudaDevice(Device):
         dev = check(cu.cuDeviceGet(index), "cuDeviceGet")
         self.cu_device = dev
         self.context = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-        check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        driver.bind(self.context)
         major = _attribute(dev, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR")
         minor = _attribute(dev, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")
         self.capability = 10 * major + minor
@@ -46,8 +46,9 @@ class CudaDevice(Device):
         if self.capability < 70:
             raise DeviceError(f"{self.model} (compute capability {major}.{minor}) is older "
                               "than needle's kernels support (7.0)")
-        self.allocator = CudaAllocator(self.name)
-        self.executables = CudaExecutableCache(self.name, self.capability, self.compute_units)
+        self.allocator = CudaAllocator(self.name, self.context)
+        self.executables = CudaExecutableCache(self.name, self.capability, self.compute_units,
+                                               self.context)
         self.queue = CudaQueue(self)
 
     def describe(self) -> str:

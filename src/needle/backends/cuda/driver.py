@@ -42,6 +42,17 @@ def check(ret, what: str, error: type[Exception] = DeviceError):
     return ret[1] if len(ret) == 2 else ret[1:]
 
 
+def bind(context) -> None:
+    """Make ``context`` the calling thread's current context. The driver calls that name no
+    handle to take it from (allocating device or page-locked memory, creating an event,
+    loading a module, instantiating a graph) act on the thread's current context, and a
+    thread other than the one that opened the device has none (CUDA_ERROR_INVALID_CONTEXT).
+    One cuCtxGetCurrent where it is already current (another library may have changed it)."""
+    current = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if int(current) != int(context):
+        check(cu.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+
+
 _initialized: str | None = None
 
 

@@ -35,7 +35,7 @@ import numpy as np
 from ...errors import DeviceError, KernelLaunchError
 from ...hal import CommandBuffer, Event, Queue, trace
 from ...hal.queue import locked
-from .driver import check, cu, error_text
+from .driver import bind, check, cu, error_text
 
 try:
     from . import _launch as _native
@@ -68,8 +68,9 @@ _UPLOAD_SLOT = 16384  # uploads this small go through page-locked slots (see _Up
 _UPLOAD_SLOTS = 32
 
 
-def _page_locked(size: int) -> tuple[int, np.ndarray]:
+def _page_locked(size: int, context) -> tuple[int, np.ndarray]:
     """``size`` bytes of page-locked host memory: its address and a uint8 view of it."""
+    bind(context)
     address = int(check(cu.cuMemHostAlloc(size, 0), "cuMemHostAlloc"))
     return address, np.frombuffer((ctypes.c_ubyte * size).from_address(address), np.uint8)
 
@@ -105,7 +106,8 @@ class _UploadRing:
 
     def __init__(self, queue: CudaQueue):
         self._queue = queue
-        self._address, self._memory = _page_locked(_UPLOAD_SLOT * _UPLOAD_SLOTS)
+        self._address, self._memory = _page_locked(_UPLOAD_SLOT * _UPLOAD_SLOTS,
+                                                   queue.device.context)
         self._events: list[CudaEvent | None] = [None] * _UPLOAD_SLOTS
         self._next = 0
 
@@ -133,6 +135,7 @@ class _UploadRing:
 class CudaEvent(Event):
     def __init__(self, queue: CudaQueue):
         self._queue = queue
+        bind(queue.device.context)
         self.event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
 
     def record(self) -> None:
@@ -357,7 +360,7 @@ class CudaQueue(Queue):
         if nbytes > _PINNED_SLOT or self.capturing is not None:
             return super().copy_to_host_later(src, src_offset, nbytes)
         if self._pinned is None:
-            self._pinned = _page_locked(_PINNED_SLOT * _PINNED_SLOTS)[1]
+            self._pinned = _page_locked(_PINNED_SLOT * _PINNED_SLOTS, self.device.context)[1]
         slot = self._pinned_next
         self._pinned_next = (slot + 1) % _PINNED_SLOTS
         previous = self._pinned_reads[slot]
@@ -418,5 +421,6 @@ class CudaQueue(Queue):
     def _end_capture(self, graph: CudaGraph) -> None:
         graph.graph = check(cu.cuStreamEndCapture(self.stream), "capturing a graph",
                             KernelLaunchError)
+        bind(self.device.context)
         graph.exec = check(cu.cuGraphInstantiate(graph.graph, 0), "cuGraphInstantiate",
                            KernelLaunchError)

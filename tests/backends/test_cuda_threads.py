@@ -1,0 +1,61 @@
+"""A CUDA device used from a thread other than the one that opened it: the driver calls
+that act on the thread's current context (allocation, events, page-locked memory, loading a
+module, instantiating a graph) bind the device's context first. Run in a fresh process so
+that every one of them happens for the first time in the worker thread."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import needle.backend_ndarray as nd
+
+DEV = nd.cuda(0)
+pytestmark = pytest.mark.skipif(not DEV.enabled(), reason=f"cuda disabled: {DEV.reason}")
+
+_SCRIPT = r"""
+import threading
+import numpy as np
+import needle as ndl
+from needle import backend_ndarray as nd
+
+dev = nd.cuda(0)
+dev.enabled()  # the device (and its context) opened in the main thread
+out = {}
+
+def work():
+    try:
+        x = nd.array(np.arange(6, dtype=np.float32).reshape(2, 3), device=dev)  # upload ring
+        y = (x @ x.permute((1, 0))).exp().sum()  # kernels loaded in this thread
+        big = nd.array(np.ones((1 << 20,), np.float32), device=dev)  # a pool miss
+        ev = dev.backend.queue.event()
+        ev.record()
+        ev.synchronize()
+        step = ndl.compile(lambda a: (a * 2.0 + 1.0).sum())
+        t = ndl.Tensor(np.ones((4, 4), np.float32), device=dev)
+        got = [float(step(t).numpy()) for _ in range(3)]  # captured and replayed
+        out["ok"] = (float(y.numpy()), float(big.sum().numpy()), got)
+    except Exception as e:
+        out["error"] = repr(e)
+
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(out)
+"""
+
+
+def test_a_worker_thread_allocates_uploads_loads_and_captures():
+    result = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = eval(result.stdout.strip().splitlines()[-1])  # noqa: S307 - our own printed dict
+    assert "error" not in out, out["error"]
+    x = np.arange(6, dtype=np.float64).reshape(2, 3)
+    y, big, got = out["ok"]
+    assert abs(y - np.exp(x @ x.T).sum()) <= 1e-4 * np.exp(x @ x.T).sum()
+    assert big == float(1 << 20)
+    assert got == [48.0, 48.0, 48.0]
