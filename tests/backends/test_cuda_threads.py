@@ -5,6 +5,7 @@ that every one of them happens for the first time in the worker thread."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -52,7 +53,7 @@ def test_a_worker_thread_allocates_uploads_loads_and_captures():
     result = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    out = eval(result.stdout.strip().splitlines()[-1])  # noqa: S307 - our own printed dict
+    out = ast.literal_eval(result.stdout.strip().splitlines()[-1])
     assert "error" not in out, out["error"]
     x = np.arange(6, dtype=np.float64).reshape(2, 3)
     y, big, got = out["ok"]
