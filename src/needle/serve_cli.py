@@ -80,6 +80,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if not Path(args.model_dir).exists():  # before the extra's check: fix the path first
+        print(f"needle serve: {args.model_dir} does not exist; pass a Hugging Face model "
+              "directory or a .gguf file", file=sys.stderr)
+        return 1
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
