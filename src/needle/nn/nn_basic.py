@@ -308,7 +308,7 @@ class SoftmaxLoss(Module):
         labels = y if len(y.shape) == 1 else ops.reshape(y, (-1,))
         hot = init.one_hot(classes, labels, device=logits.device, dtype=logits.dtype)
         loss = ops.softmax_cross_entropy(rows, hot)
-        return loss + _label_poison(hot, ()) if on_device else loss
+        return loss + _label_poison(hot) if on_device else loss
 
 
 def _check_labels(y, classes: int) -> bool:
@@ -335,15 +335,15 @@ def _check_labels(y, classes: int) -> bool:
     return True
 
 
-def _label_poison(hot, shape: tuple[int, ...]):
-    """0, or NaN where a label was out of range, of ``shape`` (() for the whole batch, else
-    the labels' shape), from the one-hot rows the loss uses: a row of a valid label sums to
-    1, of any other label to 0, and 0 * log(sum) is 0 or 0 * -inf = NaN. Four small kernels
-    and no host read (an earlier form compared the labels with both bounds: ~12)."""
+def _label_poison(hot, per_label: bool = False):
+    """0, or NaN where a label was out of range (one scalar for the batch, or per_label: one
+    a label, the labels' shape), from the one-hot rows the loss uses: a row of a valid label
+    sums to 1, of any other label to 0, and 0 * log(sum) is 0 or 0 * -inf = NaN. Four small
+    kernels and no host read (an earlier form compared the labels with both bounds: ~12)."""
     counts = hot.realize_cached_data().sum(axis=len(hot.shape) - 1)
     poison = counts.log() * 0.0
-    poison = poison.sum() if shape == () else poison.reshape(shape)
-    return Tensor(poison.astype("float32"), requires_grad=False)
+    return Tensor((poison if per_label else poison.sum()).astype("float32"),
+                  requires_grad=False)
 
 
 class _BatchNorm(Module):

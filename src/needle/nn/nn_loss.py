@@ -39,7 +39,7 @@ class CrossEntropyLoss(Module):
         hot = init.one_hot(classes, target, device=logits.device, dtype=logits.dtype)
         losses = ops.logsumexp(logits, axes=(last,)) - ops.summation(logits * hot, axes=(last,))
         if on_device:  # NaN for each out-of-range label's loss
-            losses = losses + _label_poison(hot, tuple(losses.shape))
+            losses = losses + _label_poison(hot, per_label=True)
         return losses if self.reduction == "none" else ops.summation(losses)
 
 

@@ -108,17 +108,14 @@ class _UploadRing:
         self._queue = queue
         self._address, self._memory = _page_locked(_UPLOAD_SLOT * _UPLOAD_SLOTS,
                                                    queue.device.context)
-        self._events: list[CudaEvent | None] = [None] * _UPLOAD_SLOTS
+        self._events = [queue.event() for _ in range(_UPLOAD_SLOTS)]
         self._next = 0
 
     def upload(self, address: int, src: np.ndarray) -> None:
         slot = self._next
         self._next = (slot + 1) % _UPLOAD_SLOTS
         event = self._events[slot]
-        if event is None:
-            event = self._events[slot] = self._queue.event()
-        else:
-            event.synchronize()  # the slot's last copy has left it
+        event.synchronize()  # the slot's last copy has left it (never recorded: no wait)
         start = slot * _UPLOAD_SLOT
         self._memory[start:start + src.nbytes] = src.reshape(-1).view(np.uint8)
         check(cu.cuMemcpyHtoDAsync(address, self._address + start, src.nbytes,
