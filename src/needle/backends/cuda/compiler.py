@@ -119,11 +119,16 @@ def compile_source(source: str, family: str, arch: str, ptx: bool = False,
 
 
 class CudaKernel(Kernel):
-    """A CUfunction and its limits, from the driver's attribute and occupancy queries."""
+    """A CUfunction and its limits, from the driver's attribute and occupancy queries.
+    The occupancy queries and cuFuncSetAttribute act on the calling thread's current context,
+    so each binds the device's first (a kernel may be looked up or first sized in a thread
+    other than the one that loaded its module)."""
 
-    __slots__ = ("_sm_count", "_shared_reserved", "address", "cluster_width")
+    __slots__ = ("_context", "_sm_count", "_shared_reserved", "address", "cluster_width")
 
-    def __init__(self, name: str, function, sm_count: int):
+    def __init__(self, name: str, function, sm_count: int, context=None):
+        self._context = context
+        self._bind()
         attr = cu.CUfunction_attribute
         max_threads = int(check(cu.cuFuncGetAttribute(
             attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function), "cuFuncGetAttribute"))
@@ -138,13 +143,19 @@ class CudaKernel(Kernel):
             attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, function), "cuFuncGetAttribute")
         self.cluster_width = max(1, int(width))
 
+    def _bind(self) -> None:
+        if self._context is not None:
+            bind(self._context)
+
     def _occupancy(self, threads: int, shared_bytes: int) -> int:
+        self._bind()  # once per (threads, shared bytes): the HAL keeps the answer
         per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
             self.handle, threads, shared_bytes), f"occupancy of {self.name}")
         return int(per_sm) * self._sm_count
 
     def reserve_shared(self, shared_bytes: int) -> None:
         if shared_bytes > self._shared_reserved:
+            self._bind()
             attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(cu.cuFuncSetAttribute(self.handle, attr, shared_bytes),
                   f"reserving {shared_bytes} bytes of shared memory for {self.name}")
@@ -156,6 +167,7 @@ class CudaExecutable(Executable):
 
     def __init__(self, name: str, image: bytes, sm_count: int, context):
         super().__init__(name)
+        self._context = context
         if context is not None:
             bind(context)  # a kernel first used in another thread loads there
         self.module = check(cu.cuModuleLoadData(image), f"loading kernel module {name}",
@@ -167,7 +179,7 @@ class CudaExecutable(Executable):
         if ret[0] != 0:
             raise KernelCompileError(f"kernel {name} is not in {self.name}.cu (the ABI in "
                                      "docs/kernels.md lists every kernel name)")
-        return CudaKernel(name, ret[1], self._sm_count)
+        return CudaKernel(name, ret[1], self._sm_count, self._context)
 
 
 class CudaExecutableCache(ExecutableCache):
