@@ -53,9 +53,11 @@ def main() -> None:
     if hasattr(be, "profile"):
         # a replayed graph shows the profiler no kernels: profile an eager prefill
         limit, decoder.prefills.limit = decoder.prefills.limit, 0
-        with be.profile() as prof:
-            decoder.prefill(prompt)
-        decoder.prefills.limit = limit
+        try:
+            with be.profile() as prof:
+                decoder.prefill(prompt)
+        finally:
+            decoder.prefills.limit = limit
         print("  eager prefill, profiled:")
         print(f"  device (sum of kernel times) {prof.total_ms:.2f} ms, "
               f"{sum(k.calls for k in prof.totals.values())} kernels")
