@@ -32,6 +32,25 @@ def test_cuda_tuning_from_the_device_and_the_environment():
         CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_TMA_TILE": "96"})
 
 
+def test_float32_on_fp64_tensor_cores_follows_the_model_and_the_environment():
+    """On by default only for sm_90 parts whose FP64 tensor cores run at full rate (the
+    export parts' ~1 TFLOP/s would make every large float32 product 50x slower)."""
+    from needle.backends.cuda.tuning import CudaTuning
+
+    def on(capability, arch, model, **env):
+        return CudaTuning.for_device(capability, arch, env=env, model=model).f32_on_f64
+
+    assert on(90, "sm_90a", "NVIDIA H100 80GB HBM3")
+    assert on(90, "sm_90a", "NVIDIA GH200 480GB") and on(90, "sm_90a", "NVIDIA H200")
+    assert not on(90, "sm_90a", "NVIDIA H800") and not on(90, "sm_90a", "NVIDIA H20")
+    assert on(90, "sm_90a", "NVIDIA H20", NEEDLE_F32_ON_F64="1")
+    assert not on(90, "sm_90a", "NVIDIA H100 80GB HBM3", NEEDLE_F32_ON_F64="0")
+    assert not on(89, "sm_89", "NVIDIA L4", NEEDLE_F32_ON_F64="1")  # no f64 m16n8k16
+    assert not CudaTuning.for_device(90, "sm_90a", env={}).f32_on_f64  # model unknown
+    with pytest.raises(DeviceError, match="NEEDLE_F32_ON_F64='yes'"):
+        on(90, "sm_90a", "NVIDIA H100", NEEDLE_F32_ON_F64="yes")
+
+
 @pytest.mark.parametrize("m,p,batch,width", [
     (1024, 1024, 1, 64),     # 32 tiles of 128x256 for 132 SMs; 128 tiles of 128x64: one wave
     (4096, 4096, 1, 256),    # 512 wide tiles: 4 waves; narrower ones need as many columns more

@@ -47,6 +47,7 @@ _SAMPLE = struct.Struct("4q")
 _SAMPLE_WARP_BINS = 32 * 256 * 8  # the selects' per-warp bins (sampling.cu)
 _SAMPLE_THREADS = 1024
 _SAMPLE_STATIC = 8192  # sampling.cu's static shared memory (6.7 KiB), rounded up
+DMMA_SHARED = 3 * 2 * 128 * 68 * 4  # sgemm_dmma.cuh's SHARED_BYTES: 3 stages of A and B
 _TMA_PLANS = 256  # launch plans kept by _tma_gemm and routes by matmul (emptied when full)
 
 
@@ -61,7 +62,8 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
     wide_column_reduce = True  # reduce.cu's reduce_wide (gpu/reduce.py)
 
     def __init__(self, device, tuning: CudaTuning | None = None):
-        tuning = tuning or CudaTuning.for_device(device.capability, device.executables.arch)
+        tuning = tuning or CudaTuning.for_device(device.capability, device.executables.arch,
+                                                 model=device.model)
         super().__init__(device, "cuda", tuning)
         device.queue.pdl = tuning.pdl
         caps = set(self.capabilities)
@@ -155,6 +157,9 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
         if dt == "float32" and self._tf32(a, b, out, m, n, p, batch, stride_a, stride_b, ta,
                                           tb):
             return True
+        if dt == "float32" and self._f32_on_f64(a, b, out, m, n, p, batch, stride_a, stride_b,
+                                                ta, tb):
+            return True
         if not tc:
             return dt == "float32" and (
                 self._split_k_f32(a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb)
@@ -184,6 +189,23 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
         a, stride_a = self._untranspose(a, m, n, batch, stride_a, ta)
         b, stride_b = self._untranspose(b, p, n, batch, stride_b, not tb)
         return bool(self._tma_gemm(a, b, out, m, n, p, batch, stride_a, stride_b, True))
+
+    def _f32_on_f64(self, a, b, out, m, n, p, batch, stride_a, stride_b, ta, tb) -> bool:
+        """A float32 product on FP64 tensor cores (sgemm_dmma.cuh: exact products, float64
+        sums, one rounding; faster than the SIMT kernel on the H100) where its 128 x 128 x
+        64 tiles divide the product and fill the SMs at least twice over (fewer tiles leave
+        the tensor cores idle: 1024^3 runs at 0.67x cuBLAS's SGEMM there, the SIMT kernel
+        at ~1.05x)."""
+        if not (self.tuning.f32_on_f64 and m % 128 == 0 and p % 128 == 0 and n % 64 == 0
+                and DMMA_SHARED <= self.device.max_shared_bytes
+                and n > 0 and (m // 128) * (p // 128) * batch >= 2 * self.device.compute_units
+                and (batch == 1 or stride_a % 4 == 0 and stride_b % 4 == 0)
+                and aligned16(a.buffer) and aligned16(b.buffer) and aligned16(out.buffer)):
+            return False
+        name = f"matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}_dmma_f32"
+        self._matmul_tiles("matmul", name, a, b, out, m, n, p, batch, stride_a, stride_b,
+                           (128, 128), 256, DMMA_SHARED, ta, tb)
+        return True
 
     def _sgemm_f32(self, ta: bool, tb: bool, p: int) -> tuple[str, int]:
         """The SIMT float32 GEMM's name for a product of ``p`` columns, and its tile width:

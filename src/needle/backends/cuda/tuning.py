@@ -22,6 +22,11 @@ Environment overrides (docs/cuda.md lists them):
 - ``NEEDLE_FOLDED_NORM=0``: the decode step keeps its RMSNorms as launches of their own
   (by default a model folds each norm's scale into the next projection's weights at load,
   and one-row products take the norm in the same pass: gemv.py).
+- ``NEEDLE_F32_ON_F64=0|1``: float32 products of whole 128 x 128 tiles on FP64 tensor
+  cores (``sgemm_dmma.cuh``: exact products, float64 sums, one rounding). Default: on for
+  sm_90 devices whose FP64 tensor cores run at full rate (H100, H200, GH200: model names
+  ``F64_FULL_RATE``), off elsewhere (export parts such as the H800 and H20 have ~1 TFLOP/s
+  of FP64); 1 forces it on any sm_90 device.
 - ``NEEDLE_CUDA_OPTIONS``: extra NVRTC options; its ``-DTC_STAGES=``, ``-DWG_STAGES=`` and
   ``-DGEMM_TMA_STAGES=`` defines set pipeline depths that the launches must size shared
   memory for, so they are read here too.
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 from ...errors import DeviceError
 from ..gpu import GpuTuning
 
+F64_FULL_RATE = ("H100", "H200", "GH200")  # sm_90 models with full-rate FP64 tensor cores
 TMA_WIDTHS = (256, 128, 64)  # gemm_tma.cu's N tiles (all 128 rows high)
 TMA_TILE_COST = 64  # a tile's fixed cost in columns of work: its A rows are loaded whatever
 # its width (calibrated on the H100: docs/cuda_notes.md, "TMA GEMM tile widths")
@@ -63,6 +69,7 @@ class CudaTuning(GpuTuning):
     """``capability``/``arch`` decide what the device can run; the rest is choice."""
 
     split_k: bool = True  # float32 products with few output tiles split K over more groups
+    f32_on_f64: bool = False  # float32 products on FP64 tensor cores (sgemm_dmma.cuh): sm_90
     narrow_f32: bool = True  # float32 products of <= 64 columns on 128 x 64 tiles
     attention_simt: bool = True  # float32 attention (head_dim 64, >= 64 query rows) as
     # tiled products (attention_simt.cu) rather than nn.cu's attention_f32
@@ -98,13 +105,21 @@ class CudaTuning(GpuTuning):
     decode_splits: int = 32  # flash decoding: most ranges per KV head (at most 64)
 
     @classmethod
-    def for_device(cls, capability: int, arch: str, env=os.environ) -> CudaTuning:
-        """The tuning for a device of compute ``capability`` whose kernels NVRTC builds for
-        ``arch`` (the executable cache's target), with the environment's overrides."""
+    def for_device(cls, capability: int, arch: str, env=os.environ,
+                   model: str = "") -> CudaTuning:
+        """The tuning for a device of compute ``capability`` (named ``model``) whose kernels
+        NVRTC builds for ``arch`` (the executable cache's target), with the environment's
+        overrides."""
         options = env.get("NEEDLE_CUDA_OPTIONS", "").split()
         target = int("".join(c for c in arch if c.isdigit()))  # sm_90a, compute_89 -> 90, 89
         hopper = arch == "sm_90a" and env.get("NEEDLE_WGMMA", "1") != "0"
+        f64 = env.get("NEEDLE_F32_ON_F64", "")
+        if f64 not in ("", "0", "1"):
+            raise DeviceError(f"NEEDLE_F32_ON_F64={f64!r}: use 1 (float32 products on FP64 "
+                              "tensor cores on any sm_90 device), 0 (never) or leave it unset")
         return cls(mma=capability >= 80, wgmma=hopper, tma=hopper,
+                   f32_on_f64=target >= 90 and (f64 == "1" if f64 else
+                                                any(m in model for m in F64_FULL_RATE)),
                    gemm="wgmma" if env.get("NEEDLE_GEMM") == "wgmma" else "tma",
                    wgmma_tile=env.get("NEEDLE_WGMMA_TILE"),
                    tc_tile=256 if env.get("NEEDLE_TC_TILE", "128") == "256" else 128,

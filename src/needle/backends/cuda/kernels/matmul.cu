@@ -3,6 +3,9 @@
 //    next tile copied (cp.async) or loaded into registers while this one is multiplied
 //    (sgemm.cuh); matmul_{nn,nt,tn,tt}64_f32 the same on 128x64 tiles (8x4 a thread:
 //    CUDA's products of at most 64 columns).
+//  * matmul_{nn,nt,tn,tt}_dmma_f32: float32 products on FP64 tensor cores (sm_90; exact
+//    products, float64 sums, one rounding), 128x128x64 tiles in 3 cp.async stages
+//    (sgemm_dmma.cuh).
 //  * matmul_tc_{f16,bf16} / matmul_tc256_*: tensor cores (mma.sync m16n8k16, fp32
 //    accumulate), cp.async multi-stage pipeline, ldmatrix from XOR-swizzled shared memory.
 //  * matmul_{dt}: any dtype and layout, 16x16 tiles (the fallback).
@@ -50,6 +53,21 @@ ONLY(f32, SGEMM(nn, false, false))
 ONLY(f32, SGEMM(nt, false, true))
 ONLY(f32, SGEMM(tn, true, false))
 ONLY(f32, SGEMM(tt, true, true))
+
+// ================================================= float32 on FP64 tensor cores =========
+#include "sgemm_dmma.cuh"
+
+#define SGEMM_DMMA(NAME, TA, TB)                                                               \
+  extern "C" __global__ void __launch_bounds__(256, 1)                                         \
+      matmul_##NAME##_dmma_f32(const float* __restrict__ a, const float* __restrict__ b,       \
+                               float* __restrict__ out, MatmulParams p) {                      \
+    pdl_entry();                                                                               \
+    dmma::run<TA, TB>(a, b, out, p);                                                           \
+  }
+ONLY(f32, SGEMM_DMMA(nn, false, false))
+ONLY(f32, SGEMM_DMMA(nt, false, true))
+ONLY(f32, SGEMM_DMMA(tn, true, false))
+ONLY(f32, SGEMM_DMMA(tt, true, true))
 
 // ================================================================ tensor cores ============
 namespace tc {
