@@ -198,7 +198,7 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
         at ~1.05x)."""
         if not (self.tuning.f32_on_f64 and m % 128 == 0 and p % 128 == 0 and n % 64 == 0
                 and DMMA_SHARED <= self.device.max_shared_bytes
-                and n > 0 and (m // 128) * (p // 128) * batch >= 2 * self.device.compute_units
+                and (m // 128) * (p // 128) * batch >= 2 * self.device.compute_units
                 and (batch == 1 or stride_a % 4 == 0 and stride_b % 4 == 0)
                 and aligned16(a.buffer) and aligned16(b.buffer) and aligned16(out.buffer)):
             return False

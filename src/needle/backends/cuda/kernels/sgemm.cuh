@@ -34,27 +34,21 @@ __device__ __forceinline__ void fetch_a(const float* A, i64 M, i64 K, i64 kend, 
 #pragma unroll
   for (int i = 0; i < R / 64; i++) {
     const int c = threadIdx.x + i * NT;
+    // the 4 values lie along X's contiguous dimension: entries run..run+3 (of runs) of row
+    // `row` (of rows), rows ld floats apart
+    const i64 gm = !TA ? m0 + c / 4 : m0 + (c % (R / 4)) * 4;
+    const i64 gk = !TA ? k0 + (c % 4) * 4 : k0 + c / (R / 4);
+    const i64 row = TA ? gk : gm, rows = TA ? kend : M, run = TA ? gm : gk;
+    const i64 runs = TA ? M : kend, ld = TA ? M : K;
     float v[4];
-    if (!TA) {
-      const i64 gm = m0 + c / 4, gk = k0 + (c % 4) * 4;
-      if (vec) {
-        float4 x = (gm < M && gk < kend) ? *reinterpret_cast<const float4*>(A + gm * K + gk)
-                                      : make_float4(0.f, 0.f, 0.f, 0.f);
-        v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = (gm < M && gk + j < kend) ? A[gm * K + gk + j] : 0.f;
-      }
+    if (vec) {
+      float4 x = (row < rows && run < runs) ? *reinterpret_cast<const float4*>(A + row * ld + run)
+                                           : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
     } else {
-      const i64 gk = k0 + c / (R / 4), gm = m0 + (c % (R / 4)) * 4;
-      if (vec) {
-        float4 x = (gk < kend && gm < M) ? *reinterpret_cast<const float4*>(A + gk * M + gm)
-                                      : make_float4(0.f, 0.f, 0.f, 0.f);
-        v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
-      } else {
 #pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = (gk < kend && gm + j < M) ? A[gk * M + gm + j] : 0.f;
-      }
+      for (int j = 0; j < 4; j++)
+        v[j] = (row < rows && run + j < runs) ? A[row * ld + run + j] : 0.f;
     }
     r[i] = make_float4(v[0], v[1], v[2], v[3]);
   }
