@@ -1,10 +1,11 @@
 """GPU time of needle's bf16 GEMM against cuBLAS (through PyTorch) on square and Llama-1.1B
 prefill shapes, each product replayed from a captured graph (so host time is left out),
-with the TMA kernel's tile width chosen automatically and, with --widths, forced to each.
+with the TMA kernel's tile width chosen automatically and, with --widths, forced to each;
+with --one-tile, also launched one group per tile instead of the persistent grid.
 
-    python scripts/gemm_shapes.py [--widths]
+    python scripts/gemm_shapes.py [--widths] [--one-tile]
 
-Prints per shape: cuBLAS µs, needle µs (auto width, then each width), needle ÷ cuBLAS speed,
+Prints per shape: cuBLAS µs, needle µs (auto width, then each variant), needle ÷ cuBLAS speed,
 the kernel that ran, and max |needle - cuBLAS| / max |cuBLAS|. Needs CUDA and PyTorch.
 """
 
@@ -49,6 +50,8 @@ def _torch_time(torch, op) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--widths", action="store_true", help="also force each tile width")
+    parser.add_argument("--one-tile", action="store_true",
+                        help="also launch one group per tile (not persistent)")
     args = parser.parse_args()
 
     import torch
@@ -58,8 +61,12 @@ def main() -> None:
 
     dev = nd.cuda()
     be = dev.backend
-    widths = [None, 256, 128, 64] if args.widths else [None]
-    head = " ".join(f"{str(w or 'auto'):>7}" for w in widths)
+    # (column, tuning overrides); the first is the default tuning
+    variants = [("auto", {})] + ([(str(w), {"tma_tile": w}) for w in (256, 128, 64)]
+                                 if args.widths else [])
+    if args.one_tile:
+        variants.append(("1/tile", {"tma_groups": 1 << 30}))
+    head = " ".join(f"{name:>7}" for name, _ in variants)
     print(f"{'m, k, p':<18} {'B':<2} {'cuBLAS':>7} {head}  speed   error    kernel")
     for m, k, p, k_major in SHAPES:
         ta = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -71,13 +78,13 @@ def main() -> None:
         want = (ta @ tb_op).float().cpu().numpy()
         cublas = _torch_time(torch, lambda: ta @ tb_op)  # noqa: B023 - timed at once
         times, error, kernel = [], 0.0, ""
-        for width in widths:
-            with be.tuned(tma_tile=width):
+        for _, overrides in variants:
+            with be.tuned(**overrides):
                 with be.profile() as prof:
                     got = (a @ b_op).numpy().astype(np.float32)
                 times.append(_timed(dev, lambda: a @ b_op, reps=REPS))  # noqa: B023
             error = max(error, float(np.abs(got - want).max() / np.abs(want).max()))
-            if width is None:
+            if not overrides:
                 kernel = ",".join(n for n in prof.totals if n.startswith("matmul"))
         cells = " ".join(f"{t * 1e6:7.1f}" for t in times)
         print(f"{f'{m}, {k}, {p}':<18} {'K' if k_major else 'N':<2} {cublas * 1e6:7.1f} {cells}"

@@ -32,7 +32,7 @@ def _tma_name(width: int, n_major: bool, dtype: str) -> str:
     return f"matmul_tma{'' if width == 256 else width}_{'nn_' if n_major else ''}{_SFX[dtype]}"
 
 
-def _tma_product(a, b, dtype, poison=True, n_major=False, width=None):
+def _tma_product(a, b, dtype, poison=True, n_major=False, width=None, groups=None):
     """A[z] @ B[z]^T through GpuBackend.matmul into an output poisoned with NaN; a (batch, m,
     n) and b (batch, p, n) numpy arrays (the TMA kernel's own layouts). With ``n_major`` B
     is stored as (batch, n, p) and passed untransposed (matmul_tma_nn). Returns the result
@@ -45,7 +45,8 @@ def _tma_product(a, b, dtype, poison=True, n_major=False, width=None):
     if poison:
         out.fill(np.nan)
     # (products of <= 128 rows would take the skinny kernel, skinny.cu)
-    with DEV.backend.tuned(skinny_tc=0, tma_tile=width), DEV.backend.profile() as prof:
+    with (DEV.backend.tuned(skinny_tc=0, tma_tile=width, tma_groups=groups),
+          DEV.backend.profile() as prof):
         DEV.backend.matmul(A.handle, B.handle, out.handle, m, n, p, batch=batch,
                            stride_a=m * n, stride_b=p * n, transpose_b=not n_major)
         got = out.numpy()
@@ -72,6 +73,27 @@ def test_tma_matmul_matches_float64(dtype, m, n, p, batch, n_major, width):
     assert not np.isnan(got.astype(np.float32)).any()
     want = a.astype(np.float64) @ b.astype(np.float64).transpose(0, 2, 1)
     assert relerr(got, want) < _TMA_TOL[dtype]
+
+
+@tma
+@pytest.mark.parametrize("groups", [1, 3, 7])
+@pytest.mark.parametrize("width", [256, 128, 64])
+@pytest.mark.parametrize("n_major", [False, True], ids=["b_k_major", "b_n_major"])
+def test_tma_groups_walk_many_tiles_across_the_batch(n_major, width, groups):
+    """The persistent grid with fewer groups than tiles: each group walks several tiles,
+    crossing from one matrix of the batch to the next, its pipeline's stage counter running
+    on across tiles (6 k-tiles a tile: not a multiple of the 4, 6 or 8 stages), while its
+    consumers write one tile out as the next one's stages load. Every output is written and
+    bitwise equal to one group per tile (the same products, summed in the same order)."""
+    a = RNG.standard_normal((3, 300, 328)).astype(np.float32)
+    b = RNG.standard_normal((3, 520, 328)).astype(np.float32)
+    got, kernels = _tma_product(a, b, "bfloat16", n_major=n_major, width=width, groups=groups)
+    assert _tma_name(width, n_major, "bfloat16") in kernels, kernels
+    one_each, _ = _tma_product(a, b, "bfloat16", n_major=n_major, width=width, groups=1 << 20)
+    assert not np.isnan(got.astype(np.float32)).any()
+    np.testing.assert_array_equal(got, one_each)
+    want = a.astype(np.float64) @ b.astype(np.float64).transpose(0, 2, 1)
+    assert relerr(got, want) < _TMA_TOL["bfloat16"]
 
 
 @tma
@@ -264,19 +286,28 @@ def test_tensor_map_limits_are_checked_before_the_driver():
 
 
 @tma
+@pytest.mark.parametrize("groups", [None, 2])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("m,n,p", [(128, 64, 128), (300, 200, 520), (2048, 2048, 5632)])
-def test_glu_gemm_writes_the_activation_in_one_pass(dtype, m, n, p):
+def test_glu_gemm_writes_the_activation_in_one_pass(dtype, m, n, p, groups):
     """nd.matmul_swiglu on Hopper: one matmul_tma_glu launch (no product, no swiglu kernel),
     every output written (NaN poison through the workspace is impossible: none is used) and
-    equal to the product rounded then swiglu within half an ulp of the activation's dtype."""
+    the float64 product's SwiGLU within the roundings of gate and up to the dtype (the
+    product and then swiglu) and of the output; with one group an SM, and with two groups
+    walking all the tiles."""
     npdt = nd.dtypes.to_numpy_dtype(dtype)
     x = on(RNG.standard_normal((m, n)).astype(npdt) / 4, dtype)
     w = on(RNG.standard_normal((2 * p, n)).astype(npdt) / 4, dtype)
-    with DEV.backend.profile() as prof:
+    nd.matmul_swiglu(x, w)  # the first TMA product also zeroes the groups' tile counter
+    with DEV.backend.tuned(tma_groups=groups), DEV.backend.profile() as prof:
         got = nd.matmul_swiglu(x, w)
     assert set(prof.totals) == {f"matmul_tma_glu_{_SFX[dtype]}"}, prof.table()
-    want = (x @ w.transpose()).swiglu()
+    product = x.numpy().astype(np.float64) @ w.numpy().astype(np.float64).T
+    gate, up = product[:, :p], product[:, p:]
+    want = gate / (1 + np.exp(-gate)) * up
     assert not np.isnan(got.numpy().astype(np.float32)).any()
-    np.testing.assert_allclose(got.numpy().astype(np.float64), want.numpy().astype(np.float64),
-                               rtol=1e-2, atol=1e-2)
+    ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11  # half an ulp, relative
+    # gate and up each rounded (|silu'| <= 1.1), then the output: 1.1 + 1 + 1 half-ulps,
+    # and the float32 sums' own error (far below a half-ulp of these magnitudes)
+    bound = ulp * (1.1 * np.abs(gate * up) + 2 * np.abs(want)) + 1e-4 * (np.abs(gate) + np.abs(up))
+    assert np.all(np.abs(got.numpy().astype(np.float64) - want) <= bound)

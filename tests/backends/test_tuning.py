@@ -30,6 +30,11 @@ def test_cuda_tuning_from_the_device_and_the_environment():
     assert hopper.tma_tile is None
     with pytest.raises(DeviceError, match="NEEDLE_TMA_TILE='96' is not a TMA GEMM tile width"):
         CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_TMA_TILE": "96"})
+    assert hopper.tma_groups is None  # one persistent group an SM
+    assert CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_TMA_GROUPS": "7"}).tma_groups == 7
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(DeviceError, match=f"NEEDLE_TMA_GROUPS='{bad}': use a positive"):
+            CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_TMA_GROUPS": bad})
 
 
 def test_float32_on_fp64_tensor_cores_follows_the_model_and_the_environment():

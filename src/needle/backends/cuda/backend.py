@@ -319,10 +319,12 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
                     stride_b: int) -> None:
         k, shared, launches = plan
         item = ITEMSIZE[a.dtype]
+        counter = self._counters(2)  # the groups' tile claims (gemm_tma.cu run())
         for z0, grid, params, maps in launches:
-            bufs = ((a.buffer, b.buffer, out.buffer) if z0 == 0 else
+            bufs = ((a.buffer, b.buffer, out.buffer, counter) if z0 == 0 else
                     (a.buffer.view(z0 * stride_a * item, 0),
-                     b.buffer.view(z0 * stride_b * item, 0), out.buffer.view(z0 * m * p * item, 0)))
+                     b.buffer.view(z0 * stride_b * item, 0), out.buffer.view(z0 * m * p * item, 0),
+                     counter))
             self.queue.dispatch(k, grid, (384, 1, 1), bufs, params, shared, raw_args=maps)
 
     def _tma_plan(self, a, b, m, n, p, batch, stride_a, stride_b, tb: bool, glu: bool):
@@ -336,16 +338,23 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
         if width not in TMA_WIDTHS or p < out_w:
             return None
         stages = tma_stages(width, self.tuning.tma_stages)
-        shared = stages * (128 + width) * 64 * 2 + 16 * stages + 1024
+        # stages, the consumers' two 64 x 144-byte staging buffers, two barriers and a tile
+        # id a stage, alignment
+        shared = stages * (128 + width) * 64 * 2 + 2 * 64 * 144 + 20 * stages + 1024
         if shared > self.device.max_shared_bytes:
             return None
         item = ITEMSIZE[a.dtype]
         k_box = 128 // item  # a box row is 128 bytes (the swizzle): 64 halves, 32 floats
-        tiles = cdiv(m, 128) * cdiv(p, out_w)  # one grid axis: the kernel orders the tiles
+        tiles = cdiv(m, 128) * cdiv(p, out_w)  # the kernel orders each matrix's tiles
+        groups = self.tuning.tma_groups or self.device.compute_units  # persistent: <= 1 an SM
         launches = []
         try:
-            for z0 in range(0, batch, MAX_GRID_YZ):
-                nb = min(MAX_GRID_YZ, batch - z0)
+            # tile ids are 32-bit: a launch numbers fewer than 2^31 tiles
+            per_launch = min(MAX_GRID_YZ, (2**31 - 1) // tiles)
+            if per_launch == 0:
+                return None
+            for z0 in range(0, batch, per_launch):
+                nb = min(per_launch, batch - z0)
                 a_at = a.buffer.handle + a.buffer.offset + z0 * stride_a * item
                 b_at = b.buffer.handle + b.buffer.offset + z0 * stride_b * item
                 b_map = (matrix_map(b.dtype, b_at, 2 * p if glu else p, n, nb, stride_b, out_w,
@@ -354,7 +363,7 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
                          else matrix_map(b.dtype, b_at, n, p, nb, stride_b, 64))
                 maps = (matrix_map(a.dtype, a_at, m, n, nb, stride_a, 128, k_box), b_map)
                 params = MATMUL.pack(m, n, p, nb, stride_a, stride_b, 0, int(tb), 1, 0)
-                launches.append((z0, (tiles, 1, nb), params, maps))
+                launches.append((z0, (min(tiles * nb, groups), 1, 1), params, maps))
         except DeviceError:
             return None
         kind = "glu_" if glu else "tf32_" if a.dtype == "float32" else "" if tb else "nn_"

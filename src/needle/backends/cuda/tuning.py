@@ -57,6 +57,16 @@ def _tma_tile(value: str | None) -> int | None:
     return int(value)
 
 
+def _positive(env, name: str) -> int | None:
+    """An optional positive integer from the environment (unset or empty: None)."""
+    value = env.get(name, "")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise DeviceError(f"{name}={value!r}: use a positive integer or leave it unset")
+    return int(value)
+
+
 def _stages(options: list[str], define: str, default: int) -> int:
     for opt in options:
         if opt.startswith(f"-D{define}="):
@@ -91,6 +101,8 @@ class CudaTuning(GpuTuning):
     wg_stages: int = 4
     tma_stages: int = 4
     tma_tile: int | None = None  # the TMA GEMM's N tile; None: tma_width's choice
+    tma_groups: int | None = None  # the TMA GEMM's persistent grid: None, one group an SM;
+    # fewer make each group walk more tiles (tests), more than the tiles one tile a group
     quant_skinny: bool = False  # 2..16 rows times int4 weights on tensor cores: sm_80+
     fused_matvec: bool = False  # the decode step's norm/SwiGLU/residual fused into its gemvs
     # (off by default: on the H100 the fused kernels are still slower than gemv + add_rmsnorm,
@@ -131,6 +143,7 @@ class CudaTuning(GpuTuning):
                    wg_stages=_stages(options, "WG_STAGES", 4),
                    tma_stages=_stages(options, "GEMM_TMA_STAGES", 4),
                    tma_tile=_tma_tile(env.get("NEEDLE_TMA_TILE")),
+                   tma_groups=_positive(env, "NEEDLE_TMA_GROUPS"),
                    quant_skinny=capability >= 80 and env.get("NEEDLE_QUANT_SKINNY", "1") != "0",
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "0") == "1",
                    folded_norm=env.get("NEEDLE_FOLDED_NORM", "1") != "0",

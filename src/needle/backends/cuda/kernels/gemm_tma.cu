@@ -12,25 +12,26 @@
 //    batch), which carry the batch strides and zero-fill everything out of bounds, so m, n
 //    and p need not be multiples of the tile (n and p multiples of 8: the host checks).
 //
-// One group of 384 threads computes a 128 x W tile of C (W = 256, 128 or 64: kernels
+// One group of 384 threads computes 128 x W tiles of C (W = 256, 128 or 64: kernels
 // matmul_tma, matmul_tma128, matmul_tma64; the host picks W so that the tiles' waves over
-// the SMs finish first), walking k in steps of 64:
+// the SMs finish first), walking k in steps of 64. The grid is persistent (at most one
+// group per SM): each group walks its share of the tiles (run(), below).
 //  * warpgroup 0 is the producer: one thread waits until a stage is empty, arms the
 //    stage's "full" mbarrier with the stage's byte count, and issues the TMA box loads
 //    (A: 64 x 128, B: 64 x W; 128-byte swizzle) that complete on that mbarrier;
 //  * warpgroups 1 and 2 are consumers, each owning 64 rows x W columns of the tile
-//    (wgmma m64nWk16, W / 2 fp32 accumulators per thread). A consumer waits on full[s],
-//    issues the stage's 4 wgmmas, and keeps that batch in flight while it waits for the
-//    previous batch (wgmma.wait_group 1); once that one has completed, its stage is
-//    released (one arrive per consumer warp on empty[s]).
-// Stage s of k-tile kt is s = kt % STAGES, and both barriers of a stage complete one phase
-// per use, so the parity to wait for is (kt / STAGES) & 1 on full[s] (consumers) and the
-// opposite one on empty[s] (producer: a fresh barrier counts as having completed the phase
-// before its first, so the first STAGES waits return at once).
+//    (wgmma m64nWk16, W / 2 fp32 accumulators per thread), and writing them out through
+//    its own staging buffer while the producer loads the next tile.
+// Both barriers of a stage complete one phase per use, so for the group's it-th k-tile
+// (counted over all its tiles), in stage it % STAGES, the parity to wait for is
+// (it / STAGES) & 1 on full[s] (consumers) and the opposite one on empty[s] (producer: a
+// fresh barrier counts as having completed the phase before its first, so the first STAGES
+// waits return at once).
 //
 // Shared memory (dynamic, base rounded up to 1024 bytes): STAGES x [A 16 KiB | B W/8 KiB],
-// then full[STAGES] and empty[STAGES] (8 bytes each): 197,696 bytes with 4 stages of W = 256
-// (6 of 128 and 8 of 64: 32 and 64 bytes more barriers).
+// two staging buffers of 64 x 144 bytes, then full[STAGES] and empty[STAGES] (8 bytes
+// each) and ids[STAGES] (4 bytes): 216,144 bytes with 4 stages of W = 256 (6 of 128 and 8
+// of 64: 40 and 80 bytes more).
 #include "common.cuh"
 #include "mbarrier.cuh"
 #include "tensor_core.cuh"
@@ -98,16 +99,28 @@ __device__ __forceinline__ void tile_of(int t, int tiles_m, int tiles_n, int& tm
   tn = r / rows;
 }
 
+__device__ __forceinline__ void st_shared_i32(u32 at, int v) {
+  asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_shared_i32(u32 at) {
+  int v;
+  asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(at) : "memory");
+  return v;
+}
+
 // ---- epilogue ----------------------------------------------------------------------------
 // bar.sync among COUNT threads (ids above 0, which __syncthreads uses)
-template <int ID, int COUNT> __device__ __forceinline__ void named_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory");
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-// The output tile in shared memory: 128 rows of BN values, each row padded by 16 bytes so
-// that a fragment store's 8 rows fall in different banks.
-template <class T, int BN> __device__ constexpr u32 tile_pitch() {
-  return BN * (u32)sizeof(T) + 16;
-}
+// A consumer warpgroup's tile goes out through its own staging buffer in shared memory,
+// EPI_COLS bytes of its 64 rows at a time: the accumulators' fragments hold 8-byte (16-byte
+// for float) pieces of 8 rows per store, half a 32-byte sector each, so written straight
+// to global memory they cost twice the store transactions of whole rows. The buffer is
+// apart from the pipeline's stages, which the producer is already filling with the next
+// tile's operands. Rows are padded by 16 bytes so that a fragment store's 8 rows fall in
+// different banks.
+constexpr u32 EPI_COLS = 128, EPI_PITCH = EPI_COLS + 16, EPI_BYTES = 64 * EPI_PITCH;
 
 // two adjacent outputs (an even column: 4- or 8-byte aligned), into shared memory
 template <class T> __device__ __forceinline__ void st_pair(u32 at, float lo, float hi) {
@@ -137,89 +150,92 @@ template <> __device__ __forceinline__ float ld_value<float>(u32 at) {
   return v;
 }
 
-// accumulator layout: warp w of a warpgroup holds rows 16w..16w+15 of its 64; per n8 chunk
-// i, lane l holds (row l/4, cols 8i + 2(l%4), +1) in acc[4i], acc[4i+1] and row + 8 in
-// acc[4i+2], acc[4i+3]. `row` and `col` are lane l's first (tile-relative).
-template <class T, int BN>
-__device__ __forceinline__ void stage_tile(const float (&acc)[BN / 2], u32 tile, int row,
-                                           int col) {
-  constexpr u32 PITCH = tile_pitch<T, BN>();
+// GLU: the tile's columns [0, W/2) are gate and [W/2, W) the same outputs' up products, and
+// a thread holds gate column c and up column c + W/2 in accumulators 4i + j and 4(i + W/16)
+// + j, so silu(gate) * up (each product rounded to T first: the numbers of the product and
+// then nn.cu's swiglu) is formed in registers, into the first W/4 accumulators.
+template <class T, int BN> __device__ __forceinline__ void swiglu_in_place(float (&acc)[BN / 2]) {
 #pragma unroll
-  for (int i = 0; i < BN / 8; i++)
+  for (int q = 0; q < BN / 4; q++) {
+    const typename Acc<T>::type gate = load(store<T>(acc[q])), up = load(store<T>(acc[q + BN / 4]));
+    acc[q] = load(store<T>(gate * sigmoid(gate) * up));
+  }
+}
+
+// Accumulator layout: warp w of a warpgroup holds rows 16w..16w+15 of its 64; per n8 chunk
+// i, lane l holds (row l/4, cols 8i + 2(l%4), +1) in acc[4i], acc[4i+1] and row + 8 in
+// acc[4i+2], acc[4i+3]. The warpgroup's OUT_W columns leave in chunks of EPI_COLS bytes,
+// chunk C0 (its first column) here and the next by recursion (a loop over the chunks, even
+// with #pragma unroll, left the accumulators in local memory): each thread stages its
+// fragments of the chunk (row and col: its first, warpgroup-relative), the warpgroup syncs,
+// its 128 threads write consecutive 16-byte pieces of the rows to C at (m0 + row, n0 + col)
+// (coalesced), or single values where n leaves rows unaligned to 16 bytes, and sync again
+// before the buffer takes the next chunk.
+template <class T, int BN, int OUT_W, int C0 = 0>
+__device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], T* __restrict__ C, u32 buf,
+                                           int bar, int row, int col, i64 m0, i64 n0, i64 M,
+                                           i64 N, int t) {
+  constexpr u32 SIZE = sizeof(T);
+  constexpr int CW = EPI_COLS / SIZE, PER = 16 / SIZE, PIECES = CW / PER;  // values a chunk row
+#pragma unroll
+  for (int i = C0 / 8; i < (C0 + CW) / 8; i++)
 #pragma unroll
     for (int h = 0; h < 2; h++)
-      st_pair<T>(tile + (row + 8 * h) * PITCH + (i * 8 + col) * (u32)sizeof(T),
+      st_pair<T>(buf + (row + 8 * h) * EPI_PITCH + (i * 8 - C0 + col) * SIZE,
                  acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-}
-
-// Rows [first, first + 64) of the staged tile to C (m x n row-major) at (m0 + row, n0 + col):
-// the warpgroup's 128 threads take consecutive 16-byte pieces of a row (coalesced), or,
-// where n leaves rows unaligned to 16 bytes, consecutive elements.
-template <class T, int BN>
-__device__ __forceinline__ void store_rows(T* __restrict__ C, u32 tile, int first, int m0,
-                                           int n0, i64 M, i64 N, int t) {
-  constexpr u32 PITCH = tile_pitch<T, BN>(), SIZE = sizeof(T);
-  constexpr int PER = 16 / SIZE, PIECES = BN / PER;  // values a piece, pieces a row
+  named_sync(bar, 128);
   if (N % PER == 0) {
-#pragma unroll 4
+#pragma unroll
     for (int c = t; c < 64 * PIECES; c += 128) {
-      const int r = first + c / PIECES, col = (c % PIECES) * PER;
-      const i64 row = (i64)m0 + r, gcol = (i64)n0 + col;
-      if (row >= M || gcol >= N) continue;  // N % PER == 0: a piece is whole or outside
-      *reinterpret_cast<uint4*>(C + row * N + gcol) = ld_shared16(tile + r * PITCH + col * SIZE);
+      const int r = c / PIECES, cc = (c % PIECES) * PER;
+      const i64 grow = m0 + r, gcol = n0 + C0 + cc;
+      if (grow < M && gcol < N)  // N % PER == 0: a piece is whole or outside
+        *reinterpret_cast<uint4*>(C + grow * N + gcol) = ld_shared16(buf + r * EPI_PITCH + cc * SIZE);
     }
   } else {
-    for (int c = t; c < 64 * BN; c += 128) {
-      const int r = first + c / BN, col = c % BN;
-      const i64 row = (i64)m0 + r, gcol = (i64)n0 + col;
-      if (row < M && gcol < N) C[row * N + gcol] = ld_value<T>(tile + r * PITCH + col * SIZE);
+    for (int c = t; c < 64 * CW; c += 128) {
+      const int r = c / CW, cc = c % CW;
+      const i64 grow = m0 + r, gcol = n0 + C0 + cc;
+      if (grow < M && gcol < N) C[grow * N + gcol] = ld_value<T>(buf + r * EPI_PITCH + cc * SIZE);
     }
   }
+  named_sync(bar, 128);
+  if constexpr (C0 + CW < OUT_W)
+    store_tile<T, BN, OUT_W, C0 + CW>(acc, C, buf, bar, row, col, m0, n0, M, N, t);
 }
 
-// Rows [first, first + 64) of a staged GLU tile (columns [0, BN/2) gate, [BN/2, BN) up, each
-// rounded to T) to C as silu(gate) * up, 16 bytes of outputs a thread (host: n % 8 == 0)
-template <class T, int BN>
-__device__ __forceinline__ void store_glu_rows(T* __restrict__ C, u32 tile, int first, int m0,
-                                               int n0, i64 M, i64 N, int t) {
-  constexpr u32 PITCH = tile_pitch<T, BN>(), SIZE = sizeof(T);
-  constexpr int PER = 16 / SIZE, PIECES = BN / 2 / PER;
-#pragma unroll 2
-  for (int c = t; c < 64 * PIECES; c += 128) {
-    const int r = first + c / PIECES, col = (c % PIECES) * PER;
-    const i64 row = (i64)m0 + r, gcol = (i64)n0 + col;
-    if (row >= M || gcol >= N) continue;
-    const u32 at = tile + r * PITCH + col * SIZE;
-    const uint4 gv = ld_shared16(at), uv = ld_shared16(at + BN / 2 * SIZE);
-    const T* gs = reinterpret_cast<const T*>(&gv);
-    const T* us = reinterpret_cast<const T*>(&uv);
-    uint4 ov;
-    T* os = reinterpret_cast<T*>(&ov);
-#pragma unroll
-    for (int e = 0; e < PER; e++) {  // nn.cu's swiglu of the rounded products (already T)
-      const typename Acc<T>::type gate = load(gs[e]), up = load(us[e]);
-      os[e] = store<T>(gate * sigmoid(gate) * up);
-    }
-    *reinterpret_cast<uint4*>(C + row * N + gcol) = ov;
-  }
-}
-
+// ---- the walk over the tiles --------------------------------------------------------------
+// The kernel is persistent: its grid has at most one group per SM (the host sizes it), and
+// each group computes tiles until none is left, taking first tile blockIdx.x and then the
+// next unclaimed one from a counter in global memory (tiles are numbered over the batch,
+// tile_of ordering each matrix's). Claiming in order, rather than striding by gridDim.x,
+// keeps the tiles that run at once neighbours at the same k: a group that runs slow falls
+// behind on its own instead of dragging its later tiles away from the ones that share their
+// A rows and B columns in L2 (docs/cuda_notes.md v28).
+// The producer claims and runs ahead across tile boundaries, so while the consumers write
+// one tile out, the next tile's first stages are already loading: no group pays a launch
+// and a pipeline fill per tile. It hands the tile to the consumers in ids[s] of the tile's
+// first stage (written before the stage's full barrier is armed, so a consumer that has
+// waited on it reads the id), and ends with id -1 on a stage armed without bytes. The stage
+// counter `it` runs on over the tiles: k-tile `it` of the group's walk uses stage
+// it % STAGES, phase (it / STAGES) & 1. counter[0] counts claims past the first tiles and
+// counter[1] the groups done claiming; the last of those zeroes both for the next launch.
+//
 // GLU: B is a fused gate/up weight (2p rows: gate, then up) and C (m x p) = silu(A Gᵀ) *
-// (A Uᵀ), each product rounded to T first (the numbers of the product and then swiglu). A
-// tile's B stage holds 128 gate rows and the 128 up rows of the same outputs, so the tile
-// is the usual 128 x 256 product and its epilogue writes 128 columns.
+// (A Uᵀ). A tile's B stage holds 128 gate rows and the 128 up rows of the same outputs, so
+// the tile is the usual 128 x 256 product and its epilogue writes 128 columns.
 template <class T, int BN, bool BN_MAJOR, bool GLU = false>
-__device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, const TmaMap* map_a,
-                                    const TmaMap* map_b, unsigned char* smem) {
+__device__ __forceinline__ void run(T* __restrict__ C, unsigned* counter, const GemmParams& p,
+                                    const TmaMap* map_a, const TmaMap* map_b,
+                                    unsigned char* smem) {
   constexpr int STAGES = stages<BN>(), KS = k_tile<T>(), OUT_W = GLU ? BN / 2 : BN;
   constexpr u32 B_BYTES = BN * 128, STAGE_BYTES = A_BYTES + B_BYTES;
   const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
-  const u32 full0 = base + STAGES * STAGE_BYTES, empty0 = full0 + STAGES * 8;
+  const u32 epi0 = base + STAGES * STAGE_BYTES, full0 = epi0 + 2 * EPI_BYTES;
+  const u32 empty0 = full0 + STAGES * 8, ids0 = empty0 + STAGES * 8;
   const int tid = threadIdx.x, wg = tid / 128;
   const int tiles_m = (int)((p.m + BM - 1) / BM), tiles_n = (int)((p.p + OUT_W - 1) / OUT_W);
-  int tm, tn;
-  tile_of((int)blockIdx.x, tiles_m, tiles_n, tm, tn);
-  const int m0 = tm * BM, n0 = tn * OUT_W, z = (int)blockIdx.z;
+  const int tiles = tiles_m * tiles_n, total = tiles * (int)p.batch;  // host: < 2^31
   const int KT = (int)((p.n + KS - 1) / KS);
 
   if (tid == 0) {
@@ -238,74 +254,93 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
     if (tid == 0) {
       tma_prefetch(map_a);
       tma_prefetch(map_b);
-      for (int kt = 0; kt < KT; kt++) {
-        const int s = kt % STAGES;
-        const u32 parity = (u32)(kt / STAGES) & 1u;
-        bar_wait(empty0 + 8 * s, parity ^ 1u);
-        const u32 full = full0 + 8 * s, sa = base + s * STAGE_BYTES;
-        bar_expect_tx(full, STAGE_BYTES);  // a box counts whole, zero-filled parts included
-        tma_load(sa, map_a, full, kt * KS, m0, z);
-        if (BN_MAJOR) {  // B (n x p): BN / 64 boxes of 64 columns x 64 k-rows
-#pragma unroll
-          for (int j = 0; j < BN / 64; j++)
-            tma_load(sa + A_BYTES + j * (BK * 128), map_b, full, n0 + 64 * j, kt * KS, z);
-        } else if (GLU) {  // boxes of BN / 2 rows: the gate rows, then the same outputs' up rows
-          tma_load(sa + A_BYTES, map_b, full, kt * KS, n0, z);
-          tma_load(sa + A_BYTES + OUT_W * 128, map_b, full, kt * KS, (int)p.p + n0, z);
-        } else {
-          tma_load(sa + A_BYTES, map_b, full, kt * KS, n0, z);
+      u32 it = 0;
+      for (int t = blockIdx.x;; t = (int)gridDim.x + (int)atomicAdd(counter, 1u)) {
+        const int s0 = (int)(it % STAGES);
+        bar_wait(empty0 + 8 * s0, ((it / STAGES) & 1u) ^ 1u);
+        st_shared_i32(ids0 + 4 * s0, t < total ? t : -1);
+        if (t >= total) {  // no tile left: the consumers end at this stage
+          bar_arrive(full0 + 8 * s0);
+          break;
         }
+        int tm, tn;
+        tile_of(t % tiles, tiles_m, tiles_n, tm, tn);
+        const int m0 = tm * BM, n0 = tn * OUT_W, z = t / tiles;
+        for (int kt = 0; kt < KT; kt++, it++) {
+          const int s = (int)(it % STAGES);
+          if (kt > 0) bar_wait(empty0 + 8 * s, ((it / STAGES) & 1u) ^ 1u);
+          const u32 full = full0 + 8 * s, sa = base + s * STAGE_BYTES;
+          bar_expect_tx(full, STAGE_BYTES);  // a box counts whole, zero-filled parts included
+          tma_load(sa, map_a, full, kt * KS, m0, z);
+          if (BN_MAJOR) {  // B (n x p): BN / 64 boxes of 64 columns x 64 k-rows
+#pragma unroll
+            for (int j = 0; j < BN / 64; j++)
+              tma_load(sa + A_BYTES + j * (BK * 128), map_b, full, n0 + 64 * j, kt * KS, z);
+          } else if (GLU) {  // boxes of BN / 2 rows: the gate rows, then the same outputs' up rows
+            tma_load(sa + A_BYTES, map_b, full, kt * KS, n0, z);
+            tma_load(sa + A_BYTES + OUT_W * 128, map_b, full, kt * KS, (int)p.p + n0, z);
+          } else {
+            tma_load(sa + A_BYTES, map_b, full, kt * KS, n0, z);
+          }
+        }
+      }
+      __threadfence();  // this group's last claim is made before it counts itself done
+      if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {  // every group's last claim is made
+        counter[0] = 0u;
+        counter[1] = 0u;
       }
     }
   } else {
     // ------------------------------------------------------------------ consumers -----
+    // Each consumer warpgroup owns 64 rows x BN columns of the tile. It waits on full[s],
+    // issues the stage's 4 wgmmas and keeps that batch in flight while it waits for the
+    // previous batch (wgmma.wait_group 1); once that has completed, its stage is released
+    // (one arrive per consumer warp on empty[s]).
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int g = wg - 1, lane = tid % 32, w = (tid % 128) / 32;
+    const u32 buf = epi0 + g * EPI_BYTES;
     float acc[BN / 2];
+    for (u32 it = 0;;) {
+      const int s0 = (int)(it % STAGES);
+      bar_wait(full0 + 8 * s0, (it / STAGES) & 1u);
+      // lane 0 reads the id and, later, releases the stage: the read is ordered before the
+      // producer's next write of the slot by that thread's own arrive
+      const int t = __shfl_sync(0xffffffffu, lane == 0 ? ld_shared_i32(ids0 + 4 * s0) : 0, 0);
+      if (t < 0) break;
 #pragma unroll
-    for (int q = 0; q < BN / 2; q++) acc[q] = 0.f;
-
-    for (int kt = 0; kt < KT; kt++) {
-      const int s = kt % STAGES;
-      bar_wait(full0 + 8 * s, (u32)(kt / STAGES) & 1u);
-      const u32 sa = base + s * STAGE_BYTES + g * 64 * 128, sb = base + s * STAGE_BYTES + A_BYTES;
-      wg::fence_acc(acc);
-      wg::fence();
+      for (int q = 0; q < BN / 2; q++) acc[q] = 0.f;
+      for (int kt = 0; kt < KT; kt++, it++) {
+        const int s = (int)(it % STAGES);
+        if (kt > 0) bar_wait(full0 + 8 * s, (it / STAGES) & 1u);
+        const u32 sa = base + s * STAGE_BYTES + g * 64 * 128, sb = base + s * STAGE_BYTES + A_BYTES;
+        wg::fence_acc(acc);
+        wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; kk++)  // 32 bytes of k each (k16 of 2-byte types, k8 of TF32)
-        wg::Mma<T, BN, BN_MAJOR>::run(acc, wg::desc(sa + kk * 32),
-                                      BN_MAJOR ? desc_mn(sb + kk * 16 * 128)
-                                               : wg::desc(sb + kk * 32));
-      wg::commit();
-      wg::wait<1>();  // the previous k-tile's batch has completed: its stage may be refilled
+        for (int kk = 0; kk < 4; kk++)  // 32 bytes of k each (k16 of 2-byte types, k8 of TF32)
+          wg::Mma<T, BN, BN_MAJOR>::run(acc, wg::desc(sa + kk * 32),
+                                        BN_MAJOR ? desc_mn(sb + kk * 16 * 128)
+                                                 : wg::desc(sb + kk * 32));
+        wg::commit();
+        wg::wait<1>();  // the previous k-tile's batch has completed: its stage may be refilled
+        wg::fence_acc(acc);
+        if (kt > 0 && lane == 0) bar_arrive(empty0 + 8 * ((it - 1) % STAGES));
+      }
+      wg::wait<0>();
       wg::fence_acc(acc);
-      if (kt > 0 && lane == 0) bar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
-    }
-    wg::wait<0>();
-    wg::fence_acc(acc);
-
-    // The tile goes out through shared memory: the accumulators' fragments hold 8-byte
-    // (or, for float, 16-byte) pieces of 8 rows per store, half a 32-byte sector each, so
-    // written straight to global memory they cost twice the store transactions of whole
-    // rows. The stages are free once both consumer warpgroups' wgmmas have completed.
-    named_sync<1, 256>();
-    stage_tile<T, BN>(acc, base, g * 64 + w * 16 + lane / 4, (lane % 4) * 2);
-    if (g == 0) {  // this warpgroup's 64 rows are in shared memory
-      named_sync<2, 128>();
-    } else {
-      named_sync<3, 128>();
-    }
-    if (GLU) {
-      store_glu_rows<T, BN>(C + (i64)z * p.m * p.p, base, g * 64, m0, n0, p.m, p.p, tid % 128);
-    } else {
-      store_rows<T, BN>(C + (i64)z * p.m * p.p, base, g * 64, m0, n0, p.m, p.p, tid % 128);
+      if (lane == 0) bar_arrive(empty0 + 8 * ((it - 1) % STAGES));  // the tile's last stage
+      int tm, tn;
+      tile_of(t % tiles, tiles_m, tiles_n, tm, tn);
+      if (GLU) swiglu_in_place<T, BN>(acc);
+      store_tile<T, BN, OUT_W>(acc, C + (i64)(t / tiles) * p.m * p.p, buf, 2 + g,
+                               w * 16 + lane / 4, (lane % 4) * 2, (i64)tm * BM + g * 64,
+                               (i64)tn * OUT_W, p.m, p.p, tid % 128);
     }
   }
 }
 }  // namespace tma
 #define GEMM_TMA_BODY(T, BN, BN_MAJOR, GLU)                                                    \
   extern __shared__ __align__(1024) unsigned char smem[];                                      \
-  tma::run<T, BN, BN_MAJOR, GLU>(out, p, &map_a, &map_b, smem);
+  tma::run<T, BN, BN_MAJOR, GLU>(out, counter, p, &map_a, &map_b, smem);
 #else
 // other targets: the names exist (every .cu compiles for sm_80 and sm_90 in CI); the host
 // launches these only on sm_90a builds (device feature "tma")
@@ -317,7 +352,7 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
 #define GEMM_TMA_GLU(NAME, T, BN, BN_MAJOR, GLU)                                               \
   extern "C" __global__ void __launch_bounds__(384, 1)                                         \
       NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,              \
-           GemmParams p, const __grid_constant__ TmaMap map_a,                                 \
+           unsigned* __restrict__ counter, GemmParams p, const __grid_constant__ TmaMap map_a,                                 \
            const __grid_constant__ TmaMap map_b) {                                             \
     pdl_entry();                                                                               \
     GEMM_TMA_BODY(T, BN, BN_MAJOR, GLU)                                                        \
@@ -325,7 +360,7 @@ __device__ __forceinline__ void run(T* __restrict__ C, const GemmParams& p, cons
 #define GEMM_TMA(NAME, T, BN, BN_MAJOR) GEMM_TMA_GLU(NAME, T, BN, BN_MAJOR, false)
 // Names: matmul_tma[W][_nn|_glu|_tf32]_{bf16,f16,f32}, W the tile width when not 256 (host:
 // _tma_plan).
-// shared bytes: S * (128 + W) * 64 * 2 + 16 * S + 1024, S = stages<W>()
+// shared bytes: S * (128 + W) * 64 * 2 + 2 * 64 * 144 + 20 * S + 1024, S = stages<W>()
 #define GEMM_TMA_WIDTHS(SFX, T)                                                                \
   GEMM_TMA(matmul_tma_##SFX, T, 256, false) GEMM_TMA(matmul_tma_nn_##SFX, T, 256, true)        \
   GEMM_TMA(matmul_tma128_##SFX, T, 128, false) GEMM_TMA(matmul_tma128_nn_##SFX, T, 128, true)  \
