@@ -223,7 +223,11 @@ def time_impls(impls: dict[str, Impl], syncs: dict[str, Callable[[], None]],
     """Time implementations of one computation, their samples interleaved round by round.
 
     Interleaving makes the comparison fair on a machine whose speed drifts (a shared VM, a
-    GPU warming up): every framework gets samples from the same stretch of time. Before each
+    GPU warming up): every framework gets samples from the same stretch of time. The order
+    rotates from round to round, because the first sample of a round is not like the others:
+    it follows the host's work between rounds, and an H100 runs its first milliseconds of
+    GEMMs after such a pause at a higher clock (the same kernel measured 5% faster in the
+    first place than in the third: docs/cuda_notes.md v28). Before each
     sample the runner idles ``settle_s``, so that the thread pools of the framework sampled
     before (OpenBLAS, OpenMP) stop busy-waiting; on a CPU with few cores those spinning
     threads would otherwise steal the cores. Returns the timings and, for implementations
@@ -240,7 +244,9 @@ def time_impls(impls: dict[str, Impl], syncs: dict[str, Callable[[], None]],
     samples: dict[str, list[float]] = {name: [] for name in inner}
     start = time.perf_counter()
     for rnd in range(settings.repeat):
-        for name in [n for n in samples if n not in errors]:
+        names = [n for n in samples if n not in errors]
+        turn = rnd % len(names) if names else 0
+        for name in names[turn:] + names[:turn]:
             time.sleep(settings.settle_s)
             try:
                 samples[name].append(_sample(impls[name], syncs[name], inner[name],

@@ -159,6 +159,30 @@ def test_short_calls_are_batched_and_input_sets_rotate():
     assert set(seen) == {0, 1, 2}
 
 
+def test_frameworks_take_turns_at_sampling_first():
+    """Every framework samples first in as many rounds as the others (a round's first
+    sample follows the host's pause and may run at a higher clock), and one that raises
+    drops out without upsetting the others' turns."""
+    calls = []
+
+    def impl(name):
+        def call(i):
+            calls.append(name)
+            if name == "c" and calls.count("c") > 2:  # after its two warm-up calls
+                raise RuntimeError("c fails when sampled")
+        return Impl(call, [(0,)])
+
+    timings, errors = runner.time_impls({n: impl(n) for n in "abc"},
+                                        {n: lambda: None for n in "abc"},
+                                        Settings(repeat=7, min_sample_s=0.0))
+    assert set(timings) == {"a", "b"} and "c fails" in errors["c"]
+    assert calls[:6] == ["a", "a", "b", "b", "c", "c"]  # warm-ups: one sample a call after
+    rounds = [calls[6:9]] + [calls[9 + 2 * r:11 + 2 * r] for r in range(6)]
+    assert rounds[0] == ["a", "b", "c"]
+    assert rounds[1:] == [["b", "a"], ["a", "b"]] * 3
+    assert len(timings["a"].samples) == len(timings["b"].samples) == 7
+
+
 def test_input_sets_rotate_only_when_small(ctx):
     small = ctx.input_sets(lambda rng: (rng.standard_normal(16, dtype=np.float32),))
     assert len(small) == runner.MAX_INPUT_SETS
