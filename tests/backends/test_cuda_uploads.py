@@ -17,8 +17,9 @@ SLOT = cuda_queue._UPLOAD_SLOT
 NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 
-def _busy(n: int = 2048, repeats: int = 24):
-    """Queue a few milliseconds of matmuls; returns what keeps their arrays alive."""
+def _busy(n: int = 2048, repeats: int = 96):
+    """Queue ~40 ms of matmuls (enough that a test process descheduled under a parallel
+    run still finds them queued); returns what keeps their arrays alive."""
     a = nd.array(np.ones((n, n), np.float32), device=DEV)
     out = [a @ a for _ in range(repeats)]
     return a, out
