@@ -193,6 +193,33 @@ def test_tma_matmul_keeps_its_launch_plan_per_operands_and_tuning():
 
 
 @tma
+@pytest.mark.parametrize("offset", [0, 4])
+def test_tma_outputs_that_tma_cannot_store_are_stored_value_by_value(offset):
+    """The TMA GEMM stores C by TMA, whose start must be 16-byte aligned and whose rows
+    16-byte multiples: an output 8 bytes into its buffer gets its values stored one by one
+    by the same kernel (so do float32 rows of 130 or 258 values under TF32: test_tf32.py;
+    half rows that are not 16-byte multiples never reach this kernel). Every output is
+    right, and nothing around it is written."""
+    be, dtype, p = DEV.backend, "bfloat16", 520
+    npdt = nd.dtypes.to_numpy_dtype(dtype)
+    av = RNG.standard_normal((256, 192)).astype(npdt)
+    bv = RNG.standard_normal((p, 192)).astype(npdt)
+    a, b = on(av, dtype), on(bv, dtype)
+    want = av.astype(np.float64) @ bv.astype(np.float64).T
+    block = be._new_array(256 * p + 2 * offset, dtype)
+    be.fill(block, np.nan)
+    item = np.dtype(npdt).itemsize
+    out = type(block)(block.buffer.view(item * offset, item * 256 * p), 256 * p, dtype)
+    with be.tuned(skinny_tc=0), be.profile() as prof:
+        be.matmul(a.handle, b.handle, out, 256, 192, p, transpose_b=True)
+    assert any(name.startswith("matmul_tma") for name in prof.totals), prof.table()
+    got = be.to_numpy(out, (256, p), (p, 1), 0)
+    assert relerr(got, want) < _TMA_TOL[dtype]
+    whole = be.to_numpy(block, (256 * p + 2 * offset,), (1,), 0).astype(np.float32)
+    assert np.isnan(whole[:offset]).all() and np.isnan(whole[offset + 256 * p:]).all()
+
+
+@tma
 def test_tma_matmul_in_a_graph_replays_with_new_inputs():
     """The tensor maps are by-value launch arguments: capture copies them, so a replay reads
     the captured buffers' new contents."""

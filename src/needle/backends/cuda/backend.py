@@ -51,6 +51,14 @@ DMMA_SHARED = 3 * 2 * 128 * 68 * 4  # sgemm_dmma.cuh's SHARED_BYTES: 3 stages of
 _TMA_PLANS = 256  # launch plans kept by _tma_gemm and routes by matmul (emptied when full)
 
 
+_NO_MAP = bytes(128)  # gemm_tma.cu's map of C where C cannot have one (values stored singly)
+
+
+def _values_params(params: bytes) -> bytes:
+    """A TMA GEMM launch's params with chunk = 1: store C's values one by one."""
+    return MATMUL.pack(*MATMUL.unpack(params)[:-1], 1)
+
+
 def _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb, glu=False) -> tuple:
     return (a.buffer.handle + a.buffer.offset, b.buffer.handle + b.buffer.offset, a.dtype, m,
             n, p, batch, stride_a, stride_b, tb, glu)
@@ -317,19 +325,31 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
 
     def _launch_tma(self, plan, a, b, out, m: int, p: int, stride_a: int,
                     stride_b: int) -> None:
+        """Launch a plan of ``_tma_gemm`` into ``out``. The kernel stores C by TMA through a
+        map of ``out`` made here (cached per address); an output whose rows are not 16-byte
+        multiples, or that starts unaligned, has none and its values are stored one by one
+        (params chunk = 1)."""
         k, shared, launches = plan
         item = ITEMSIZE[a.dtype]
+        out_at = out.buffer.handle + out.buffer.offset
         counter = self._counters(2)  # the groups' tile claims (gemm_tma.cu run())
-        for z0, grid, params, maps in launches:
+        for z0, nb, grid, params, maps in launches:
+            if (p * item) % 16 == 0 and out_at % 16 == 0:
+                c_map = matrix_map(out.dtype, out_at + z0 * m * p * item, m, p, nb, m * p, 64,
+                                   128 // item)
+            else:
+                c_map, params = _NO_MAP, _values_params(params)
             bufs = ((a.buffer, b.buffer, out.buffer, counter) if z0 == 0 else
                     (a.buffer.view(z0 * stride_a * item, 0),
                      b.buffer.view(z0 * stride_b * item, 0), out.buffer.view(z0 * m * p * item, 0),
                      counter))
-            self.queue.dispatch(k, grid, (384, 1, 1), bufs, params, shared, raw_args=maps)
+            self.queue.dispatch(k, grid, (384, 1, 1), bufs, params, shared,
+                                raw_args=(*maps, c_map))
 
     def _tma_plan(self, a, b, m, n, p, batch, stride_a, stride_b, tb: bool, glu: bool):
         """(kernel, shared bytes, launches) of ``_tma_gemm``, a launch being (first matrix,
-        grid, params, tensor maps) per MAX_GRID_YZ matrices; None when the operands cannot
+        matrices, grid, params, A's and B's tensor maps) per MAX_GRID_YZ matrices (C's map
+        follows the output: ``_launch_tma`` makes it); None when the operands cannot
         be described or the tile does not fit. A GLU tile is 256 wide: 128 gate and 128 up
         rows of B (two boxes a stage) for 128 outputs."""
         width = 256 if glu else (self.tuning.tma_tile
@@ -338,12 +358,12 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
         if width not in TMA_WIDTHS or p < out_w:
             return None
         stages = tma_stages(width, self.tuning.tma_stages)
-        # stages, the consumers' two 64 x 144-byte staging buffers, two barriers and a tile
-        # id a stage, alignment
-        shared = stages * (128 + width) * 64 * 2 + 2 * 64 * 144 + 20 * stages + 1024
+        # stages, the consumers' four 8 KiB staging buffers, two barriers and a tile id a
+        # stage, alignment
+        shared = stages * (128 + width) * 64 * 2 + 4 * 8192 + 20 * stages + 1024
+        item = ITEMSIZE[a.dtype]
         if shared > self.device.max_shared_bytes:
             return None
-        item = ITEMSIZE[a.dtype]
         k_box = 128 // item  # a box row is 128 bytes (the swizzle): 64 halves, 32 floats
         tiles = cdiv(m, 128) * cdiv(p, out_w)  # the kernel orders each matrix's tiles
         groups = self.tuning.tma_groups or self.device.compute_units  # persistent: <= 1 an SM
@@ -363,7 +383,7 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
                          else matrix_map(b.dtype, b_at, n, p, nb, stride_b, 64))
                 maps = (matrix_map(a.dtype, a_at, m, n, nb, stride_a, 128, k_box), b_map)
                 params = MATMUL.pack(m, n, p, nb, stride_a, stride_b, 0, int(tb), 1, 0)
-                launches.append((z0, (min(tiles * nb, groups), 1, 1), params, maps))
+                launches.append((z0, nb, (min(tiles * nb, groups), 1, 1), params, maps))
         except DeviceError:
             return None
         kind = "glu_" if glu else "tf32_" if a.dtype == "float32" else "" if tb else "nn_"

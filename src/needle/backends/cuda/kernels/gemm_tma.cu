@@ -21,7 +21,7 @@
 //    (A: 64 x 128, B: 64 x W; 128-byte swizzle) that complete on that mbarrier;
 //  * warpgroups 1 and 2 are consumers, each owning 64 rows x W columns of the tile
 //    (wgmma m64nWk16, W / 2 fp32 accumulators per thread), and writing them out through
-//    its own staging buffer while the producer loads the next tile.
+//    its own staging buffers and TMA stores while the producer loads the next tile.
 // Both barriers of a stage complete one phase per use, so for the group's it-th k-tile
 // (counted over all its tiles), in stage it % STAGES, the parity to wait for is
 // (it / STAGES) & 1 on full[s] (consumers) and the opposite one on empty[s] (producer: a
@@ -29,9 +29,11 @@
 // waits return at once).
 //
 // Shared memory (dynamic, base rounded up to 1024 bytes): STAGES x [A 16 KiB | B W/8 KiB],
-// two staging buffers of 64 x 144 bytes, then full[STAGES] and empty[STAGES] (8 bytes
-// each) and ids[STAGES] (4 bytes): 216,144 bytes with 4 stages of W = 256 (6 of 128 and 8
-// of 64: 40 and 80 bytes more).
+// four 8 KiB staging buffers (two a consumer warpgroup), then full[STAGES] and
+// empty[STAGES] (8 bytes each) and ids[STAGES] (4 bytes): 230,480 bytes with 4 stages of
+// W = 256 (6 of 128 and 8 of 64: 40 and 80 bytes more). C is written by TMA stores through a
+// third tensor map (box 64 rows x 128 bytes), which also clips the tiles at C's edges; where
+// C cannot have one (rows not 16-byte multiples), thread by thread (store_values).
 #include "common.cuh"
 #include "mbarrier.cuh"
 #include "tensor_core.cuh"
@@ -113,32 +115,73 @@ __device__ __forceinline__ int ld_shared_i32(u32 at) {
 __device__ __forceinline__ void named_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-// A consumer warpgroup's tile goes out through its own staging buffer in shared memory,
-// EPI_COLS bytes of its 64 rows at a time: the accumulators' fragments hold 8-byte (16-byte
-// for float) pieces of 8 rows per store, half a 32-byte sector each, so written straight
-// to global memory they cost twice the store transactions of whole rows. The buffer is
-// apart from the pipeline's stages, which the producer is already filling with the next
-// tile's operands. Rows are padded by 16 bytes so that a fragment store's 8 rows fall in
-// different banks.
-constexpr u32 EPI_COLS = 128, EPI_PITCH = EPI_COLS + 16, EPI_BYTES = 64 * EPI_PITCH;
+// A consumer warpgroup's tile leaves through shared memory, 64 rows x 128 bytes at a time
+// (a chunk: 64 halves or 32 floats a row), each chunk stored to C by one TMA store. The
+// chunks alternate between the warpgroup's two 8 KiB buffers, apart from the pipeline's
+// stages (which the producer is already filling with the next tile's operands), so one
+// chunk's store runs while the next is staged. A chunk is laid out as TMA's 128-byte
+// swizzle has it (16-byte piece c of row r at c ^ (r % 8)): the 8 rows of a fragment store
+// fall in different banks.
+constexpr u32 EPI_BYTES = 64 * 128;
 
-// two adjacent outputs (an even column: 4- or 8-byte aligned), into shared memory
-template <class T> __device__ __forceinline__ void st_pair(u32 at, float lo, float hi) {
-  const u32 v = store<T>(lo).bits | (store<T>(hi).bits << 16);
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
+__device__ __forceinline__ u32 swizzled(u32 buf, int row, int byte) {
+  return buf + row * 128 + ((((u32)byte >> 4) ^ ((u32)row & 7u)) << 4) + ((u32)byte & 15u);
 }
-template <> __device__ __forceinline__ void st_pair<float>(u32 at, float lo, float hi) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(lo), "f"(hi) : "memory");
+// four 8 x 8 matrices of 16-bit values, one row address a lane (lanes 8j..8j+7: matrix j)
+__device__ __forceinline__ void stmatrix_x4(u32 at, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               ::"r"(at), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+// the 64 x 128-byte box at `src` to C at (col, row) of matrix z; one bulk group
+__device__ __forceinline__ void tma_store(const TmaMap* map, u32 src, int col, int row, int z) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+      "cp.async.bulk.commit_group;\n"
+      ::"l"(reinterpret_cast<u64>(map)), "r"(col), "r"(row), "r"(z), "r"(src) : "memory");
+}
+// until at most N of this thread's bulk groups are still reading shared memory
+template <int N> __device__ __forceinline__ void tma_store_read_wait() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// until all of this thread's bulk groups have completed (their writes done)
+__device__ __forceinline__ void tma_store_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// this thread's shared-memory writes, visible to the TMA (async proxy) that reads them
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// 16 bytes of the staged tile
-__device__ __forceinline__ uint4 ld_shared16(u32 at) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at));
-  return v;
+// Accumulator layout: warp w of a warpgroup holds rows 16w..16w+15 of its 64; per n8 chunk
+// i, lane l holds (row l/4, cols 8i + 2(l%4), +1) in acc[4i], acc[4i+1] and row + 8 in
+// acc[4i+2], acc[4i+3]: for 16-bit outputs, the fragments of two 8 x 8 matrices, so one
+// stmatrix.x4 stages two n8 chunks (rows 0-7 and 8-15 of each).
+template <class T, int BN, int C0>
+__device__ __forceinline__ void stage_chunk(const float (&acc)[BN / 2], u32 buf, int w, int lane) {
+#pragma unroll
+  for (int i = C0 / 8; i < (C0 + 64) / 8; i += 2) {
+    const int j = lane / 8, row = w * 16 + (j & 1) * 8 + lane % 8;
+    stmatrix_x4(swizzled(buf, row, (i - C0 / 8 + j / 2) * 16),
+                tc::pack2<T>(acc[4 * i], acc[4 * i + 1]), tc::pack2<T>(acc[4 * i + 2], acc[4 * i + 3]),
+                tc::pack2<T>(acc[4 * i + 4], acc[4 * i + 5]),
+                tc::pack2<T>(acc[4 * i + 6], acc[4 * i + 7]));
+  }
 }
-// one value of the staged tile
+// float outputs (TF32 products): a thread's two values of a row a store
+template <class T, int BN, int C0>
+__device__ __forceinline__ void stage_chunk_f32(const float (&acc)[BN / 2], u32 buf, int w,
+                                                int lane) {
+#pragma unroll
+  for (int i = C0 / 8; i < (C0 + 32) / 8; i++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const u32 at = swizzled(buf, w * 16 + lane / 4 + 8 * h, (i * 8 - C0 + (lane % 4) * 2) * 4);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n"
+                   ::"r"(at), "f"(acc[4 * i + 2 * h]), "f"(acc[4 * i + 2 * h + 1]) : "memory");
+    }
+}
+
+// one value of a staged chunk
 template <class T> __device__ __forceinline__ T ld_value(u32 at) {
   T v;
   asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v.bits) : "r"(at));
@@ -148,6 +191,57 @@ template <> __device__ __forceinline__ float ld_value<float>(u32 at) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(at));
   return v;
+}
+
+// Where C's rows are not 16-byte multiples, or C does not start 16-byte aligned, TMA
+// cannot store it (the host passes p.chunk = 1 and no map): the warpgroup's 128 threads
+// write a staged chunk's values one by one, rows (row0 + r) and columns (col0 + c) inside
+// the m x p matrix only.
+template <class T>
+__device__ __forceinline__ void store_values(T* __restrict__ C, u32 buf, i64 M, i64 N, int col0,
+                                             int row0, int t) {
+  constexpr int CW = 128 / (int)sizeof(T);
+  for (int c = t; c < 64 * CW; c += 128) {
+    const int r = c / CW, col = c % CW;
+    const i64 row = (i64)row0 + r, gcol = (i64)col0 + col;
+    if (row < M && gcol < N) C[row * N + gcol] = ld_value<T>(swizzled(buf, r, col * (int)sizeof(T)));
+  }
+}
+
+// The warpgroup's OUT_W columns of rows [row0, row0 + 64) of matrix z, from chunk C0 on
+// (the next chunk by recursion: a loop over the chunks, even with #pragma unroll, left the
+// accumulators in local memory). `n` counts the warpgroup's chunks so far (all tiles): its
+// chunk goes to buffer n % 2, free once the store issued from it two chunks ago has read
+// it. Thread 0 of the warpgroup waits for that and issues the stores; the others wait for
+// it at the barrier, stage, fence their writes for the TMA and meet it again. With
+// `values` (no map for C) every thread stores values instead; the next barrier but one
+// comes after its reads of the buffer.
+template <class T, int BN, int OUT_W, int C0 = 0>
+__device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const TmaMap* map_c,
+                                           bool values, T* __restrict__ C, const GemmParams& p,
+                                           u32 buf0, u32& n, int bar, int w, int lane, int t,
+                                           int col0, int row0, int z) {
+  constexpr int CW = 128 / (int)sizeof(T);  // columns a chunk
+  const u32 buf = buf0 + (n & 1u) * EPI_BYTES;
+  if (t == 0 && !values) tma_store_read_wait<1>();
+  named_sync(bar, 128);
+  if constexpr (sizeof(T) == 4) {
+    stage_chunk_f32<T, BN, C0>(acc, buf, w, lane);
+  } else {
+    stage_chunk<T, BN, C0>(acc, buf, w, lane);
+  }
+  if (values) {
+    named_sync(bar, 128);
+    store_values<T>(C + (i64)z * p.m * p.p, buf, p.m, p.p, col0 + C0, row0, t);
+  } else {
+    fence_async_shared();
+    named_sync(bar, 128);
+    if (t == 0) tma_store(map_c, buf, col0 + C0, row0, z);
+  }
+  n++;
+  if constexpr (C0 + CW < OUT_W)
+    store_tile<T, BN, OUT_W, C0 + CW>(acc, map_c, values, C, p, buf0, n, bar, w, lane, t, col0,
+                                      row0, z);
 }
 
 // GLU: the tile's columns [0, W/2) are gate and [W/2, W) the same outputs' up products, and
@@ -160,48 +254,6 @@ template <class T, int BN> __device__ __forceinline__ void swiglu_in_place(float
     const typename Acc<T>::type gate = load(store<T>(acc[q])), up = load(store<T>(acc[q + BN / 4]));
     acc[q] = load(store<T>(gate * sigmoid(gate) * up));
   }
-}
-
-// Accumulator layout: warp w of a warpgroup holds rows 16w..16w+15 of its 64; per n8 chunk
-// i, lane l holds (row l/4, cols 8i + 2(l%4), +1) in acc[4i], acc[4i+1] and row + 8 in
-// acc[4i+2], acc[4i+3]. The warpgroup's OUT_W columns leave in chunks of EPI_COLS bytes,
-// chunk C0 (its first column) here and the next by recursion (a loop over the chunks, even
-// with #pragma unroll, left the accumulators in local memory): each thread stages its
-// fragments of the chunk (row and col: its first, warpgroup-relative), the warpgroup syncs,
-// its 128 threads write consecutive 16-byte pieces of the rows to C at (m0 + row, n0 + col)
-// (coalesced), or single values where n leaves rows unaligned to 16 bytes, and sync again
-// before the buffer takes the next chunk.
-template <class T, int BN, int OUT_W, int C0 = 0>
-__device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], T* __restrict__ C, u32 buf,
-                                           int bar, int row, int col, i64 m0, i64 n0, i64 M,
-                                           i64 N, int t) {
-  constexpr u32 SIZE = sizeof(T);
-  constexpr int CW = EPI_COLS / SIZE, PER = 16 / SIZE, PIECES = CW / PER;  // values a chunk row
-#pragma unroll
-  for (int i = C0 / 8; i < (C0 + CW) / 8; i++)
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-      st_pair<T>(buf + (row + 8 * h) * EPI_PITCH + (i * 8 - C0 + col) * SIZE,
-                 acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-  named_sync(bar, 128);
-  if (N % PER == 0) {
-#pragma unroll
-    for (int c = t; c < 64 * PIECES; c += 128) {
-      const int r = c / PIECES, cc = (c % PIECES) * PER;
-      const i64 grow = m0 + r, gcol = n0 + C0 + cc;
-      if (grow < M && gcol < N)  // N % PER == 0: a piece is whole or outside
-        *reinterpret_cast<uint4*>(C + grow * N + gcol) = ld_shared16(buf + r * EPI_PITCH + cc * SIZE);
-    }
-  } else {
-    for (int c = t; c < 64 * CW; c += 128) {
-      const int r = c / CW, cc = c % CW;
-      const i64 grow = m0 + r, gcol = n0 + C0 + cc;
-      if (grow < M && gcol < N) C[grow * N + gcol] = ld_value<T>(buf + r * EPI_PITCH + cc * SIZE);
-    }
-  }
-  named_sync(bar, 128);
-  if constexpr (C0 + CW < OUT_W)
-    store_tile<T, BN, OUT_W, C0 + CW>(acc, C, buf, bar, row, col, m0, n0, M, N, t);
 }
 
 // ---- the walk over the tiles --------------------------------------------------------------
@@ -227,11 +279,11 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], T* __rest
 template <class T, int BN, bool BN_MAJOR, bool GLU = false>
 __device__ __forceinline__ void run(T* __restrict__ C, unsigned* counter, const GemmParams& p,
                                     const TmaMap* map_a, const TmaMap* map_b,
-                                    unsigned char* smem) {
+                                    const TmaMap* map_c, unsigned char* smem) {
   constexpr int STAGES = stages<BN>(), KS = k_tile<T>(), OUT_W = GLU ? BN / 2 : BN;
   constexpr u32 B_BYTES = BN * 128, STAGE_BYTES = A_BYTES + B_BYTES;
   const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
-  const u32 epi0 = base + STAGES * STAGE_BYTES, full0 = epi0 + 2 * EPI_BYTES;
+  const u32 epi0 = base + STAGES * STAGE_BYTES, full0 = epi0 + 4 * EPI_BYTES;
   const u32 empty0 = full0 + STAGES * 8, ids0 = empty0 + STAGES * 8;
   const int tid = threadIdx.x, wg = tid / 128;
   const int tiles_m = (int)((p.m + BM - 1) / BM), tiles_n = (int)((p.p + OUT_W - 1) / OUT_W);
@@ -298,8 +350,9 @@ __device__ __forceinline__ void run(T* __restrict__ C, unsigned* counter, const 
     // (one arrive per consumer warp on empty[s]).
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int g = wg - 1, lane = tid % 32, w = (tid % 128) / 32;
-    const u32 buf = epi0 + g * EPI_BYTES;
+    const u32 buf0 = epi0 + g * 2 * EPI_BYTES;
     float acc[BN / 2];
+    u32 chunks = 0;  // this warpgroup's chunks stored so far (store_tile)
     for (u32 it = 0;;) {
       const int s0 = (int)(it % STAGES);
       bar_wait(full0 + 8 * s0, (it / STAGES) & 1u);
@@ -331,36 +384,36 @@ __device__ __forceinline__ void run(T* __restrict__ C, unsigned* counter, const 
       int tm, tn;
       tile_of(t % tiles, tiles_m, tiles_n, tm, tn);
       if (GLU) swiglu_in_place<T, BN>(acc);
-      store_tile<T, BN, OUT_W>(acc, C + (i64)(t / tiles) * p.m * p.p, buf, 2 + g,
-                               w * 16 + lane / 4, (lane % 4) * 2, (i64)tm * BM + g * 64,
-                               (i64)tn * OUT_W, p.m, p.p, tid % 128);
+      store_tile<T, BN, OUT_W>(acc, map_c, p.chunk != 0, C, p, buf0, chunks, 2 + g, w, lane,
+                               tid % 128, tn * OUT_W, tm * BM + g * 64, t / tiles);
     }
+    if (tid % 128 == 0 && !p.chunk) tma_store_wait();  // the stores have read shared memory and written C
   }
 }
 }  // namespace tma
 #define GEMM_TMA_BODY(T, BN, BN_MAJOR, GLU)                                                    \
   extern __shared__ __align__(1024) unsigned char smem[];                                      \
-  tma::run<T, BN, BN_MAJOR, GLU>(out, counter, p, &map_a, &map_b, smem);
+  tma::run<T, BN, BN_MAJOR, GLU>(out, counter, p, &map_a, &map_b, &map_c, smem);
 #else
 // other targets: the names exist (every .cu compiles for sm_80 and sm_90 in CI); the host
 // launches these only on sm_90a builds (device feature "tma")
 #define GEMM_TMA_BODY(T, BN, BN_MAJOR, GLU) __trap();
 #endif
 
-// a and b are not read (the tensor maps address them); they are arguments so that graph
-// capture keeps their buffers alive, like every other kernel's operands.
+// a and b are not read (the tensor maps address them; out only where C has no map); they are
+// arguments so that graph capture keeps their buffers alive, like every other kernel's.
 #define GEMM_TMA_GLU(NAME, T, BN, BN_MAJOR, GLU)                                               \
   extern "C" __global__ void __launch_bounds__(384, 1)                                         \
       NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,              \
-           unsigned* __restrict__ counter, GemmParams p, const __grid_constant__ TmaMap map_a,                                 \
-           const __grid_constant__ TmaMap map_b) {                                             \
+           unsigned* __restrict__ counter, GemmParams p, const __grid_constant__ TmaMap map_a, \
+           const __grid_constant__ TmaMap map_b, const __grid_constant__ TmaMap map_c) {       \
     pdl_entry();                                                                               \
     GEMM_TMA_BODY(T, BN, BN_MAJOR, GLU)                                                        \
   }
 #define GEMM_TMA(NAME, T, BN, BN_MAJOR) GEMM_TMA_GLU(NAME, T, BN, BN_MAJOR, false)
 // Names: matmul_tma[W][_nn|_glu|_tf32]_{bf16,f16,f32}, W the tile width when not 256 (host:
 // _tma_plan).
-// shared bytes: S * (128 + W) * 64 * 2 + 2 * 64 * 144 + 20 * S + 1024, S = stages<W>()
+// shared bytes: S * (128 + W) * 64 * 2 + 4 * 8192 + 20 * S + 1024, S = stages<W>()
 #define GEMM_TMA_WIDTHS(SFX, T)                                                                \
   GEMM_TMA(matmul_tma_##SFX, T, 256, false) GEMM_TMA(matmul_tma_nn_##SFX, T, 256, true)        \
   GEMM_TMA(matmul_tma128_##SFX, T, 128, false) GEMM_TMA(matmul_tma128_nn_##SFX, T, 128, true)  \
