@@ -219,6 +219,18 @@ def test_tma_outputs_that_tma_cannot_store_are_stored_value_by_value(offset):
     assert np.isnan(whole[:offset]).all() and np.isnan(whole[offset + 256 * p:]).all()
 
 
+def test_outputs_without_a_tma_map_are_known_before_the_driver():
+    """_c_map answers None (store values one by one) for an output TMA cannot store,
+    without asking the driver: an unaligned start, rows that are not 16-byte multiples, a
+    map the checks refuse (more than 2^32 rows)."""
+    from needle.backends.cuda.backend import CudaBackend
+
+    assert CudaBackend._c_map("bfloat16", 0x1008, 256, 520, 1) is None
+    assert CudaBackend._c_map("bfloat16", 0x1000, 256, 516, 1) is None
+    assert CudaBackend._c_map("float32", 0x1000, 256, 130, 3) is None
+    assert CudaBackend._c_map("bfloat16", 0x1000, 1 << 33, 520, 1) is None
+
+
 @tma
 def test_tma_matmul_in_a_graph_replays_with_new_inputs():
     """The tensor maps are by-value launch arguments: capture copies them, so a replay reads

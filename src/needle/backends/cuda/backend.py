@@ -334,10 +334,8 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
         out_at = out.buffer.handle + out.buffer.offset
         counter = self._counters(2)  # the groups' tile claims (gemm_tma.cu run())
         for z0, nb, grid, params, maps in launches:
-            if (p * item) % 16 == 0 and out_at % 16 == 0:
-                c_map = matrix_map(out.dtype, out_at + z0 * m * p * item, m, p, nb, m * p, 64,
-                                   128 // item)
-            else:
+            c_map = self._c_map(out.dtype, out_at + z0 * m * p * item, m, p, nb)
+            if c_map is None:
                 c_map, params = _NO_MAP, _values_params(params)
             bufs = ((a.buffer, b.buffer, out.buffer, counter) if z0 == 0 else
                     (a.buffer.view(z0 * stride_a * item, 0),
@@ -345,6 +343,18 @@ class CudaBackend(AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps, MultiTe
                      counter))
             self.queue.dispatch(k, grid, (384, 1, 1), bufs, params, shared,
                                 raw_args=(*maps, c_map))
+
+    @staticmethod
+    def _c_map(dtype: str, address: int, m: int, p: int, batch: int) -> bytes | None:
+        """The TMA GEMM's map of C (boxes of 64 rows x 128 bytes), or None where TMA cannot
+        store it: a start not 16-byte aligned or rows not 16-byte multiples."""
+        item = ITEMSIZE[dtype]
+        if address % 16 or (p * item) % 16:
+            return None
+        try:
+            return matrix_map(dtype, address, m, p, batch, m * p, 64, 128 // item)
+        except DeviceError:  # any other limit of the map's: the values path still works
+            return None
 
     def _tma_plan(self, a, b, m, n, p, batch, stride_a, stride_b, tb: bool, glu: bool):
         """(kernel, shared bytes, launches) of ``_tma_gemm``, a launch being (first matrix,
