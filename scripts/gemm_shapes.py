@@ -5,14 +5,17 @@ with --one-tile, also launched one group per tile instead of the persistent grid
 
     python scripts/gemm_shapes.py [--widths] [--one-tile]
 
-Prints per shape: cuBLAS µs, needle µs (auto width, then each variant), needle ÷ cuBLAS speed,
-the kernel that ran, and max |needle - cuBLAS| / max |cuBLAS|. Needs CUDA and PyTorch.
+Each time is the median of 7 replays of 20 products, cuBLAS and the variants taking turns
+at being replayed first. Prints per shape: cuBLAS µs, needle µs (auto width, then each
+variant), needle ÷ cuBLAS speed, the kernel that ran, and max |needle - cuBLAS| / max
+|cuBLAS|. Needs CUDA and PyTorch.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -25,10 +28,12 @@ SHAPES = [(1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 4096, 409
           (8192, 8192, 8192, False), (2048, 2048, 2560, True), (2048, 2048, 2048, True),
           (2048, 2048, 11264, True), (2048, 5632, 2048, True), (2048, 2048, 32000, True),
           (512, 2048, 2560, True), (512, 2048, 11264, True), (512, 5632, 2048, True)]
-REPS = 20
+REPS = 20  # products a replay
+ROUNDS = 7  # timed replays of each variant, the order turning each round
 
 
-def _torch_time(torch, op) -> float:
+def _torch_replay(torch, op):
+    """``op`` REPS times captured in one CUDA graph by PyTorch; returns its replay."""
     op()
     torch.cuda.synchronize()
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
@@ -38,13 +43,31 @@ def _torch_time(torch, op) -> float:
             for _ in range(REPS):
                 op()
     torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        graph.replay()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / REPS)
-    return best
+    return graph.replay
+
+
+def _needle_replay(backend, op):
+    """``op`` REPS times captured in one needle graph; returns its replay."""
+    op()
+    with backend.capture() as graph:
+        for _ in range(REPS):
+            op()
+    return graph.replay
+
+
+def rotated_medians(replays: dict, sync, rounds: int = ROUNDS) -> dict:
+    """Median seconds a product of each replay, sampled in rounds whose order turns: the
+    first sample after a pause can run at a higher GPU clock (docs/cuda_notes.md v28)."""
+    names = list(replays)
+    samples: dict = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            sync()
+            start = time.perf_counter()
+            replays[name]()
+            sync()
+            samples[name].append((time.perf_counter() - start) / REPS)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def main() -> None:
@@ -55,7 +78,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from benchmarks.quant_decode import _timed  # the captured-graph timing of the benchmarks
 
     from needle import backend_ndarray as nd
 
@@ -76,19 +98,20 @@ def main() -> None:
         b = nd.array(tb.float().cpu().numpy(), device=dev, dtype="bfloat16")
         b_op = b.transpose() if k_major else b
         want = (ta @ tb_op).float().cpu().numpy()
-        cublas = _torch_time(torch, lambda: ta @ tb_op)  # noqa: B023 - timed at once
-        times, error, kernel = [], 0.0, ""
-        for _, overrides in variants:
+        replays = {"cuBLAS": _torch_replay(torch, lambda: ta @ tb_op)}  # noqa: B023
+        error, kernel = 0.0, ""
+        for name, overrides in variants:
             with be.tuned(**overrides):
                 with be.profile() as prof:
                     got = (a @ b_op).numpy().astype(np.float32)
-                times.append(_timed(dev, lambda: a @ b_op, reps=REPS))  # noqa: B023
+                replays[name] = _needle_replay(be, lambda: a @ b_op)  # noqa: B023
             error = max(error, float(np.abs(got - want).max() / np.abs(want).max()))
             if not overrides:
                 kernel = ",".join(n for n in prof.totals if n.startswith("matmul"))
-        cells = " ".join(f"{t * 1e6:7.1f}" for t in times)
-        print(f"{f'{m}, {k}, {p}':<18} {'K' if k_major else 'N':<2} {cublas * 1e6:7.1f} {cells}"
-              f"  {cublas / times[0]:5.2f}  {error:.0e}  {kernel}", flush=True)
+        med = rotated_medians(replays, torch.cuda.synchronize)
+        cells = " ".join(f"{med[name] * 1e6:7.1f}" for name, _ in variants)
+        print(f"{f'{m}, {k}, {p}':<18} {'K' if k_major else 'N':<2} {med['cuBLAS'] * 1e6:7.1f} "
+              f"{cells}  {med['cuBLAS'] / med['auto']:5.2f}  {error:.0e}  {kernel}", flush=True)
 
 
 if __name__ == "__main__":
