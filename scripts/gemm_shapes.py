@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -56,18 +54,17 @@ def _needle_replay(backend, op):
 
 
 def rotated_medians(replays: dict, sync, rounds: int = ROUNDS) -> dict:
-    """Median seconds a product of each replay, sampled in rounds whose order turns: the
-    first sample after a pause can run at a higher GPU clock (docs/cuda_notes.md v28)."""
-    names = list(replays)
-    samples: dict = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            sync()
-            start = time.perf_counter()
-            replays[name]()
-            sync()
-            samples[name].append((time.perf_counter() - start) / REPS)
-    return {name: statistics.median(v) for name, v in samples.items()}
+    """Median seconds a product of each replay: the benchmarks' interleaved sampling
+    (benchmarks.runner.time_impls: the order turns each round, since the first sample after
+    a pause can run at a higher GPU clock, docs/cuda_notes.md v28)."""
+    from benchmarks.runner import Impl, Settings, time_impls
+
+    impls = {name: Impl(replay, [()]) for name, replay in replays.items()}
+    timings, errors = time_impls(impls, {name: sync for name in replays},
+                                 Settings(repeat=rounds, min_sample_s=0.0))
+    if errors:
+        raise RuntimeError(f"replays failed: {errors}")
+    return {name: t.median / REPS for name, t in timings.items()}
 
 
 def main() -> None:

@@ -213,15 +213,16 @@ __device__ __forceinline__ void store_values(T* __restrict__ C, u32 buf, i64 M, 
 // accumulators in local memory). `n` counts the warpgroup's chunks so far (all tiles): its
 // chunk goes to buffer n % 2, free once the store issued from it two chunks ago has read
 // it. Thread 0 of the warpgroup waits for that and issues the stores; the others wait for
-// it at the barrier, stage, fence their writes for the TMA and meet it again. With
-// `values` (no map for C) every thread stores values instead; the next barrier but one
-// comes after its reads of the buffer.
+// it at the barrier, stage, fence their writes for the TMA and meet it again. Where C has
+// no map (p.chunk != 0) every thread stores values instead; the next barrier but one comes
+// after its reads of the buffer.
 template <class T, int BN, int OUT_W, int C0 = 0>
 __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const TmaMap* map_c,
-                                           bool values, T* __restrict__ C, const GemmParams& p,
-                                           u32 buf0, u32& n, int bar, int w, int lane, int t,
-                                           int col0, int row0, int z) {
+                                           T* __restrict__ C, const GemmParams& p, u32 buf0,
+                                           u32& n, int bar, int w, int lane, int t, int col0,
+                                           int row0, int z) {
   constexpr int CW = 128 / (int)sizeof(T);  // columns a chunk
+  const bool values = p.chunk != 0;
   const u32 buf = buf0 + (n & 1u) * EPI_BYTES;
   if (t == 0 && !values) tma_store_read_wait<1>();
   named_sync(bar, 128);
@@ -240,8 +241,8 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const Tma
   }
   n++;
   if constexpr (C0 + CW < OUT_W)
-    store_tile<T, BN, OUT_W, C0 + CW>(acc, map_c, values, C, p, buf0, n, bar, w, lane, t, col0,
-                                      row0, z);
+    store_tile<T, BN, OUT_W, C0 + CW>(acc, map_c, C, p, buf0, n, bar, w, lane, t, col0, row0,
+                                      z);
 }
 
 // GLU: the tile's columns [0, W/2) are gate and [W/2, W) the same outputs' up products, and
@@ -384,10 +385,10 @@ __device__ __forceinline__ void run(T* __restrict__ C, unsigned* counter, const 
       int tm, tn;
       tile_of(t % tiles, tiles_m, tiles_n, tm, tn);
       if (GLU) swiglu_in_place<T, BN>(acc);
-      store_tile<T, BN, OUT_W>(acc, map_c, p.chunk != 0, C, p, buf0, chunks, 2 + g, w, lane,
-                               tid % 128, tn * OUT_W, tm * BM + g * 64, t / tiles);
+      store_tile<T, BN, OUT_W>(acc, map_c, C, p, buf0, chunks, 2 + g, w, lane, tid % 128,
+                               tn * OUT_W, tm * BM + g * 64, t / tiles);
     }
-    if (tid % 128 == 0 && !p.chunk) tma_store_wait();  // the stores have read shared memory and written C
+    if (tid % 128 == 0 && !p.chunk) tma_store_wait();  // C written, shared memory read
   }
 }
 }  // namespace tma
