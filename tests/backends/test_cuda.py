@@ -577,3 +577,53 @@ def test_native_dispatch_reads_buffer_offsets_and_refuses_oversized_arguments():
         be.queue.dispatch(k, (2**32 + 1, 1, 1), (t, 1, 1), (block,) * 3, N_PARAMS.pack(1))
     with pytest.raises(OverflowError):
         be.queue.dispatch(k, (-1, 1, 1), (t, 1, 1), (block,) * 3, N_PARAMS.pack(1))
+
+
+@gpu
+def test_native_dispatch_places_raw_arguments():
+    """By-value raw arguments (the TMA GEMM's tensor maps, the multi-tensor Adam's table)
+    go through the native launch too: the same bits as the queue's Python packing; a raw
+    launch after one with fewer fixed slots still finds its buffers; raw arguments past
+    the 1,024-byte raw block are the Python path's KernelLaunchError, a non-bytes one a
+    TypeError."""
+    from needle import optim
+    from needle.autograd import Tensor
+    from needle.backends.cuda import _launch
+    from needle.backends.cuda import queue as queue_module
+    from needle.backends.gpu.array import N_PARAMS
+    from needle.errors import KernelLaunchError
+
+    be, q = DEV.backend, DEV.backend.queue
+    assert q._native_dispatch is not None and _launch.RAW_BYTES == queue_module._RAW_SCRATCH
+
+    def step_then_product():
+        # Adam's multi-tensor launch: no buffers or params, one raw table (0 fixed slots);
+        # then a half product (the TMA GEMM on Hopper: 4 buffers, params, 3 maps)
+        w = Tensor(np.linspace(-1, 1, 4096, dtype=np.float32).reshape(64, 64), device=DEV,
+                   requires_grad=True)
+        opt = optim.Adam([w], lr=1e-2)
+        (w * w).sum().backward()
+        opt.step()
+        a = on(RNG.standard_normal((256, 128)).astype(np.float32), "bfloat16")
+        b = on(RNG.standard_normal((128, 192)).astype(np.float32), "bfloat16")
+        return w.numpy(), (a @ b).numpy(), a, b
+
+    state = RNG.bit_generator.state
+    native = step_then_product()
+    RNG.bit_generator.state = state
+    fast, q._native_dispatch = q._native_dispatch, None
+    try:
+        packed = step_then_product()
+    finally:
+        q._native_dispatch = fast
+    np.testing.assert_array_equal(native[0], packed[0])
+    np.testing.assert_array_equal(native[1], packed[1])
+    np.testing.assert_array_equal(native[1], (native[2] @ native[3]).numpy())  # a plan reused
+    k, t, _ = be._geometry_1d("ewise_add_f32", "elementwise")
+    block = be.Array(t, "float32").buffer
+    with pytest.raises(KernelLaunchError, match="1024-byte raw block"):
+        q.dispatch(k, (1, 1, 1), (t, 1, 1), (block,) * 3, N_PARAMS.pack(1),
+                   raw_args=(bytes(600), bytes(600)))
+    with pytest.raises(TypeError, match="bytes"):
+        q.dispatch(k, (1, 1, 1), (t, 1, 1), (block,) * 3, N_PARAMS.pack(1),
+                   raw_args=(bytearray(128),))

@@ -212,21 +212,24 @@ class CudaQueue(Queue):
     # --- launches ------------------------------------------------------------------------
     def dispatch(self, kernel, groups, threads, buffers, params=b"", shared_bytes=0,
                  raw_args=()) -> None:
-        """Queue.dispatch, with the eager hot path (no raw arguments, no capture, trace or
-        profile) in one native call that packs the arguments and launches.
+        """Queue.dispatch, with the eager hot path (no capture, trace or profile) in one
+        native call that packs the arguments (raw ones included) and launches.
 
         The hot path takes no lock: the lock guards the queue's shared argument block and
         an open recording, and the native call packs into a block of its own thread and
         launches while holding the GIL (~0.25 us a launch saved; docs/cuda_notes.md v23).
         Queue.dispatch, the other path, takes the lock itself."""
         fast = self._native_dispatch
-        if (fast is None or raw_args or self.capturing is not None
+        if (fast is None or self.capturing is not None
                 or self.profiler is not None or trace.enabled):
             Queue.dispatch(self, kernel, groups, threads, buffers, params, shared_bytes,
                            raw_args)
             return
-        err = fast(kernel.address, groups, threads, shared_bytes, self.handle, buffers, params)
+        err = fast(kernel.address, groups, threads, shared_bytes, self.handle, buffers, params,
+                   raw_args or None)
         if err:
+            if err == _TOO_LARGE and raw_args:  # say which block overflowed
+                self._place_raw(kernel, len(buffers) + (1 if params else 0), raw_args)
             self._launch_failed(kernel, groups, threads, shared_bytes, err,
                                 8 * len(buffers) + len(params))
 

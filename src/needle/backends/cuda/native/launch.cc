@@ -11,7 +11,10 @@
 // `dispatch` goes one step further for the eager hot path: it takes the launch's buffers
 // (objects with integer `handle` and `offset`) and its packed params struct as Python
 // objects and writes the argument block here, instead of the queue packing it with struct
-// and copying it into a ctypes block (~1.5 us of Python per launch on an H100 host).
+// and copying it into a ctypes block (~1.5 us of Python per launch on an H100 host). Its
+// `raw` arguments (by-value structs after the params, e.g. the TMA GEMM's 128-byte tensor
+// maps) are copied here too, each to a 64-byte boundary: before, a launch with them took
+// the queue's Python path (~5 us of ctypes copies a launch on an H100 host; cuda_notes v29).
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
@@ -58,14 +61,47 @@ int launch(std::uintptr_t function, unsigned gx, unsigned gy, unsigned gz, unsig
 // struct starts at the slot after the last buffer, as in queue.py's own block.
 constexpr std::size_t kSlots = 64;
 constexpr int kTooLarge = -2;  // not a CUresult: the arguments exceed the block
+constexpr std::size_t kRawBytes = 1024;  // raw arguments, each on a kRawAlign boundary
+constexpr std::size_t kRawAlign = 64;    // CUtensorMap's alignment
 struct ArgBlock {
   alignas(64) unsigned char bytes[8 * kSlots];
+  alignas(kRawAlign) unsigned char raw[kRawBytes];
   void* argv[kSlots];
+  void* raw_argv[kSlots];  // argv's fixed slots, then one pointer a raw argument
   ArgBlock() {
-    for (std::size_t i = 0; i < kSlots; ++i) argv[i] = bytes + 8 * i;
+    for (std::size_t i = 0; i < kSlots; ++i) argv[i] = raw_argv[i] = bytes + 8 * i;
   }
 };
 thread_local ArgBlock block;
+
+// Copies each bytes object of `raw` into block.raw and points the raw_argv slots after
+// the first `fixed` at them. False when they do not fit (nothing launched then).
+bool place_raw(PyObject* raw, std::size_t fixed) {
+  PyObject* seq = PySequence_Fast(raw, "raw arguments must be a sequence of bytes");
+  if (seq == nullptr) throw nb::python_error();
+  Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  std::size_t offset = 0;
+  bool fits = fixed + static_cast<std::size_t>(count) <= kSlots;
+  // a raw launch with fewer fixed slots may have pointed these at raw copies
+  for (std::size_t i = 0; fits && i < fixed; ++i) block.raw_argv[i] = block.bytes + 8 * i;
+  for (Py_ssize_t i = 0; fits && i < count; ++i) {
+    if (!PyBytes_Check(items[i])) {
+      Py_DECREF(seq);
+      throw nb::type_error("each raw argument must be a bytes object");
+    }
+    std::size_t size = static_cast<std::size_t>(PyBytes_GET_SIZE(items[i]));
+    if (offset + size > kRawBytes) {
+      fits = false;
+      break;
+    }
+    std::memcpy(block.raw + offset, PyBytes_AS_STRING(items[i]), size);
+    block.raw_argv[fixed + i] = block.raw + offset;
+    offset += (size + kRawAlign - 1) / kRawAlign * kRawAlign;
+  }
+  Py_DECREF(seq);
+  return fits;
+}
 
 std::uint64_t int_attr(PyObject* obj, PyObject* name) {
   PyObject* value = PyObject_GetAttr(obj, name);
@@ -96,7 +132,7 @@ void dims(nb::handle shape, unsigned (&out)[3]) {
 }
 
 int dispatch(std::uintptr_t function, nb::handle groups, nb::handle threads, unsigned shared,
-             std::uintptr_t stream, nb::handle buffers, nb::bytes params) {
+             std::uintptr_t stream, nb::handle buffers, nb::bytes params, nb::handle raw) {
   if (!load()) return -1;
   static PyObject* handle_name = PyUnicode_InternFromString("handle");
   static PyObject* offset_name = PyUnicode_InternFromString("offset");
@@ -123,8 +159,15 @@ int dispatch(std::uintptr_t function, nb::handle groups, nb::handle threads, uns
   }
   Py_DECREF(seq);
   if (nparams) std::memcpy(block.bytes + 8 * n, params.c_str(), nparams);
+  void** argv = block.argv;
+  if (!raw.is_none()) {  // the raw arguments' slots follow the buffers' and the params'
+    if (!place_raw(raw.ptr(), static_cast<std::size_t>(n) + (nparams ? 1 : 0))) {
+      return kTooLarge;
+    }
+    argv = block.raw_argv;
+  }
   return launch_fn(reinterpret_cast<void*>(function), g[0], g[1], g[2], t[0], t[1], t[2],
-                   shared, reinterpret_cast<void*>(stream), block.argv, nullptr);
+                   shared, reinterpret_cast<void*>(stream), argv, nullptr);
 }
 }  // namespace
 
@@ -138,9 +181,13 @@ NB_MODULE(_launch, m) {
         "CUresult (0 on success).");
   m.def("dispatch", &dispatch, nb::arg("function"), nb::arg("groups"), nb::arg("threads"),
         nb::arg("shared"), nb::arg("stream"), nb::arg("buffers"), nb::arg("params"),
+        nb::arg("raw").none() = nb::none(),
         "cuLaunchKernel(function, (gx, gy, gz), (bx, by, bz), shared bytes, stream, buffers, "
-        "params) with the argument block built here: each buffer's handle + offset "
-        "in an 8-byte slot, then the params bytes. The CUresult (0 on success), -1 without "
-        "a driver, -2 when the arguments exceed the 512-byte block.");
+        "params, raw=None) with the argument block built here: each buffer's handle + offset "
+        "in an 8-byte slot, then the params bytes; each bytes object of raw (by-value "
+        "arguments after the params) copied to a 64-byte boundary of a 1,024-byte block. "
+        "The CUresult (0 on success), -1 without a driver, -2 when the arguments exceed "
+        "the 512-byte block or the raw ones theirs.");
   m.attr("BLOCK_BYTES") = 8 * kSlots;
+  m.attr("RAW_BYTES") = kRawBytes;
 }
