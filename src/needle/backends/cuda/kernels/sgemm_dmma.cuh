@@ -30,9 +30,10 @@ constexpr int SHARED_BYTES = STAGES * 2 * TILE_FLOATS * 4;  // 208,896: opted in
 // and the float64 sums' order is immaterial to the float32 result's rounding bounds). With
 // PERM, physical k = 4t + c within a step stands at the mma fragments' logical k = t + 4c,
 // so a lane's four k values of one row are adjacent and [m][k] / [n][k] tiles are read as
-// one 16-byte load a row. PERM is on where B is stored (N, K): nt 1.00 -> 1.09x cuBLAS,
-// tt 1.06 -> 1.11 at 4096³; for nn the 16-byte loads of A alone spilled registers and
-// lost 2% (docs/cuda_notes.md v29), so nn and tn keep k in order, [m][k] rows of BK + 4.
+// one 16-byte load a row. PERM is on where B is stored (N, K): nt 0.98-1.00 -> 1.06-1.09x
+// cuBLAS's speed, tt 1.02-1.06 -> 1.06-1.12 at 4096³ (two runs); for nn the 16-byte loads
+// of A spilled registers and lost 2% (docs/cuda_notes.md v29), so nn and tn keep k in
+// order, [m][k] rows of BK + 4.
 
 // Shared-memory row of k-row r of a [k][m] / [k][n] tile: with PERM, within each 16-row
 // step the two 2-bit fields of r swapped, so that the lanes reading physical k = 4t + c find
