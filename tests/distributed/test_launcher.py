@@ -31,6 +31,8 @@ def test_mpi_rank_failure_is_named():
     assert job.returncode != 0
     assert "rank 0 of 2 local 0" in job.stdout and "rank 1 of 2 local 1" in job.stdout
     assert "needle run: rank 1 exited with status 3" in job.stderr
+    # and the launcher's own line: where mpiexec fails before any rank runs, the only one
+    assert f"needle run: mpiexec exited with status {job.returncode}" in job.stderr
 
 
 def test_a_hung_rank_times_out_the_others():

@@ -131,7 +131,10 @@ def launch(n: int, python_args: list[str], backend: str = "auto", port: int | No
     if timeout is not None:
         env[TIMEOUT_VAR] = str(timeout)
     if backend == "mpi":
-        return subprocess.call(_mpi_command(n, python_args, env), env=env)
+        code = subprocess.call(_mpi_command(n, python_args, env), env=env)
+        if code:  # a failed rank said so above; alone, this line means mpiexec itself failed
+            print(f"needle run: mpiexec {describe_exit(code)}", file=sys.stderr, flush=True)
+        return code
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or _free_port()),
                **{AUTHKEY_VAR: secrets.token_hex(16)})
     return spawn(n, [sys.executable, *python_args], env)
