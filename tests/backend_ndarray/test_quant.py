@@ -22,6 +22,9 @@ CASES = [
     # groups that are no multiple of 8 (int4's start mid-word: the CPU's general path;
     # int8's start at any byte), five rows (the CPU's four-row blocks and a remainder)
     (1, 5, 50, 4, 12, True), (2, 13, 77, 4, 20, False), (1, 11, 90, 8, 12, True),
+    # int4 groups of whole 64-value blocks (the CPU's transposed-x path) with a partial block
+    # in the last group, and a batched decode of five rows
+    (1, 9, 200, 4, 128, False), (5, 6, 320, 4, 64, True),
 ]
 
 
