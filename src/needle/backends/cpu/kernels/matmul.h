@@ -1,4 +1,4 @@
-// The blocked GEMM core, shared by matmul (matmul.cc) and attention (nn.cc).
+// The blocked GEMM core, shared by matmul (matmul.cc) and attention (attention.cc).
 #pragma once
 
 #include <type_traits>

@@ -3,7 +3,9 @@
 #include "common.h"
 
 namespace needle {
+void bind_attention(nb::module_& m);  // attention.cc
 void bind_decode(nb::module_& m);  // decode.cc
+void bind_indexing(nb::module_& m);  // indexing.cc
 void bind_optim(nb::module_& m);  // optim.cc
 void bind_paged(nb::module_& m);  // paged.cc
 void bind_quant(nb::module_& m);  // quant.cc
@@ -23,6 +25,8 @@ NB_MODULE(_cpu, m) {
   needle::bind_reduce(m);
   needle::bind_matmul(m);
   needle::bind_nn(m);
+  needle::bind_indexing(m);
+  needle::bind_attention(m);
   needle::bind_decode(m);
   needle::bind_optim(m);
   needle::bind_paged(m);
