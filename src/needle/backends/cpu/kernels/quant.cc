@@ -86,8 +86,8 @@ void dequant_row(const QuantMatrix& m, int64_t r, float* w) {
 
 // 64 int4 values (8 words) of a row against xt, the matching 64 values of x transposed
 // (xt[8p + e] = x[8e + p]: nibble p of word e), into two accumulators: a word's nibble p
-// of all eight words is one shift and mask of the eight words at once (~4 instructions a
-// value's eighth instead of 5 with a broadcast word and eight shift amounts): 4-11% less
+// of all eight words is one shift and mask of the eight words at once (four instructions
+// for eight values instead of five with a broadcast word and eight shift amounts): 4-11% less
 // time on the 2-vCPU AVX2 development machine's 1.1B matrices (docs/quantization.md).
 // Processing the four rows a step inside it (x loaded once) spilled AVX2's 16 registers
 // and lost 15-20%.
