@@ -608,14 +608,22 @@ def test_native_dispatch_places_raw_arguments():
         b = on(RNG.standard_normal((128, 192)).astype(np.float32), "bfloat16")
         return w.numpy(), (a @ b).numpy(), a, b
 
-    state = RNG.bit_generator.state
-    native = step_then_product()
-    RNG.bit_generator.state = state
-    fast, q._native_dispatch = q._native_dispatch, None
+    placed = []  # the Python path's raw packing, counted: the native path must not use it
+    place_raw = q._place_raw
+    q._place_raw = lambda *args: placed.append(args[0].name) or place_raw(*args)
     try:
-        packed = step_then_product()
+        state = RNG.bit_generator.state
+        native = step_then_product()
+        assert placed == []  # every raw launch above went through the native dispatch
+        RNG.bit_generator.state = state
+        fast, q._native_dispatch = q._native_dispatch, None
+        try:
+            packed = step_then_product()
+        finally:
+            q._native_dispatch = fast
+        assert placed or not be.tuning.tma  # the TMA product's maps are raw arguments
     finally:
-        q._native_dispatch = fast
+        del q._place_raw
     np.testing.assert_array_equal(native[0], packed[0])
     np.testing.assert_array_equal(native[1], packed[1])
     np.testing.assert_array_equal(native[1], (native[2] @ native[3]).numpy())  # a plan reused
