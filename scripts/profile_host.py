@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
+import operator
 import pstats
 import time
 
@@ -50,19 +52,25 @@ def _sum(dev):
     return lambda: x.sum(axis=1)
 
 
+def _in_turn(pairs: list):
+    """A call computing ``a @ b`` of the next (a, b) of ``pairs``, cycling."""
+    turn = itertools.count()
+    return lambda: operator.matmul(*pairs[next(turn) % len(pairs)])
+
+
 def _matmul(dev, n: int, dtype: str):
     """``a @ b`` of (n, n) NDArrays, eight input pairs in turn as the benchmark's case."""
     import needle.backend_ndarray as nd
 
     rng = np.random.default_rng(0)
-    pairs = [tuple(nd.NDArray(rng.standard_normal((n, n), dtype=np.float32), device=dev,
-                              dtype=dtype) for _ in range(2)) for _ in range(8)]
-    calls = iter(range(1 << 62))
-    return lambda: (lambda a, b: a @ b)(*pairs[next(calls) % 8])
+    return _in_turn([tuple(nd.NDArray(rng.standard_normal((n, n), dtype=np.float32),
+                                      device=dev, dtype=dtype) for _ in range(2))
+                     for _ in range(8)])
 
 
 def _torch_matmul(n: int, dtype: str):
-    """The same products in PyTorch on the GPU (None without torch or CUDA)."""
+    """The same products in PyTorch on the GPU, and its synchronize (None without torch or
+    CUDA)."""
     try:
         import torch
     except ImportError:
@@ -72,8 +80,7 @@ def _torch_matmul(n: int, dtype: str):
     g = torch.Generator(device="cuda").manual_seed(0)
     pairs = [tuple(torch.randn(n, n, device="cuda", generator=g).to(getattr(torch, dtype))
                    for _ in range(2)) for _ in range(8)]
-    calls = iter(range(1 << 62))
-    return (lambda: (lambda a, b: a @ b)(*pairs[next(calls) % 8])), torch.cuda.synchronize
+    return _in_turn(pairs), torch.cuda.synchronize
 
 
 def _wall(fn, sync, calls: int) -> tuple[float, float]:

@@ -47,7 +47,7 @@ _SAMPLE = struct.Struct("4q")
 _SAMPLE_WARP_BINS = 32 * 256 * 8  # the selects' per-warp bins (sampling.cu)
 _SAMPLE_THREADS = 1024
 _SAMPLE_STATIC = 8192  # sampling.cu's static shared memory (6.7 KiB), rounded up
-DMMA_SHARED = 3 * 2 * 128 * 68 * 4  # sgemm_dmma.cuh's SHARED_BYTES: 3 stages of A and B
+DMMA_SHARED = 3 * 2 * 64 * 136 * 4  # sgemm_dmma.cuh's SHARED_BYTES: 3 stages of A and B
 _TMA_PLANS = 256  # launch plans kept by _tma_gemm and routes by matmul (emptied when full)
 
 
