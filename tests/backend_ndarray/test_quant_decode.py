@@ -151,3 +151,44 @@ def test_cuda_runs_each_projection_as_one_kernel(dtype, fmt, rng):
     assert_close(act, gu[:, :70] / (1 + np.exp(-gu[:, :70])) * gu[:, 70:], dtype, "matmul")
     want = t0.astype(np.float64) + _rounded(x.astype(np.float64) @ exact[:70].T, dtype)
     assert_close(T, want, dtype, "matmul")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("fmt", [(8, None, True, 512), (4, 64, True, 256), (4, 32, False, 256)],
+                         ids=str)
+def test_packed_projection_of_x_with_wide_and_tiny_values(device, dtype, fmt, rng):
+    """16-bit x holding values 10^6 apart inside one 16-byte chunk of weights, and an x of
+    subnormal-range values: CUDA's kernels take x as integers with a power-of-two scale a
+    chunk (kernels/quant_intx.cuh), so a wrong scale or a lost small value shows here."""
+    bits, group, symmetric, k = fmt
+    if check_unsupported_dtype(device, dtype):
+        return
+    qm, exact = _packed(rng, 70, k, bits, group, symmetric, device)
+    big = 100.0 if dtype == "float16" else 1e4
+    a = random(rng, (1, k), dtype, -1, 1) * np.where(np.arange(k) % 7 == 0, big, 1e-2)
+    a = a.astype(np_dtype(dtype))
+    t0 = np.zeros((1, 70), np_dtype(dtype))
+    T = on(device, t0)
+    nd.matvec_add(on(device, a), qm, T)
+    assert_close(T, _rounded(a.astype(np.float64) @ exact.T, dtype), dtype, "matmul")
+    tiny = 1e-35 if dtype == "bfloat16" else 1e-6  # bf16 keeps float32's range
+    a = (random(rng, (1, k), dtype, -1, 1) * tiny).astype(np_dtype(dtype))
+    T = on(device, t0)
+    nd.matvec_add(on(device, a), qm, T)
+    want = _rounded(a.astype(np.float64) @ exact.T, dtype)
+    assert_close(T, want, dtype, "matmul", scale=float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("dtype", QUANT_FLOATS)
+def test_packed_projection_of_x_with_an_infinity_or_nan_is_not_finite(device, dtype, rng):
+    """A non-finite x value makes the products it enters non-finite (never a finite,
+    silently wrong number)."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    qm, _ = _packed(rng, 40, 256, 4, 64, True, device)
+    for bad in (np.inf, np.nan):
+        a = random(rng, (1, 256), dtype, -1, 1)
+        a[0, 37] = bad
+        T = on(device, np.zeros((1, 40), np_dtype(dtype)))
+        nd.matvec_add(on(device, a), qm, T)
+        assert not np.isfinite(T.numpy().astype(np.float64)).any(), bad

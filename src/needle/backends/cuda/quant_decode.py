@@ -26,8 +26,13 @@ class QuantDecodeOps(QuantOps):
                               out: GpuArray, rows: int, dim: int, p: int, eps: float,
                               bits: int, group_size: int) -> bool:
         chunk = 128 // bits  # values in a 16-byte chunk
-        # shared memory: staged x (float), each chunk's sum of it (with offsets), warp sums
-        shared = 4 * (dim + (dim // chunk if offsets is not None else 0) + WARPS)
+        # shared memory, then warp sums: float32 x staged as floats with each chunk's sum of
+        # them (with offsets); 16-bit x as integers, 2 bytes a value, with each chunk's scale
+        # and sum (kernels/quant_intx.cuh)
+        if x.dtype == "float32":
+            shared = 4 * (dim + (dim // chunk if offsets is not None else 0) + WARPS)
+        else:
+            shared = 2 * dim + 8 * (dim // chunk) + 4 * WARPS
         if not (rows == 1 and x.dtype in ACTIVATIONS and dim % chunk == 0
                 and group_size % chunk == 0 and shared <= self.device.max_shared_bytes
                 and not overlap(x.buffer, out.buffer)

@@ -5,17 +5,20 @@
 //   qmv_add{8,4}_*             x[j] += (W a)[j], in place (the residual stream)
 // decode.cu's dense kernels read x along with each weight vector; here a 16-byte chunk of
 // packed weights holds 16 (int8) or 32 (int4) values, so x (normed, for the first two) is
-// staged once per group of 4 warps in shared memory as float, laid out for chunk_dot, each
-// thread's loads of x issued together (quant.cuh: group_sum_squares, stage_x). A warp then
+// staged once per group of 4 warps in shared memory, each thread's loads of x issued
+// together: bf16 / f16 x as 16-bit integers with a power-of-two scale a chunk, dotted with the
+// packed bytes by dp4a (quant_intx.cuh; 8.2% more int4 tok/s than the float form, v30);
+// float32 x as float, laid out for chunk_dot (quant.cuh: group_sum_squares, stage_x). A warp then
 // walks its outputs NR at a time (a step); a round asks for U chunks of each of the step's RW
 // weight rows (RW = NR, or NR gate and NR up rows) with each chunk's scale (and offset), RW x
 // U = 8 loads of 16 bytes per lane, and the next round is asked for as soon as this one's
 // registers are summed, so it is in flight during the warp sums and stores.
 // Measured (docs/cuda_notes.md v12): bound by instruction issue at the occupancy the 128
-// registers allow (3 instructions a value), not by bytes in flight; two rounds in flight
-// (double-buffered registers) made it slower.
+// registers allow (3 instructions a value in the float form; ~1 with dp4a), not by bytes in
+// flight; two rounds in flight (double-buffered registers) made it slower.
 #include "common.cuh"
 #include "quant.cuh"
+#include "quant_intx.cuh"
 
 #ifndef QDECODE_MIN_GROUPS
 #define QDECODE_MIN_GROUPS 4  // groups of 4 warps per SM the registers must allow
@@ -73,6 +76,34 @@ struct Round {
       }
     }
   }
+
+  // the same from x staged as integers (quant_intx.cuh; 16-bit activations): a chunk's
+  // integer sum, less 8 sum(q) for symmetric int4 (values u - 8), times its scale 2^s
+  __device__ __forceinline__ void dot_int(int r, int chunks, const uint4* planes,
+                                          const float* sx, const int* xsum,
+                                          const QDecodeParams& p, float (&acc)[RW]) const {
+    constexpr int P = IntX<BITS>::P;
+    const int c0 = (threadIdx.x & 31) + 32 * U * r;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int c = c0 + 32 * u;
+      if (c >= chunks) break;
+      uint4 xp[P];
+#pragma unroll
+      for (int q = 0; q < P; q++) xp[q] = planes[q * chunks + c];
+      const float s = sx[c];
+      const int qsum = xsum[c];
+      const float xsc = s * (float)qsum;  // the chunk's sum of x, for offsets
+#pragma unroll
+      for (int i = 0; i < RW; i++) {
+        int t = chunk_dot_int<BITS>(w[i][u], xp);
+        if (BITS == 4 && !p.offsets) t -= 8 * qsum;
+        const float d = s * (float)t;
+        acc[i] = p.offsets ? fmaf(sc[i][u], d, fmaf(off[i][u], xsc, acc[i]))
+                           : fmaf(sc[i][u], d, acc[i]);
+      }
+    }
+  }
 };
 
 // one warp's outputs j0 .. j0 + NR - 1 (up to last) from its summed dot products
@@ -97,6 +128,7 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
   typedef Round<BITS, KIND, NR, U> R;
   constexpr int E = R::E, RW = R::RW;
   constexpr bool NORM = KIND != 2;
+  constexpr bool INTX = sizeof(T) == 2;  // x as integers, dp4a dot products (quant_intx.cuh)
   const int k = (int)p.k, chunks = k / E, lane = threadIdx.x & 31;
   const int per_step = (chunks + 32 * U - 1) / (32 * U);
   const i64 first = ((i64)blockIdx.x * WARPS + (threadIdx.x >> 5)) * p.rows_per_warp;
@@ -110,19 +142,29 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
   // the wait too, since a load issued before it can see stale bytes if that kernel wrote them
   pdl_entry();
   if (rounds) fetch(0);
-  // shared memory: staged h (k floats), each chunk's sum of h (with offsets), WARPS floats
-  float* xsum = smem + k;
-  float* red = xsum + (p.offsets ? chunks : 0);
+  // shared memory: 16-bit activations: x as integers (2k bytes of planes, each chunk's
+  // scale and sum: quant_intx.cuh); float32: staged h (k floats), each chunk's sum of h (with
+  // offsets); then WARPS floats. cuda/quant_decode.py sizes it.
+  uint4* planes = reinterpret_cast<uint4*>(smem);
+  float* sx = smem + k / 2;
+  int* qsum = reinterpret_cast<int*>(sx + chunks);
+  float* xsum = INTX ? reinterpret_cast<float*>(qsum) : smem + k;
+  float* red = INTX ? reinterpret_cast<float*>(qsum + chunks) : xsum + (p.offsets ? chunks : 0);
   float rs = 1.f;
   if (NORM) {
     const float ss = group_sum_squares<T>(x, k, red, threadIdx.x, WARPS * 32);
     rs = 1.f / sqrtf(ss / (float)k + p.eps);
   }
-  stage_x<T, E, NORM>(x, nw, rs, k, smem, threadIdx.x, WARPS * 32);
-  __syncthreads();
-  if (p.offsets) {
-    chunk_sums<E>(smem, k, xsum, threadIdx.x, WARPS * 32);
+  if constexpr (INTX) {
+    stage_x_int<T, BITS, NORM>(x, nw, rs, k, planes, sx, qsum, threadIdx.x, WARPS * 32);
     __syncthreads();
+  } else {
+    stage_x<T, E, NORM>(x, nw, rs, k, smem, threadIdx.x, WARPS * 32);
+    __syncthreads();
+    if (p.offsets) {
+      chunk_sums<E>(smem, k, xsum, threadIdx.x, WARPS * 32);
+      __syncthreads();
+    }
   }
   const float4* xs = reinterpret_cast<const float4*>(smem);
   const float magic = value_magic<BITS>(p.offsets != 0);
@@ -137,7 +179,10 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
       for (int i = 0; i < NR; i++)  // the residual's old values, used when the step ends
         before[i] = KIND == 2 && lane == 0 && j0 + i <= last ? (float)load(out[j0 + i]) : 0.f;
     }
-    ra.dot(r, chunks, xs, xsum, magic, p, acc);
+    if constexpr (INTX)
+      ra.dot_int(r, chunks, planes, sx, qsum, p, acc);
+    else
+      ra.dot(r, chunks, xs, xsum, magic, p, acc);
     // the next round in flight during the rest (a step's warp sums and stores included)
     if (n + 1 < rounds) fetch(n + 1);
     if (r == per_step - 1) finish<T, KIND, NR, RW>(acc, before, j0, last, out);
@@ -147,7 +192,9 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
 
 // (NR, U) = (2, 4), SwiGLU (1, 4): 8 chunk loads of 16 bytes a round per lane. For int4 the
 // same (a 2048-wide row is then 2 of a lane's 4 chunks a round): 4 rows x 2 chunks was
-// slower on every 1.1B shape but gate/up (docs/cuda_notes.md v12), with half the warps.
+// slower on every 1.1B shape but gate/up (docs/cuda_notes.md v12), with half the warps. With
+// integer dot products (v30) int4 SwiGLU as 2 gate + 2 up rows x 2 chunks took gate/up 8.2 ->
+// 7.3 us on an H200 but 8.8 -> 9.0 on the H100, so (1, 4) stays.
 #define QDECODE_NORM(NAME, SFX, T, BITS, KIND, NR)                                              \
   extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_MIN_GROUPS)             \
       NAME##BITS##_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                     \
