@@ -13,8 +13,8 @@ from ..gpu.array import SUFFIX, GpuArray, aligned16, cdiv, overlap
 from ..gpu.quant import ACTIVATIONS, QuantOps, group_shift
 
 # QDecodeParams (kernels/quant.cuh): k, p, words, groups, rows_per_warp, group_shift,
-# per_group, eps, offsets
-QDECODE = struct.Struct("7qfi")
+# per_group, eps (and the struct's padding)
+QDECODE = struct.Struct("7qf4x")
 WARPS = 4  # a group's warps
 # outputs a warp takes a step (the kernels' NR): 2, or 1 gate and up pair with SwiGLU
 STEP = {"rmsnorm_qmv": 2, "rmsnorm_qmv_swiglu": 1, "qmv_add": 2}
@@ -42,7 +42,9 @@ class QuantDecodeOps(QuantOps):
         words, groups = dim // (32 // bits), cdiv(dim, group_size)
         if qweight.size != n * words or scales.size != n * groups:
             return False  # the composed form's checks name the mismatch
-        kern = self._kernel("quant_decode", f"{kind}{bits}_{SUFFIX[x.dtype]}")
+        # suffix o: the kernel for offsets (int4 with zero points)
+        o = "o" if offsets is not None else ""
+        kern = self._kernel("quant_decode", f"{kind}{bits}{o}_{SUFFIX[x.dtype]}")
         kern.check_threads(32 * WARPS)
         kern.reserve_shared(shared)
         # a warp's outputs: whole steps, spread over one wave of warps
@@ -51,7 +53,7 @@ class QuantDecodeOps(QuantOps):
         per_warp = step * cdiv(cdiv(p, step), warps)
         per_group = group_size // chunk
         params = QDECODE.pack(dim, p, words, groups, per_warp, group_shift(groups, per_group),
-                              per_group, eps, int(offsets is not None))
+                              per_group, eps)
         extra = (offsets if offsets is not None else scales).buffer
         inputs = (x.buffer,) if w is None else (x.buffer, w.buffer)
         self.queue.dispatch(kern, (cdiv(p, per_warp * WARPS), 1, 1), (32 * WARPS, 1, 1),

@@ -6,8 +6,7 @@
 // the decode step's fused quantized projections (quant_decode.cu)
 struct QDecodeParams {  // cuda/quant_decode.py QDECODE
   i64 k, p, words, groups, rows_per_warp, group_shift, per_group;
-  float eps;
-  int offsets;
+  float eps;  // (offsets or not: the kernel's name, suffix o)
 };
 
 // the float subtracted from a byte placed in 2^23's mantissa (byte_f) to get the value:

@@ -20,9 +20,10 @@
 #include "quant.cuh"
 #include "quant_intx.cuh"
 
-#ifndef QDECODE_MIN_GROUPS
-#define QDECODE_MIN_GROUPS 4  // groups of 4 warps per SM the registers must allow
-#endif
+// groups of 4 warps per SM the registers must allow, the most without spills: float32 x 4
+// (128 registers); 16-bit x (integer dot products) int8 6 (80), int4 5 (96), one fewer with
+// offsets (docs/cuda_notes.md v30)
+#define QDECODE_GROUPS(T, BITS, OFF) (sizeof(T) == 4 ? 4 : ((BITS) == 8 ? 6 : 5) - (OFF))
 
 namespace qd {
 constexpr int WARPS = 4;
@@ -30,7 +31,7 @@ constexpr int WARPS = 4;
 // KIND 0: rmsnorm_qmv, 1: rmsnorm_qmv_swiglu, 2: qmv_add. A warp's work is a sequence of
 // rounds: step s (outputs first + s NR ..) has `per_step` rounds, round r of it U chunks of
 // each of the step's RW weight rows, chunks lane + 32 (U r + u).
-template <int BITS, int KIND, int NR, int U>
+template <int BITS, int KIND, int NR, int U, bool OFF>  // OFF: with offsets
 struct Round {
   static constexpr int E = 128 / BITS, RW = KIND == 1 ? 2 * NR : NR;
   uint4 w[RW][U];
@@ -53,7 +54,7 @@ struct Round {
         const i64 row = (j <= last ? j : last) + (KIND == 1 && i >= NR ? p.p : 0);
         w[i][u] = ld_stream16(reinterpret_cast<const uint4*>(q + row * p.words) + c);
         sc[i][u] = __ldg(s + row * p.groups + g);
-        if (p.offsets) off[i][u] = __ldg(b + row * p.groups + g);
+        if (OFF) off[i][u] = __ldg(b + row * p.groups + g);
       }
     }
   }
@@ -67,11 +68,11 @@ struct Round {
     for (int u = 0; u < U; u++) {
       const int c = c0 + 32 * u;
       if (c >= chunks) break;
-      const float xsc = p.offsets ? xsum[c] : 0.f;
+      const float xsc = OFF ? xsum[c] : 0.f;
 #pragma unroll
       for (int i = 0; i < RW; i++) {
         const float d = chunk_dot<BITS>(w[i][u], xs + c, chunks, magic);
-        acc[i] = p.offsets ? fmaf(sc[i][u], d, fmaf(off[i][u], xsc, acc[i]))
+        acc[i] = OFF ? fmaf(sc[i][u], d, fmaf(off[i][u], xsc, acc[i]))
                            : fmaf(sc[i][u], d, acc[i]);
       }
     }
@@ -97,9 +98,9 @@ struct Round {
 #pragma unroll
       for (int i = 0; i < RW; i++) {
         int t = chunk_dot_int<BITS>(w[i][u], xp);
-        if (BITS == 4 && !p.offsets) t -= 8 * qsum;
+        if (BITS == 4 && !OFF) t -= 8 * qsum;
         const float d = s * (float)t;
-        acc[i] = p.offsets ? fmaf(sc[i][u], d, fmaf(off[i][u], xsc, acc[i]))
+        acc[i] = OFF ? fmaf(sc[i][u], d, fmaf(off[i][u], xsc, acc[i]))
                            : fmaf(sc[i][u], d, acc[i]);
       }
     }
@@ -120,12 +121,12 @@ __device__ __forceinline__ void finish(float (&acc)[RW], const float (&before)[N
       out[j0 + i] = projection_out<T, KIND>(acc[i], acc[KIND == 1 ? NR + i : i], (C)before[i]);
 }
 
-template <class T, int BITS, int KIND, int NR, int U>
+template <class T, int BITS, int KIND, int NR, int U, bool OFF>
 __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restrict__ nw,
                                       const u32* __restrict__ q, const float* __restrict__ s,
                                       const float* __restrict__ b, T* out,
                                       const QDecodeParams& p, float* smem) {
-  typedef Round<BITS, KIND, NR, U> R;
+  typedef Round<BITS, KIND, NR, U, OFF> R;
   constexpr int E = R::E, RW = R::RW;
   constexpr bool NORM = KIND != 2;
   constexpr bool INTX = sizeof(T) == 2;  // x as integers, dp4a dot products (quant_intx.cuh)
@@ -149,7 +150,7 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
   float* sx = smem + k / 2;
   int* qsum = reinterpret_cast<int*>(sx + chunks);
   float* xsum = INTX ? reinterpret_cast<float*>(qsum) : smem + k;
-  float* red = INTX ? reinterpret_cast<float*>(qsum + chunks) : xsum + (p.offsets ? chunks : 0);
+  float* red = INTX ? reinterpret_cast<float*>(qsum + chunks) : xsum + (OFF ? chunks : 0);
   float rs = 1.f;
   if (NORM) {
     const float ss = group_sum_squares<T>(x, k, red, threadIdx.x, WARPS * 32);
@@ -161,13 +162,13 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
   } else {
     stage_x<T, E, NORM>(x, nw, rs, k, smem, threadIdx.x, WARPS * 32);
     __syncthreads();
-    if (p.offsets) {
+    if (OFF) {
       chunk_sums<E>(smem, k, xsum, threadIdx.x, WARPS * 32);
       __syncthreads();
     }
   }
   const float4* xs = reinterpret_cast<const float4*>(smem);
-  const float magic = value_magic<BITS>(p.offsets != 0);
+  const float magic = value_magic<BITS>(OFF);
   float acc[RW], before[NR];
   for (int n = 0; n < rounds; n++) {
     const int r = n % per_step;
@@ -195,29 +196,32 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
 // slower on every 1.1B shape but gate/up (docs/cuda_notes.md v12), with half the warps. With
 // integer dot products (v30) int4 SwiGLU as 2 gate + 2 up rows x 2 chunks took gate/up 8.2 ->
 // 7.3 us on an H200 but 8.8 -> 9.0 on the H100, so (1, 4) stays.
-#define QDECODE_NORM(NAME, SFX, T, BITS, KIND, NR)                                              \
-  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_MIN_GROUPS)             \
-      NAME##BITS##_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                     \
-                         const u32* __restrict__ q, const float* __restrict__ s,                \
-                         const float* __restrict__ b, T* __restrict__ out, QDecodeParams p) {   \
+#define QDECODE_NORM(NAME, SFX, T, BITS, KIND, NR, OFF, O)                                      \
+  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_GROUPS(T, BITS, OFF))        \
+      NAME##BITS##O##_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                  \
+                            const u32* __restrict__ q, const float* __restrict__ s,             \
+                            const float* __restrict__ b, T* __restrict__ out,                   \
+                            QDecodeParams p) {                                                  \
     extern __shared__ __align__(16) float qdecode_smem[];                                       \
-    qd::qgemv<T, BITS, KIND, NR, 4>(x, nw, q, s, b, out, p, qdecode_smem);                      \
+    qd::qgemv<T, BITS, KIND, NR, 4, OFF>(x, nw, q, s, b, out, p, qdecode_smem);                 \
   }
-#define QDECODE_ADD(SFX, T, BITS)                                                               \
-  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_MIN_GROUPS)             \
-      qmv_add##BITS##_##SFX(const T* __restrict__ a, const u32* __restrict__ q,                 \
-                            const float* __restrict__ s, const float* __restrict__ b,           \
-                            T* total, QDecodeParams p) {                                        \
+#define QDECODE_ADD(SFX, T, BITS, OFF, O)                                                       \
+  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_GROUPS(T, BITS, OFF))        \
+      qmv_add##BITS##O##_##SFX(const T* __restrict__ a, const u32* __restrict__ q,              \
+                               const float* __restrict__ s, const float* __restrict__ b,        \
+                               T* total, QDecodeParams p) {                                     \
     extern __shared__ __align__(16) float qdecode_smem[];                                       \
-    qd::qgemv<T, BITS, 2, 2, 4>(a, a, q, s, b, total, p, qdecode_smem);                         \
+    qd::qgemv<T, BITS, 2, 2, 4, OFF>(a, a, q, s, b, total, p, qdecode_smem);                    \
   }
-#define QDECODE(SFX, T)                                                                         \
-  QDECODE_NORM(rmsnorm_qmv, SFX, T, 8, 0, 2)                                                    \
-  QDECODE_NORM(rmsnorm_qmv, SFX, T, 4, 0, 2)                                                    \
-  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 8, 1, 1)                                             \
-  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, 4, 1, 1)                                             \
-  QDECODE_ADD(SFX, T, 8)                                                                        \
-  QDECODE_ADD(SFX, T, 4)
+// each kernel without offsets and with them (suffix o: int4 with zero points)
+#define QDECODE_BOTH(SFX, T, BITS)                                                              \
+  QDECODE_NORM(rmsnorm_qmv, SFX, T, BITS, 0, 2, false, )                                        \
+  QDECODE_NORM(rmsnorm_qmv, SFX, T, BITS, 0, 2, true, o)                                        \
+  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, BITS, 1, 1, false, )                                 \
+  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, BITS, 1, 1, true, o)                                 \
+  QDECODE_ADD(SFX, T, BITS, false, )                                                            \
+  QDECODE_ADD(SFX, T, BITS, true, o)
+#define QDECODE(SFX, T) QDECODE_BOTH(SFX, T, 8) QDECODE_BOTH(SFX, T, 4)
 
 ONLY(f16, QDECODE(f16, half_t))
 ONLY(bf16, QDECODE(bf16, bf16_t))

@@ -91,30 +91,21 @@ __device__ __forceinline__ void stage_x_int(const T* x, const T* nw, float rs, i
                                             uint4* planes, float* sx, int* xsum, int tid,
                                             int threads) {
   constexpr int E = IntX<BITS>::E, V = 16 / sizeof(T), L = E / V;
-  constexpr int CS = BITS == 8 ? 2 : 1;  // chunks a thread loads at once: 4 vectors of x
   static_assert(sizeof(T) == 2, "16-bit activations");
   typedef Vec<T, V> Vt;
   const Vt* xv = reinterpret_cast<const Vt*>(x);
   const Vt* gv = reinterpret_cast<const Vt*>(nw);
   const int chunks = k / E;
-  for (int c0 = tid; c0 < chunks; c0 += CS * threads) {
-    Vt a[CS][L], g[CS][L];
+  // one chunk a round: two chunks of int8 at once (4 vectors of x, 4 of nw) spilled at the
+  // decode kernels' register caps
+  for (int c = tid; c < chunks; c += threads) {
+    Vt a[L], g[L];
 #pragma unroll
-    for (int s = 0; s < CS; s++) {
-      const int c = c0 + s * threads;
-      if (c >= chunks) break;
-#pragma unroll
-      for (int l = 0; l < L; l++) {
-        a[s][l] = xv[c * L + l];
-        if (NORM) g[s][l] = gv[c * L + l];
-      }
+    for (int l = 0; l < L; l++) {
+      a[l] = xv[c * L + l];
+      if (NORM) g[l] = gv[c * L + l];
     }
-#pragma unroll
-    for (int s = 0; s < CS; s++) {
-      const int c = c0 + s * threads;
-      if (c >= chunks) break;
-      stage_loaded<T, BITS, NORM, L>(a[s], g[s], rs, c, chunks, planes, sx, xsum);
-    }
+    stage_loaded<T, BITS, NORM, L>(a, g, rs, c, chunks, planes, sx, xsum);
   }
 }
 
