@@ -102,15 +102,84 @@ inline void int4x64_dot(const uint32_t* q, const float* xt, f32x8& even, f32x8& 
   }
 }
 
+#if defined(__AVX2__)
+// 16-bit x as integers for int4 (the CUDA kernels' form, kernels/quant_intx.cuh): each
+// 32-value chunk of x as q = x * 2^k with one power of two a chunk and |q| < 2^15 (a bf16 /
+// f16 value has at most 11 significant bits, so the chunk's largest |x| is exact), split into
+// a signed high byte and an unsigned low byte (q = 256 hi + lo), laid out to meet the nibbles
+// of 8 packed words (a 64-value block): 32 bytes each of even-hi, odd-hi, even-lo, odd-lo,
+// byte b pairing with word b / 4's byte b % 4 (lo nibble: element 8 (b / 4) + 2 (b % 4), hi
+// nibble the next). vpmaddubsw multiplies unsigned by signed bytes and adds pairs into int16
+// (nibble x hi <= 2 * 15 * 128, lo x nibble <= 2 * 255 * 15: no saturation): ~21
+// instructions a row and block against int4x64_dot's ~40.
+struct XBlocks {
+  std::vector<uint8_t> planes;  // (blocks of 64, 4, 32)
+  std::vector<float> scale;     // 2^-k a 32-value chunk; NaN where it holds an inf or NaN
+};
+
+XBlocks int_blocks(const float* x, int64_t k) {
+  const int64_t blocks = k / 64;
+  XBlocks xb{std::vector<uint8_t>(blocks * 128), std::vector<float>(2 * blocks)};
+  for (int64_t c = 0; c < 2 * blocks; ++c) {
+    const float* v = x + 32 * c;
+    uint32_t mb = 0;  // the largest |x| as bits: integer order is float order below NaN
+    for (int e = 0; e < 32; ++e) {
+      uint32_t u;
+      std::memcpy(&u, v + e, 4);
+      mb = std::max(mb, u & 0x7fffffffu);
+    }
+    const int em = std::max((int)(mb >> 23), 1), sh = 141 - em;  // |x| < 2^(em - 126)
+    uint8_t* pl = xb.planes.data() + 128 * (c / 2);  // chunk c: half c % 2 of a block
+    for (int e = 0; e < 32; ++e) {
+      const int q = (int)std::nearbyint(std::ldexp(v[e], sh));  // exact scaling, |q| < 2^15
+      const int at = 32 * (c % 2) + e, byte = 4 * (at / 8) + (at % 8) / 2, odd = e % 2;
+      pl[32 * odd + byte] = (uint8_t)((q >> 8) & 0xff);
+      pl[64 + 32 * odd + byte] = (uint8_t)(q & 0xff);
+    }
+    xb.scale[c] = mb >= 0x7f800000u ? std::numeric_limits<float>::quiet_NaN()
+                                    : std::ldexp(1.0f, -sh);
+  }
+  return xb;
+}
+
+// acc += each chunk's 2^-k * (sum of u * q over the chunk), u the 64 nibbles of 8 words at
+// q (lanes 0-3 of the int32 sums hold the first 32 values, 4-7 the second)
+inline void int4x64_dot_int(const uint32_t* q, const uint8_t* pl, const float* scale,
+                            f32x8& acc) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  const __m256i mask = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i lo = _mm256_and_si256(w, mask);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+  auto plane = [&](int i) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pl + 32 * i));
+  };
+  const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, plane(0)),
+                                      _mm256_maddubs_epi16(hi, plane(1)));
+  const __m256i pq = _mm256_add_epi16(_mm256_maddubs_epi16(plane(2), lo),
+                                      _mm256_maddubs_epi16(plane(3), hi));
+  const __m256i t = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(ph, ones), 8),
+                                     _mm256_madd_epi16(pq, ones));
+  const f32x8 sc = {scale[0], scale[0], scale[0], scale[0],
+                    scale[1], scale[1], scale[1], scale[1]};
+  acc += (f32x8)_mm256_cvtepi32_ps(t) * sc;
+}
+#else
+struct XBlocks {  // (AVX2 only: elsewhere 16-bit x takes the float form)
+  std::vector<uint8_t> planes;
+  std::vector<float> scale;
+};
+#endif
+
 // y[t] = x . W[r0 + t] for R rows: per group g, s_g * (x . u)_g + b_g * xsum_g, with u the
 // stored values and b_g the offset (symmetric int4: -8 s_g, as it stores q + 8). x is
 // loaded once for the R rows; each group's vector partial sums are scaled into vector
 // totals, summed across lanes once at the end. Groups of int4 start on a word (group_size
 // % 8 == 0, checked by the caller); with xt (x transposed by 64-value blocks, given where
-// the groups are multiples of 64) int4 takes 64 values at a time (int4x64_dot).
+// the groups are multiples of 64) int4 takes 64 values at a time (int4x64_dot), and with xb
+// (16-bit x as integers, AVX2, the same groups) by integer products (int4x64_dot_int).
 template <int R, int BITS>
 void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
-              const float* xsum, float* y) {
+              const XBlocks* xb, const float* xsum, float* y) {
   const float bias = (BITS == 4 && !w.offsets) ? 8.0f : 0.0f;  // symmetric int4 stores q + 8
   const uint32_t* q[R];
   for (int t = 0; t < R; ++t) q[t] = w.q + (r0 + t) * w.words;
@@ -121,6 +190,13 @@ void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
     f32x8 acc[R] = {};
     float rest[R] = {};
     int64_t j = lo;
+#if defined(__AVX2__)
+    if (BITS == 4 && xb != nullptr)
+      for (; j + 64 <= hi; j += 64)
+        for (int t = 0; t < R; ++t)
+          int4x64_dot_int(q[t] + (j >> 3), xb->planes.data() + 2 * j, &xb->scale[j / 32],
+                          acc[t]);
+#endif
     if (BITS == 4 && xt != nullptr) {
       f32x8 odd[R] = {};
       for (; j + 64 <= hi; j += 64)
@@ -153,23 +229,25 @@ void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
 
 // rows [r0, r1) of ys (m, n) for the m rows of xs (m, k); xsum (m, groups): each row of x
 // summed over each group (what the offsets multiply); xts (m, k): each row transposed by
-// 64-value blocks (transpose64), or nullptr
+// 64-value blocks (transpose64), or nullptr; xbs (m): each row as integers, or nullptr
 template <int BITS>
 void matvec_rows(const QuantMatrix& w, int64_t r0, int64_t r1, const float* xs,
-                 const float* xts, const float* xsum, int64_t m, float* ys) {
+                 const float* xts, const XBlocks* xbs, const float* xsum, int64_t m,
+                 float* ys) {
   constexpr int R = 4;  // independent accumulators: one FMA chain per row
   float y[R];
   for (int64_t i = 0; i < m; ++i) {
     const float* x = xs + i * w.k;
     const float* xt = xts ? xts + i * w.k : nullptr;
+    const XBlocks* xb = xbs ? xbs + i : nullptr;
     const float* xg = xsum + i * w.groups;
     int64_t r = r0;
     for (; r + R <= r1; r += R) {
-      rows_dot<R, BITS>(w, r, x, xt, xg, y);
+      rows_dot<R, BITS>(w, r, x, xt, xb, xg, y);
       for (int t = 0; t < R; ++t) ys[i * w.n + r + t] = y[t];
     }
     for (; r < r1; ++r) {
-      rows_dot<1, BITS>(w, r, x, xt, xg, y);
+      rows_dot<1, BITS>(w, r, x, xt, xb, xg, y);
       ys[i * w.n + r] = y[0];
     }
   }
@@ -243,18 +321,28 @@ void quant_matmul(const Array& x, const Array& qweight, const Array& scales,
       std::vector<float> xsum(m * w.groups, 0.0f);
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < k; ++j) xsum[i * w.groups + j / w.group] += xs.p[i * k + j];
-      std::vector<float> xts;  // int4 with groups of whole 64-value blocks: see int4x64_dot
+      // int4 with groups of whole 64-value blocks: 16-bit x as integers (AVX2), else x
+      // transposed by blocks (see int4x64_dot_int, int4x64_dot)
+      std::vector<float> xts;
+      std::vector<XBlocks> xbs;
       if (w.bits == 4 && w.group % 64 == 0) {
-        xts.resize(m * k);
-        for (int64_t i = 0; i < m; ++i) transpose64(xs.p + i * k, xts.data() + i * k, k);
+#if defined(__AVX2__)
+        if (x.dtype != DType::f32)
+          for (int64_t i = 0; i < m; ++i) xbs.push_back(int_blocks(xs.p + i * k, k));
+#endif
+        if (xbs.empty()) {
+          xts.resize(m * k);
+          for (int64_t i = 0; i < m; ++i) transpose64(xs.p + i * k, xts.data() + i * k, k);
+        }
       }
       const float* xt = xts.empty() ? nullptr : xts.data();
+      const XBlocks* xb = xbs.empty() ? nullptr : xbs.data();
       parallel_items(items, kRows * k * (m + 1), [&](int64_t it) {
         const int64_t r0 = it * kRows, r1 = std::min(n, r0 + kRows);
         if (w.bits == 8)
-          matvec_rows<8>(w, r0, r1, xs.p, nullptr, xsum.data(), m, ys.p);
+          matvec_rows<8>(w, r0, r1, xs.p, nullptr, nullptr, xsum.data(), m, ys.p);
         else
-          matvec_rows<4>(w, r0, r1, xs.p, xt, xsum.data(), m, ys.p);
+          matvec_rows<4>(w, r0, r1, xs.p, xt, xb, xsum.data(), m, ys.p);
       });
     } else {  // prefill (or odd int4 groups): rows dequantized, the blocked GEMM core
       // blocks of 128 rows (1 MiB of float32 at k = 2048): the GEMM core needs wide panels
