@@ -142,10 +142,9 @@ XBlocks int_blocks(const float* x, int64_t k) {
   return xb;
 }
 
-// acc += each chunk's 2^-k * (sum of u * q over the chunk), u the 64 nibbles of 8 words at
-// q (lanes 0-3 of the int32 sums hold the first 32 values, 4-7 the second)
-inline void int4x64_dot_int(const uint32_t* q, const uint8_t* pl, const float* scale,
-                            f32x8& acc) {
+// the int32 sums of u * q over the 64 nibbles u of 8 words at q, lanes 0-3 over the first 32
+// values, 4-7 over the second, as floats
+inline f32x8 int4x64_sums(const uint32_t* q, const uint8_t* pl) {
   const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
   const __m256i mask = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const __m256i lo = _mm256_and_si256(w, mask);
@@ -159,9 +158,51 @@ inline void int4x64_dot_int(const uint32_t* q, const uint8_t* pl, const float* s
                                       _mm256_maddubs_epi16(plane(3), hi));
   const __m256i t = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(ph, ones), 8),
                                      _mm256_madd_epi16(pq, ones));
-  const f32x8 sc = {scale[0], scale[0], scale[0], scale[0],
-                    scale[1], scale[1], scale[1], scale[1]};
-  acc += (f32x8)_mm256_cvtepi32_ps(t) * sc;
+  return (f32x8)_mm256_cvtepi32_ps(t);
+}
+
+// lanes 0-3 a, 4-7 b
+inline f32x8 halves(float a, float b) { return f32x8{a, a, a, a, b, b, b, b}; }
+
+// acc += each chunk's 2^-k * (sum of u * q over the chunk)
+inline void int4x64_dot_int(const uint32_t* q, const uint8_t* pl, const float* scale,
+                            f32x8& acc) {
+  acc += int4x64_sums(q, pl) * halves(scale[0], scale[1]);
+}
+
+// rows_dot for int4 in groups of 32 with x as integers: each 64-value block is two groups,
+// so its sums take each half's x scale times its group's weight scale at once; the offsets'
+// (or symmetric int4's -8 s) part from each group's sum of x, as in rows_dot
+template <int R>
+void rows_dot_g32(const QuantMatrix& w, int64_t r0, const float* x, const XBlocks& xb,
+                  const float* xsum, float* y) {
+  const uint32_t* q[R];
+  const float* s[R];
+  const float* b[R];
+  for (int t = 0; t < R; ++t) {
+    q[t] = w.q + (r0 + t) * w.words;
+    s[t] = w.scales + (r0 + t) * w.groups;
+    b[t] = w.offsets ? w.offsets + (r0 + t) * w.groups : nullptr;
+  }
+  f32x8 tot[R] = {};
+  float tail[R] = {};
+  const int64_t blocks = w.k / 64;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const uint8_t* pl = xb.planes.data() + 128 * blk;
+    const float sx0 = xb.scale[2 * blk], sx1 = xb.scale[2 * blk + 1];
+    for (int t = 0; t < R; ++t)
+      tot[t] += int4x64_sums(q[t] + 8 * blk, pl) *
+                halves(sx0 * s[t][2 * blk], sx1 * s[t][2 * blk + 1]);
+  }
+  for (int64_t j = 64 * blocks; j < w.k; ++j)  // a last group of 32 or fewer values
+    for (int t = 0; t < R; ++t) tail[t] += x[j] * stored<4>(q[t], j) * s[t][j / 32];
+  for (int64_t g = 0; g < w.groups; ++g)
+    for (int t = 0; t < R; ++t) tail[t] += (b[t] ? b[t][g] : -8.0f * s[t][g]) * xsum[g];
+  for (int t = 0; t < R; ++t) {
+    float sum = tail[t];
+    for (int e = 0; e < 8; ++e) sum += tot[t][e];
+    y[t] = sum;
+  }
 }
 #else
 struct XBlocks {  // (AVX2 only: elsewhere 16-bit x takes the float form)
@@ -176,10 +217,15 @@ struct XBlocks {  // (AVX2 only: elsewhere 16-bit x takes the float form)
 // totals, summed across lanes once at the end. Groups of int4 start on a word (group_size
 // % 8 == 0, checked by the caller); with xt (x transposed by 64-value blocks, given where
 // the groups are multiples of 64) int4 takes 64 values at a time (int4x64_dot), and with xb
-// (16-bit x as integers, AVX2, the same groups) by integer products (int4x64_dot_int).
+// (16-bit x as integers, AVX2; those groups or 32) by integer products (int4x64_dot_int,
+// rows_dot_g32).
 template <int R, int BITS>
 void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
               const XBlocks* xb, const float* xsum, float* y) {
+#if defined(__AVX2__)
+  if constexpr (BITS == 4)
+    if (xb != nullptr && w.group == 32) return rows_dot_g32<R>(w, r0, x, *xb, xsum, y);
+#endif
   const float bias = (BITS == 4 && !w.offsets) ? 8.0f : 0.0f;  // symmetric int4 stores q + 8
   const uint32_t* q[R];
   for (int t = 0; t < R; ++t) q[t] = w.q + (r0 + t) * w.words;
@@ -321,16 +367,16 @@ void quant_matmul(const Array& x, const Array& qweight, const Array& scales,
       std::vector<float> xsum(m * w.groups, 0.0f);
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < k; ++j) xsum[i * w.groups + j / w.group] += xs.p[i * k + j];
-      // int4 with groups of whole 64-value blocks: 16-bit x as integers (AVX2), else x
-      // transposed by blocks (see int4x64_dot_int, int4x64_dot)
+      // int4 with groups of whole 64-value blocks or of 32: 16-bit x as integers (AVX2),
+      // else (whole blocks) x transposed by blocks (see int4x64_dot_int, int4x64_dot)
       std::vector<float> xts;
       std::vector<XBlocks> xbs;
-      if (w.bits == 4 && w.group % 64 == 0) {
+      if (w.bits == 4 && (w.group % 64 == 0 || w.group == 32)) {
 #if defined(__AVX2__)
         if (x.dtype != DType::f32)
           for (int64_t i = 0; i < m; ++i) xbs.push_back(int_blocks(xs.p + i * k, k));
 #endif
-        if (xbs.empty()) {
+        if (xbs.empty() && w.group % 64 == 0) {
           xts.resize(m * k);
           for (int64_t i = 0; i < m; ++i) transpose64(xs.p + i * k, xts.data() + i * k, k);
         }
