@@ -25,7 +25,7 @@ from .compare import np_dtype, on, random
 EPS = 1e-5
 # (bits, group (None: per channel), symmetric, k)
 FORMATS = [(8, None, True, 256), (8, 32, True, 512), (4, 64, True, 256), (4, 128, True, 384),
-           (4, 32, False, 256), (4, 64, True, 200), (8, 16, True, 72)]
+           (4, 32, False, 256), (4, 64, True, 200), (8, 16, True, 72), (4, 32, True, 224)]
 OUTS = (37, 260)
 QUANT_FLOATS = ("float32", "bfloat16", "float16")
 
