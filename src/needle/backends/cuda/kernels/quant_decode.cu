@@ -7,8 +7,9 @@
 // packed weights holds 16 (int8) or 32 (int4) values, so x (normed, for the first two) is
 // staged once per group of 4 warps in shared memory, each thread's loads of x issued
 // together: bf16 / f16 x as 16-bit integers with a power-of-two scale a chunk, dotted with the
-// packed bytes by dp4a (quant_intx.cuh; 8.2% more int4 tok/s than the float form, v30);
-// float32 x as float, laid out for chunk_dot (quant.cuh: group_sum_squares, stage_x). A warp then
+// packed bytes by dp4a (quant_intx.cuh; with the register caps below, int4 g128 decode went
+// from 1.27x to 1.41x bf16's tok/s, v30); float32 x as float, laid out for chunk_dot
+// (quant.cuh: group_sum_squares, stage_x). A warp then
 // walks its outputs NR at a time (a step); a round asks for U chunks of each of the step's RW
 // weight rows (RW = NR, or NR gate and NR up rows) with each chunk's scale (and offset), RW x
 // U = 8 loads of 16 bytes per lane, and the next round is asked for as soon as this one's
@@ -61,8 +62,7 @@ struct Round {
 
   // acc[i] += the round's chunks dotted with the staged h (xsum: each chunk's sum of h)
   __device__ __forceinline__ void dot(int r, int chunks, const float4* xs, const float* xsum,
-                                      float magic, const QDecodeParams& p,
-                                      float (&acc)[RW]) const {
+                                      float magic, float (&acc)[RW]) const {
     const int c0 = (threadIdx.x & 31) + 32 * U * r;
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -82,7 +82,7 @@ struct Round {
   // integer sum, less 8 sum(q) for symmetric int4 (values u - 8), times its scale 2^s
   __device__ __forceinline__ void dot_int(int r, int chunks, const uint4* planes,
                                           const float* sx, const int* xsum,
-                                          const QDecodeParams& p, float (&acc)[RW]) const {
+                                          float (&acc)[RW]) const {
     constexpr int P = IntX<BITS>::P;
     const int c0 = (threadIdx.x & 31) + 32 * U * r;
 #pragma unroll
@@ -181,9 +181,9 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
         before[i] = KIND == 2 && lane == 0 && j0 + i <= last ? (float)load(out[j0 + i]) : 0.f;
     }
     if constexpr (INTX)
-      ra.dot_int(r, chunks, planes, sx, qsum, p, acc);
+      ra.dot_int(r, chunks, planes, sx, qsum, acc);
     else
-      ra.dot(r, chunks, xs, xsum, magic, p, acc);
+      ra.dot(r, chunks, xs, xsum, magic, acc);
     // the next round in flight during the rest (a step's warp sums and stores included)
     if (n + 1 < rounds) fetch(n + 1);
     if (r == per_step - 1) finish<T, KIND, NR, RW>(acc, before, j0, last, out);
@@ -197,7 +197,7 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
 // integer dot products (v30) int4 SwiGLU as 2 gate + 2 up rows x 2 chunks took gate/up 8.2 ->
 // 7.3 us on an H200 but 8.8 -> 9.0 on the H100, so (1, 4) stays.
 #define QDECODE_NORM(NAME, SFX, T, BITS, KIND, NR, OFF, O)                                      \
-  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_GROUPS(T, BITS, OFF))        \
+  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_GROUPS(T, BITS, OFF))   \
       NAME##BITS##O##_##SFX(const T* __restrict__ x, const T* __restrict__ nw,                  \
                             const u32* __restrict__ q, const float* __restrict__ s,             \
                             const float* __restrict__ b, T* __restrict__ out,                   \
@@ -206,7 +206,7 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
     qd::qgemv<T, BITS, KIND, NR, 4, OFF>(x, nw, q, s, b, out, p, qdecode_smem);                 \
   }
 #define QDECODE_ADD(SFX, T, BITS, OFF, O)                                                       \
-  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_GROUPS(T, BITS, OFF))        \
+  extern "C" __global__ void __launch_bounds__(qd::WARPS * 32, QDECODE_GROUPS(T, BITS, OFF))   \
       qmv_add##BITS##O##_##SFX(const T* __restrict__ a, const u32* __restrict__ q,              \
                                const float* __restrict__ s, const float* __restrict__ b,        \
                                T* total, QDecodeParams p) {                                     \
