@@ -1,8 +1,9 @@
 // Shared pieces of the CPU kernels: dtypes and their storage/compute types, the bit-exact
 // float16/bfloat16 conversions, the Array buffer, threading helpers and error reporting.
 //
-// Every kernel family (memory.cc, elementwise.cc, reduce.cc, matmul.cc, nn.cc, attention.cc, ...) includes
-// this header and registers its Python-visible functions on the module in a bind_* function.
+// Every kernel family (memory.cc, elementwise.cc, reduce.cc, matmul.cc, nn.cc, attention.cc,
+// ...) includes this header and registers its Python-visible functions on the module in a
+// bind_* function.
 #pragma once
 
 #include <nanobind/nanobind.h>

@@ -102,6 +102,21 @@ inline void int4x64_dot(const uint32_t* q, const float* xt, f32x8& even, f32x8& 
   }
 }
 
+// y[t] = tail[t] + the lanes of tot[t] (each row's vector total summed once, at the end)
+template <int R> inline void row_totals(const f32x8 (&tot)[R], const float (&tail)[R], float* y) {
+  for (int t = 0; t < R; ++t) {
+    float sum = tail[t];
+    for (int e = 0; e < 8; ++e) sum += tot[t][e];
+    y[t] = sum;
+  }
+}
+
+// x as integers for int4's integer products (AVX2 only: elsewhere x takes the float form)
+struct XBlocks {
+  std::vector<uint8_t> planes;  // (blocks of 64, 4, 32)
+  std::vector<float> scale;     // 2^-k a 32-value chunk; NaN where it holds an inf or NaN
+};
+
 #if defined(__AVX2__)
 // 16-bit x as integers for int4 (the CUDA kernels' form, kernels/quant_intx.cuh): each
 // 32-value chunk of x as q = x * 2^k with one power of two a chunk and |q| < 2^15 (a bf16 /
@@ -112,11 +127,6 @@ inline void int4x64_dot(const uint32_t* q, const float* xt, f32x8& even, f32x8& 
 // nibble the next). vpmaddubsw multiplies unsigned by signed bytes and adds pairs into int16
 // (nibble x hi <= 2 * 15 * 128, lo x nibble <= 2 * 255 * 15: no saturation): ~21
 // instructions a row and block against int4x64_dot's ~40.
-struct XBlocks {
-  std::vector<uint8_t> planes;  // (blocks of 64, 4, 32)
-  std::vector<float> scale;     // 2^-k a 32-value chunk; NaN where it holds an inf or NaN
-};
-
 XBlocks int_blocks(const float* x, int64_t k) {
   const int64_t blocks = k / 64;
   XBlocks xb{std::vector<uint8_t>(blocks * 128), std::vector<float>(2 * blocks)};
@@ -129,9 +139,11 @@ XBlocks int_blocks(const float* x, int64_t k) {
       mb = std::max(mb, u & 0x7fffffffu);
     }
     const int em = std::max((int)(mb >> 23), 1), sh = 141 - em;  // |x| < 2^(em - 126)
+    // 2^sh (-113 <= sh <= 140) as two exact factors within float's range
+    const float f1 = std::ldexp(1.0f, sh / 2), f2 = std::ldexp(1.0f, sh - sh / 2);
     uint8_t* pl = xb.planes.data() + 128 * (c / 2);  // chunk c: half c % 2 of a block
     for (int e = 0; e < 32; ++e) {
-      const int q = (int)std::nearbyint(std::ldexp(v[e], sh));  // exact scaling, |q| < 2^15
+      const int q = (int)std::lrint(v[e] * f1 * f2);  // exact scaling, |q| < 2^15
       const int at = 32 * (c % 2) + e, byte = 4 * (at / 8) + (at % 8) / 2, odd = e % 2;
       pl[32 * odd + byte] = (uint8_t)((q >> 8) & 0xff);
       pl[64 + 32 * odd + byte] = (uint8_t)(q & 0xff);
@@ -164,12 +176,6 @@ inline f32x8 int4x64_sums(const uint32_t* q, const uint8_t* pl) {
 // lanes 0-3 a, 4-7 b
 inline f32x8 halves(float a, float b) { return f32x8{a, a, a, a, b, b, b, b}; }
 
-// acc += each chunk's 2^-k * (sum of u * q over the chunk)
-inline void int4x64_dot_int(const uint32_t* q, const uint8_t* pl, const float* scale,
-                            f32x8& acc) {
-  acc += int4x64_sums(q, pl) * halves(scale[0], scale[1]);
-}
-
 // rows_dot for int4 in groups of 32 with x as integers: each 64-value block is two groups,
 // so its sums take each half's x scale times its group's weight scale at once; the offsets'
 // (or symmetric int4's -8 s) part from each group's sum of x, as in rows_dot
@@ -198,17 +204,8 @@ void rows_dot_g32(const QuantMatrix& w, int64_t r0, const float* x, const XBlock
     for (int t = 0; t < R; ++t) tail[t] += x[j] * stored<4>(q[t], j) * s[t][j / 32];
   for (int64_t g = 0; g < w.groups; ++g)
     for (int t = 0; t < R; ++t) tail[t] += (b[t] ? b[t][g] : -8.0f * s[t][g]) * xsum[g];
-  for (int t = 0; t < R; ++t) {
-    float sum = tail[t];
-    for (int e = 0; e < 8; ++e) sum += tot[t][e];
-    y[t] = sum;
-  }
+  row_totals<R>(tot, tail, y);
 }
-#else
-struct XBlocks {  // (AVX2 only: elsewhere 16-bit x takes the float form)
-  std::vector<uint8_t> planes;
-  std::vector<float> scale;
-};
 #endif
 
 // y[t] = x . W[r0 + t] for R rows: per group g, s_g * (x . u)_g + b_g * xsum_g, with u the
@@ -217,7 +214,7 @@ struct XBlocks {  // (AVX2 only: elsewhere 16-bit x takes the float form)
 // totals, summed across lanes once at the end. Groups of int4 start on a word (group_size
 // % 8 == 0, checked by the caller); with xt (x transposed by 64-value blocks, given where
 // the groups are multiples of 64) int4 takes 64 values at a time (int4x64_dot), and with xb
-// (16-bit x as integers, AVX2; those groups or 32) by integer products (int4x64_dot_int,
+// (16-bit x as integers, AVX2; those groups or 32) by integer products (int4x64_sums,
 // rows_dot_g32).
 template <int R, int BITS>
 void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
@@ -239,9 +236,9 @@ void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
 #if defined(__AVX2__)
     if (BITS == 4 && xb != nullptr)
       for (; j + 64 <= hi; j += 64)
-        for (int t = 0; t < R; ++t)
-          int4x64_dot_int(q[t] + (j >> 3), xb->planes.data() + 2 * j, &xb->scale[j / 32],
-                          acc[t]);
+        for (int t = 0; t < R; ++t)  // each chunk's 2^-k times its sum of u * q
+          acc[t] += int4x64_sums(q[t] + (j >> 3), xb->planes.data() + 2 * j) *
+                    halves(xb->scale[j / 32], xb->scale[j / 32 + 1]);
 #endif
     if (BITS == 4 && xt != nullptr) {
       f32x8 odd[R] = {};
@@ -266,11 +263,7 @@ void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
       tail[t] += sg * rest[t] + bg * xsum[g];
     }
   }
-  for (int t = 0; t < R; ++t) {
-    float sum = tail[t];
-    for (int e = 0; e < 8; ++e) sum += tot[t][e];
-    y[t] = sum;
-  }
+  row_totals<R>(tot, tail, y);
 }
 
 // rows [r0, r1) of ys (m, n) for the m rows of xs (m, k); xsum (m, groups): each row of x
@@ -368,7 +361,7 @@ void quant_matmul(const Array& x, const Array& qweight, const Array& scales,
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < k; ++j) xsum[i * w.groups + j / w.group] += xs.p[i * k + j];
       // int4 with groups of whole 64-value blocks or of 32: 16-bit x as integers (AVX2),
-      // else (whole blocks) x transposed by blocks (see int4x64_dot_int, int4x64_dot)
+      // else (whole blocks) x transposed by blocks (see int4x64_sums, int4x64_dot)
       std::vector<float> xts;
       std::vector<XBlocks> xbs;
       if (w.bits == 4 && (w.group % 64 == 0 || w.group == 32)) {
