@@ -21,6 +21,7 @@ from .gemv import GemvOps
 from .multi_tensor import MultiTensorOps
 from .products import ProductOps
 from .quant_decode import QuantDecodeOps
+from .quant_gemm import QuantGemmOps
 from .quant_skinny import QuantSkinnyOps
 from .tuning import CudaTuning
 
@@ -37,8 +38,8 @@ _SAMPLE_THREADS = 1024
 _SAMPLE_STATIC = 8192  # sampling.cu's static shared memory (6.7 KiB), rounded up
 
 
-class CudaBackend(ProductOps, AttentionOps, GemvOps, QuantSkinnyOps, QuantDecodeOps,
-                  MultiTensorOps, GpuBackend):
+class CudaBackend(ProductOps, AttentionOps, GemvOps, QuantGemmOps, QuantSkinnyOps,
+                  QuantDecodeOps, MultiTensorOps, GpuBackend):
     qmv_staged_x = True  # quant.cu's qmv stages x in shared memory (gpu/quant.py)
     wide_column_reduce = True  # reduce.cu's reduce_wide (gpu/reduce.py)
 

@@ -16,7 +16,7 @@ from ...errors import DeviceError
 from .driver import check, cu
 
 MAP_BYTES = 128  # sizeof(CUtensorMap); 64-byte aligned on the device
-_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
 _WORDS = struct.Struct("16Q")
 
 
@@ -24,7 +24,8 @@ def _data_type(dtype: str):
     t = cu.CUtensorMapDataType
     return {"bfloat16": t.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
             "float16": t.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-            "float32": t.CU_TENSOR_MAP_DATA_TYPE_FLOAT32}[dtype]
+            "float32": t.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+            "int32": t.CU_TENSOR_MAP_DATA_TYPE_INT32}[dtype]
 
 
 def check_tiled(dtype: str, address: int, dims: tuple[int, ...], strides: tuple[int, ...],

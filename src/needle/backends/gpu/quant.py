@@ -3,9 +3,9 @@
 
 Up to ``QMV_MAX_M`` rows of x (decoding, small batches) the packed matrix is read once per row
 by ``qmv{bits}_*``, which dequantizes in registers; larger products (prefill) dequantize W
-into a workspace of x's dtype and run the dtype's GEMM, whose cost the dequantization
-(reading the packed bytes, writing 2 bytes per weight) adds little to. A device may take a
-few rows in one pass over W instead (``_quant_skinny_special``: a batched decode step).
+into a workspace of x's dtype and run the dtype's GEMM. A device may take a few rows in one
+pass over W instead (``_quant_skinny_special``: a batched decode step), and many rows by a
+GEMM that dequantizes W as it loads it (``_quant_gemm_special``: no workspace).
 The decode step's fused projections with packed weights (``quant_rmsnorm_matvec``,
 ``quant_matvec_add``) are composed of the kernels above; a device replaces a call with one
 fused kernel through ``_quant_matvec_special`` (CUDA: ``cuda/quant_decode.py``).
@@ -68,6 +68,9 @@ class QuantOps(GpuBase):
                                                 bits, group_size):
             return
         if m > QMV_MAX_M:
+            if self._quant_gemm_special(x, qweight, scales, offsets, out, m, n, k, bits,
+                                        group_size):
+                return
             w = self._new_array(n * k, x.dtype)
             self.dequantize(qweight, scales, offsets, w, n, k, bits, group_size)
             self.matmul(x, w, out, m, k, n, transpose_b=True)
@@ -127,6 +130,14 @@ class QuantOps(GpuBase):
                               bits: int, group_size: int) -> bool:
         """A few rows (a batched decode step) in one pass over the packed matrix, where a
         device has such a kernel (CUDA: ``cuda/quant_skinny.py``); False: the forms above."""
+        return False
+
+    def _quant_gemm_special(self, x: GpuArray, qweight: GpuArray, scales: GpuArray,
+                            offsets: GpuArray | None, out: GpuArray, m: int, n: int, k: int,
+                            bits: int, group_size: int) -> bool:
+        """Many rows (a prefill) with W dequantized as the GEMM loads it, where a device has
+        such a kernel (CUDA on Hopper: ``cuda/quant_gemm.py``); False: W is dequantized into a
+        workspace and the dtype's GEMM runs."""
         return False
 
     def _quant_matvec_special(self, kind: str, x: GpuArray, w: GpuArray | None,

@@ -48,9 +48,6 @@
 // The host's params struct (gpu.py _MATMUL), laid out as matmul.cu's MatmulParams.
 struct GemmParams { i64 m, n, p, batch, stride_a, stride_b, trans_a, trans_b, splits, chunk; };
 
-// A CUtensorMap: 128 opaque bytes, 64-byte aligned (NVRTC has no cuda.h).
-struct alignas(64) TmaMap { u64 words[16]; };
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace tma {
 constexpr int BM = 128, BK = 64;  // BK: k per stage of a 2-byte type (128-byte rows)
@@ -63,19 +60,6 @@ constexpr u32 CONSUMER_WARPS = 8;  // arrivals that empty a stage
 template <int BN> __device__ constexpr int stages() { return GEMM_TMA_STAGES * (BM + 256) / (BM + BN); }
 
 using tc::smem_u32;
-
-// ---- TMA ---------------------------------------------------------------------------------
-__device__ __forceinline__ void tma_load(u32 dst, const TmaMap* map, u32 bar, int k, int row,
-                                         int z) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];\n"
-      ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(k), "r"(row), "r"(z), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void tma_prefetch(const TmaMap* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
-}
 
 // ---- wgmma: wg::Mma, wg::fence_acc and descriptors in tensor_core.cuh ------------------
 

@@ -1,6 +1,7 @@
 // mbarriers in shared memory (sm_90+): a phase completes when its expected arrivals (and,
 // with expect_tx, its bytes of asynchronous copies) have all come in. Used by the TMA GEMM
-// (gemm_tma.cu) and the persistent decode kernel (decode_mega.cu).
+// (gemm_tma.cu), the quantized prefill GEMM (quant_gemm.cu) and the persistent decode kernel
+// (decode_mega.cu); with the TMA's tensor-tile loads that complete on them.
 #pragma once
 #include "common.cuh"
 
@@ -26,4 +27,22 @@ __device__ __forceinline__ bool bar_try_wait(u32 bar, u32 parity) {
 __device__ __forceinline__ void bar_wait(u32 bar, u32 parity) {
   while (!bar_try_wait(bar, parity)) {
   }
+}
+
+// ---- TMA tile loads (sm_90) ----------------------------------------------------------------
+// A CUtensorMap: 128 opaque bytes, 64-byte aligned (NVRTC has no cuda.h).
+struct alignas(64) TmaMap { u64 words[16]; };
+
+// the box of `map` at coordinates (c0, c1, c2) (innermost first) into shared memory at dst;
+// its bytes count toward the mbarrier `bar`'s expected transaction
+__device__ __forceinline__ void tma_load(u32 dst, const TmaMap* map, u32 bar, int c0, int c1,
+                                         int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch(const TmaMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
 }

@@ -25,23 +25,9 @@ struct QuantSkinnyParams { i64 m, n, k, words, groups, group, has_offsets; };
 namespace qsk {
 constexpr int WARPS = 4, ROWS = 8, U = 8;  // U: 64-k blocks a lane loads a round
 
-template <class T> struct Nibbles;
-// OR: the magic's bits (128 or 1024 in both halves); ONE; the packed biases -(M + 8), -M;
-// the packed FMA of T
-#define QSK_NIBBLES(T, OR_, ONE_, SYM_, OFF_, FMA)                                              \
-  template <> struct Nibbles<T> {                                                              \
-    static constexpr u32 OR = OR_, ONE = ONE_, BIAS_SYM = SYM_, BIAS_OFF = OFF_;               \
-    __device__ static u32 fma2(u32 a, u32 b, u32 c) {                                          \
-      u32 d;                                                                                   \
-      asm(FMA " %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));                          \
-      return d;                                                                                \
-    }                                                                                          \
-  };
-QSK_NIBBLES(bf16_t, 0x43004300u, 0x3F803F80u, 0xC308C308u, 0xC300C300u, "fma.rn.bf16x2")
-QSK_NIBBLES(half_t, 0x64006400u, 0x3C003C00u, 0xE408E408u, 0xE400E400u, "fma.rn.f16x2")
 // nibbles e and e + 4 of w as two T values, minus the bias (8, or 0 with offsets)
 template <class T, int E> __device__ __forceinline__ u32 nibble_pair(u32 w, u32 bias) {
-  typedef Nibbles<T> N;
+  typedef tc::Nibbles<T> N;
   return N::fma2(((w >> (4 * E)) & 0x000F000Fu) | N::OR, N::ONE, bias);
 }
 
@@ -109,7 +95,7 @@ __device__ __forceinline__ void run(const T* __restrict__ x, const u32* __restri
     }
     __syncthreads();
   }
-  typedef Nibbles<T> N;
+  typedef tc::Nibbles<T> N;
   const u32 bias = p.has_offsets ? N::BIAS_OFF : N::BIAS_SYM;
   // tot[h][j]: token g + 8h, weight row 2t + j; two accumulators (a block's MMAs 0, 1 and 2,
   // 3) halve the dependent chain

@@ -74,6 +74,22 @@ template <> __device__ __forceinline__ u32 pack2<half_t>(float lo, float hi) {
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+template <class T> struct Nibbles;
+// A nibble u in the mantissa of 128 (bf16: 0x4300 | u) or 1024 (f16: 0x6400 | u) is 128 + u
+// (1024 + u) exactly; one packed FMA with a bias takes the magic off (quant_skinny.cu,
+// quant_gemm.cu). OR: the magic's bits (128 or 1024 in both halves); ONE; the packed biases
+// -(M + 8), -M; the packed FMA of T
+#define TC_NIBBLES(T, OR_, ONE_, SYM_, OFF_, FMA)                                              \
+  template <> struct Nibbles<T> {                                                              \
+    static constexpr u32 OR = OR_, ONE = ONE_, BIAS_SYM = SYM_, BIAS_OFF = OFF_;               \
+    __device__ static u32 fma2(u32 a, u32 b, u32 c) {                                          \
+      u32 d;                                                                                   \
+      asm(FMA " %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));                          \
+      return d;                                                                                \
+    }                                                                                          \
+  };
+TC_NIBBLES(bf16_t, 0x43004300u, 0x3F803F80u, 0xC308C308u, 0xC300C300u, "fma.rn.bf16x2")
+TC_NIBBLES(half_t, 0x64006400u, 0x3C003C00u, 0xE408E408u, 0xE400E400u, "fma.rn.f16x2")
 // the two values of pack2's register back as floats
 template <class T> __device__ __forceinline__ void unpack2(u32 v, float& lo, float& hi);
 template <> __device__ __forceinline__ void unpack2<bf16_t>(u32 v, float& lo, float& hi) {

@@ -1,0 +1,308 @@
+// Prefill products with quantized weights on Hopper (sm_90a; docs/quantization.md, "prefill"):
+//   qgemm{8,4}[o]_{bf16,f16}: out (m x n) = x (m x k) @ W^T, W int8 or int4 (n x k) with
+//   float32 scales (and, suffix o, offsets) per group of `group` values along k.
+// gpu/quant.py dequantizes W into a workspace and runs the bf16 GEMM for these; writing and
+// reading that workspace cost 1.4-1.85x the bf16 GEMM's time. Here W is dequantized in
+// registers, as the warpgroup MMA's A operand, and never exists in T in memory:
+//  * The product is computed transposed, out^T (n x m) = W x^T: a tile is 128 weight rows
+//    (two consumer warpgroups of 64, wgmma m64) by 128 tokens (wgmma n128), k in steps of 64.
+//  * A producer thread loads each stage by TMA: x's 128 tokens x 64 values (128-byte swizzle,
+//    the wgmma's K-major B operand, as gemm_tma.cu's B), the 128 rows' packed words of the 64
+//    values (32 or 64 bytes a row) and their scales (and offsets): a box of 4 groups a row, or
+//    one scale a row for a matrix of one group a row.
+//  * A consumer thread holds rows r and r + 8 of its warp's 16 (r = lane / 4) at k 2t, 2t+1,
+//    2t+8, 2t+9 of each k16 step (t = lane % 4): the wgmma's register fragment of A. It builds
+//    them from the stage's packed bytes exactly as dequant{8,4} does ((u - 8) * s, u * s, or
+//    u * s + o in float32, rounded to T), so the products are those of the dequantized
+//    workspace's GEMM, summed in another order. The next stage's fragments are built while
+//    this stage's wgmmas run (two fragment sets).
+// Every tile pays one pipeline fill: the grid is persistent (one group an SM, tiles strided by
+// the grid, walking the token tiles of one weight tile first so they share W in L2), and the
+// producer runs ahead across tiles. Stores: each thread writes its values of out (2 bytes
+// each, 4 tokens x 8 rows a warp instruction: a small part of the tile's time).
+#include "common.cuh"
+#include "mbarrier.cuh"
+#include "tensor_core.cuh"
+
+// m, n, k, log2 of the group's values, flags (1: one scale a row, read as a box of 128 rows;
+// otherwise groups of a power of two >= 16 values)
+struct QuantGemmParams { i64 m, n, k, group_shift, flags; };
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace qg {
+constexpr int ROWS = 128, KT = 64, STAGES = 6;
+constexpr u32 S_BYTES = ROWS * 4 * 4;
+constexpr u32 CONSUMER_WARPS = 8;
+template <int BITS> __device__ constexpr u32 w_bytes() { return ROWS * KT * BITS / 8; }
+// a stage: x | W | scales | offsets (each a multiple of 1 KiB: x stays 1024-byte aligned)
+template <int BITS, int TOK> __device__ constexpr u32 stage_bytes() {
+  return TOK * KT * 2 + w_bytes<BITS>() + 2 * S_BYTES;
+}
+
+// d (64 x TOK fp32) (+)= A (64 x 16, 4 registers a thread) times B (16 x TOK, descriptor db);
+// acc = 0: d = A B (the first product of a group)
+template <class T, int TOK> struct MmaRegA;
+#define QG_MMA(T, TYPES, N, REGS, DREGS, A0, A1, A2, A3, DB, SC)                                 \
+  template <> struct MmaRegA<T, N> {                                                           \
+    __device__ static void run(float (&d)[N / 2], const u32 (&a)[4], u64 db, int acc) {        \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SC ", 0;\n"                             \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32" TYPES " " REGS             \
+                   ", {" A0 ", " A1 ", " A2 ", " A3 "}, " DB ", p, 1, 1, 0;\n}\n"              \
+                   : DREGS                                                                     \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));           \
+    }                                                                                          \
+  };
+#define QG_MMA64(T, TYPES) \
+  QG_MMA(T, TYPES, 64, WG_REGS32, WG_D32(0), "%32", "%33", "%34", "%35", "%36", "%37")
+#define QG_MMA128(T, TYPES) \
+  QG_MMA(T, TYPES, 128, WG_REGS64, WG_D64(0), "%64", "%65", "%66", "%67", "%68", "%69")
+QG_MMA64(bf16_t, ".bf16.bf16")
+QG_MMA64(half_t, ".f16.f16")
+QG_MMA128(bf16_t, ".bf16.bf16")
+QG_MMA128(half_t, ".f16.f16")
+
+// float(u) for 0 <= u < 2^23 without a conversion instruction: u in the mantissa of 2^23
+__device__ __forceinline__ float magic(u32 u) { return __int_as_float(0x4B000000u | u); }
+
+// How a fragment's values are made (the kernel's suffix):
+//  DEQUANT ("", "o"): as dequant{8,4} makes them: (u - 8) s, b s or u s + o in float32,
+//    rounded to T; the products are the workspace GEMM's, summed in another order.
+//  EXACT ("g"; symmetric, groups of whole k steps or one a row): the integers u - 8 or b,
+//    exact in T; each group's products are summed in fp32 and scaled once (the reference's
+//    float32 weights, never rounded to T; qmv's and quant_skinny.cu's numbers).
+enum Mode { DEQUANT = 0, EXACT = 1 };
+
+// Two consecutive values of a row (packed `lo` and `hi`, unsigned), as dequant{8,4} makes
+// them, rounded into one register of T. BIAS: 2^23 + the format's zero: 8 for symmetric
+// int4, 0 for int4 with offsets, 128 for int8 (its bytes arrive with the sign bit flipped).
+template <class T, bool OFF>
+__device__ __forceinline__ u32 pair(u32 lo, u32 hi, float bias, float s, float o) {
+  const float a = magic(lo) - bias, b = magic(hi) - bias;
+  return OFF ? tc::pack2<T>(fmaf(a, s, o), fmaf(b, s, o)) : tc::pack2<T>(a * s, b * s);
+}
+
+// The A fragments of one stage (4 k16 steps x 4 registers) for rows r and r + 8 (local to the
+// tile), from the stage's packed words `w` (a row's KT * BITS / 32 words), scales `sc` and
+// offsets `of` (a row's 4 groups, or 1 value with one group a row; DEQUANT only).
+template <class T, int BITS, bool OFF, int MODE>
+__device__ __forceinline__ void fragments(u32 (&f)[4][4], const u32* w, const float* sc,
+                                          const float* of, int r, int t, int kt,
+                                          const QuantGemmParams& p) {
+  constexpr int WR = KT * BITS / 32;  // words a row a stage
+  const bool per_row = p.flags & 1;
+  const float bias = BITS == 8 ? 8388736.f : (OFF ? 8388608.f : 8388616.f);
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = r + 8 * h;
+    u32 v[WR];
+#pragma unroll
+    for (int i = 0; i < WR / 4; i++) {
+      const uint4 q = reinterpret_cast<const uint4*>(w + row * WR)[i];
+      v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+    }
+    if (BITS == 4) {  // the lane's byte of every word (below) to the bottom once
+#pragma unroll
+      for (int i = 0; i < WR; i++) v[i] >>= 8 * t;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      float s = 1.f, o = 0.f;
+      if (MODE == DEQUANT) {
+        const int gi = per_row ? 0 : ((kt * KT + 16 * q) >> (int)p.group_shift) & 3;
+        s = sc[per_row ? row : row * 4 + gi];
+        if (OFF) o = of[per_row ? row : row * 4 + gi];
+      }
+#pragma unroll
+      for (int e = 0; e < 2; e++) {  // e = 0: k 16q + 2t, 2t+1; e = 1: 16q + 2t + 8, 2t + 9
+        u32 frag;
+        if (BITS == 4 && MODE == EXACT) {  // word 2q + e's byte t: u - 8 in both halves
+          typedef tc::Nibbles<T> N;
+          const u32 b = v[2 * q + e];
+          frag = N::fma2((b & 15u) | ((b << 12) & 0xF0000u) | N::OR, N::ONE, N::BIAS_SYM);
+        } else if (BITS == 4) {
+          const u32 b = v[2 * q + e];
+          frag = pair<T, OFF>(b & 15u, (b >> 4) & 15u, bias, s, o);
+        } else {  // word 4q + 2e + t / 2 holds k 16q + 8e + 4(t / 2) ..; half t % 2 the two
+          const u32 word = (t & 2) ? v[4 * q + 2 * e + 1] : v[4 * q + 2 * e];  // no local array
+          const u32 b = (word >> (16 * (t & 1))) ^ 0x8080u;
+          frag = MODE == EXACT ? tc::pack2<T>(magic(b & 255u) - bias, magic((b >> 8) & 255u) - bias)
+                               : pair<T, OFF>(b & 255u, (b >> 8) & 255u, bias, s, o);
+        }
+        f[q][2 * e + h] = frag;
+      }
+    }
+  }
+}
+
+// this warpgroup's 64 rows x TOK tokens of out (transposed: out is tokens x rows)
+template <class T, int TOK>
+__device__ __forceinline__ void write_tile(const float (&d)[TOK / 2], T* __restrict__ out,
+                                           const QuantGemmParams& p, i64 row, i64 tok0, int t) {
+#pragma unroll
+  for (int i = 0; i < TOK / 8; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const i64 token = tok0 + 8 * i + 2 * t + (j & 1), rr = row + 8 * (j >> 1);
+      if (token < p.m && rr < p.n) out[token * p.n + rr] = store<T>(d[4 * i + j]);
+    }
+}
+
+template <class T, int BITS, bool OFF, int MODE, int TOK>
+__device__ __forceinline__ void run(T* __restrict__ out, const QuantGemmParams& p,
+                                    const TmaMap* map_x, const TmaMap* map_w,
+                                    const TmaMap* map_s, const TmaMap* map_o,
+                                    unsigned char* smem) {
+  constexpr u32 XB = TOK * KT * 2, WB = w_bytes<BITS>(), SB = stage_bytes<BITS, TOK>();
+  constexpr int WR = KT * BITS / 32, NA = TOK / 2;  // NA: accumulators a thread
+  const u32 base = (tc::smem_u32(smem) + 1023u) & ~1023u;
+  unsigned char* gbase = smem + (base - tc::smem_u32(smem));
+  const u32 full0 = base + STAGES * SB, empty0 = full0 + STAGES * 8;
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int tiles_m = (int)((p.m + TOK - 1) / TOK), tiles_n = (int)((p.n + ROWS - 1) / ROWS);
+  const int total = tiles_m * tiles_n, KS = (int)(p.k / KT);
+  const bool per_row = p.flags & 1;
+  const u32 s_bytes = per_row ? ROWS * 4 : S_BYTES;
+  // EXACT: stages a group (the whole k with one group a row)
+  const int per_group = MODE == EXACT ? (per_row ? KS : (1 << (int)p.group_shift) / KT) : 1;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; s++) {
+      bar_init(full0 + 8 * s, 1);
+      bar_init(empty0 + 8 * s, CONSUMER_WARPS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------- producer -------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid != 0) return;
+    tma_prefetch(map_x);
+    tma_prefetch(map_w);
+    tma_prefetch(map_s);
+    if (OFF) tma_prefetch(map_o);
+    u32 it = 0;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+      const int m0 = (tile % tiles_m) * TOK, n0 = (tile / tiles_m) * ROWS;
+      for (int kt = 0; kt < KS; kt++, it++) {
+        const int s = (int)(it % STAGES);
+        bar_wait(empty0 + 8 * s, ((it / STAGES) & 1u) ^ 1u);
+        const u32 full = full0 + 8 * s, at = base + s * SB;
+        // EXACT reads scales only in a group's last stage (a box is 128 small rows: TMA
+        // requests the stage need not wait for)
+        const bool scales = MODE == DEQUANT || (kt + 1) % per_group == 0;
+        bar_expect_tx(full, XB + WB + (scales ? (OFF ? 2 : 1) * s_bytes : 0u));
+        tma_load(at, map_x, full, kt * KT, m0, 0);
+        tma_load(at + XB, map_w, full, kt * WR, n0, 0);
+        // scales: the box of 4 groups holding this stage's (a stage spans 1, 2 or 4 groups,
+        // never across a multiple of 4: the host checks), or one a row
+        const int g4 = ((kt * KT) >> (int)p.group_shift) & ~3;
+        if (scales) tma_load(at + XB + WB, map_s, full, per_row ? n0 : g4, per_row ? 0 : n0, 0);
+        if (OFF)
+          tma_load(at + XB + WB + S_BYTES, map_o, full, per_row ? n0 : g4, per_row ? 0 : n0, 0);
+      }
+    }
+    return;
+  }
+  // ------------------------------------------------------------------------ consumers ------
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int g = wg - 1, lane = tid % 32, w = (tid % 128) / 32, t = lane & 3;
+  const int r = 64 * g + 16 * w + lane / 4;  // the thread's first row in the tile
+  float d[NA], sum[NA];  // sum: the scaled groups so far (EXACT; unused otherwise)
+  u32 fa[4][4], fb[4][4];  // fragments of even and odd stages
+  u32 it = 0;
+  int held = -1;  // the stage (it) whose shared memory the last wgmmas may still read
+  auto release = [&](int at) {
+    if (at >= 0 && lane == 0) bar_arrive(empty0 + 8 * (at % STAGES));
+  };
+  // one stage: fragments into f while the previous stage's wgmmas run, then its 4 wgmmas;
+  // afterwards the previous stage's have completed (its shared memory and fragment set free).
+  // EXACT: a group's first stage starts d afresh, and its last adds d * scale to sum.
+  auto stage = [&](u32 (&f)[4][4], int kt) {
+    const int s = (int)(it % STAGES);
+    bar_wait(full0 + 8 * s, (it / STAGES) & 1u);
+    const unsigned char* st = gbase + s * SB;
+    const float* sc = reinterpret_cast<const float*>(st + XB + WB);
+    fragments<T, BITS, OFF, MODE>(f, reinterpret_cast<const u32*>(st + XB), sc, sc + ROWS * 4,
+                                  r, t, kt, p);
+    const u32 xs = base + s * SB;
+    const bool fresh = MODE == EXACT && kt % per_group == 0;
+    wg::fence_acc(d);
+    wg::fence();
+#pragma unroll
+    for (int q = 0; q < 4; q++) MmaRegA<T, TOK>::run(d, f[q], wg::desc(xs + q * 32), !(fresh && q == 0));
+    wg::commit();
+    if (MODE == EXACT && (kt + 1) % per_group == 0) {  // the group's sums: scaled into sum
+      wg::wait<0>();
+      wg::fence_acc(d);
+      const int gi = per_row ? 0 : ((kt * KT) >> (int)p.group_shift) & 3;
+      const float s0 = sc[per_row ? r : r * 4 + gi], s8 = sc[per_row ? r + 8 : (r + 8) * 4 + gi];
+#pragma unroll
+      for (int i = 0; i < NA; i++) sum[i] = fmaf((i & 2) ? s8 : s0, d[i], sum[i]);
+      release(held);
+      release((int)it);
+      held = -1;
+    } else {
+      wg::wait<1>();
+      wg::fence_acc(d);
+      release(held);
+      held = (int)it;
+    }
+    it++;
+  };
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const i64 m0 = (i64)(tile % tiles_m) * TOK, n0 = (i64)(tile / tiles_m) * ROWS;
+#pragma unroll
+    for (int q = 0; q < NA; q++) {
+      d[q] = 0.f;
+      if (MODE == EXACT) sum[q] = 0.f;
+    }
+    int kt = 0;
+    for (; kt + 1 < KS; kt += 2) {
+      stage(fa, kt);
+      stage(fb, kt + 1);
+    }
+    if (kt < KS) stage(fa, kt);
+    wg::wait<0>();
+    wg::fence_acc(d);
+    release(held);
+    held = -1;
+    if constexpr (MODE == EXACT)
+      write_tile<T, TOK>(sum, out, p, n0 + r, m0, t);
+    else
+      write_tile<T, TOK>(d, out, p, n0 + r, m0, t);
+  }
+}
+}  // namespace qg
+#define QGEMM_BODY(T, BITS, OFF, MODE, TOK)                                                    \
+  extern __shared__ __align__(1024) unsigned char smem[];                                      \
+  qg::run<T, BITS, OFF, MODE, TOK>(out, p, &map_x, &map_w, &map_s, &map_o, smem);
+#else
+// other targets: the names exist; the host launches these only on sm_90a (device feature tma)
+#define QGEMM_BODY(T, BITS, OFF, MODE, TOK) __trap();
+#endif
+
+// x, q, s and b are not read (the tensor maps address them); they are arguments so that graph
+// capture keeps their buffers alive, like every other kernel's. Without offsets b is s and
+// map_o is map_s (not read).
+#define QGEMM(NAME, T, BITS, OFF, MODE, TOK)                                                   \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                         \
+      NAME(const T* __restrict__ x, const u32* __restrict__ q, const float* __restrict__ s,    \
+           const float* __restrict__ b, T* __restrict__ out, QuantGemmParams p,                \
+           const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w,         \
+           const __grid_constant__ TmaMap map_s, const __grid_constant__ TmaMap map_o) {       \
+    pdl_entry();                                                                               \
+    QGEMM_BODY(T, BITS, OFF, MODE, TOK)                                                        \
+  }
+// Names: qgemm{8,4}{,o,g}[_t64]_{bf16,f16}: "" DEQUANT, "o" DEQUANT with offsets, "g" EXACT;
+// _t64: tiles of 64 tokens (more tiles where 128-token ones leave multiprocessors idle)
+#define QGEMM_TOK(SFX, T, BITS, TAG, TOK)                                                      \
+  QGEMM(qgemm##BITS##TAG##_##SFX, T, BITS, false, qg::DEQUANT, TOK)                            \
+  QGEMM(qgemm##BITS##o##TAG##_##SFX, T, BITS, true, qg::DEQUANT, TOK)                          \
+  QGEMM(qgemm##BITS##g##TAG##_##SFX, T, BITS, false, qg::EXACT, TOK)
+#define QGEMM_ALL(SFX, T)                                                                      \
+  QGEMM_TOK(SFX, T, 8, , 128) QGEMM_TOK(SFX, T, 4, , 128)                                      \
+  QGEMM_TOK(SFX, T, 8, _t64, 64) QGEMM_TOK(SFX, T, 4, _t64, 64)
+ONLY(bf16, QGEMM_ALL(bf16, bf16_t))
+ONLY(f16, QGEMM_ALL(f16, half_t))
