@@ -1,8 +1,8 @@
 """Prefill products with int8 / int4 weights on Hopper (kernels/quant_gemm.cu: W dequantized in
-registers as the warpgroup MMA's operand; opt-in, NEEDLE_QUANT_GEMM=1) against the float64
-product of the dequantized matrix, and against the default form (dequantize into a
-workspace + the GEMM): ragged tokens and rows, both bit widths, offsets, per-row and grouped
-scales, 64- and 128-token tiles, several tiles a group."""
+registers as the warpgroup MMA's operand) against the float64 product of the dequantized
+matrix, and against the workspace form (dequantize + the GEMM, NEEDLE_QUANT_GEMM=off):
+ragged tokens and rows, both bit widths, offsets, per-row and grouped scales, several tiles a
+group; and which products "auto" gives it."""
 
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ needs_hopper = pytest.mark.skipif(not (DEV.enabled() and DEV.backend.tuning.tma)
 
 
 @pytest.fixture(autouse=True)
-def _opted_in():
-    """The kernel is opt-in (NEEDLE_QUANT_GEMM=1); these tests switch it on."""
+def _always():
+    """By default the kernel takes only products whose tiles fill the GPU; these tests give it
+    small ones too (NEEDLE_QUANT_GEMM=always)."""
     if not (DEV.enabled() and DEV.backend.tuning.tma):
         yield
         return
-    with DEV.backend.tuned(quant_gemm=True):
+    with DEV.backend.tuned(quant_gemm="always"):
         yield
 
 
@@ -67,17 +68,17 @@ def _mode(bits, group, symmetric):
     (64, 136, 320, 8, None, True),  # int8 per row (one scale a row)
     (200, 300, 512, 8, 32, True),  # int8 in groups of 32 (GGUF Q8_0's form)
     (129, 64, 1024, 8, 256, True),  # int8 in groups over four k steps
-    (1100, 2048, 512, 4, 128, True),  # 128-token tiles, more than multiprocessors
+    (1100, 2048, 512, 4, 128, True),  # more tiles than multiprocessors: groups walk several
 ])
 def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtype):
     x, packed = _case(m, n, k, bits, group, symmetric, dtype)
     got, kernels = _kernels(x, packed)
     mode = _mode(bits, group, symmetric)
     (name,) = kernels
-    assert name.startswith(f"qgemm{bits}{mode}_"), kernels
+    assert name == f"qgemm{bits}{mode}_{'bf16' if dtype == 'bfloat16' else 'f16'}", kernels
     # "g" multiplies W's float32 values (rounded nowhere); the others W rounded to dtype
     assert_close(got, _exact(x, packed, "float32" if mode == "g" else dtype), dtype, "matmul")
-    with DEV.backend.tuned(quant_gemm=False):
+    with DEV.backend.tuned(quant_gemm="off"):
         before, old = _kernels(x, packed)
     assert not any(name.startswith("qgemm") for name in old), old
     # the workspace form's products are those of W rounded to dtype: the same as the
@@ -86,17 +87,22 @@ def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtyp
 
 
 @needs_hopper
-def test_tiles_follow_the_product_size():
-    """128-token tiles where they fill the multiprocessors, 64-token ones where not."""
-    for m, n, wide in [(64, 256, False), (128 * 4, 128 * DEV.backend.device.compute_units, True)]:
+def test_auto_takes_products_of_one_to_three_waves():
+    """"auto" (the default): a product of one to three waves of 128 x 128 tiles over the
+    multiprocessors takes the kernel; smaller and larger ones the workspace form."""
+    sms = DEV.backend.device.compute_units
+    for m, n, fills in [(256, 512, False), (512, 128 * (sms // 4 + 1), True),
+                        (512, 128 * (3 * sms // 4 + 1), False)]:
         x, packed = _case(m, n, 256, 4, 64, True, "bfloat16")
-        got, kernels = _kernels(x, packed)
-        assert kernels == {"qgemm4g_bf16" if wide else "qgemm4g_t64_bf16"}, kernels
-        assert_close(got, _exact(x, packed, "float32"), "bfloat16", "matmul")
+        with DEV.backend.tuned(quant_gemm="auto"):
+            got, kernels = _kernels(x, packed)
+        assert ("qgemm4g_bf16" in kernels) == fills, (m, n, kernels)
+        assert_close(got, _exact(x, packed, "float32" if fills else "bfloat16"), "bfloat16",
+                     "matmul")
 
 
 @needs_hopper
-@pytest.mark.parametrize("group,name", [(64, "qgemm4g_t64_bf16"), (32, "qgemm4_t64_bf16")])
+@pytest.mark.parametrize("group,name", [(64, "qgemm4g_bf16"), (32, "qgemm4_bf16")])
 def test_non_finite_x_gives_non_finite_rows(group, name):
     x, packed = _case(40, 128, 256, 4, group, True, "bfloat16")
     host = x.numpy().astype(np.float32)

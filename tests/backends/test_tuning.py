@@ -35,6 +35,14 @@ def test_cuda_tuning_from_the_device_and_the_environment():
     for bad in ("0", "-2", "many"):
         with pytest.raises(DeviceError, match=f"NEEDLE_TMA_GROUPS='{bad}': use a positive"):
             CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_TMA_GROUPS": bad})
+    # the quantized prefill GEMM: "auto" on Hopper, never elsewhere (its kernels need sm_90a)
+    assert (hopper.quant_gemm, ampere.quant_gemm) == ("auto", "off")
+    for value, choice in [("always", "always"), ("1", "always"), ("off", "off"), ("0", "off")]:
+        assert CudaTuning.for_device(90, "sm_90a",
+                                     env={"NEEDLE_QUANT_GEMM": value}).quant_gemm == choice
+    assert CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_WGMMA": "0"}).quant_gemm == "off"
+    with pytest.raises(DeviceError, match="NEEDLE_QUANT_GEMM='yes': use auto, always or off"):
+        CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_QUANT_GEMM": "yes"})
 
 
 def test_float32_on_fp64_tensor_cores_follows_the_model_and_the_environment():

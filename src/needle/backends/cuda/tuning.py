@@ -17,9 +17,11 @@ Environment overrides (docs/cuda.md lists them):
 - ``NEEDLE_QUANT_SKINNY=0``: products of 2..16 rows with int4 weights per row (quant.cu's
   qmv) or dequantized first, instead of one pass over the weights on tensor cores
   (quant_skinny.cu, sm_80+).
-- ``NEEDLE_QUANT_GEMM=1``: products of more than 16 rows with int8 / int4 weights (prefill)
-  dequantize W in registers as the warpgroup MMA's operand (quant_gemm.cu, sm_90a) instead
-  of into a workspace for the GEMM. Off by default: slower so far (docs/cuda_notes.md v31).
+- ``NEEDLE_QUANT_GEMM=auto|always|off``: products of more than 16 rows with int8 / int4
+  weights (prefill) dequantize W in registers as the warpgroup MMA's operand
+  (quant_gemm.cu, sm_90a) instead of into a workspace for the GEMM: by default ("auto")
+  for products of one to three waves of its 128 x 128 tiles (faster there on the H100;
+  docs/cuda_notes.md v31), "always" wherever it applies, "off" never.
 - ``NEEDLE_SKINNY_TC=N``: products X @ W^T of 2..N rows (default 128; 0: none) take the
   skinny tensor-core kernel (skinny.cu) instead of the tiled GEMMs.
 - ``NEEDLE_FOLDED_NORM=0``: the decode step keeps its RMSNorms as launches of their own
@@ -107,8 +109,9 @@ class CudaTuning(GpuTuning):
     tma_groups: int | None = None  # the TMA GEMM's persistent grid: None, one group an SM;
     # fewer make each group walk more tiles (tests), more than the tiles one tile a group
     quant_skinny: bool = False  # 2..16 rows times int4 weights on tensor cores: sm_80+
-    quant_gemm: bool = False  # more rows times int8 / int4 weights, W dequantized in registers
-    # as the wgmma's A operand (quant_gemm.cu): sm_90a, opt-in (slower than the workspace, v31)
+    quant_gemm: str = "off"  # more rows times int8 / int4 weights, W dequantized in registers
+    # as the wgmma's A operand (quant_gemm.cu, sm_90a): "auto" for one to three waves of its
+    # tiles, "always", "off"
     fused_matvec: bool = False  # the decode step's norm/SwiGLU/residual fused into its gemvs
     # (off by default: on the H100 the fused kernels are still slower than gemv + add_rmsnorm,
     # docs/cuda_notes.md v9)
@@ -150,13 +153,22 @@ class CudaTuning(GpuTuning):
                    tma_tile=_tma_tile(env.get("NEEDLE_TMA_TILE")),
                    tma_groups=_positive(env, "NEEDLE_TMA_GROUPS"),
                    quant_skinny=capability >= 80 and env.get("NEEDLE_QUANT_SKINNY", "1") != "0",
-                   quant_gemm=hopper and env.get("NEEDLE_QUANT_GEMM", "0") == "1",
+                   quant_gemm=_quant_gemm(env.get("NEEDLE_QUANT_GEMM")) if hopper else "off",
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "0") == "1",
                    folded_norm=env.get("NEEDLE_FOLDED_NORM", "1") != "0",
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
                    paged_flash=env.get("NEEDLE_PAGED_ATTENTION", "flash") == "flash",
                    decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "tc"),
                    decode_splits=max(1, min(64, int(env.get("NEEDLE_DECODE_SPLITS", "32")))))
+
+
+def _quant_gemm(value: str | None) -> str:
+    """NEEDLE_QUANT_GEMM: "auto" (unset), "always" (or 1), "off" (or 0)."""
+    choice = {None: "auto", "": "auto", "auto": "auto", "always": "always", "1": "always",
+              "off": "off", "0": "off"}.get(value)
+    if choice is None:
+        raise DeviceError(f"NEEDLE_QUANT_GEMM={value!r}: use auto, always or off")
+    return choice
 
 
 def tma_width(m: int, p: int, batch: int, sms: int) -> int:

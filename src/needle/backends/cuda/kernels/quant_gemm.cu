@@ -30,36 +30,30 @@ struct QuantGemmParams { i64 m, n, k, group_shift, flags; };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qg {
-constexpr int ROWS = 128, KT = 64, STAGES = 6;
+constexpr int ROWS = 128, TOK = 128, KT = 64, STAGES = 6;  // TOK: tokens a tile
 constexpr u32 S_BYTES = ROWS * 4 * 4;
 constexpr u32 CONSUMER_WARPS = 8;
 template <int BITS> __device__ constexpr u32 w_bytes() { return ROWS * KT * BITS / 8; }
 // a stage: x | W | scales | offsets (each a multiple of 1 KiB: x stays 1024-byte aligned)
-template <int BITS, int TOK> __device__ constexpr u32 stage_bytes() {
+template <int BITS> __device__ constexpr u32 stage_bytes() {
   return TOK * KT * 2 + w_bytes<BITS>() + 2 * S_BYTES;
 }
 
-// d (64 x TOK fp32) (+)= A (64 x 16, 4 registers a thread) times B (16 x TOK, descriptor db);
+// d (64 x 128 fp32) (+)= A (64 x 16, 4 registers a thread) times B (16 x 128, descriptor db);
 // acc = 0: d = A B (the first product of a group)
-template <class T, int TOK> struct MmaRegA;
-#define QG_MMA(T, TYPES, N, REGS, DREGS, A0, A1, A2, A3, DB, SC)                                 \
-  template <> struct MmaRegA<T, N> {                                                           \
-    __device__ static void run(float (&d)[N / 2], const u32 (&a)[4], u64 db, int acc) {        \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SC ", 0;\n"                             \
-                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32" TYPES " " REGS             \
-                   ", {" A0 ", " A1 ", " A2 ", " A3 "}, " DB ", p, 1, 1, 0;\n}\n"              \
-                   : DREGS                                                                     \
+template <class T> struct MmaRegA;
+#define QG_MMA(T, TYPES)                                                                       \
+  template <> struct MmaRegA<T> {                                                              \
+    __device__ static void run(float (&d)[64], const u32 (&a)[4], u64 db, int acc) {           \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                \
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32" TYPES " " WG_REGS64           \
+                   ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                              \
+                   : WG_D64(0)                                                                 \
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));           \
     }                                                                                          \
   };
-#define QG_MMA64(T, TYPES) \
-  QG_MMA(T, TYPES, 64, WG_REGS32, WG_D32(0), "%32", "%33", "%34", "%35", "%36", "%37")
-#define QG_MMA128(T, TYPES) \
-  QG_MMA(T, TYPES, 128, WG_REGS64, WG_D64(0), "%64", "%65", "%66", "%67", "%68", "%69")
-QG_MMA64(bf16_t, ".bf16.bf16")
-QG_MMA64(half_t, ".f16.f16")
-QG_MMA128(bf16_t, ".bf16.bf16")
-QG_MMA128(half_t, ".f16.f16")
+QG_MMA(bf16_t, ".bf16.bf16")
+QG_MMA(half_t, ".f16.f16")
 
 // float(u) for 0 <= u < 2^23 without a conversion instruction: u in the mantissa of 2^23
 __device__ __forceinline__ float magic(u32 u) { return __int_as_float(0x4B000000u | u); }
@@ -134,25 +128,39 @@ __device__ __forceinline__ void fragments(u32 (&f)[4][4], const u32* w, const fl
   }
 }
 
-// this warpgroup's 64 rows x TOK tokens of out (transposed: out is tokens x rows)
-template <class T, int TOK>
+// this warpgroup's 64 rows x TOK tokens of out (transposed: out is tokens x rows). Lanes
+// 4 apart hold rows r and r ^ 1 of the same tokens: with n even, each lane stores two rows
+// of one token as one 4-byte word (the even row's lane its first token, the odd's its second)
+template <class T>
 __device__ __forceinline__ void write_tile(const float (&d)[TOK / 2], T* __restrict__ out,
-                                           const QuantGemmParams& p, i64 row, i64 tok0, int t) {
+                                           const QuantGemmParams& p, i64 row, i64 tok0,
+                                           int lane) {
+  const int t = lane & 3, odd = (lane >> 2) & 1;
+  const bool pairs = (p.n & 1) == 0;
 #pragma unroll
   for (int i = 0; i < TOK / 8; i++)
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const i64 token = tok0 + 8 * i + 2 * t + (j & 1), rr = row + 8 * (j >> 1);
-      if (token < p.m && rr < p.n) out[token * p.n + rr] = store<T>(d[4 * i + j]);
+    for (int h = 0; h < 2; h++) {  // row + 8h; tokens 8i + 2t and + 1
+      const float a = d[4 * i + 2 * h], b = d[4 * i + 2 * h + 1];
+      const float pa = __shfl_xor_sync(0xffffffffu, a, 4), pb = __shfl_xor_sync(0xffffffffu, b, 4);
+      const i64 rr = row + 8 * h, token = tok0 + 8 * i + 2 * t;
+      if (pairs) {
+        const i64 tk = token + odd, r0 = rr - odd;  // r0 even, so r0 + 1 < n where r0 < n
+        if (tk < p.m && r0 < p.n)
+          *reinterpret_cast<u32*>(out + tk * p.n + r0) = odd ? tc::pack2<T>(pb, b) : tc::pack2<T>(a, pa);
+      } else if (rr < p.n) {
+        if (token < p.m) out[token * p.n + rr] = store<T>(a);
+        if (token + 1 < p.m) out[(token + 1) * p.n + rr] = store<T>(b);
+      }
     }
 }
 
-template <class T, int BITS, bool OFF, int MODE, int TOK>
+template <class T, int BITS, bool OFF, int MODE>
 __device__ __forceinline__ void run(T* __restrict__ out, const QuantGemmParams& p,
                                     const TmaMap* map_x, const TmaMap* map_w,
                                     const TmaMap* map_s, const TmaMap* map_o,
                                     unsigned char* smem) {
-  constexpr u32 XB = TOK * KT * 2, WB = w_bytes<BITS>(), SB = stage_bytes<BITS, TOK>();
+  constexpr u32 XB = TOK * KT * 2, WB = w_bytes<BITS>(), SB = stage_bytes<BITS>();
   constexpr int WR = KT * BITS / 32, NA = TOK / 2;  // NA: accumulators a thread
   const u32 base = (tc::smem_u32(smem) + 1023u) & ~1023u;
   unsigned char* gbase = smem + (base - tc::smem_u32(smem));
@@ -211,29 +219,30 @@ __device__ __forceinline__ void run(T* __restrict__ out, const QuantGemmParams& 
   const int r = 64 * g + 16 * w + lane / 4;  // the thread's first row in the tile
   float d[NA], sum[NA];  // sum: the scaled groups so far (EXACT; unused otherwise)
   u32 fa[4][4], fb[4][4];  // fragments of even and odd stages
-  u32 it = 0;
-  int held = -1;  // the stage (it) whose shared memory the last wgmmas may still read
-  auto release = [&](int at) {
-    if (at >= 0 && lane == 0) bar_arrive(empty0 + 8 * (at % STAGES));
+  u32 slot = 0, phase = 0;  // the ring's next stage and the phase of its barriers' next use
+  u32 held = ~0u;           // the slot whose shared memory the last wgmmas may still read
+  int in_group = 0;         // EXACT: stages of the current group done
+  auto release = [&](u32 at) {
+    if (at != ~0u && lane == 0) bar_arrive(empty0 + 8 * at);
   };
   // one stage: fragments into f while the previous stage's wgmmas run, then its 4 wgmmas;
   // afterwards the previous stage's have completed (its shared memory and fragment set free).
   // EXACT: a group's first stage starts d afresh, and its last adds d * scale to sum.
   auto stage = [&](u32 (&f)[4][4], int kt) {
-    const int s = (int)(it % STAGES);
-    bar_wait(full0 + 8 * s, (it / STAGES) & 1u);
-    const unsigned char* st = gbase + s * SB;
+    bar_wait(full0 + 8 * slot, phase);
+    const unsigned char* st = gbase + slot * SB;
     const float* sc = reinterpret_cast<const float*>(st + XB + WB);
     fragments<T, BITS, OFF, MODE>(f, reinterpret_cast<const u32*>(st + XB), sc, sc + ROWS * 4,
                                   r, t, kt, p);
-    const u32 xs = base + s * SB;
-    const bool fresh = MODE == EXACT && kt % per_group == 0;
+    const u32 xs = base + slot * SB;
+    const bool fresh = MODE == EXACT && in_group == 0;
     wg::fence_acc(d);
     wg::fence();
 #pragma unroll
-    for (int q = 0; q < 4; q++) MmaRegA<T, TOK>::run(d, f[q], wg::desc(xs + q * 32), !(fresh && q == 0));
+    for (int q = 0; q < 4; q++) MmaRegA<T>::run(d, f[q], wg::desc(xs + q * 32), !(fresh && q == 0));
     wg::commit();
-    if (MODE == EXACT && (kt + 1) % per_group == 0) {  // the group's sums: scaled into sum
+    if (MODE == EXACT && ++in_group == per_group) {  // the group's sums: scaled into sum
+      in_group = 0;
       wg::wait<0>();
       wg::fence_acc(d);
       const int gi = per_row ? 0 : ((kt * KT) >> (int)p.group_shift) & 3;
@@ -241,15 +250,15 @@ __device__ __forceinline__ void run(T* __restrict__ out, const QuantGemmParams& 
 #pragma unroll
       for (int i = 0; i < NA; i++) sum[i] = fmaf((i & 2) ? s8 : s0, d[i], sum[i]);
       release(held);
-      release((int)it);
-      held = -1;
+      release(slot);
+      held = ~0u;
     } else {
       wg::wait<1>();
       wg::fence_acc(d);
       release(held);
-      held = (int)it;
+      held = slot;
     }
-    it++;
+    if (++slot == STAGES) slot = 0, phase ^= 1u;
   };
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const i64 m0 = (i64)(tile % tiles_m) * TOK, n0 = (i64)(tile / tiles_m) * ROWS;
@@ -267,42 +276,39 @@ __device__ __forceinline__ void run(T* __restrict__ out, const QuantGemmParams& 
     wg::wait<0>();
     wg::fence_acc(d);
     release(held);
-    held = -1;
+    held = ~0u;
     if constexpr (MODE == EXACT)
-      write_tile<T, TOK>(sum, out, p, n0 + r, m0, t);
+      write_tile<T>(sum, out, p, n0 + r, m0, lane);
     else
-      write_tile<T, TOK>(d, out, p, n0 + r, m0, t);
+      write_tile<T>(d, out, p, n0 + r, m0, lane);
   }
 }
 }  // namespace qg
-#define QGEMM_BODY(T, BITS, OFF, MODE, TOK)                                                    \
+#define QGEMM_BODY(T, BITS, OFF, MODE)                                                         \
   extern __shared__ __align__(1024) unsigned char smem[];                                      \
-  qg::run<T, BITS, OFF, MODE, TOK>(out, p, &map_x, &map_w, &map_s, &map_o, smem);
+  qg::run<T, BITS, OFF, MODE>(out, p, &map_x, &map_w, &map_s, &map_o, smem);
 #else
 // other targets: the names exist; the host launches these only on sm_90a (device feature tma)
-#define QGEMM_BODY(T, BITS, OFF, MODE, TOK) __trap();
+#define QGEMM_BODY(T, BITS, OFF, MODE) __trap();
 #endif
 
 // x, q, s and b are not read (the tensor maps address them); they are arguments so that graph
 // capture keeps their buffers alive, like every other kernel's. Without offsets b is s and
 // map_o is map_s (not read).
-#define QGEMM(NAME, T, BITS, OFF, MODE, TOK)                                                   \
+#define QGEMM(NAME, T, BITS, OFF, MODE)                                                        \
   extern "C" __global__ void __launch_bounds__(384, 1)                                         \
       NAME(const T* __restrict__ x, const u32* __restrict__ q, const float* __restrict__ s,    \
            const float* __restrict__ b, T* __restrict__ out, QuantGemmParams p,                \
            const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w,         \
            const __grid_constant__ TmaMap map_s, const __grid_constant__ TmaMap map_o) {       \
     pdl_entry();                                                                               \
-    QGEMM_BODY(T, BITS, OFF, MODE, TOK)                                                        \
+    QGEMM_BODY(T, BITS, OFF, MODE)                                                             \
   }
-// Names: qgemm{8,4}{,o,g}[_t64]_{bf16,f16}: "" DEQUANT, "o" DEQUANT with offsets, "g" EXACT;
-// _t64: tiles of 64 tokens (more tiles where 128-token ones leave multiprocessors idle)
-#define QGEMM_TOK(SFX, T, BITS, TAG, TOK)                                                      \
-  QGEMM(qgemm##BITS##TAG##_##SFX, T, BITS, false, qg::DEQUANT, TOK)                            \
-  QGEMM(qgemm##BITS##o##TAG##_##SFX, T, BITS, true, qg::DEQUANT, TOK)                          \
-  QGEMM(qgemm##BITS##g##TAG##_##SFX, T, BITS, false, qg::EXACT, TOK)
-#define QGEMM_ALL(SFX, T)                                                                      \
-  QGEMM_TOK(SFX, T, 8, , 128) QGEMM_TOK(SFX, T, 4, , 128)                                      \
-  QGEMM_TOK(SFX, T, 8, _t64, 64) QGEMM_TOK(SFX, T, 4, _t64, 64)
+// Names: qgemm{8,4}{,o,g}_{bf16,f16}: "" DEQUANT, "o" DEQUANT with offsets, "g" EXACT
+#define QGEMM_BITS(SFX, T, BITS)                                                               \
+  QGEMM(qgemm##BITS##_##SFX, T, BITS, false, qg::DEQUANT)                                      \
+  QGEMM(qgemm##BITS##o_##SFX, T, BITS, true, qg::DEQUANT)                                      \
+  QGEMM(qgemm##BITS##g_##SFX, T, BITS, false, qg::EXACT)
+#define QGEMM_ALL(SFX, T) QGEMM_BITS(SFX, T, 8) QGEMM_BITS(SFX, T, 4)
 ONLY(bf16, QGEMM_ALL(bf16, bf16_t))
 ONLY(f16, QGEMM_ALL(f16, half_t))
