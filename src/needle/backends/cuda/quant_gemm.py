@@ -52,7 +52,9 @@ class QuantGemmOps(QuantOps):
         sms = self.device.compute_units
         if not (mode == "always" or (mode == "auto" and sms <= tiles <= 3 * sms)):
             return False
-        if not (x.dtype in ("float16", "bfloat16") and k % K_STEP == 0
+        # sm_90a kernels (elsewhere they trap); out takes 4-byte stores of two values
+        if not (self.tuning.tma and (out.buffer.handle + out.buffer.offset) % 4 == 0
+                and x.dtype in ("float16", "bfloat16") and k % K_STEP == 0
                 and (per_row or (group_size >= 16 and group_size == 1 << shift
                                  and groups % 4 == 0))):
             return False
@@ -70,7 +72,7 @@ class QuantGemmOps(QuantOps):
         kern.reserve_shared(shared)
         params = QUANT_GEMM.pack(m, n, k, 0 if per_row else shift, _PER_ROW if per_row else 0)
         extra = (offsets if offsets is not None else scales).buffer
-        self.queue.dispatch(kern, (min(tiles, self.device.compute_units), 1, 1), (384, 1, 1),
+        self.queue.dispatch(kern, (min(tiles, sms), 1, 1), (384, 1, 1),
                             (x.buffer, qweight.buffer, scales.buffer, extra, out.buffer),
                             params, shared, raw_args=maps)
         return True

@@ -1,7 +1,7 @@
 // Prefill products with quantized weights on Hopper (sm_90a; docs/quantization.md, "prefill"):
-//   qgemm{8,4}[o]_{bf16,f16}: out (m x n) = x (m x k) @ W^T, W int8 or int4 (n x k) with
-//   float32 scales (and, suffix o, offsets) per group of `group` values along k.
-// gpu/quant.py dequantizes W into a workspace and runs the bf16 GEMM for these; writing and
+//   qgemm{8,4}{,o,g}_{bf16,f16}: out (m x n) = x (m x k) @ W^T, W int8 or int4 (n x k) with
+//   float32 scales (and, suffix o, offsets) per group of values along k.
+// gpu/quant.py otherwise dequantizes W into a workspace and runs the bf16 GEMM; writing and
 // reading that workspace cost 1.4-1.85x the bf16 GEMM's time. Here W is dequantized in
 // registers, as the warpgroup MMA's A operand, and never exists in T in memory:
 //  * The product is computed transposed, out^T (n x m) = W x^T: a tile is 128 weight rows
@@ -11,15 +11,15 @@
 //    values (32 or 64 bytes a row) and their scales (and offsets): a box of 4 groups a row, or
 //    one scale a row for a matrix of one group a row.
 //  * A consumer thread holds rows r and r + 8 of its warp's 16 (r = lane / 4) at k 2t, 2t+1,
-//    2t+8, 2t+9 of each k16 step (t = lane % 4): the wgmma's register fragment of A. It builds
-//    them from the stage's packed bytes exactly as dequant{8,4} does ((u - 8) * s, u * s, or
-//    u * s + o in float32, rounded to T), so the products are those of the dequantized
-//    workspace's GEMM, summed in another order. The next stage's fragments are built while
-//    this stage's wgmmas run (two fragment sets).
-// Every tile pays one pipeline fill: the grid is persistent (one group an SM, tiles strided by
-// the grid, walking the token tiles of one weight tile first so they share W in L2), and the
-// producer runs ahead across tiles. Stores: each thread writes its values of out (2 bytes
-// each, 4 tokens x 8 rows a warp instruction: a small part of the tile's time).
+//    2t+8, 2t+9 of each k16 step (t = lane % 4): the wgmma's register fragment of A, built
+//    from the stage's packed bytes (Mode, below) while the previous stage's wgmmas run (two
+//    fragment sets).
+// The grid is persistent (one group an SM, tiles strided by the grid, the token tiles of one
+// weight tile first so they share W in L2) and the producer runs ahead across tiles. The
+// host (cuda/quant_gemm.py) takes it by default for one to three waves of tiles, where it
+// beat the workspace on the H100 (gate/up at 512 tokens: 1.31x the bf16 GEMM's time against
+// 1.60x); its loop is latency-bound with two consumer warps a scheduler (docs/cuda_notes.md
+// v31), so its per-stage instructions are kept few: counters, not divisions, a stage.
 #include "common.cuh"
 #include "mbarrier.cuh"
 #include "tensor_core.cuh"
@@ -119,8 +119,9 @@ __device__ __forceinline__ void fragments(u32 (&f)[4][4], const u32* w, const fl
         } else {  // word 4q + 2e + t / 2 holds k 16q + 8e + 4(t / 2) ..; half t % 2 the two
           const u32 word = (t & 2) ? v[4 * q + 2 * e + 1] : v[4 * q + 2 * e];  // no local array
           const u32 b = (word >> (16 * (t & 1))) ^ 0x8080u;
-          frag = MODE == EXACT ? tc::pack2<T>(magic(b & 255u) - bias, magic((b >> 8) & 255u) - bias)
-                               : pair<T, OFF>(b & 255u, (b >> 8) & 255u, bias, s, o);
+          frag = MODE == EXACT
+                     ? tc::pack2<T>(magic(b & 255u) - bias, magic((b >> 8) & 255u) - bias)
+                     : pair<T, OFF>(b & 255u, (b >> 8) & 255u, bias, s, o);
         }
         f[q][2 * e + h] = frag;
       }
@@ -147,7 +148,8 @@ __device__ __forceinline__ void write_tile(const float (&d)[TOK / 2], T* __restr
       if (pairs) {
         const i64 tk = token + odd, r0 = rr - odd;  // r0 even, so r0 + 1 < n where r0 < n
         if (tk < p.m && r0 < p.n)
-          *reinterpret_cast<u32*>(out + tk * p.n + r0) = odd ? tc::pack2<T>(pb, b) : tc::pack2<T>(a, pa);
+          *reinterpret_cast<u32*>(out + tk * p.n + r0) =
+              odd ? tc::pack2<T>(pb, b) : tc::pack2<T>(a, pa);
       } else if (rr < p.n) {
         if (token < p.m) out[token * p.n + rr] = store<T>(a);
         if (token + 1 < p.m) out[(token + 1) * p.n + rr] = store<T>(b);
