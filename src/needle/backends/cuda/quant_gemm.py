@@ -17,7 +17,7 @@ import struct
 from ...errors import DeviceError
 from ..gpu.array import SUFFIX, GpuArray, cdiv
 from ..gpu.quant import QuantOps
-from .tensor_map import tiled
+from .tensor_map import matrix_map, tiled
 
 # QuantGemmParams: m, n, k, group_shift, flags
 QUANT_GEMM = struct.Struct("5q")
@@ -39,6 +39,10 @@ def kernel_name(bits: int, dtype: str, offsets: bool, exact: bool) -> str:
     return f"qgemm{bits}{mode}_{SUFFIX[dtype]}"
 
 
+def _address(a: GpuArray) -> int:
+    return a.buffer.handle + a.buffer.offset
+
+
 class QuantGemmOps(QuantOps):
     def _quant_gemm_special(self, x: GpuArray, qweight: GpuArray, scales: GpuArray,
                             offsets: GpuArray | None, out: GpuArray, m: int, n: int, k: int,
@@ -53,7 +57,7 @@ class QuantGemmOps(QuantOps):
         if not (mode == "always" or (mode == "auto" and sms <= tiles <= 3 * sms)):
             return False
         # sm_90a kernels (elsewhere they trap); out takes 4-byte stores of two values
-        if not (self.tuning.tma and (out.buffer.handle + out.buffer.offset) % 4 == 0
+        if not (self.tuning.tma and _address(out) % 4 == 0
                 and x.dtype in ("float16", "bfloat16") and k % K_STEP == 0
                 and (per_row or (group_size >= 16 and group_size == 1 << shift
                                  and groups % 4 == 0))):
@@ -82,22 +86,19 @@ class QuantGemmOps(QuantOps):
         """The kernel's four tensor maps (x, packed words, scales, offsets; the scales' again
         without offsets), or None where TMA cannot describe an operand (an unaligned
         buffer: the generic form runs)."""
-        def at(a: GpuArray) -> int:
-            return a.buffer.handle + a.buffer.offset
-
         words = k * bits // 32
         try:
-            map_x = tiled(x.dtype, at(x), (k, m, 1), (k * 2, m * k * 2), (K_STEP, TOKENS, 1))
-            map_w = tiled("int32", at(qweight), (words, n, 1), (words * 4, n * words * 4),
-                          (K_STEP * bits // 32, ROWS, 1), 0)
+            map_x = matrix_map(x.dtype, _address(x), m, k, 1, 0, TOKENS, K_STEP)
+            map_w = matrix_map("int32", _address(qweight), n, words, 1, 0, ROWS,
+                               K_STEP * bits // 32, swizzle=0)
 
             def table(a: GpuArray) -> bytes:
                 if groups == 1:  # one value a row: a box of 128 rows (the unit dims'
                     # strides address nothing but must be multiples of 16)
                     unit = 16 * cdiv(n * 4, 16)
-                    return tiled("float32", at(a), (n, 1, 1), (unit, unit), (ROWS, 1, 1), 0)
-                return tiled("float32", at(a), (groups, n, 1), (groups * 4, n * groups * 4),
-                             (4, ROWS, 1), 0)
+                    return tiled("float32", _address(a), (n, 1, 1), (unit, unit), (ROWS, 1, 1),
+                                 0)
+                return matrix_map("float32", _address(a), n, groups, 1, 0, ROWS, 4, swizzle=0)
 
             map_s = table(scales)
             map_o = table(offsets) if offsets is not None else map_s

@@ -87,9 +87,10 @@ def raw_bytes(tensor_map) -> bytes:
 
 
 def matrix_map(dtype: str, address: int, rows: int, cols: int, batch: int, batch_stride: int,
-               box_rows: int, box_cols: int = 64) -> bytes:
+               box_rows: int, box_cols: int = 64, swizzle: int = 128) -> bytes:
     """A 3-d map (k, row, batch) of ``batch`` row-major (rows, cols) matrices, matrix i at
-    element offset i * batch_stride: the operand maps of the TMA GEMM (gemm_tma.cu).
+    element offset i * batch_stride: the operand maps of the TMA GEMM (gemm_tma.cu) and the
+    quantized one (quant_gemm.cu: its packed words and scales unswizzled, ``swizzle=0``).
     ``batch_stride`` is ignored for one matrix; for several it must be >= rows * cols."""
     item = _ITEMSIZE.get(dtype, 2)
     if batch == 1:
@@ -99,4 +100,4 @@ def matrix_map(dtype: str, address: int, rows: int, cols: int, batch: int, batch
                           f"stride of at least {rows * cols} elements, got {batch_stride}; "
                           "broadcast or overlapping operands take another kernel")
     return tiled(dtype, address, (cols, rows, batch), (cols * item, batch_stride * item),
-                 (box_cols, box_rows, 1))
+                 (box_cols, box_rows, 1), swizzle)
