@@ -1,8 +1,8 @@
 """Prefill products with int8 / int4 weights on Hopper (kernels/quant_gemm.cu: W dequantized in
 registers as the warpgroup MMA's operand) against the float64 product of the dequantized
 matrix, and against the workspace form (dequantize + the GEMM, NEEDLE_QUANT_GEMM=off):
-ragged tokens and rows, both bit widths, offsets, per-row and grouped scales, several tiles a
-group; and which products "auto" gives it."""
+ragged tokens and rows, both bit widths, offsets, per-row and grouped scales, tiles whole and
+split between the grid's groups (stream-K); and which products "auto" gives it."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def _exact(x, packed, dtype):
 def _kernels(x, packed):
     with DEV.backend.profile() as prof:
         got = nd.quant_matmul(x, packed).numpy().astype(np.float64)
-    return got, set(prof.totals)
+    # less the zeroing of the tiles' counters at the process's first use
+    return got, {name for name in prof.totals if not name.startswith("fill_")}
 
 
 def _mode(bits, group, symmetric):
@@ -69,6 +70,8 @@ def _mode(bits, group, symmetric):
     (200, 300, 512, 8, 32, True),  # int8 in groups of 32 (GGUF Q8_0's form)
     (129, 64, 1024, 8, 256, True),  # int8 in groups over four k steps
     (1100, 2048, 512, 4, 128, True),  # more tiles than multiprocessors: groups walk several
+    (200, 256, 2048, 8, None, True),  # int8 per row, each tile split between 3-4 groups
+    (300, 256, 4096, 4, 256, True),  # groups over four k steps, tiles split on group bounds
 ])
 def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtype):
     x, packed = _case(m, n, k, bits, group, symmetric, dtype)
@@ -87,18 +90,46 @@ def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtyp
 
 
 @needs_hopper
-def test_auto_takes_products_of_one_to_three_waves():
-    """"auto" (the default): a product of one to three waves of 128 x 128 tiles over the
-    multiprocessors takes the kernel; smaller and larger ones the workspace form."""
+def test_auto_takes_short_products_and_long_shares():
+    """"auto" (the default): up to 256 rows of x take the kernel; up to 768 where each
+    multiprocessor's share is a 2,048-wide tile's k steps or more; longer products the
+    workspace form."""
     sms = DEV.backend.device.compute_units
-    for m, n, fills in [(256, 512, False), (512, 128 * (sms // 4 + 1), True),
-                        (512, 128 * (3 * sms // 4 + 1), False)]:
-        x, packed = _case(m, n, 256, 4, 64, True, "bfloat16")
+    wide = 128 * (sms // 4 + 1)  # 512 rows: a few more tiles than multiprocessors
+    for m, n, k, fills in [(40, 256, 256, True), (256, 256, 256, True),
+                           (512, 256, 256, False), (512, wide, 2048, True),
+                           (769, wide, 2048, False)]:
+        x, packed = _case(m, n, k, 4, 64, True, "bfloat16")
         with DEV.backend.tuned(quant_gemm="auto"):
             got, kernels = _kernels(x, packed)
-        assert ("qgemm4g_bf16" in kernels) == fills, (m, n, kernels)
+        assert ("qgemm4g_bf16" in kernels) == fills, (m, n, k, kernels)
         assert_close(got, _exact(x, packed, "float32" if fills else "bfloat16"), "bfloat16",
                      "matmul")
+
+
+@needs_hopper
+@pytest.mark.parametrize("m,n,k,group", [(512, 256, 2048, 128), (64, 2048, 2048, 128),
+                                         (9, 128, 8192, 64)])
+def test_split_tiles_sum_the_same_every_call(m, n, k, group):
+    """Tiles split between groups are summed by whichever group finishes last, in group
+    order: repeated calls (and a captured graph's replays) give the same bits, and the
+    tiles' counters are left at zero for the next launch."""
+    x, packed = _case(m, n, k, 4, group, True, "bfloat16")
+    first = nd.quant_matmul(x, packed).numpy()
+    for _ in range(3):
+        assert np.array_equal(nd.quant_matmul(x, packed).numpy(), first)
+    with DEV.backend.capture() as graph:  # two launches back to back, each left ready
+        a, b = nd.quant_matmul(x, packed), nd.quant_matmul(x, packed)
+    try:
+        for _ in range(3):
+            graph.replay()
+            assert np.array_equal(a.numpy(), first) and np.array_equal(b.numpy(), first)
+    finally:
+        graph.close()
+    assert_close(first.astype(np.float64), _exact(x, packed, "float32"), "bfloat16", "matmul")
+    counters = DEV.backend._counter_array
+    assert counters is not None
+    assert not DEV.backend.to_numpy(counters, (counters.size,), (1,), 0).any()
 
 
 @needs_hopper

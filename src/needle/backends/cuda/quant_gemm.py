@@ -2,12 +2,16 @@
 = x (m, k) @ W.T for more rows than the skinny kernels take, W dequantized in registers as the
 warpgroup MMA's operand instead of into a workspace for the GEMM. fp16/bf16 x, k a multiple
 of 64, groups of one row or of a power of two >= 16 values (four groups' scales a TMA box).
-Tuning ``quant_gemm`` (``NEEDLE_QUANT_GEMM``): "auto" (default) takes it for products of one
-to three waves of its 128 x 128 tiles over the multiprocessors (a 512-token prefill's
-gate/up projection: 2.7 waves, 18% faster than the workspace form on the H100); smaller
-ones measured slower, and in larger ones the GEMM's higher MMA rate outweighs the
-workspace's dequantization, which shrinks relative to it (docs/cuda_notes.md v31).
-"always" takes it wherever it applies (tests), "off" never.
+The grid shares the k steps of all tiles out evenly (stream-K), so a product of fewer tiles
+than multiprocessors keeps them all busy.
+Tuning ``quant_gemm`` (``NEEDLE_QUANT_GEMM``): "auto" (default) takes it for up to 256 rows,
+and up to 768 where each multiprocessor gets at least a 2,048-wide tile's k steps (on the
+H100 at 512 tokens: the 1.1B layer's gate/up and down products, 1.30x and 1.36x the bf16
+GEMM's time against the workspace form's 1.59x and 1.58x; its q/k/v and output products
+stay with the workspace, which split tiles' partial sums would cost more than they save).
+More rows take the workspace form: the GEMM's higher MMA rate outweighs the dequantization,
+which shrinks relative to it (docs/cuda_notes.md v31-v32). "always" takes it wherever it
+applies (tests), "off" never.
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ from ..gpu.array import SUFFIX, GpuArray, cdiv
 from ..gpu.quant import QuantOps
 from .tensor_map import matrix_map, tiled
 
-# QuantGemmParams: m, n, k, group_shift, flags
-QUANT_GEMM = struct.Struct("5q")
+# QuantGemmParams: m, n, k, group_shift, flags, chunk, chunks
+QUANT_GEMM = struct.Struct("7q")
 ROWS, TOKENS, K_STEP, STAGES = 128, 128, 64, 6  # quant_gemm.cu's qg:: constants
 _PER_ROW = 1  # flags: one scale a row
+ACCUMULATORS = 4 * 128 * 128  # bytes of a tile's float32 sums (a shared tile's partial)
+MIN_SHARE = 8  # k steps: the least work a group gets
+AUTO_ROWS, AUTO_MAX_ROWS, AUTO_SHARE = 256, 768, 32  # "auto": takes(); AUTO_SHARE in k steps
 
 
 def shared_bytes(bits: int) -> int:
@@ -39,6 +46,24 @@ def kernel_name(bits: int, dtype: str, offsets: bool, exact: bool) -> str:
     return f"qgemm{bits}{mode}_{SUFFIX[dtype]}"
 
 
+def share_count(tiles: int, chunks: int, chunk: int, sms: int) -> int:
+    """Groups of a launch: one a multiprocessor, each taking an equal share of the tiles'
+    chunks (``chunks`` a tile, ``chunk`` k steps each), but at least MIN_SHARE k steps (or a
+    whole tile) each and at most 3 groups a tile, so that no tile is split in more than 4
+    partial sums."""
+    work = tiles * chunks
+    least = max(1, min(chunks, cdiv(MIN_SHARE, chunk)))  # chunks
+    return max(1, min(sms, 3 * tiles, work // least))
+
+
+def takes(m: int, steps: int, grid: int) -> bool:
+    """"auto"'s rule for m rows and ``steps`` k steps of 128 x 128 tiles over ``grid``
+    groups: up to AUTO_ROWS rows always, up to AUTO_MAX_ROWS where each group's share is at
+    least AUTO_SHARE k steps (a 2,048-wide tile): measured on the H100, below that a
+    512-token product's split tiles cost more than the workspace form's dequantization."""
+    return m <= AUTO_ROWS or (m <= AUTO_MAX_ROWS and steps >= AUTO_SHARE * grid)
+
+
 def _address(a: GpuArray) -> int:
     return a.buffer.handle + a.buffer.offset
 
@@ -51,10 +76,8 @@ class QuantGemmOps(QuantOps):
         groups = cdiv(k, group_size)
         per_row = groups == 1
         shift = group_size.bit_length() - 1
-        tiles = cdiv(m, TOKENS) * cdiv(n, ROWS)
         mode = self.tuning.quant_gemm
-        sms = self.device.compute_units
-        if not (mode == "always" or (mode == "auto" and sms <= tiles <= 3 * sms)):
+        if mode == "off" or (mode == "auto" and m > AUTO_MAX_ROWS):
             return False
         # sm_90a kernels (elsewhere they trap); out takes 4-byte stores of two values
         if not (self.tuning.tma and _address(out) % 4 == 0
@@ -62,22 +85,33 @@ class QuantGemmOps(QuantOps):
                 and (per_row or (group_size >= 16 and group_size == 1 << shift
                                  and groups % 4 == 0))):
             return False
+        # symmetric groups of whole k steps (or one a row): each group's integer products
+        # summed exactly and scaled once; otherwise each value dequantized as dequant{8,4}
+        exact = offsets is None and (per_row or group_size >= K_STEP)
+        tiles = cdiv(m, TOKENS) * cdiv(n, ROWS)
+        chunk = group_size // K_STEP if exact and not per_row else 1  # k steps shared out
+        chunks = k // K_STEP // chunk
+        grid = share_count(tiles, chunks, chunk, self.device.compute_units)
+        if mode == "auto" and not takes(m, tiles * k // K_STEP, grid):
+            return False
         shared = shared_bytes(bits)
         if shared > self.device.max_shared_bytes:
             return False
         maps = self._quant_gemm_maps(x, qweight, scales, offsets, m, n, k, bits, groups)
         if maps is None:
             return False
-        # symmetric groups of whole k steps (or one a row): each group's integer products
-        # summed exactly and scaled once; otherwise each value dequantized as dequant{8,4}
-        exact = offsets is None and (per_row or group_size >= K_STEP)
         kern = self._kernel("quant_gemm", kernel_name(bits, x.dtype, offsets is not None, exact))
         kern.check_threads(384)
         kern.reserve_shared(shared)
-        params = QUANT_GEMM.pack(m, n, k, 0 if per_row else shift, _PER_ROW if per_row else 0)
+        # partial sums of the tiles that groups share (one a group at most), if any
+        shared_tiles = (tiles * chunks) % grid or (tiles * chunks // grid) % chunks
+        partials = self._workspace(grid * ACCUMULATORS) if shared_tiles else out.buffer
+        params = QUANT_GEMM.pack(m, n, k, 0 if per_row else shift, _PER_ROW if per_row else 0,
+                                 chunk, chunks)
         extra = (offsets if offsets is not None else scales).buffer
-        self.queue.dispatch(kern, (min(tiles, sms), 1, 1), (384, 1, 1),
-                            (x.buffer, qweight.buffer, scales.buffer, extra, out.buffer),
+        self.queue.dispatch(kern, (grid, 1, 1), (384, 1, 1),
+                            (x.buffer, qweight.buffer, scales.buffer, extra, out.buffer,
+                             partials, self._counters(tiles)),
                             params, shared, raw_args=maps)
         return True
 

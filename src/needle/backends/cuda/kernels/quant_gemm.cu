@@ -14,19 +14,22 @@
 //    2t+8, 2t+9 of each k16 step (t = lane % 4): the wgmma's register fragment of A, built
 //    from the stage's packed bytes (Mode, below) while the previous stage's wgmmas run (two
 //    fragment sets).
-// The grid is persistent (one group an SM, tiles strided by the grid, the token tiles of one
-// weight tile first so they share W in L2) and the producer runs ahead across tiles. The
-// host (cuda/quant_gemm.py) takes it by default for one to three waves of tiles, where it
-// beat the workspace on the H100 (gate/up at 512 tokens: 1.31x the bf16 GEMM's time against
-// 1.60x); its loop is latency-bound with two consumer warps a scheduler (docs/cuda_notes.md
-// v31), so its per-stage instructions are kept few: counters, not divisions, a stage.
+// The grid is persistent: one group an SM, each taking an equal share of the product's k
+// steps numbered tile by tile (stream-K, `Shares`), so that products of fewer tiles than SMs,
+// or a few more, keep every SM busy; a tile that shares split is summed by the group that
+// finishes it last (`gather`). The producer runs ahead across tiles. The host
+// (cuda/quant_gemm.py) takes it by default up to 1,024 tokens, where it beat the workspace
+// form on the H100; its loop is latency-bound with two consumer warps a scheduler
+// (docs/cuda_notes.md v31), so its per-stage instructions are kept few: counters, not
+// divisions, a stage.
 #include "common.cuh"
 #include "mbarrier.cuh"
 #include "tensor_core.cuh"
 
 // m, n, k, log2 of the group's values, flags (1: one scale a row, read as a box of 128 rows;
-// otherwise groups of a power of two >= 16 values)
-struct QuantGemmParams { i64 m, n, k, group_shift, flags; };
+// otherwise groups of a power of two >= 16 values), k steps a chunk and chunks a tile (the
+// units of work the grid shares out: a group's k steps in EXACT mode, else one k step)
+struct QuantGemmParams { i64 m, n, k, group_shift, flags, chunk, chunks; };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qg {
@@ -157,8 +160,94 @@ __device__ __forceinline__ void write_tile(const float (&d)[TOK / 2], T* __restr
     }
 }
 
+// The grid's shares of the work (stream-K): the product's chunks numbered tile by tile (a
+// tile's k steps in order; the token tiles of one weight tile consecutive, so that they share
+// W in L2), group j takes chunks [j W / G, (j + 1) W / G) of the W in all: whole tiles, and
+// at either end a piece of a tile that other groups share. Every group gets the same work
+// within a chunk, where whole tiles a group would leave SMs idle in a product's last wave
+// (a 2048-row matrix at 512 tokens: 64 tiles for 132 SMs).
+struct Shares {
+  i64 chunks, total, groups;  // chunks a tile, W, G
+  __device__ i64 begin(i64 j) const { return j * total / groups; }
+  __device__ i64 owner(i64 c) const { return ((c + 1) * groups - 1) / total; }  // c's group
+};
+// a share's next piece: one tile's k steps [ks0, ks1), from chunk c on; c moves past it
+struct Piece { int tile, ks0, ks1; };
+__device__ __forceinline__ Piece next_piece(i64& c, i64 end, const Shares& sh, i64 chunk) {
+  const i64 tile = c / sh.chunks, t0 = tile * sh.chunks, e = min(end, t0 + sh.chunks);
+  const Piece pc{(int)tile, (int)((c - t0) * chunk), (int)((e - t0) * chunk)};
+  c = e;
+  return pc;
+}
+
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+
+// A tile that several groups share (at most 4: the host's rule). Its owner is the group whose
+// share holds its first k steps: it runs them last in its share, while the others run their
+// pieces first in theirs (a group's share starts in at most one tile it does not own), so
+// the owner seldom waits. The others leave their partial sums in ws (one 64 KiB slot a
+// group, a consumer thread's 16-byte words 4 KiB apart) and count themselves on the tile's
+// counter (release); the owner waits for the count (acquire), adds the parts to its own in
+// group order and returns true with the total in acc, leaving the counter at zero for the
+// next launch. No group waits for one before it, so no wait can close a cycle.
+constexpr int MAX_PARTS = 4;
+template <int NA>
+__device__ __forceinline__ bool gather(float (&acc)[NA], float4* __restrict__ ws,
+                                       unsigned* __restrict__ counters, int tile,
+                                       const Shares& sh) {
+  const int ct = threadIdx.x - 128;
+  const i64 first = sh.owner((i64)tile * sh.chunks);
+  const int parts = (int)(sh.owner((i64)(tile + 1) * sh.chunks - 1) - first) + 1;
+  float4* const slots = ws + ct;  // group j's slot: slots + j * NA / 4 * 256
+  if (blockIdx.x != first) {
+    float4* mine = slots + (i64)blockIdx.x * (NA / 4) * 256;
+#pragma unroll
+    for (int i = 0; i < NA / 4; i++)
+      __stcg(mine + 256 * i,
+             make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+    consumers_sync();  // every thread's words are written before the count (cumulative release)
+    if (ct == 0)
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(counters + tile) : "memory");
+    return false;
+  }
+  if (ct == 0) {
+    const unsigned want = parts - 1;
+    unsigned have;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
+                   : "=r"(have) : "l"(counters + tile) : "memory");
+    } while (have != want);
+    counters[tile] = 0u;  // every other part has counted itself: none touches it again
+  }
+  consumers_sync();
+  // in blocks of 16 accumulators, every other part's words requested before any is added
+  constexpr int B = 16;
+#pragma unroll
+  for (int b = 0; b < NA / B; b++) {
+    float4 v[MAX_PARTS - 1][B / 4];
+#pragma unroll
+    for (int i = 0; i < MAX_PARTS - 1; i++)
+#pragma unroll
+      for (int u = 0; u < B / 4; u++)
+        v[i][u] = i + 1 < parts
+                      ? __ldcg(slots + ((first + 1 + i) * (NA / 4) + (B / 4) * b + u) * 256)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int u = 0; u < B / 4; u++) {
+      float* a = acc + B * b + 4 * u;
+#pragma unroll
+      for (int i = 0; i < MAX_PARTS - 1; i++)
+        a[0] += v[i][u].x, a[1] += v[i][u].y, a[2] += v[i][u].z, a[3] += v[i][u].w;
+    }
+  }
+  return true;
+}
+
 template <class T, int BITS, bool OFF, int MODE>
-__device__ __forceinline__ void run(T* __restrict__ out, const QuantGemmParams& p,
+__device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws,
+                                    unsigned* __restrict__ counters, const QuantGemmParams& p,
                                     const TmaMap* map_x, const TmaMap* map_w,
                                     const TmaMap* map_s, const TmaMap* map_o,
                                     unsigned char* smem) {
@@ -169,11 +258,11 @@ __device__ __forceinline__ void run(T* __restrict__ out, const QuantGemmParams& 
   const u32 full0 = base + STAGES * SB, empty0 = full0 + STAGES * 8;
   const int tid = threadIdx.x, wg = tid / 128;
   const int tiles_m = (int)((p.m + TOK - 1) / TOK), tiles_n = (int)((p.n + ROWS - 1) / ROWS);
-  const int total = tiles_m * tiles_n, KS = (int)(p.k / KT);
+  const int KS = (int)(p.k / KT);
   const bool per_row = p.flags & 1;
   const u32 s_bytes = per_row ? ROWS * 4 : S_BYTES;
-  // EXACT: stages a group (the whole k with one group a row)
-  const int per_group = MODE == EXACT ? (per_row ? KS : (1 << (int)p.group_shift) / KT) : 1;
+  const Shares sh{p.chunks, (i64)tiles_m * tiles_n * p.chunks, (i64)gridDim.x};
+  const i64 share_end = sh.begin(blockIdx.x + 1);
 
   if (tid == 0) {
 #pragma unroll
@@ -193,15 +282,17 @@ __device__ __forceinline__ void run(T* __restrict__ out, const QuantGemmParams& 
     tma_prefetch(map_s);
     if (OFF) tma_prefetch(map_o);
     u32 it = 0;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-      const int m0 = (tile % tiles_m) * TOK, n0 = (tile / tiles_m) * ROWS;
-      for (int kt = 0; kt < KS; kt++, it++) {
+    for (i64 c = sh.begin(blockIdx.x); c < share_end;) {
+      const Piece pc = next_piece(c, share_end, sh, p.chunk);
+      const int m0 = (pc.tile % tiles_m) * TOK, n0 = (pc.tile / tiles_m) * ROWS;
+      for (int kt = pc.ks0; kt < pc.ks1; kt++, it++) {
         const int s = (int)(it % STAGES);
         bar_wait(empty0 + 8 * s, ((it / STAGES) & 1u) ^ 1u);
         const u32 full = full0 + 8 * s, at = base + s * SB;
         // EXACT reads scales only in a group's last stage (a box is 128 small rows: TMA
-        // requests the stage need not wait for)
-        const bool scales = MODE == DEQUANT || (kt + 1) % per_group == 0;
+        // requests the stage need not wait for); with one group a row, the piece's last
+        const bool scales = MODE == DEQUANT || (per_row ? kt + 1 == pc.ks1
+                                                        : (kt + 1) % (int)p.chunk == 0);
         bar_expect_tx(full, XB + WB + (scales ? (OFF ? 2 : 1) * s_bytes : 0u));
         tma_load(at, map_x, full, kt * KT, m0, 0);
         tma_load(at + XB, map_w, full, kt * WR, n0, 0);
@@ -224,6 +315,7 @@ __device__ __forceinline__ void run(T* __restrict__ out, const QuantGemmParams& 
   u32 slot = 0, phase = 0;  // the ring's next stage and the phase of its barriers' next use
   u32 held = ~0u;           // the slot whose shared memory the last wgmmas may still read
   int in_group = 0;         // EXACT: stages of the current group done
+  int per_group = 1;        // EXACT: stages a group (the piece's, with one group a row)
   auto release = [&](u32 at) {
     if (at != ~0u && lane == 0) bar_arrive(empty0 + 8 * at);
   };
@@ -262,33 +354,41 @@ __device__ __forceinline__ void run(T* __restrict__ out, const QuantGemmParams& 
     }
     if (++slot == STAGES) slot = 0, phase ^= 1u;
   };
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    const i64 m0 = (i64)(tile % tiles_m) * TOK, n0 = (i64)(tile / tiles_m) * ROWS;
+  for (i64 c = sh.begin(blockIdx.x); c < share_end;) {
+    const Piece pc = next_piece(c, share_end, sh, p.chunk);
+    const i64 m0 = (i64)(pc.tile % tiles_m) * TOK, n0 = (i64)(pc.tile / tiles_m) * ROWS;
+    per_group = per_row ? pc.ks1 - pc.ks0 : (int)p.chunk;
 #pragma unroll
     for (int q = 0; q < NA; q++) {
       d[q] = 0.f;
       if (MODE == EXACT) sum[q] = 0.f;
     }
-    int kt = 0;
-    for (; kt + 1 < KS; kt += 2) {
+    int kt = pc.ks0;
+    for (; kt + 1 < pc.ks1; kt += 2) {
       stage(fa, kt);
       stage(fb, kt + 1);
     }
-    if (kt < KS) stage(fa, kt);
+    if (kt < pc.ks1) stage(fa, kt);
     wg::wait<0>();
     wg::fence_acc(d);
     release(held);
     held = ~0u;
+    // a whole tile is written at once; a shared one by the group that finishes it
+    auto finish = [&](float(&acc)[NA]) {
+      if (pc.ks1 - pc.ks0 == KS || gather(acc, ws, counters, pc.tile, sh))
+        write_tile<T>(acc, out, p, n0 + r, m0, lane);
+    };
     if constexpr (MODE == EXACT)
-      write_tile<T>(sum, out, p, n0 + r, m0, lane);
+      finish(sum);
     else
-      write_tile<T>(d, out, p, n0 + r, m0, lane);
+      finish(d);
   }
 }
 }  // namespace qg
 #define QGEMM_BODY(T, BITS, OFF, MODE)                                                         \
   extern __shared__ __align__(1024) unsigned char smem[];                                      \
-  qg::run<T, BITS, OFF, MODE>(out, p, &map_x, &map_w, &map_s, &map_o, smem);
+  qg::run<T, BITS, OFF, MODE>(out, reinterpret_cast<float4*>(ws), counters, p, &map_x, &map_w, \
+                              &map_s, &map_o, smem);
 #else
 // other targets: the names exist; the host launches these only on sm_90a (device feature tma)
 #define QGEMM_BODY(T, BITS, OFF, MODE) __trap();
@@ -300,7 +400,8 @@ __device__ __forceinline__ void run(T* __restrict__ out, const QuantGemmParams& 
 #define QGEMM(NAME, T, BITS, OFF, MODE)                                                        \
   extern "C" __global__ void __launch_bounds__(384, 1)                                         \
       NAME(const T* __restrict__ x, const u32* __restrict__ q, const float* __restrict__ s,    \
-           const float* __restrict__ b, T* __restrict__ out, QuantGemmParams p,                \
+           const float* __restrict__ b, T* __restrict__ out, float* __restrict__ ws,           \
+           unsigned* __restrict__ counters, QuantGemmParams p,                                 \
            const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w,         \
            const __grid_constant__ TmaMap map_s, const __grid_constant__ TmaMap map_o) {       \
     pdl_entry();                                                                               \
