@@ -192,7 +192,6 @@ __device__ __forceinline__ void consumers_sync() {
 // counter (release); the owner waits for the count (acquire), adds the parts to its own in
 // group order and returns true with the total in acc, leaving the counter at zero for the
 // next launch. No group waits for one before it, so no wait can close a cycle.
-constexpr int MAX_PARTS = 4;
 template <int NA>
 __device__ __forceinline__ bool gather(float (&acc)[NA], float4* __restrict__ ws,
                                        unsigned* __restrict__ counters, int tile,
@@ -222,25 +221,17 @@ __device__ __forceinline__ bool gather(float (&acc)[NA], float4* __restrict__ ws
     counters[tile] = 0u;  // every other part has counted itself: none touches it again
   }
   consumers_sync();
-  // in blocks of 16 accumulators, every other part's words requested before any is added
-  constexpr int B = 16;
+  // a part at a time (in group order), each of its 16 words requested before any is added:
+  // one L2 round trip a part
+  for (int i = 1; i < parts; i++) {
+    const float4* q = slots + (first + i) * (NA / 4) * 256;
+    float4 v[NA / 4];
 #pragma unroll
-  for (int b = 0; b < NA / B; b++) {
-    float4 v[MAX_PARTS - 1][B / 4];
+    for (int u = 0; u < NA / 4; u++) v[u] = __ldcg(q + 256 * u);
 #pragma unroll
-    for (int i = 0; i < MAX_PARTS - 1; i++)
-#pragma unroll
-      for (int u = 0; u < B / 4; u++)
-        v[i][u] = i + 1 < parts
-                      ? __ldcg(slots + ((first + 1 + i) * (NA / 4) + (B / 4) * b + u) * 256)
-                      : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int u = 0; u < B / 4; u++) {
-      float* a = acc + B * b + 4 * u;
-#pragma unroll
-      for (int i = 0; i < MAX_PARTS - 1; i++)
-        a[0] += v[i][u].x, a[1] += v[i][u].y, a[2] += v[i][u].z, a[3] += v[i][u].w;
-    }
+    for (int u = 0; u < NA / 4; u++)
+      acc[4 * u] += v[u].x, acc[4 * u + 1] += v[u].y, acc[4 * u + 2] += v[u].z,
+          acc[4 * u + 3] += v[u].w;
   }
   return true;
 }
