@@ -20,10 +20,12 @@ Environment overrides (docs/cuda.md lists them):
 - ``NEEDLE_QUANT_GEMM=auto|always|off``: products of more than 16 rows with int8 / int4
   weights (prefill) dequantize W in registers as the warpgroup MMA's operand
   (quant_gemm.cu, sm_90a) instead of into a workspace for the GEMM: by default ("auto")
-  for products of one to three waves of its 128 x 128 tiles (faster there on the H100;
-  docs/cuda_notes.md v31), "always" wherever it applies, "off" never.
-- ``NEEDLE_SKINNY_TC=N``: products X @ W^T of 2..N rows (default 128; 0: none) take the
-  skinny tensor-core kernel (skinny.cu) instead of the tiled GEMMs.
+  up to 256 rows, and up to 768 where each multiprocessor's share of the k steps is at
+  least a 2,048-wide tile's (faster there on the H100; docs/cuda_notes.md v32), "always"
+  wherever it applies, "off" never.
+- ``NEEDLE_SKINNY_TC=N``: products X @ W^T of 2..N rows (default 127 with the TMA GEMM,
+  whose 128-row tile 128 rows fill, else 128; 0: none) take the skinny tensor-core kernel
+  (skinny.cu) instead of the tiled GEMMs.
 - ``NEEDLE_FOLDED_NORM=0``: the decode step keeps its RMSNorms as launches of their own
   (by default a model folds each norm's scale into the next projection's weights at load,
   and one-row products take the norm in the same pass: gemv.py).
@@ -93,7 +95,7 @@ class CudaTuning(GpuTuning):
     transpose: bool = True  # compact() of transposed matrices by a tiled transpose kernel
     skinny: bool = True  # products of <= 8 rows read B once (matmul_skinny)
     skinny_tc: int = 128  # X @ W^T of 2..this many rows on tensor cores, W read once
-    # (skinny.cu: a batched decode step's projections); 0 turns it off
+    # (skinny.cu: a batched decode step's projections); 0 turns it off; 127 with the TMA GEMM
     half_scatter: bool = True  # small fp16/bf16 scatter_adds in place (a decode step's K/V)
     mma: bool = False  # tensor-core (mma.sync) GEMMs and prefill attention: sm_80+
     wgmma: bool = False  # Hopper warpgroup MMA GEMMs: sm_90a
@@ -110,8 +112,8 @@ class CudaTuning(GpuTuning):
     # fewer make each group walk more tiles (tests), more than the tiles one tile a group
     quant_skinny: bool = False  # 2..16 rows times int4 weights on tensor cores: sm_80+
     quant_gemm: str = "off"  # more rows times int8 / int4 weights, W dequantized in registers
-    # as the wgmma's A operand (quant_gemm.cu, sm_90a): "auto" for one to three waves of its
-    # tiles, "always", "off"
+    # as the wgmma's A operand (quant_gemm.cu, sm_90a): "auto" (cuda/quant_gemm.py's
+    # takes()), "always", "off"
     fused_matvec: bool = False  # the decode step's norm/SwiGLU/residual fused into its gemvs
     # (off by default: on the H100 the fused kernels are still slower than gemv + add_rmsnorm,
     # docs/cuda_notes.md v9)
@@ -144,8 +146,9 @@ class CudaTuning(GpuTuning):
                    wgmma_tile=env.get("NEEDLE_WGMMA_TILE"),
                    tc_tile=256 if env.get("NEEDLE_TC_TILE", "128") == "256" else 128,
                    attention_backward=env.get("NEEDLE_ATTENTION_BACKWARD", "1") != "0",
-                   skinny_tc=int(env.get("NEEDLE_SKINNY_TC", "128")) if capability >= 80
-                   else 0,
+                   # 128 rows: the TMA GEMM 1.3-2.3x faster on the H100 (cuda_notes v32)
+                   skinny_tc=int(env.get("NEEDLE_SKINNY_TC", "127" if hopper else "128"))
+                   if capability >= 80 else 0,
                    pdl=target >= 90 and env.get("NEEDLE_PDL", "1") != "0",
                    tc_stages=_stages(options, "TC_STAGES", 4),
                    wg_stages=_stages(options, "WG_STAGES", 4),
