@@ -156,3 +156,14 @@ def test_other_products_keep_their_forms():
         got, kernels = _kernels(x, packed)
         assert not any(name.startswith("qgemm") for name in kernels), (m, k, group, kernels)
         assert_close(got, _exact(x, packed, dtype), dtype, "matmul", scale=float(np.sqrt(k)))
+
+
+@needs_hopper
+def test_an_empty_k_gives_zeros():
+    """k = 0 (a product of nothing): zeros, by the workspace form (the kernel's shares would
+    hold no work and leave out unwritten)."""
+    packed = nd.QuantizedMatrix.quantize(np.zeros((64, 0), np.float32), 4, 64, True, device=DEV)
+    x = nd.array(np.zeros((40, 0), np.float32), device=DEV, dtype="bfloat16")
+    got, kernels = _kernels(x, packed)
+    assert not any(name.startswith("qgemm") for name in kernels), kernels
+    assert got.shape == (40, 64) and not got.any()

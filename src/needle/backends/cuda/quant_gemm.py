@@ -81,7 +81,7 @@ class QuantGemmOps(QuantOps):
             return False
         # sm_90a kernels (elsewhere they trap); out takes 4-byte stores of two values
         if not (self.tuning.tma and _address(out) % 4 == 0
-                and x.dtype in ("float16", "bfloat16") and k % K_STEP == 0
+                and x.dtype in ("float16", "bfloat16") and k > 0 and k % K_STEP == 0
                 and (per_row or (group_size >= 16 and group_size == 1 << shift
                                  and groups % 4 == 0))):
             return False

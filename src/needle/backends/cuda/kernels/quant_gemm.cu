@@ -16,12 +16,12 @@
 //    fragment sets).
 // The grid is persistent: one group an SM, each taking an equal share of the product's k
 // steps numbered tile by tile (stream-K, `Shares`), so that products of fewer tiles than SMs,
-// or a few more, keep every SM busy; a tile that shares split is summed by the group that
-// finishes it last (`gather`). The producer runs ahead across tiles. The host
-// (cuda/quant_gemm.py) takes it by default up to 1,024 tokens, where it beat the workspace
-// form on the H100; its loop is latency-bound with two consumer warps a scheduler
-// (docs/cuda_notes.md v31), so its per-stage instructions are kept few: counters, not
-// divisions, a stage.
+// or a few more, keep every SM busy; a tile that shares split is summed by its owner, the
+// group holding its first k steps (`gather`). The producer runs ahead across tiles. The host
+// (cuda/quant_gemm.py) takes it by default up to 256 tokens, and up to 768 where each group's
+// share is at least a 2,048-wide tile's k steps, where it beat the workspace form on the
+// H100; its loop is latency-bound with two consumer warps a scheduler (docs/cuda_notes.md
+// v31-v32), so its per-stage instructions are kept few: counters, not divisions, a stage.
 #include "common.cuh"
 #include "mbarrier.cuh"
 #include "tensor_core.cuh"
