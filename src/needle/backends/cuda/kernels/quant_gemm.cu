@@ -346,8 +346,8 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
     wg::wait<1>();  // the previous stage's wgmmas are done
     wg::fence_acc(d);
     release(held);
-    held = slot;
-    if (MODE == EXACT && ++in_group == per_group) {  // the group's last stage
+    held = slot;                                     // released after the next stage's wgmmas,
+    if (MODE == EXACT && ++in_group == per_group) {  // or, a group's last stage, by its flush
       in_group = 0;
       const int gi = per_row ? 0 : ((kt * KT) >> (int)p.group_shift) & 3;
       fs0 = sc[per_row ? r : r * 4 + gi], fs8 = sc[per_row ? r + 8 : (r + 8) * 4 + gi];
