@@ -1,4 +1,5 @@
-"""Array cases (issues 2 and 4): matmul, elementwise, reductions, softmax, rmsnorm, tiny ops.
+"""Array cases (issues 2 and 4): matmul, a 1.1B layer's products (linear), elementwise,
+reductions, softmax, rmsnorm, tiny ops.
 
 Sizes follow the device: a CPU gets sizes that fit its memory and time (matmul up to 2048,
 16M-element elementwise ops), a GPU gets sizes that fill it (matmul up to 8192 in fp32 and bf16,
@@ -46,6 +47,30 @@ def _matmul(n: int, dtype: str) -> Case:
 
 def _mm(a, b):
     return a @ b
+
+
+# a 1.1B Llama layer's products x (m, k) @ W^T, W stored (n, k) as a Linear layer keeps it:
+# fused q/k/v, o, fused gate/up, down (issue 20: "GEMMs for the model's shapes")
+LAYER_SHAPES = {"qkv": (2560, 2048), "o": (2048, 2048), "gate_up": (11264, 2048),
+                "down": (2048, 5632)}
+
+
+def _linear(m: int, name: str, dtype: str) -> Case:
+    n, k = LAYER_SHAPES[name]
+
+    def build(ctx: Context) -> Bench:
+        ops = {"needle": _mm_t, "torch": _mm_t}
+        if dtype == "float32":
+            ops["numpy"] = _mm_t
+        sets = ctx.input_sets(_normal((m, k), (n, k)))
+        return Bench(ctx.bind(ops, sets, dtype), flops=2.0 * m * n * k,
+                     ceiling=f"matmul_{dtype}", rtol=1e-4 if dtype == "float32" else 2e-2)
+
+    return Case(f"linear_{_SHORT[dtype]}_{name}_{m}", "linear", build)
+
+
+def _mm_t(x, w):
+    return x @ w.T
 
 
 def _matmul_tf32(n: int) -> Case:
@@ -166,6 +191,10 @@ def cases(ctx: Context) -> list[Case]:
     dtypes = ("float32", "bfloat16") if ctx.gpu else ("float32",)
     found = [_matmul(s, dt) for dt in dtypes for s in mm]
     found += [_matmul_tf32(s) for s in mm] if ctx.gpu else []
+    # a GPU: bf16 prefill chunks of 512 and 2,048 tokens; a CPU: float32, fewer rows
+    tokens = (16,) if ctx.quick and not ctx.gpu else (512, 2048) if ctx.gpu else (128,)
+    found += [_linear(m, name, "bfloat16" if ctx.gpu else "float32") for m in tokens
+              for name in LAYER_SHAPES]
     found += [_add(n), _exp(n)]
     found += [_sum(r, c, axis) for r, c in sums for axis in (1, 0)]
     found += [_softmax(*rows), _rmsnorm(*rows)]

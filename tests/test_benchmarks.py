@@ -20,7 +20,7 @@ from benchmarks.runner import Bench, Case, Context, Impl, Settings, Skip, run_ca
 import needle.backend_ndarray as nd
 from needle.errors import DTypeError
 
-ARRAY_GROUPS = {"matmul", "add", "exp", "sum", "softmax", "rmsnorm", "small_op"}
+ARRAY_GROUPS = {"matmul", "linear", "add", "exp", "sum", "softmax", "rmsnorm", "small_op"}
 FAST = Settings(repeat=3, min_sample_s=1e-4, budget_s=1.0)
 
 
@@ -42,9 +42,9 @@ def test_quick_run_on_cpu_numpy_covers_the_runners_cases(tmp_path, capsys):
     assert data["machine"]["frameworks"]["needle"]["device"] == "cpu_numpy"
     assert data["broken_case_modules"] == {}
     names = {c["name"] for c in data["cases"]}
-    for expected in ("matmul_f32_64", "add_64k", "exp_64k", "sum_rows_256x256",
-                     "sum_cols_256x256", "softmax_256x256", "rmsnorm_256x256", "small_add_1",
-                     "mlp_step_784-64-64-10_b32"):
+    for expected in ("matmul_f32_64", "linear_f32_qkv_16", "linear_f32_down_16", "add_64k",
+                     "exp_64k", "sum_rows_256x256", "sum_cols_256x256", "softmax_256x256",
+                     "rmsnorm_256x256", "small_add_1", "mlp_step_784-64-64-10_b32"):
         assert expected in names
     for case in data["cases"]:
         if case["skipped"]:  # only training may skip (needle.nn not importable)

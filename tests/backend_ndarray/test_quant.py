@@ -63,6 +63,24 @@ def test_dequantize_matches_the_reference(device, reference, rng, bits, group, s
         assert_close(w_dev.dequantize(dtype), w_ref.dequantize(dtype), dtype)
 
 
+@pytest.mark.parametrize("n,k,bits,group,symmetric", [(300, 2048, 4, 128, True),
+                                                    (130, 1024, 8, None, True),
+                                                    (77, 640, 4, 32, False)])
+def test_dequantize_a_layer_sized_matrix(device, reference, rng, n, k, bits, group, symmetric):
+    """Matrices of many warps' blocks of words with a partial last block (the GPU's fast path
+    gives each warp 128 consecutive words): every value as the reference makes it."""
+    w_ref = _matrix(rng, n, k, bits, group, symmetric, reference)
+    w_dev = nd.QuantizedMatrix(*(nd.array(a.numpy(), device=device) if a is not None else None
+                                 for a in (w_ref.qweight, w_ref.scales, w_ref.offsets)),
+                               w_ref.spec, w_ref.shape)
+    for dtype in ("float32", "bfloat16"):
+        got, want = w_dev.dequantize(dtype).numpy(), w_ref.dequantize(dtype).numpy()
+        if symmetric:  # one product, one rounding: the same bits
+            np.testing.assert_array_equal(got, want)
+        else:  # a fused multiply-add where the reference may round twice
+            assert_close(got, want, dtype)
+
+
 def test_quant_matmul_on_a_batch_of_sequences(device, rng):
     w = _matrix(rng, 24, 64, 4, 32, False, device)
     x = nd.array(rng.standard_normal((2, 3, 64)).astype(np.float32), device=device)
