@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import needle.backend_ndarray as nd
-from needle.backends.cuda.tuning import tma_width
+from needle.backends.cuda.tuning import K_MAJOR_WIDTHS, TMA_WIDTHS, tma_width
 from needle.errors import DeviceError
 
 from .test_cuda import _SFX, DEV, RNG, _mm_case, on, relerr
@@ -76,6 +76,27 @@ def test_tma_matmul_matches_float64(dtype, m, n, p, batch, n_major, width):
 
 
 @tma
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,p", [(128, 64, 160), (200, 72, 264), (130, 136, 328),
+                                   (1000, 520, 2560), (2048, 2048, 2560)])
+def test_tma_160_wide_tiles_match_float64(dtype, m, n, p):
+    """160-wide tiles (K-major B): two 64-column chunks stored by TMA, the last 32 columns
+    value by value (a TMA box would write into the next tile's); ragged columns (264 and 328:
+    the last tile partly or mostly past p) and the 2,560 columns of a 1.1B layer's q/k/v
+    product; every output written (NaN poison)."""
+    npdt = nd.dtypes.to_numpy_dtype(dtype)
+    a = RNG.standard_normal((1, m, n)).astype(npdt)
+    b = RNG.standard_normal((1, p, n)).astype(npdt)
+    got, kernels = _tma_product(a, b, dtype, width=160)
+    assert f"matmul_tma160_{_SFX[dtype]}" in kernels, kernels
+    assert not np.isnan(got.astype(np.float32)).any()
+    want = a.astype(np.float64) @ b.astype(np.float64).transpose(0, 2, 1)
+    assert relerr(got, want) < _TMA_TOL[dtype]
+    narrow, _ = _tma_product(a, b, dtype, width=128)  # the same sums for every output
+    np.testing.assert_array_equal(got, narrow)
+
+
+@tma
 @pytest.mark.parametrize("groups", [1, 3, 7])
 @pytest.mark.parametrize("width", [256, 128, 64])
 @pytest.mark.parametrize("n_major", [False, True], ids=["b_k_major", "b_n_major"])
@@ -124,7 +145,8 @@ def test_tma_matmul_through_ndarray(dtype, ta, tb, m, n, p, batch):
     """NDArray @ with transposed operands (copied or passed as they are) takes a TMA kernel:
     B stored transposed is K-major (matmul_tma), B as written is N-major (matmul_tma_nn,
     no copy of B)."""
-    width = tma_width(m, p, batch, DEV.backend.device.compute_units)
+    width = tma_width(m, p, batch, DEV.backend.device.compute_units,
+                      K_MAJOR_WIDTHS if tb else TMA_WIDTHS)
     with DEV.backend.profile() as prof:
         got, want = _mm_case(m, n, p, dtype, ta, tb, batch=batch)
     assert _tma_name(width, not tb, dtype) in prof.totals, prof.table()
@@ -193,8 +215,9 @@ def test_tma_matmul_keeps_its_launch_plan_per_operands_and_tuning():
 
 
 @tma
+@pytest.mark.parametrize("width", [None, 160])
 @pytest.mark.parametrize("offset", [0, 4])
-def test_tma_outputs_that_tma_cannot_store_are_stored_value_by_value(offset):
+def test_tma_outputs_that_tma_cannot_store_are_stored_value_by_value(offset, width):
     """The TMA GEMM stores C by TMA, whose start must be 16-byte aligned and whose rows
     16-byte multiples: an output 8 bytes into its buffer gets its values stored one by one
     by the same kernel (so do float32 rows of 130 or 258 values under TF32: test_tf32.py;
@@ -210,9 +233,10 @@ def test_tma_outputs_that_tma_cannot_store_are_stored_value_by_value(offset):
     be.fill(block, np.nan)
     item = np.dtype(npdt).itemsize
     out = type(block)(block.buffer.view(item * offset, item * 256 * p), 256 * p, dtype)
-    with be.tuned(skinny_tc=0), be.profile() as prof:
+    with be.tuned(skinny_tc=0, tma_tile=width), be.profile() as prof:
         be.matmul(a.handle, b.handle, out, 256, 192, p, transpose_b=True)
-    assert any(name.startswith("matmul_tma") for name in prof.totals), prof.table()
+    assert any(name.startswith(f"matmul_tma{width or ''}") for name in prof.totals), \
+        prof.table()
     got = be.to_numpy(out, (256, p), (p, 1), 0)
     assert relerr(got, want) < _TMA_TOL[dtype]
     whole = be.to_numpy(block, (256 * p + 2 * offset,), (1,), 0).astype(np.float32)
@@ -267,7 +291,8 @@ def test_gemm_tma_compiles_for_hopper_and_older_archs():
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16",
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16",
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16", ".entry matmul_tma_bf16",
-                 ".entry matmul_tma128_nn_bf16", ".entry matmul_tma64_f16"):
+                 ".entry matmul_tma128_nn_bf16", ".entry matmul_tma64_f16",
+                 "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16", ".entry matmul_tma160_f16"):
         assert word in ptx, word
     for arch in ("sm_90a", "sm_90", "sm_80"):
         assert compiler.compile_source(source, "gemm_tma", arch)[:4] == b"\x7fELF", arch

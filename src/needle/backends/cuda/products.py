@@ -17,7 +17,7 @@ from .attention import HALF
 from .gemv import GEMV_DTYPES
 from .split_k import split_k_plan
 from .tensor_map import matrix_map
-from .tuning import TMA_WIDTHS, tma_stages, tma_width
+from .tuning import K_MAJOR_WIDTHS, TMA_WIDTHS, tma_stages, tma_width
 
 SKINNY_STRIDE = 128 + 32  # skinny.cu's shared-memory row of X, in elements
 DMMA_SHARED = 3 * 2 * 64 * 136 * 4  # sgemm_dmma.cuh's SHARED_BYTES: 3 stages of A and B
@@ -195,7 +195,7 @@ class ProductOps:
 
     def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b, tb: bool,
                   glu: bool = False):
-        """gemm_tma.cu: 128 x W tiles (W = 256, 128 or 64: tma_width), a TMA producer
+        """gemm_tma.cu: 128 x W tiles (W = 256, 160, 128 or 64: tma_width), a TMA producer
         warpgroup and two wgmma consumer warpgroups; A (m, n) row-major, B (p, n) row-major
         when ``tb`` (K-major: matmul_tma) or (n, p) row-major (N-major: matmul_tma_nn),
         described by tensor maps; with ``glu``, B is a fused gate/up weight (2p, n) and out
@@ -274,10 +274,13 @@ class ProductOps:
         follows the output: ``_launch_tma`` makes it); None when the operands cannot
         be described or the tile does not fit. A GLU tile is 256 wide: 128 gate and 128 up
         rows of B (two boxes a stage) for 128 outputs."""
-        width = 256 if glu else (self.tuning.tma_tile
-                                 or tma_width(m, p, batch, self.device.compute_units))
+        # 160-wide tiles: K-major fp16 / bf16 B only (no N-major boxes of 64, TF32 or GLU)
+        widths = K_MAJOR_WIDTHS if tb and not glu and a.dtype in HALF else TMA_WIDTHS
+        width = self.tuning.tma_tile if self.tuning.tma_tile in widths else None
+        width = 256 if glu else (width or tma_width(m, p, batch, self.device.compute_units,
+                                                    widths))
         out_w = width // 2 if glu else width  # the output columns a tile writes
-        if width not in TMA_WIDTHS or p < out_w:
+        if p < out_w:
             return None
         stages = tma_stages(width, self.tuning.tma_stages)
         # stages, the consumers' four 8 KiB staging buffers, two barriers and a tile id a

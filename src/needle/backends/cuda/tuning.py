@@ -5,8 +5,8 @@ Environment overrides (docs/cuda.md lists them):
 - ``NEEDLE_WGMMA=0``: no Hopper warpgroup-MMA GEMMs (wgmma, TMA) even on sm_90a.
 - ``NEEDLE_GEMM=wgmma``: half-precision GEMMs take the cp.async wgmma kernel, not TMA.
 - ``NEEDLE_WGMMA_TILE=128|256``: the wgmma kernel's N tile (default: by problem size).
-- ``NEEDLE_TMA_TILE=64|128|256``: the TMA GEMM's N tile (default: by problem size,
-  ``tma_width``).
+- ``NEEDLE_TMA_TILE=64|128|160|256``: the TMA GEMM's N tile (default: by problem size,
+  ``tma_width``; 160 only where B is K-major fp16 / bf16, else the default's).
 - ``NEEDLE_TC_TILE=256``: the sm_80 tensor-core GEMM's 128x256 tile (default 128x128).
 - ``NEEDLE_PDL=0``: no programmatic dependent launch inside graph captures.
 - ``NEEDLE_PAGED_ATTENTION=simple``: paged attention by the group-per-query-head kernel
@@ -51,6 +51,9 @@ from ..gpu import GpuTuning
 
 F64_FULL_RATE = ("H100", "H200", "GH200")  # sm_90 models with full-rate FP64 tensor cores
 TMA_WIDTHS = (256, 128, 64)  # gemm_tma.cu's N tiles (all 128 rows high)
+# and with K-major fp16 / bf16 B (X @ W^T) also 160: 2,560 columns (a 1.1B layer's fused
+# q/k/v) are 16 tiles, 2 waves at 2,048 rows where 256-wide tiles take 1.2 (cuda_notes v33)
+K_MAJOR_WIDTHS = (256, 160, 128, 64)
 TMA_TILE_COST = 64  # a tile's fixed cost in columns of work: its A rows are loaded whatever
 # its width (calibrated on the H100: docs/cuda_notes.md, "TMA GEMM tile widths")
 
@@ -58,9 +61,10 @@ TMA_TILE_COST = 64  # a tile's fixed cost in columns of work: its A rows are loa
 def _tma_tile(value: str | None) -> int | None:
     if not value:
         return None
-    if value not in {str(w) for w in TMA_WIDTHS}:
+    if value not in {str(w) for w in K_MAJOR_WIDTHS}:
         raise DeviceError(f"NEEDLE_TMA_TILE={value!r} is not a TMA GEMM tile width; use one "
-                          f"of {', '.join(map(str, TMA_WIDTHS))} or leave it unset (automatic)")
+                          f"of {', '.join(map(str, K_MAJOR_WIDTHS))} or leave it unset "
+                          "(automatic)")
     return int(value)
 
 
@@ -174,14 +178,16 @@ def _quant_gemm(value: str | None) -> str:
     return choice
 
 
-def tma_width(m: int, p: int, batch: int, sms: int) -> int:
-    """The TMA GEMM's tile width for an (m, p) output, ``batch`` times, on ``sms`` SMs: the
-    one whose tiles finish soonest, counting whole waves of one tile per SM (a 1024 x 1024
-    output is 32 tiles of 128 x 256 for 132 SMs, but 128 tiles of 128 x 64)."""
+def tma_width(m: int, p: int, batch: int, sms: int,
+              widths: tuple[int, ...] = TMA_WIDTHS) -> int:
+    """The TMA GEMM's tile width (of ``widths``: K_MAJOR_WIDTHS where B is K-major fp16 /
+    bf16) for an (m, p) output, ``batch`` times, on ``sms`` SMs: the one whose tiles finish
+    soonest, counting whole waves of one tile per SM (a 1024 x 1024 output is 32 tiles of
+    128 x 256 for 132 SMs, but 128 tiles of 128 x 64)."""
     def finish(width: int) -> int:
         tiles = -(-m // 128) * -(-p // width) * batch
         return -(-tiles // sms) * (width + TMA_TILE_COST)
-    fits = [w for w in TMA_WIDTHS if p >= w] or [TMA_WIDTHS[-1]]
+    fits = [w for w in widths if p >= w] or [widths[-1]]
     return min(fits, key=finish)  # ties: the wider tile (listed first)
 
 

@@ -12,9 +12,10 @@
 //    batch), which carry the batch strides and zero-fill everything out of bounds, so m, n
 //    and p need not be multiples of the tile (n and p multiples of 8: the host checks).
 //
-// One group of 384 threads computes 128 x W tiles of C (W = 256, 128 or 64: kernels
-// matmul_tma, matmul_tma128, matmul_tma64; the host picks W so that the tiles' waves over
-// the SMs finish first), walking k in steps of 64. The grid is persistent (at most one
+// One group of 384 threads computes 128 x W tiles of C (W = 256, 160, 128 or 64: kernels
+// matmul_tma, matmul_tma160, matmul_tma128, matmul_tma64; 160 with K-major B only, its last
+// 32 columns stored by the threads; the host picks W so that the tiles' waves over the SMs
+// finish first), walking k in steps of 64. The grid is persistent (at most one
 // group per SM): each group walks its share of the tiles (run(), below).
 //  * warpgroup 0 is the producer: one thread waits until a stage is empty, arms the
 //    stage's "full" mbarrier with the stage's byte count, and issues the TMA box loads
@@ -142,8 +143,9 @@ __device__ __forceinline__ void fence_async_shared() {
 // stmatrix.x4 stages two n8 chunks (rows 0-7 and 8-15 of each).
 template <class T, int BN, int C0>
 __device__ __forceinline__ void stage_chunk(const float (&acc)[BN / 2], u32 buf, int w, int lane) {
+  constexpr int END = (C0 + 64 < BN ? C0 + 64 : BN) / 8;  // a 160-wide tile's last: 32 columns
 #pragma unroll
-  for (int i = C0 / 8; i < (C0 + 64) / 8; i += 2) {
+  for (int i = C0 / 8; i < END; i += 2) {
     const int j = lane / 8, row = w * 16 + (j & 1) * 8 + lane % 8;
     stmatrix_x4(swizzled(buf, row, (i - C0 / 8 + j / 2) * 16),
                 tc::pack2<T>(acc[4 * i], acc[4 * i + 1]), tc::pack2<T>(acc[4 * i + 2], acc[4 * i + 3]),
@@ -180,15 +182,35 @@ template <> __device__ __forceinline__ float ld_value<float>(u32 at) {
 // Where C's rows are not 16-byte multiples, or C does not start 16-byte aligned, TMA
 // cannot store it (the host passes p.chunk = 1 and no map): the warpgroup's 128 threads
 // write a staged chunk's values one by one, rows (row0 + r) and columns (col0 + c) inside
-// the m x p matrix only.
+// the m x p matrix only, and before column `end` (a 160-wide tile's last chunk: its 32
+// columns, where a TMA box of 64 would write into the next tile's).
 template <class T>
 __device__ __forceinline__ void store_values(T* __restrict__ C, u32 buf, i64 M, i64 N, int col0,
-                                             int row0, int t) {
+                                             int row0, int t, i64 end) {
   constexpr int CW = 128 / (int)sizeof(T);
   for (int c = t; c < 64 * CW; c += 128) {
     const int r = c / CW, col = c % CW;
     const i64 row = (i64)row0 + r, gcol = (i64)col0 + col;
-    if (row < M && gcol < N) C[row * N + gcol] = ld_value<T>(swizzled(buf, r, col * (int)sizeof(T)));
+    if (row < M && gcol < end) C[row * N + gcol] = ld_value<T>(swizzled(buf, r, col * (int)sizeof(T)));
+  }
+}
+
+// A 160-wide tile's last 32 columns where C has a map (rows 16-byte multiples, 16-byte
+// aligned): 16 bytes a thread at a time from the staged chunk (a 64-column TMA box would
+// write into the next tile's columns; value by value it cost ~2 us a tile)
+template <class T, int COLS>
+__device__ __forceinline__ void store_vectors(T* __restrict__ C, u32 buf, i64 M, i64 N, int col0,
+                                              int row0, int t) {
+  constexpr int V = 16 / (int)sizeof(T), VR = COLS / V;  // values a vector, vectors a row
+  for (int c = t; c < 64 * VR; c += 128) {
+    const int r = c / VR, v = c % VR;
+    const i64 row = (i64)row0 + r, gcol = (i64)col0 + v * V;
+    if (row < M && gcol < N) {
+      uint4 x;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "r"(swizzled(buf, r, v * 16)));
+      *reinterpret_cast<uint4*>(C + row * N + gcol) = x;
+    }
   }
 }
 
@@ -206,6 +228,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const Tma
                                            u32& n, int bar, int w, int lane, int t, int col0,
                                            int row0, int z) {
   constexpr int CW = 128 / (int)sizeof(T);  // columns a chunk
+  constexpr bool PART = C0 + CW > OUT_W;     // a 160-wide tile's last 32 columns
   const bool values = p.chunk != 0;
   const u32 buf = buf0 + (n & 1u) * EPI_BYTES;
   if (t == 0 && !values) tma_store_read_wait<1>();
@@ -215,9 +238,14 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const Tma
   } else {
     stage_chunk<T, BN, C0>(acc, buf, w, lane);
   }
-  if (values) {
+  if (values || PART) {
     named_sync(bar, 128);
-    store_values<T>(C + (i64)z * p.m * p.p, buf, p.m, p.p, col0 + C0, row0, t);
+    T* const c = C + (i64)z * p.m * p.p;
+    const i64 end = PART && (i64)col0 + OUT_W < p.p ? (i64)col0 + OUT_W : p.p;
+    if (PART && !values)
+      store_vectors<T, PART ? OUT_W - C0 : CW>(c, buf, p.m, p.p, col0 + C0, row0, t);
+    else
+      store_values<T>(c, buf, p.m, p.p, col0 + C0, row0, t, end);
   } else {
     fence_async_shared();
     named_sync(bar, 128);
@@ -397,12 +425,13 @@ __device__ __forceinline__ void run(T* __restrict__ C, unsigned* counter, const 
   }
 #define GEMM_TMA(NAME, T, BN, BN_MAJOR) GEMM_TMA_GLU(NAME, T, BN, BN_MAJOR, false)
 // Names: matmul_tma[W][_nn|_glu|_tf32]_{bf16,f16,f32}, W the tile width when not 256 (host:
-// _tma_plan).
+// _tma_plan); W = 160 (a 2,560-column product's tile: 16 of them) K-major bf16 / fp16 only.
 // shared bytes: S * (128 + W) * 64 * 2 + 4 * 8192 + 20 * S + 1024, S = stages<W>()
 #define GEMM_TMA_WIDTHS(SFX, T)                                                                \
   GEMM_TMA(matmul_tma_##SFX, T, 256, false) GEMM_TMA(matmul_tma_nn_##SFX, T, 256, true)        \
   GEMM_TMA(matmul_tma128_##SFX, T, 128, false) GEMM_TMA(matmul_tma128_nn_##SFX, T, 128, true)  \
-  GEMM_TMA(matmul_tma64_##SFX, T, 64, false) GEMM_TMA(matmul_tma64_nn_##SFX, T, 64, true)
+  GEMM_TMA(matmul_tma64_##SFX, T, 64, false) GEMM_TMA(matmul_tma64_nn_##SFX, T, 64, true)   \
+  GEMM_TMA(matmul_tma160_##SFX, T, 160, false)
 ONLY(bf16, GEMM_TMA_WIDTHS(bf16, bf16_t))
 ONLY(f16, GEMM_TMA_WIDTHS(f16, half_t))
 // A @ W^T with W a fused gate/up weight (2p, n), then swiglu: (m, p) outputs (matmul_swiglu)
