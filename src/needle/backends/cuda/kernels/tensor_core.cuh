@@ -138,7 +138,7 @@ template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 }
 
 // d (64 x N, fp32, N/2 registers a thread) += A (64 x 16, descriptor da) times B (16 x N,
-// descriptor db): wgmma.mma_async m64nNk16 for N = 64, 128, 160, 256 (T = bf16_t, half_t; T =
+// descriptor db): wgmma.mma_async m64nNk16 for N = 64, 128, 160, 176, 256 (T = bf16_t, half_t; T =
 // float: TF32, k8, below). B_MN: B's tile is N-major (imm-trans-b = 1) instead of K-major.
 #define WG_REGS32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
@@ -154,6 +154,13 @@ template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
   "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
   "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, " \
   "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}"
+#define WG_REGS88 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, " \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, " \
+  "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, " \
+  "%82, %83, %84, %85, %86, %87}"
 #define WG_REGS128 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
   "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, " \
@@ -183,6 +190,9 @@ template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 #define WG_MMA_N160(OP, TAIL) \
   asm volatile(WG_MMA_ASM("160", WG_REGS80, "%80", "%81", "%82", OP, TAIL) \
                : WG_D64(0), WG_D8(64), WG_D8(72) : "l"(da), "l"(db), "r"(1))
+#define WG_MMA_N176(OP, TAIL) \
+  asm volatile(WG_MMA_ASM("176", WG_REGS88, "%88", "%89", "%90", OP, TAIL) \
+               : WG_D64(0), WG_D8(64), WG_D8(72), WG_D8(80) : "l"(da), "l"(db), "r"(1))
 #define WG_MMA_N256(OP, TAIL) \
   asm volatile(WG_MMA_ASM("256", WG_REGS128, "%128", "%129", "%130", OP, TAIL) \
                : WG_D64(0), WG_D64(64) : "l"(da), "l"(db), "r"(1))
@@ -197,9 +207,12 @@ template <class T, int N, bool B_MN> struct Mma;
   WG_MMA_TYPE(T, OP, 256, false, ", 0, 0") WG_MMA_TYPE(T, OP, 256, true, ", 0, 1")
 WG_MMA_SHAPES(bf16_t, "k16.f32.bf16.bf16")
 WG_MMA_SHAPES(half_t, "k16.f32.f16.f16")
-// N = 160 (K-major B only): the TMA GEMM's tile for 2,560 columns (a 1.1B layer's q/k/v)
+// N = 160 and 176 (K-major B only): the TMA GEMM's tiles for 2,560 and 11,264 columns (a
+// 1.1B layer's fused q/k/v and gate/up: 16 and 64 tiles)
 WG_MMA_TYPE(bf16_t, "k16.f32.bf16.bf16", 160, false, ", 0, 0")
 WG_MMA_TYPE(half_t, "k16.f32.f16.f16", 160, false, ", 0, 0")
+WG_MMA_TYPE(bf16_t, "k16.f32.bf16.bf16", 176, false, ", 0, 0")
+WG_MMA_TYPE(half_t, "k16.f32.f16.f16", 176, false, ", 0, 0")
 // float32 operands as TF32 (the low 13 mantissa bits ignored): m64nNk8, both operands
 // K-major only (no transpose immediates), 8 elements = the same 32 bytes of a 128-byte row
 // per instruction as k16 of a 2-byte type
