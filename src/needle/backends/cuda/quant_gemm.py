@@ -7,8 +7,9 @@ than multiprocessors keeps them all busy.
 Tuning ``quant_gemm`` (``NEEDLE_QUANT_GEMM``): "auto" (default) takes it for up to 256 rows,
 and up to 768 where each multiprocessor gets at least a 2,048-wide tile's k steps (on the
 H100 at 512 tokens: the 1.1B layer's gate/up and down products, 1.27x and 1.36x the bf16
-GEMM's time against the workspace form's 1.60x and 1.56x; its q/k/v and output products
-stay with the workspace, which split tiles' partial sums would cost more than they save).
+GEMM's time before its 176-wide tiles, against the workspace form's 1.60x and 1.56x; its
+q/k/v and output products stay with the workspace, which split tiles' partial sums would
+cost more than they save).
 More rows take the workspace form: the GEMM's higher MMA rate outweighs the dequantization,
 which shrinks relative to it (docs/cuda_notes.md v31-v32). "always" takes it wherever it
 applies (tests), "off" never.
