@@ -182,8 +182,8 @@ template <> __device__ __forceinline__ float ld_value<float>(u32 at) {
 // Where C's rows are not 16-byte multiples, or C does not start 16-byte aligned, TMA
 // cannot store it (the host passes p.chunk = 1 and no map): the warpgroup's 128 threads
 // write a staged chunk's values one by one, rows (row0 + r) and columns (col0 + c) inside
-// the m x p matrix only, and before column `end` (a 160-wide tile's last chunk: its 32
-// columns, where a TMA box of 64 would write into the next tile's).
+// the m x p matrix only, and before column `end` (a 160- or 176-wide tile's last chunk: its
+// 32 or 48 columns, where a TMA box of 64 would write into the next tile's).
 template <class T>
 __device__ __forceinline__ void store_values(T* __restrict__ C, u32 buf, i64 M, i64 N, int col0,
                                              int row0, int t, i64 end) {
@@ -195,9 +195,9 @@ __device__ __forceinline__ void store_values(T* __restrict__ C, u32 buf, i64 M, 
   }
 }
 
-// A 160- or 176-wide tile's last 32 or 48 columns where C has a map (rows 16-byte multiples, 16-byte
-// aligned): 16 bytes a thread at a time from the staged chunk (a 64-column TMA box would
-// write into the next tile's columns; value by value it cost ~2 us a tile)
+// A 160- or 176-wide tile's last 32 or 48 columns where C has a map (rows 16-byte multiples,
+// 16-byte aligned): 16 bytes a thread at a time from the staged chunk (a 64-column TMA box
+// would write into the next tile's columns; value by value it cost ~2 us a tile)
 template <class T, int COLS>
 __device__ __forceinline__ void store_vectors(T* __restrict__ C, u32 buf, i64 M, i64 N, int col0,
                                               int row0, int t) {

@@ -138,8 +138,9 @@ template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 }
 
 // d (64 x N, fp32, N/2 registers a thread) += A (64 x 16, descriptor da) times B (16 x N,
-// descriptor db): wgmma.mma_async m64nNk16 for N = 64, 128, 160, 176, 256 (T = bf16_t, half_t; T =
-// float: TF32, k8, below). B_MN: B's tile is N-major (imm-trans-b = 1) instead of K-major.
+// descriptor db): wgmma.mma_async m64nNk16 for N = 64, 128, 160, 176, 256 (T = bf16_t,
+// half_t; T = float: TF32, k8, below). B_MN: B's tile is N-major (imm-trans-b = 1) instead
+// of K-major.
 #define WG_REGS32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
   "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
