@@ -34,14 +34,18 @@ def _matrix(rng, n, k, bits, group, symmetric, device):
     return nd.QuantizedMatrix.quantize(w, bits, group, symmetric, device=device)
 
 
+def _copy(w, device):
+    """The packed matrix ``w`` (its very words, scales and offsets) on ``device``."""
+    return nd.QuantizedMatrix(*(nd.array(a.numpy(), device=device) if a is not None else None
+                                for a in (w.qweight, w.scales, w.offsets)), w.spec, w.shape)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
 def test_quant_matmul_matches_the_reference(device, reference, rng, case, dtype):
     m, n, k, bits, group, symmetric = case
     w_ref = _matrix(rng, n, k, bits, group, symmetric, reference)
-    w_dev = nd.QuantizedMatrix(*(nd.array(a.numpy(), device=device) if a is not None else None
-                                 for a in (w_ref.qweight, w_ref.scales, w_ref.offsets)),
-                               w_ref.spec, w_ref.shape)
+    w_dev = _copy(w_ref, device)
     x = rng.standard_normal((m, k)).astype(np.float32)
     expected = nd.quant_matmul(nd.array(x, device=reference, dtype=dtype), w_ref)
     got = nd.quant_matmul(nd.array(x, device=device, dtype=dtype), w_dev)
@@ -56,9 +60,7 @@ def test_quant_matmul_matches_the_reference(device, reference, rng, case, dtype)
                                                   (4, 32, True), (4, 64, False)])
 def test_dequantize_matches_the_reference(device, reference, rng, bits, group, symmetric, k):
     w_ref = _matrix(rng, 11, k, bits, group, symmetric, reference)
-    w_dev = nd.QuantizedMatrix(*(nd.array(a.numpy(), device=device) if a is not None else None
-                                 for a in (w_ref.qweight, w_ref.scales, w_ref.offsets)),
-                               w_ref.spec, w_ref.shape)
+    w_dev = _copy(w_ref, device)
     for dtype in ("float32", "bfloat16"):
         assert_close(w_dev.dequantize(dtype), w_ref.dequantize(dtype), dtype)
 
@@ -70,9 +72,7 @@ def test_dequantize_a_layer_sized_matrix(device, reference, rng, n, k, bits, gro
     """Matrices of many warps' blocks of words with a partial last block (the GPU's fast path
     gives each warp 128 consecutive words): every value as the reference makes it."""
     w_ref = _matrix(rng, n, k, bits, group, symmetric, reference)
-    w_dev = nd.QuantizedMatrix(*(nd.array(a.numpy(), device=device) if a is not None else None
-                                 for a in (w_ref.qweight, w_ref.scales, w_ref.offsets)),
-                               w_ref.spec, w_ref.shape)
+    w_dev = _copy(w_ref, device)
     for dtype in ("float32", "bfloat16"):
         got, want = w_dev.dequantize(dtype).numpy(), w_ref.dequantize(dtype).numpy()
         if symmetric:  # one product, one rounding: the same bits

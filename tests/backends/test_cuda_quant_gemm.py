@@ -15,7 +15,8 @@ import needle.backend_ndarray as nd
 from tests.conftest import assert_close
 
 DEV = nd.cuda(0)
-needs_hopper = pytest.mark.skipif(not (DEV.enabled() and DEV.backend.tuning.tma),
+HOPPER = DEV.enabled() and DEV.backend.tuning.tma
+needs_hopper = pytest.mark.skipif(not HOPPER,
                                   reason="the quantized GEMM needs an sm_90a GPU (Hopper)")
 
 
@@ -23,7 +24,7 @@ needs_hopper = pytest.mark.skipif(not (DEV.enabled() and DEV.backend.tuning.tma)
 def _always():
     """By default the kernel takes only products whose tiles fill the GPU; these tests give it
     small ones too (NEEDLE_QUANT_GEMM=always)."""
-    if not (DEV.enabled() and DEV.backend.tuning.tma):
+    if not HOPPER:
         yield
         return
     with DEV.backend.tuned(quant_gemm="always"):
@@ -111,9 +112,9 @@ def test_auto_takes_short_products_and_long_shares():
 @pytest.mark.parametrize("m,n,k,group", [(512, 256, 2048, 128), (64, 2048, 2048, 128),
                                          (9, 128, 8192, 64)])
 def test_split_tiles_sum_the_same_every_call(m, n, k, group):
-    """Tiles split between groups are summed by whichever group finishes last, in group
-    order: repeated calls (and a captured graph's replays) give the same bits, and the
-    tiles' counters are left at zero for the next launch."""
+    """Tiles split between groups are summed by their owner (the group holding the first k
+    steps), the parts added in group order: repeated calls (and a captured graph's replays)
+    give the same bits, and the tiles' counters are left at zero for the next launch."""
     x, packed = _case(m, n, k, 4, group, True, "bfloat16")
     first = nd.quant_matmul(x, packed).numpy()
     for _ in range(3):

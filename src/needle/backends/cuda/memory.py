@@ -8,6 +8,11 @@ from .driver import bind, check, cu
 _OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
+def address(a) -> int:
+    """The CUdeviceptr of a GpuArray's first element (its block plus the view's offset)."""
+    return a.buffer.handle + a.buffer.offset
+
+
 class CudaAllocator(Allocator):
     """Blocks are CUdeviceptr addresses (ints); cuMemAlloc aligns them to 256 bytes. Every
     driver call binds the device's context first: the pool misses of any thread reach it."""

@@ -13,18 +13,15 @@ from __future__ import annotations
 import struct
 
 from ...errors import DTypeError, ShapeError
-from ..gpu.array import ADAM, FLOATS, SUFFIX, GpuArray, cdiv
+from ..gpu.array import ADAM, FLOATS, SUFFIX, cdiv
 from ..gpu.optim import OptimOps, adam_scalars
+from .memory import address
 
 ADAM_MANY = 16  # tensors a launch takes (optim.cu)
 ADAM_MANY_THREADS, ADAM_MANY_BLOCK = 256, 256 * 8  # a group's threads and elements
 # AdamManyParams after its AdamParams header: count, w, g, m, v addresses, n, first_group
 _TABLE = struct.Struct(f"q{ADAM_MANY}Q{ADAM_MANY}Q{ADAM_MANY}Q{ADAM_MANY}Q{ADAM_MANY}q"
                        f"{ADAM_MANY + 1}q")
-
-
-def _address(a: GpuArray) -> int:
-    return a.buffer.handle + a.buffer.offset
 
 
 class MultiTensorOps(OptimOps):
@@ -50,7 +47,7 @@ class MultiTensorOps(OptimOps):
 
     def _adam_launch(self, kernel, header: bytes, tensors: list) -> None:
         pad = [0] * (ADAM_MANY - len(tensors))
-        columns = [[_address(t[j]) for t in tensors] + pad for j in range(4)]
+        columns = [[address(t[j]) for t in tensors] + pad for j in range(4)]
         sizes = [t[0].size for t in tensors]
         first = [0]
         for n in sizes:

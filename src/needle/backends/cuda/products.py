@@ -274,11 +274,12 @@ class ProductOps:
         follows the output: ``_launch_tma`` makes it); None when the operands cannot
         be described or the tile does not fit. A GLU tile is 256 wide: 128 gate and 128 up
         rows of B (two boxes a stage) for 128 outputs."""
-        # 176 / 160-wide tiles: K-major fp16 / bf16 B only (no N-major boxes of 64, TF32, GLU)
-        widths = K_MAJOR_WIDTHS if tb and not glu and a.dtype in HALF else TMA_WIDTHS
-        width = self.tuning.tma_tile if self.tuning.tma_tile in widths else None
-        width = 256 if glu else (width or tma_width(m, p, batch, self.device.compute_units,
-                                                    widths))
+        if glu:
+            width = 256
+        else:  # 176 / 160-wide tiles: K-major fp16 / bf16 B only (no N-major boxes, TF32)
+            widths = K_MAJOR_WIDTHS if tb and a.dtype in HALF else TMA_WIDTHS
+            width = (self.tuning.tma_tile if self.tuning.tma_tile in widths
+                     else tma_width(m, p, batch, self.device.compute_units, widths))
         out_w = width // 2 if glu else width  # the output columns a tile writes
         if p < out_w:
             return None

@@ -22,6 +22,7 @@ import struct
 from ...errors import DeviceError
 from ..gpu.array import SUFFIX, GpuArray, cdiv
 from ..gpu.quant import QuantOps
+from .memory import address
 from .tensor_map import matrix_map, tiled
 
 # QuantGemmParams: m, n, k, group_shift, flags, chunk, chunks
@@ -65,10 +66,6 @@ def takes(m: int, steps: int, grid: int) -> bool:
     return m <= AUTO_ROWS or (m <= AUTO_MAX_ROWS and steps >= AUTO_SHARE * grid)
 
 
-def _address(a: GpuArray) -> int:
-    return a.buffer.handle + a.buffer.offset
-
-
 class QuantGemmOps(QuantOps):
     def _quant_gemm_special(self, x: GpuArray, qweight: GpuArray, scales: GpuArray,
                             offsets: GpuArray | None, out: GpuArray, m: int, n: int, k: int,
@@ -81,7 +78,7 @@ class QuantGemmOps(QuantOps):
         if mode == "off" or (mode == "auto" and m > AUTO_MAX_ROWS):
             return False
         # sm_90a kernels (elsewhere they trap); out takes 4-byte stores of two values
-        if not (self.tuning.tma and _address(out) % 4 == 0
+        if not (self.tuning.tma and address(out) % 4 == 0
                 and x.dtype in ("float16", "bfloat16") and k > 0 and k % K_STEP == 0
                 and (per_row or (group_size >= 16 and group_size == 1 << shift
                                  and groups % 4 == 0))):
@@ -123,17 +120,17 @@ class QuantGemmOps(QuantOps):
         buffer: the generic form runs)."""
         words = k * bits // 32
         try:
-            map_x = matrix_map(x.dtype, _address(x), m, k, 1, 0, TOKENS, K_STEP)
-            map_w = matrix_map("int32", _address(qweight), n, words, 1, 0, ROWS,
+            map_x = matrix_map(x.dtype, address(x), m, k, 1, 0, TOKENS, K_STEP)
+            map_w = matrix_map("int32", address(qweight), n, words, 1, 0, ROWS,
                                K_STEP * bits // 32, swizzle=0)
 
             def table(a: GpuArray) -> bytes:
                 if groups == 1:  # one value a row: a box of 128 rows (the unit dims'
                     # strides address nothing but must be multiples of 16)
                     unit = 16 * cdiv(n * 4, 16)
-                    return tiled("float32", _address(a), (n, 1, 1), (unit, unit), (ROWS, 1, 1),
+                    return tiled("float32", address(a), (n, 1, 1), (unit, unit), (ROWS, 1, 1),
                                  0)
-                return matrix_map("float32", _address(a), n, groups, 1, 0, ROWS, 4, swizzle=0)
+                return matrix_map("float32", address(a), n, groups, 1, 0, ROWS, 4, swizzle=0)
 
             map_s = table(scales)
             map_o = table(offsets) if offsets is not None else map_s
