@@ -76,15 +76,17 @@ def test_tma_matmul_matches_float64(dtype, m, n, p, batch, n_major, width):
 
 
 @tma
-@pytest.mark.parametrize("width", [160, 176])
+@pytest.mark.parametrize("width", [80, 160, 176])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("m,n,p", [(128, 64, 176), (200, 72, 264), (130, 136, 328),
-                                   (1000, 520, 2560), (2048, 2048, 2560), (512, 256, 11264)])
-def test_tma_160_and_176_wide_tiles_match_float64(dtype, m, n, p, width):
-    """160- and 176-wide tiles (K-major B): two 64-column chunks stored by TMA, the last 32
-    or 48 columns by the threads (a TMA box would write into the next tile's); ragged columns
-    (264 and 328: the last tile partly or mostly past p), the 2,560 and 11,264 columns of a
-    1.1B layer's q/k/v and gate/up products; every output written (NaN poison)."""
+                                   (1000, 520, 2560), (2048, 2048, 2560), (512, 256, 11264),
+                                   (512, 2048, 2560), (300, 200, 184)])
+def test_tma_80_160_and_176_wide_tiles_match_float64(dtype, m, n, p, width):
+    """80-, 160- and 176-wide tiles (K-major B): 64-column chunks stored by TMA, the last
+    16, 32 or 48 columns by the threads (a TMA box would write into the next tile's); ragged
+    columns (184, 264 and 328: the last tile partly or mostly past p), the 2,560 and 11,264
+    columns of a 1.1B layer's q/k/v and gate/up products (512 x 2,560 x 2,048: its q/k/v at
+    512 rows, which take 80-wide tiles); every output written (NaN poison)."""
     npdt = nd.dtypes.to_numpy_dtype(dtype)
     a = RNG.standard_normal((1, m, n)).astype(npdt)
     b = RNG.standard_normal((1, p, n)).astype(npdt)
@@ -216,7 +218,7 @@ def test_tma_matmul_keeps_its_launch_plan_per_operands_and_tuning():
 
 
 @tma
-@pytest.mark.parametrize("width", [None, 160, 176])
+@pytest.mark.parametrize("width", [None, 80, 160, 176])
 @pytest.mark.parametrize("offset", [0, 4])
 def test_tma_outputs_that_tma_cannot_store_are_stored_value_by_value(offset, width):
     """The TMA GEMM stores C by TMA, whose start must be 16-byte aligned and whose rows
@@ -294,7 +296,8 @@ def test_gemm_tma_compiles_for_hopper_and_older_archs():
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16", ".entry matmul_tma_bf16",
                  ".entry matmul_tma128_nn_bf16", ".entry matmul_tma64_f16",
                  "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16", ".entry matmul_tma160_f16",
-                 "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16", ".entry matmul_tma176_bf16"):
+                 "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16", ".entry matmul_tma176_bf16",
+                 "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16", ".entry matmul_tma80_f16"):
         assert word in ptx, word
     for arch in ("sm_90a", "sm_90", "sm_80"):
         assert compiler.compile_source(source, "gemm_tma", arch)[:4] == b"\x7fELF", arch

@@ -76,19 +76,22 @@ def test_tma_tile_width_counts_waves(m, p, batch, width):
     from needle.backends.cuda.tuning import tma_stages, tma_width
 
     assert tma_width(m, p, batch, 132) == width
-    assert [tma_stages(w, 4) for w in (256, 176, 160, 128, 64)] == [4, 5, 5, 6, 8]
+    assert [tma_stages(w, 4) for w in (256, 176, 160, 128, 80, 64)] == [4, 5, 5, 6, 7, 8]
 
 
 @pytest.mark.parametrize("m,p,width", [
     (2048, 2560, 160),  # 256 tiles of 128x160: 2 waves (160 of 256: 2, 320 of 128: 3)
     (1024, 2560, 160),  # 128 tiles: one wave (80 of 256 wide: one wave of a wider tile)
-    (512, 2560, 128),   # 80 tiles of 128 wide: one wave of a narrower tile than 64 of 160
+    (512, 2560, 80),    # 128 tiles of 80 wide: one wave (80 of 128 wide: one wave of a wider
+                        # tile; 160 of 64 wide: two)
+    (512, 2048, 64),    # 128 tiles of 64 wide: one wave (104 of 80 wide: one wave, wider)
+    (640, 2048, 80),    # 130 tiles of 80 wide: one wave (160 of 64 wide: two)
     (512, 11264, 176),  # 256 tiles of 128x176: 2 waves (352 of 128: 3)
     (2048, 11264, 256),  # 704 of 256: 6 waves; 1,024 of 176: 8
     (2048, 2048, 256),  # 2,048 columns are 13 tiles of 160, 8 of 256
     (4096, 4096, 256),
 ])
-def test_k_major_products_may_take_160_and_176_wide_tiles(m, p, width):
+def test_k_major_products_may_take_80_160_and_176_wide_tiles(m, p, width):
     from needle.backends.cuda.tuning import K_MAJOR_WIDTHS, tma_width
 
     assert tma_width(m, p, 1, 132, K_MAJOR_WIDTHS) == width

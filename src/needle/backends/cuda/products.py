@@ -195,7 +195,7 @@ class ProductOps:
 
     def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b, tb: bool,
                   glu: bool = False):
-        """gemm_tma.cu: 128 x W tiles (W = 256, 176, 160, 128 or 64: tma_width), a TMA producer
+        """gemm_tma.cu: 128 x W tiles (W = 256, 176, 160, 128, 80 or 64: tma_width), a TMA producer
         warpgroup and two wgmma consumer warpgroups; A (m, n) row-major, B (p, n) row-major
         when ``tb`` (K-major: matmul_tma) or (n, p) row-major (N-major: matmul_tma_nn),
         described by tensor maps; with ``glu``, B is a fused gate/up weight (2p, n) and out
@@ -276,7 +276,7 @@ class ProductOps:
         rows of B (two boxes a stage) for 128 outputs."""
         if glu:
             width = 256
-        else:  # 176 / 160-wide tiles: K-major fp16 / bf16 B only (no N-major boxes, TF32)
+        else:  # 176 / 160 / 80-wide tiles: K-major fp16 / bf16 B only (no N-major boxes, TF32)
             widths = K_MAJOR_WIDTHS if tb and a.dtype in HALF else TMA_WIDTHS
             width = (self.tuning.tma_tile if self.tuning.tma_tile in widths
                      else tma_width(m, p, batch, self.device.compute_units, widths))

@@ -5,8 +5,8 @@ Environment overrides (docs/cuda.md lists them):
 - ``NEEDLE_WGMMA=0``: no Hopper warpgroup-MMA GEMMs (wgmma, TMA) even on sm_90a.
 - ``NEEDLE_GEMM=wgmma``: half-precision GEMMs take the cp.async wgmma kernel, not TMA.
 - ``NEEDLE_WGMMA_TILE=128|256``: the wgmma kernel's N tile (default: by problem size).
-- ``NEEDLE_TMA_TILE=64|128|160|176|256``: the TMA GEMM's N tile (default: by problem size,
-  ``tma_width``; 160 and 176 only where B is K-major fp16 / bf16, else the default's).
+- ``NEEDLE_TMA_TILE=64|80|128|160|176|256``: the TMA GEMM's N tile (default: by problem size,
+  ``tma_width``; 80, 160 and 176 only where B is K-major fp16 / bf16, else the default's).
 - ``NEEDLE_TC_TILE=256``: the sm_80 tensor-core GEMM's 128x256 tile (default 128x128).
 - ``NEEDLE_PDL=0``: no programmatic dependent launch inside graph captures.
 - ``NEEDLE_PAGED_ATTENTION=simple``: paged attention by the group-per-query-head kernel
@@ -51,10 +51,11 @@ from ..gpu import GpuTuning
 
 F64_FULL_RATE = ("H100", "H200", "GH200")  # sm_90 models with full-rate FP64 tensor cores
 TMA_WIDTHS = (256, 128, 64)  # gemm_tma.cu's N tiles (all 128 rows high)
-# and with K-major fp16 / bf16 B (X @ W^T) also 176 and 160: 2,560 columns (a 1.1B layer's
-# fused q/k/v) are 16 tiles of 160, 2 waves at 2,048 rows where 256-wide tiles take 1.2;
+# and with K-major fp16 / bf16 B (X @ W^T) also 176, 160 and 80: 2,560 columns (a 1.1B
+# layer's fused q/k/v) are 16 tiles of 160, 2 waves at 2,048 rows where 256-wide tiles take
+# 1.2; at 512 rows 128 tiles of 80, one full wave where 128-wide fill 0.6 (cuda_notes v34);
 # 11,264 (its gate/up) 64 of 176, 2 waves at 512 rows where 128-wide take 2.7 (cuda_notes v33)
-K_MAJOR_WIDTHS = (256, 176, 160, 128, 64)
+K_MAJOR_WIDTHS = (256, 176, 160, 128, 80, 64)
 TMA_TILE_COST = 64  # a tile's fixed cost in columns of work: its A rows are loaded whatever
 # its width (calibrated on the H100: docs/cuda_notes.md, "TMA GEMM tile widths")
 

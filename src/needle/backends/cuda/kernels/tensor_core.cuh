@@ -138,12 +138,16 @@ template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 }
 
 // d (64 x N, fp32, N/2 registers a thread) += A (64 x 16, descriptor da) times B (16 x N,
-// descriptor db): wgmma.mma_async m64nNk16 for N = 64, 128, 160, 176, 256 (T = bf16_t,
+// descriptor db): wgmma.mma_async m64nNk16 for N = 64, 80, 128, 160, 176, 256 (T = bf16_t,
 // half_t; T = float: TF32, k8, below). B_MN: B's tile is N-major (imm-trans-b = 1) instead
 // of K-major.
 #define WG_REGS32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
   "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_REGS40 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, " \
+  "%34, %35, %36, %37, %38, %39}"
 #define WG_REGS64 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
   "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, " \
@@ -185,6 +189,9 @@ template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 #define WG_MMA_N64(OP, TAIL) \
   asm volatile(WG_MMA_ASM("64", WG_REGS32, "%32", "%33", "%34", OP, TAIL) \
                : WG_D32(0) : "l"(da), "l"(db), "r"(1))
+#define WG_MMA_N80(OP, TAIL) \
+  asm volatile(WG_MMA_ASM("80", WG_REGS40, "%40", "%41", "%42", OP, TAIL) \
+               : WG_D32(0), WG_D8(32) : "l"(da), "l"(db), "r"(1))
 #define WG_MMA_N128(OP, TAIL) \
   asm volatile(WG_MMA_ASM("128", WG_REGS64, "%64", "%65", "%66", OP, TAIL) \
                : WG_D64(0) : "l"(da), "l"(db), "r"(1))
@@ -208,8 +215,10 @@ template <class T, int N, bool B_MN> struct Mma;
   WG_MMA_TYPE(T, OP, 256, false, ", 0, 0") WG_MMA_TYPE(T, OP, 256, true, ", 0, 1")
 WG_MMA_SHAPES(bf16_t, "k16.f32.bf16.bf16")
 WG_MMA_SHAPES(half_t, "k16.f32.f16.f16")
-// N = 160 and 176 (K-major B only): the TMA GEMM's tiles for 2,560 and 11,264 columns (a
-// 1.1B layer's fused q/k/v and gate/up: 16 and 64 tiles)
+// N = 80, 160 and 176 (K-major B only): the TMA GEMM's tiles for 2,560 and 11,264 columns
+// (a 1.1B layer's fused q/k/v: 32 and 16 tiles; its gate/up: 64 tiles)
+WG_MMA_TYPE(bf16_t, "k16.f32.bf16.bf16", 80, false, ", 0, 0")
+WG_MMA_TYPE(half_t, "k16.f32.f16.f16", 80, false, ", 0, 0")
 WG_MMA_TYPE(bf16_t, "k16.f32.bf16.bf16", 160, false, ", 0, 0")
 WG_MMA_TYPE(half_t, "k16.f32.f16.f16", 160, false, ", 0, 0")
 WG_MMA_TYPE(bf16_t, "k16.f32.bf16.bf16", 176, false, ", 0, 0")
