@@ -25,7 +25,10 @@ def test_cuda_tuning_from_the_device_and_the_environment():
     t = CudaTuning.for_device(90, "sm_90a", env=env)
     assert (t.wgmma, t.tma, t.pdl, t.gemm, t.tc_tile, t.wgmma_tile) == \
         (False, False, False, "wgmma", 256, "128")
-    assert (t.tc_stages, t.wg_stages, t.tma_stages) == (3, 2, 5)
+    assert (t.tc_stages, t.wg_stages) == (3, 2)
+    assert dict(t.tma_stages) == {256: 5, 176: 6, 160: 6, 128: 7, 80: 9, 64: 10}
+    one = CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_CUDA_OPTIONS": "-DGEMM_TMA_STAGES_80=4"})
+    assert dict(one.tma_stages) == {**dict(hopper.tma_stages), 80: 4}
     assert CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_TMA_TILE": "128"}).tma_tile == 128
     assert hopper.tma_tile is None
     with pytest.raises(DeviceError, match="NEEDLE_TMA_TILE='96' is not a TMA GEMM tile width"):
@@ -76,7 +79,7 @@ def test_tma_tile_width_counts_waves(m, p, batch, width):
     from needle.backends.cuda.tuning import tma_stages, tma_width
 
     assert tma_width(m, p, batch, 132) == width
-    assert [tma_stages(w, 4) for w in (256, 176, 160, 128, 80, 64)] == [4, 5, 5, 6, 7, 8]
+    assert [tma_stages(w) for w in (256, 176, 160, 128, 80, 64)] == [4, 5, 4, 4, 6, 8]
 
 
 @pytest.mark.parametrize("m,p,width", [

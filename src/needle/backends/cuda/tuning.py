@@ -34,9 +34,10 @@ Environment overrides (docs/cuda.md lists them):
   sm_90 devices whose FP64 tensor cores run at full rate (H100, H200, GH200: model names
   ``F64_FULL_RATE``), off elsewhere (export parts such as the H800 and H20 have ~1 TFLOP/s
   of FP64); 1 forces it on any sm_90 device.
-- ``NEEDLE_CUDA_OPTIONS``: extra NVRTC options; its ``-DTC_STAGES=``, ``-DWG_STAGES=`` and
-  ``-DGEMM_TMA_STAGES=`` defines set pipeline depths that the launches must size shared
-  memory for, so they are read here too.
+- ``NEEDLE_CUDA_OPTIONS``: extra NVRTC options; its ``-DTC_STAGES=``, ``-DWG_STAGES=``,
+  ``-DGEMM_TMA_STAGES=`` (every TMA tile width: as many stages as that many of the 256-wide
+  tile take) and ``-DGEMM_TMA_STAGES_<W>=`` (one width) defines set pipeline depths that
+  the launches must size shared memory for, so they are read here too.
 
 Tests and scripts change a setting for a block with ``backend.tuned(gemm="wgmma")``.
 """
@@ -56,6 +57,9 @@ TMA_WIDTHS = (256, 128, 64)  # gemm_tma.cu's N tiles (all 128 rows high)
 # 1.2; at 512 rows 128 tiles of 80, one full wave where 128-wide fill 0.6 (cuda_notes v34);
 # 11,264 (its gate/up) 64 of 176, 2 waves at 512 rows where 128-wide take 2.7 (cuda_notes v33)
 K_MAJOR_WIDTHS = (256, 176, 160, 128, 80, 64)
+# the TMA GEMM's pipeline stages a tile width (gemm_tma.cu's stages<BN>(), the same numbers):
+# 160, 128 and 80 measured faster below what fills shared memory (cuda_notes v34)
+TMA_STAGES = ((256, 4), (176, 5), (160, 4), (128, 4), (80, 6), (64, 8))
 TMA_TILE_COST = 64  # a tile's fixed cost in columns of work: its A rows are loaded whatever
 # its width (calibrated on the H100: docs/cuda_notes.md, "TMA GEMM tile widths")
 
@@ -112,7 +116,7 @@ class CudaTuning(GpuTuning):
     pdl: bool = False  # programmatic dependent launch in captured graphs: sm_90+
     tc_stages: int = 4
     wg_stages: int = 4
-    tma_stages: int = 4
+    tma_stages: tuple[tuple[int, int], ...] = TMA_STAGES  # (tile width, stages) pairs
     tma_tile: int | None = None  # the TMA GEMM's N tile; None: tma_width's choice
     tma_groups: int | None = None  # the TMA GEMM's persistent grid: None, one group an SM;
     # fewer make each group walk more tiles (tests), more than the tiles one tile a group
@@ -158,7 +162,7 @@ class CudaTuning(GpuTuning):
                    pdl=target >= 90 and env.get("NEEDLE_PDL", "1") != "0",
                    tc_stages=_stages(options, "TC_STAGES", 4),
                    wg_stages=_stages(options, "WG_STAGES", 4),
-                   tma_stages=_stages(options, "GEMM_TMA_STAGES", 4),
+                   tma_stages=_tma_stages(options),
                    tma_tile=_tma_tile(env.get("NEEDLE_TMA_TILE")),
                    tma_groups=_positive(env, "NEEDLE_TMA_GROUPS"),
                    quant_skinny=capability >= 80 and env.get("NEEDLE_QUANT_SKINNY", "1") != "0",
@@ -193,7 +197,17 @@ def tma_width(m: int, p: int, batch: int, sms: int,
     return min(fits, key=finish)  # ties: the wider tile (listed first)
 
 
-def tma_stages(width: int, stages_256: int) -> int:
-    """Pipeline stages of a tile ``width`` wide: what ``stages_256`` stages of the 256-wide
-    tile take in shared memory (gemm_tma.cu's stages<BN>())."""
-    return stages_256 * (128 + 256) // (128 + width)
+def tma_stages(width: int, table: tuple[tuple[int, int], ...] = TMA_STAGES) -> int:
+    """Pipeline stages of the TMA GEMM's tile ``width`` wide (a CudaTuning's ``tma_stages``
+    table; gemm_tma.cu's stages<BN>())."""
+    return dict(table)[width]
+
+
+def _tma_stages(options: list[str]) -> tuple[tuple[int, int], ...]:
+    """The stage table with NEEDLE_CUDA_OPTIONS' defines: -DGEMM_TMA_STAGES=S gives each
+    width what S stages of the 256-wide tile take in shared memory, -DGEMM_TMA_STAGES_<W>=s
+    sets one width (as gemm_tma.cu reads them)."""
+    base = _stages(options, "GEMM_TMA_STAGES", 0)
+    return tuple((w, _stages(options, f"GEMM_TMA_STAGES_{w}",
+                             base * (128 + 256) // (128 + w) if base else s))
+                 for w, s in TMA_STAGES)

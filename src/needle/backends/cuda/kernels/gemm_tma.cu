@@ -32,15 +32,48 @@
 // Shared memory (dynamic, base rounded up to 1024 bytes): STAGES x [A 16 KiB | B W/8 KiB],
 // four 8 KiB staging buffers (two a consumer warpgroup), then full[STAGES] and
 // empty[STAGES] (8 bytes each) and ids[STAGES] (4 bytes): 230,480 bytes with 4 stages of
-// W = 256 (6 of 128 and 8 of 64: 40 and 80 bytes more). C is written by TMA stores through a
-// third tensor map (box 64 rows x 128 bytes), which also clips the tiles at C's edges; where
-// C cannot have one (rows not 16-byte multiples), thread by thread (store_values).
+// W = 256 (8 of 64: 80 bytes more; the other widths less, stages<BN>()). C is written by TMA
+// stores through a third tensor map (box 64 rows x 128 bytes), which also clips the tiles at
+// C's edges; where C cannot have one (rows not 16-byte multiples), thread by thread
+// (store_values).
 #include "common.cuh"
 #include "mbarrier.cuh"
 #include "tensor_core.cuh"
 
-#ifndef GEMM_TMA_STAGES
-#define GEMM_TMA_STAGES 4
+// Pipeline stages a tile width (tuning.py TMA_STAGES: the same numbers), measured: the 160-,
+// 128- and 80-wide tiles ran 4-10% faster with 4, 4 and 6 stages than with the 5, 6 and 7
+// that fill shared memory (docs/cuda_notes.md v34); 256, 176 and 64 are fastest full.
+// -DGEMM_TMA_STAGES=S
+// gives every width what S stages of the 128 x 256 tile take in shared memory;
+// -DGEMM_TMA_STAGES_<W>=s sets one width.
+#ifdef GEMM_TMA_STAGES
+#define GEMM_TMA_FIT(W) (GEMM_TMA_STAGES * (128 + 256) / (128 + W))
+#else
+#define GEMM_TMA_FIT(W) GEMM_TMA_DEFAULT_##W
+#endif
+#define GEMM_TMA_DEFAULT_256 4
+#define GEMM_TMA_DEFAULT_176 5
+#define GEMM_TMA_DEFAULT_160 4
+#define GEMM_TMA_DEFAULT_128 4
+#define GEMM_TMA_DEFAULT_80 6
+#define GEMM_TMA_DEFAULT_64 8
+#ifndef GEMM_TMA_STAGES_256
+#define GEMM_TMA_STAGES_256 GEMM_TMA_FIT(256)
+#endif
+#ifndef GEMM_TMA_STAGES_176
+#define GEMM_TMA_STAGES_176 GEMM_TMA_FIT(176)
+#endif
+#ifndef GEMM_TMA_STAGES_160
+#define GEMM_TMA_STAGES_160 GEMM_TMA_FIT(160)
+#endif
+#ifndef GEMM_TMA_STAGES_128
+#define GEMM_TMA_STAGES_128 GEMM_TMA_FIT(128)
+#endif
+#ifndef GEMM_TMA_STAGES_80
+#define GEMM_TMA_STAGES_80 GEMM_TMA_FIT(80)
+#endif
+#ifndef GEMM_TMA_STAGES_64
+#define GEMM_TMA_STAGES_64 GEMM_TMA_FIT(64)
 #endif
 #ifndef GEMM_TMA_GROUP_M  // tiles walk M first in groups of this many tile rows (L2 reuse)
 #define GEMM_TMA_GROUP_M 8
@@ -56,9 +89,12 @@ constexpr u32 A_BYTES = BM * 128;
 // k per stage: one 128-byte row (the swizzle's width) of each operand's tile
 template <class T> __device__ constexpr int k_tile() { return 128 / (int)sizeof(T); }
 constexpr u32 CONSUMER_WARPS = 8;  // arrivals that empty a stage
-// Stages of a BN-wide tile: as many as GEMM_TMA_STAGES stages of the 128 x 256 tile take
-// (4, 6 and 8 for BN = 256, 128 and 64 by default); the host sizes shared memory alike.
-template <int BN> __device__ constexpr int stages() { return GEMM_TMA_STAGES * (BM + 256) / (BM + BN); }
+// Stages of a BN-wide tile (GEMM_TMA_STAGES_<BN>, above); the host sizes shared memory alike.
+template <int BN> __device__ constexpr int stages() {
+  return BN == 256 ? GEMM_TMA_STAGES_256 : BN == 176 ? GEMM_TMA_STAGES_176
+       : BN == 160 ? GEMM_TMA_STAGES_160 : BN == 128 ? GEMM_TMA_STAGES_128
+       : BN == 80  ? GEMM_TMA_STAGES_80  : GEMM_TMA_STAGES_64;
+}
 
 using tc::smem_u32;
 
