@@ -27,7 +27,8 @@ def test_cuda_tuning_from_the_device_and_the_environment():
         (False, False, False, "wgmma", 256, "128")
     assert (t.tc_stages, t.wg_stages) == (3, 2)
     assert dict(t.tma_stages) == {256: 5, 176: 6, 160: 6, 128: 7, 80: 9, 64: 10}
-    one = CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_CUDA_OPTIONS": "-DGEMM_TMA_STAGES_80=4"})
+    one = CudaTuning.for_device(90, "sm_90a",
+                                env={"NEEDLE_CUDA_OPTIONS": "-DGEMM_TMA_STAGES_80=4"})
     assert dict(one.tma_stages) == {**dict(hopper.tma_stages), 80: 4}
     assert CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_TMA_TILE": "128"}).tma_tile == 128
     assert hopper.tma_tile is None
@@ -80,6 +81,21 @@ def test_tma_tile_width_counts_waves(m, p, batch, width):
 
     assert tma_width(m, p, batch, 132) == width
     assert [tma_stages(w) for w in (256, 176, 160, 128, 80, 64)] == [4, 5, 4, 4, 6, 8]
+
+
+def test_tma_stage_table_is_the_kernels():
+    """The host sizes each TMA GEMM launch's shared memory from tuning.TMA_STAGES; the
+    kernel lays its stages out from gemm_tma.cu's GEMM_TMA_DEFAULT_<W>: a kernel with more
+    stages than the host reserved for would write past its shared memory."""
+    import re
+
+    from needle.backends.cuda.compiler import KERNEL_DIR
+    from needle.backends.cuda.tuning import TMA_STAGES
+
+    source = (KERNEL_DIR / "gemm_tma.cu").read_text()
+    kernel = {int(w): int(s) for w, s in re.findall(r"#define GEMM_TMA_DEFAULT_(\d+) (\d+)",
+                                                   source)}
+    assert kernel == dict(TMA_STAGES)
 
 
 @pytest.mark.parametrize("m,p,width", [

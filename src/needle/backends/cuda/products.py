@@ -195,9 +195,9 @@ class ProductOps:
 
     def _tma_gemm(self, a, b, out, m, n, p, batch, stride_a, stride_b, tb: bool,
                   glu: bool = False):
-        """gemm_tma.cu: 128 x W tiles (W = 256, 176, 160, 128, 80 or 64: tma_width), a TMA producer
-        warpgroup and two wgmma consumer warpgroups; A (m, n) row-major, B (p, n) row-major
-        when ``tb`` (K-major: matmul_tma) or (n, p) row-major (N-major: matmul_tma_nn),
+        """gemm_tma.cu: 128 x W tiles (W = 256, 176, 160, 128, 80 or 64: tma_width), a TMA
+        producer warpgroup and two wgmma consumer warpgroups; A (m, n) row-major, B (p, n)
+        row-major when ``tb`` (K-major: matmul_tma) or (n, p) row-major (N-major: matmul_tma_nn),
         described by tensor maps; with ``glu``, B is a fused gate/up weight (2p, n) and out
         (m, p) its SwiGLU (matmul_tma_glu). Returns the launch plan, or False (nothing
         launched) when the operands cannot be described or the tile does not fit: use

@@ -40,12 +40,11 @@
 #include "mbarrier.cuh"
 #include "tensor_core.cuh"
 
-// Pipeline stages a tile width (tuning.py TMA_STAGES: the same numbers), measured: the 160-,
-// 128- and 80-wide tiles ran 4-10% faster with 4, 4 and 6 stages than with the 5, 6 and 7
-// that fill shared memory (docs/cuda_notes.md v34); 256, 176 and 64 are fastest full.
-// -DGEMM_TMA_STAGES=S
-// gives every width what S stages of the 128 x 256 tile take in shared memory;
-// -DGEMM_TMA_STAGES_<W>=s sets one width.
+// Pipeline stages a tile width (tuning.py TMA_STAGES: the same numbers, test_tuning.py checks),
+// measured: the 160-, 128- and 80-wide tiles ran 4-13% faster with 4, 4 and 6 stages than
+// with the 5, 6 and 7 that fill shared memory (docs/cuda_notes.md v34); 256, 176 and 64 are
+// fastest full. -DGEMM_TMA_STAGES=S gives every width what S stages of the 128 x 256 tile
+// take in shared memory; -DGEMM_TMA_STAGES_<W>=s sets one width.
 #ifdef GEMM_TMA_STAGES
 #define GEMM_TMA_FIT(W) (GEMM_TMA_STAGES * (128 + 256) / (128 + W))
 #else
