@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from .cases_array import LAYER_SHAPES
+
 TINYLLAMA = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                  num_attention_heads=32, num_key_value_heads=4, vocab_size=32000)
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -142,9 +144,7 @@ def _measure(cfg, device, fmt, tokens: int, prefill: int):
     return made / decode_s, streamed, prefill / prefill_s
 
 
-# one decoder layer's matrices of TinyLlama-1.1B (n, k): fused qkv, o, fused gate/up, down
 L2_SPILL = 160 << 20  # bytes of matrix copies a matvec timing cycles through (H100 L2: 50 MB)
-LAYER_SHAPES = [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]
 
 
 def _timed(device, op, reps: int = 20, rounds: int = 5) -> float:
@@ -211,7 +211,8 @@ def kernel_table(device, copy: float, quick: bool) -> None:
     ``matvec_add`` (into a residual)."""
     from needle import backend_ndarray as nd
 
-    shapes = [(64, 256), (256, 64)] if quick else LAYER_SHAPES
+    # one decoder layer's matrices (n, k): fused qkv, o, fused gate/up, down
+    shapes = [(64, 256), (256, 64)] if quick else list(LAYER_SHAPES.values())
     rng = np.random.default_rng(0)
     print(f"\n{'shape (n, k)':<14} {'format':<27} {'matvec us':>9} {'GB/s':>6} {'% copy':>7} "
           f"{'x bf16':>7} {'fused us':>8} {'GB/s':>6} {'8-row us':>8} {'/ bf16':>7} "

@@ -15,6 +15,7 @@ from ..gpu.array import MATMUL, MAX_GRID_YZ, SUFFIX, aligned16, cdiv
 from ..precision import tf32_allowed
 from .attention import HALF
 from .gemv import GEMV_DTYPES
+from .memory import address
 from .split_k import split_k_plan
 from .tensor_map import matrix_map
 from .tuning import K_MAJOR_WIDTHS, TMA_WIDTHS, tma_stages, tma_width
@@ -31,8 +32,7 @@ def _values_params(params: bytes) -> bytes:
 
 
 def _product_key(a, b, m, n, p, batch, stride_a, stride_b, tb, glu=False) -> tuple:
-    return (a.buffer.handle + a.buffer.offset, b.buffer.handle + b.buffer.offset, a.dtype, m,
-            n, p, batch, stride_a, stride_b, tb, glu)
+    return (address(a), address(b), a.dtype, m, n, p, batch, stride_a, stride_b, tb, glu)
 
 
 class ProductOps:
@@ -243,7 +243,7 @@ class ProductOps:
         (params chunk = 1)."""
         k, shared, launches = plan
         item = ITEMSIZE[a.dtype]
-        out_at = out.buffer.handle + out.buffer.offset
+        out_at = address(out)
         counter = self._counters(2)  # the groups' tile claims (gemm_tma.cu run())
         for z0, nb, grid, params, maps in launches:
             c_map = self._c_map(out.dtype, out_at + z0 * m * p * item, m, p, nb)
@@ -301,8 +301,8 @@ class ProductOps:
                 return None
             for z0 in range(0, batch, per_launch):
                 nb = min(per_launch, batch - z0)
-                a_at = a.buffer.handle + a.buffer.offset + z0 * stride_a * item
-                b_at = b.buffer.handle + b.buffer.offset + z0 * stride_b * item
+                a_at = address(a) + z0 * stride_a * item
+                b_at = address(b) + z0 * stride_b * item
                 b_map = (matrix_map(b.dtype, b_at, 2 * p if glu else p, n, nb, stride_b, out_w,
                                     k_box) if tb
                          # N-major (halves only): boxes of 64 k-rows x 64 columns
