@@ -6,12 +6,15 @@ split between the grid's groups (stream-K); and which products "auto" gives it."
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import numpy as np
 import pytest
 
 import needle.backend_ndarray as nd
+from needle.backends.cuda import compiler
+from needle.backends.cuda import quant_gemm as qgm
 from tests.conftest import assert_close
 
 DEV = nd.cuda(0)
@@ -59,6 +62,15 @@ def _mode(bits, group, symmetric):
     return "o" if not symmetric else "g" if group is None or group >= 64 else ""
 
 
+def _name(bits, group, symmetric, k, dtype):
+    """The kernel a product takes: int4 dequantized value by value with 128-value k steps
+    ("_k128") where k is a multiple of 128 and a step's groups fit the scale box (groups of
+    32 or more); 64-value steps otherwise (int8 and the exact form always)."""
+    mode = _mode(bits, group, symmetric)
+    wide = bits == 4 and mode != "g" and k % 128 == 0 and (group is None or group >= 32)
+    return f"qgemm{bits}{mode}{'_k128' if wide else ''}_{'bf16' if dtype == 'bfloat16' else 'f16'}"
+
+
 @needs_hopper
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("m,n,k,bits,group,symmetric", [
@@ -73,13 +85,21 @@ def _mode(bits, group, symmetric):
     (1100, 2048, 512, 4, 128, True),  # more tiles than multiprocessors: groups walk several
     (200, 256, 2048, 8, None, True),  # int8 per row, each tile split between 3-4 groups
     (300, 256, 4096, 4, 256, True),  # groups over four k steps, tiles split on group bounds
+    (140, 192, 1024, 4, 64, True),  # exact groups of 64 where k would take 128-value steps
+    (100, 256, 192, 4, None, True),  # int4 per row, k an odd number of 64-value steps
+    (90, 256, 1024, 4, None, True),  # int4 per row, 128-value steps
+    (150, 128, 448, 4, 16, False),  # offsets, k an odd number of 64-value steps
+    (70, 256, 1536, 4, 128, True),  # groups of 128, twelve 128-value steps
+    (260, 384, 2048, 4, 64, False),  # offsets in groups of 64: two groups a 128-value step
+    (96, 320, 1024, 4, 32, True),  # int4 symmetric groups of 32: 128-value steps
+    (120, 256, 1024, 4, None, False),  # int4 per row with offsets: 128-value steps
 ])
 def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtype):
     x, packed = _case(m, n, k, bits, group, symmetric, dtype)
     got, kernels = _kernels(x, packed)
     mode = _mode(bits, group, symmetric)
     (name,) = kernels
-    assert name == f"qgemm{bits}{mode}_{'bf16' if dtype == 'bfloat16' else 'f16'}", kernels
+    assert name == _name(bits, group, symmetric, k, dtype), kernels
     # "g" multiplies W's float32 values (rounded nowhere); the others W rounded to dtype
     assert_close(got, _exact(x, packed, "float32" if mode == "g" else dtype), dtype, "matmul")
     with DEV.backend.tuned(quant_gemm="off"):
@@ -88,6 +108,28 @@ def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtyp
     # the workspace form's products are those of W rounded to dtype: the same as the
     # dequantizing modes' (sums in another order); "g" is a weight's rounding from it
     assert_close(got, before, dtype, "matmul", scale=2.0 if mode == "g" else None)
+
+
+def test_k_step_rule_and_shared_memory():
+    """The host's choice of k step (no GPU needed): 128 values where k allows it, the scale
+    box holds a step's groups and exact groups hold whole steps; both steps' stages fit
+    Hopper's 227 KiB of shared memory a group."""
+    wide, short = qgm.WIDE_STEP, qgm.K_STEP
+    assert qgm.k_step(2048, 64, False, False) == wide  # int4 + offsets in groups of 64
+    assert qgm.k_step(2048, 32, False, False) == wide  # four groups a step: the box
+    assert qgm.k_step(2048, 16, False, False) == short  # eight: more than the box holds
+    assert qgm.k_step(448, 32, False, False) == short  # k an odd number of 64-value steps
+    assert qgm.k_step(2048, 128, False, True) == short  # the exact form: 64-value steps
+    assert qgm.k_step(2048, 32, False, False, bits=8) == short  # int8: 64-value steps
+    for kt in (short, wide):
+        for bits in (4, 8):
+            assert qgm.shared_bytes(bits, kt) <= 227 * 1024
+    assert qgm.kernel_name(4, "bfloat16", True, False, wide) == "qgemm4o_k128_bf16"
+    # the kernel's stage counts are the host's (which sizes shared memory from them)
+    source = (compiler.KERNEL_DIR / "quant_gemm.cu").read_text()
+    (found,) = re.findall(r"stages\(\) \{ return KT == 64 \? (\d+) : (\d+); \}", source)
+    assert {short: int(found[0]), wide: int(found[1])} == qgm.STAGES
+    assert qgm.kernel_name(8, "float16", True, False, short) == "qgemm8o_f16"
 
 
 @needs_hopper
@@ -134,7 +176,7 @@ def test_split_tiles_sum_the_same_every_call(m, n, k, group):
 
 
 @needs_hopper
-@pytest.mark.parametrize("group,name", [(64, "qgemm4g_bf16"), (32, "qgemm4_bf16")])
+@pytest.mark.parametrize("group,name", [(64, "qgemm4g_bf16"), (32, "qgemm4_k128_bf16")])
 def test_non_finite_x_gives_non_finite_rows(group, name):
     x, packed = _case(40, 128, 256, 4, group, True, "bfloat16")
     host = x.numpy().astype(np.float32)

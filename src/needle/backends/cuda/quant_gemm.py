@@ -2,6 +2,8 @@
 = x (m, k) @ W.T for more rows than the skinny kernels take, W dequantized in registers as the
 warpgroup MMA's operand instead of into a workspace for the GEMM. fp16/bf16 x, k a multiple
 of 64, groups of one row or of a power of two >= 16 values (four groups' scales a TMA box).
+Int4 dequantized value by value takes 128 values of k a pipeline stage (``k_step``): half
+the loop's bookkeeping a tensor-core instruction of 64-value steps.
 The grid shares the k steps of all tiles out evenly (stream-K), so a product of fewer tiles
 than multiprocessors keeps them all busy.
 Tuning ``quant_gemm`` (``NEEDLE_QUANT_GEMM``): "auto" (default) takes it for up to 256 rows,
@@ -27,43 +29,56 @@ from .tensor_map import matrix_map, tiled
 
 # QuantGemmParams: m, n, k, group_shift, flags, chunk, chunks
 QUANT_GEMM = struct.Struct("7q")
-ROWS, TOKENS, K_STEP, STAGES = 128, 128, 64, 6  # quant_gemm.cu's qg:: constants
+ROWS, TOKENS, K_STEP = 128, 128, 64  # quant_gemm.cu's qg:: tile; K_STEP: the short k step
+WIDE_STEP = 128  # the long k step (kernels "_k128")
+STAGES = {K_STEP: 6, WIDE_STEP: 4}  # quant_gemm.cu's stages<KT>()
 _PER_ROW = 1  # flags: one scale a row
 ACCUMULATORS = 4 * 128 * 128  # bytes of a tile's float32 sums (a shared tile's partial)
-MIN_SHARE = 8  # k steps: the least work a group gets
-AUTO_ROWS, AUTO_MAX_ROWS, AUTO_SHARE = 256, 768, 32  # "auto": takes(); AUTO_SHARE in k steps
+MIN_SHARE = 512  # values of k: the least work a group gets
+AUTO_ROWS, AUTO_MAX_ROWS, AUTO_SHARE = 256, 768, 2048  # "auto": takes(); AUTO_SHARE in values
 
 
-def shared_bytes(bits: int) -> int:
-    """Dynamic shared memory of a launch: the stages (x's box, the rows' packed words, 4
-    scales and 4 offsets a row), two mbarriers a stage, alignment."""
-    stage = TOKENS * K_STEP * 2 + ROWS * K_STEP * bits // 8 + 2 * ROWS * 16
-    return STAGES * (stage + 16) + 1024
+def k_step(k: int, group_size: int, per_row: bool, exact: bool, bits: int = 4) -> int:
+    """The kernel's k step: WIDE_STEP for int4 dequantized value by value (offsets, or
+    symmetric groups of 32) where k is a multiple of it and a stage's groups fit the 4-group
+    scale box (groups of 32 or more); K_STEP otherwise. Measured on the H100
+    (docs/cuda_notes.md v35): the wide step was faster for those forms only (int8 and the
+    exact form slower, the exact form's two sets of sums then spilling)."""
+    wide = bits == 4 and not exact and k % WIDE_STEP == 0 and (per_row or group_size >= 32)
+    return WIDE_STEP if wide else K_STEP
 
 
-def kernel_name(bits: int, dtype: str, offsets: bool, exact: bool) -> str:
+def shared_bytes(bits: int, kt: int = K_STEP) -> int:
+    """Dynamic shared memory of a launch with k steps of ``kt``: the stages (x's boxes, the
+    rows' packed words, 4 scales and 4 offsets a row), two mbarriers a stage, alignment."""
+    stage = TOKENS * kt * 2 + ROWS * kt * bits // 8 + 2 * ROWS * 16
+    return STAGES[kt] * (stage + 16) + 1024
+
+
+def kernel_name(bits: int, dtype: str, offsets: bool, exact: bool, kt: int = K_STEP) -> str:
     """quant_gemm.cu's kernel: "o" with offsets, "g" summing each group exactly and scaling
-    it once."""
+    it once; "_k128" with 128-value k steps."""
     mode = "o" if offsets else "g" if exact else ""
-    return f"qgemm{bits}{mode}_{SUFFIX[dtype]}"
+    wide = "_k128" if kt == WIDE_STEP else ""
+    return f"qgemm{bits}{mode}{wide}_{SUFFIX[dtype]}"
 
 
-def share_count(tiles: int, chunks: int, chunk: int, sms: int) -> int:
+def share_count(tiles: int, chunks: int, chunk: int, sms: int, kt: int = K_STEP) -> int:
     """Groups of a launch: one a multiprocessor, each taking an equal share of the tiles'
-    chunks (``chunks`` a tile, ``chunk`` k steps each), but at least MIN_SHARE k steps (or a
-    whole tile) each and at most 3 groups a tile, so that no tile is split in more than 4
-    partial sums."""
+    chunks (``chunks`` a tile, ``chunk`` k steps of ``kt`` each), but at least MIN_SHARE
+    values of k (or a whole tile) each and at most 3 groups a tile, so that no tile is split
+    in more than 4 partial sums."""
     work = tiles * chunks
-    least = max(1, min(chunks, cdiv(MIN_SHARE, chunk)))  # chunks
+    least = max(1, min(chunks, cdiv(MIN_SHARE, chunk * kt)))  # chunks
     return max(1, min(sms, 3 * tiles, work // least))
 
 
-def takes(m: int, steps: int, grid: int) -> bool:
-    """"auto"'s rule for m rows and ``steps`` k steps of 128 x 128 tiles over ``grid``
-    groups: up to AUTO_ROWS rows always, up to AUTO_MAX_ROWS where each group's share is at
-    least AUTO_SHARE k steps (a 2,048-wide tile): measured on the H100, below that a
+def takes(m: int, work: int, grid: int) -> bool:
+    """"auto"'s rule for m rows and ``work`` values of k summed over the 128 x 128 tiles, over
+    ``grid`` groups: up to AUTO_ROWS rows always, up to AUTO_MAX_ROWS where each group's share
+    is at least AUTO_SHARE values (a 2,048-wide tile): measured on the H100, below that a
     512-token product's split tiles cost more than the workspace form's dequantization."""
-    return m <= AUTO_ROWS or (m <= AUTO_MAX_ROWS and steps >= AUTO_SHARE * grid)
+    return m <= AUTO_ROWS or (m <= AUTO_MAX_ROWS and work >= AUTO_SHARE * grid)
 
 
 class QuantGemmOps(QuantOps):
@@ -86,19 +101,21 @@ class QuantGemmOps(QuantOps):
         # symmetric groups of whole k steps (or one a row): each group's integer products
         # summed exactly and scaled once; otherwise each value dequantized as dequant{8,4}
         exact = offsets is None and (per_row or group_size >= K_STEP)
+        kt = k_step(k, group_size, per_row, exact, bits)
         tiles = cdiv(m, TOKENS) * cdiv(n, ROWS)
-        chunk = group_size // K_STEP if exact and not per_row else 1  # k steps shared out
-        chunks = k // K_STEP // chunk
-        grid = share_count(tiles, chunks, chunk, self.device.compute_units)
-        if mode == "auto" and not takes(m, tiles * k // K_STEP, grid):
+        chunk = group_size // kt if exact and not per_row else 1  # k steps shared out
+        chunks = k // kt // chunk
+        grid = share_count(tiles, chunks, chunk, self.device.compute_units, kt)
+        if mode == "auto" and not takes(m, tiles * k, grid):
             return False
-        shared = shared_bytes(bits)
+        shared = shared_bytes(bits, kt)
         if shared > self.device.max_shared_bytes:
             return False
-        maps = self._quant_gemm_maps(x, qweight, scales, offsets, m, n, k, bits, groups)
+        maps = self._quant_gemm_maps(x, qweight, scales, offsets, m, n, k, bits, groups, kt)
         if maps is None:
             return False
-        kern = self._kernel("quant_gemm", kernel_name(bits, x.dtype, offsets is not None, exact))
+        kern = self._kernel("quant_gemm",
+                            kernel_name(bits, x.dtype, offsets is not None, exact, kt))
         kern.check_threads(384)
         kern.reserve_shared(shared)
         # partial sums of the tiles that groups share (one a group at most), if any
@@ -114,15 +131,15 @@ class QuantGemmOps(QuantOps):
         return True
 
     @staticmethod
-    def _quant_gemm_maps(x, qweight, scales, offsets, m, n, k, bits, groups):
-        """The kernel's four tensor maps (x, packed words, scales, offsets; the scales' again
-        without offsets), or None where TMA cannot describe an operand (an unaligned
-        buffer: the generic form runs)."""
+    def _quant_gemm_maps(x, qweight, scales, offsets, m, n, k, bits, groups, kt):
+        """The kernel's four tensor maps (x in boxes of 64 values, a k step's packed words,
+        scales, offsets; the scales' again without offsets), or None where TMA cannot
+        describe an operand (an unaligned buffer: the generic form runs)."""
         words = k * bits // 32
         try:
             map_x = matrix_map(x.dtype, address(x), m, k, 1, 0, TOKENS, K_STEP)
             map_w = matrix_map("int32", address(qweight), n, words, 1, 0, ROWS,
-                               K_STEP * bits // 32, swizzle=0)
+                               kt * bits // 32, swizzle=0)
 
             def table(a: GpuArray) -> bytes:
                 if groups == 1:  # one value a row: a box of 128 rows (the unit dims'

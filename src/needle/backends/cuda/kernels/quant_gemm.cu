@@ -5,11 +5,14 @@
 // reading that workspace cost 1.4-1.85x the bf16 GEMM's time. Here W is dequantized in
 // registers, as the warpgroup MMA's A operand, and never exists in T in memory:
 //  * The product is computed transposed, out^T (n x m) = W x^T: a tile is 128 weight rows
-//    (two consumer warpgroups of 64, wgmma m64) by 128 tokens (wgmma n128), k in steps of 64.
-//  * A producer thread loads each stage by TMA: x's 128 tokens x 64 values (128-byte swizzle,
-//    the wgmma's K-major B operand, as gemm_tma.cu's B), the 128 rows' packed words of the 64
-//    values (32 or 64 bytes a row) and their scales (and offsets): a box of 4 groups a row, or
-//    one scale a row for a matrix of one group a row.
+//    (two consumer warpgroups of 64, wgmma m64) by 128 tokens (wgmma n128), k in steps (KT)
+//    of 128 (kernels `_k128`: int4 dequantized value by value, where they measured faster on
+//    the H100, cuda_notes v35) or 64 (everything else: int8, the exact form, k not a
+//    multiple of 128, groups of 16).
+//  * A producer thread loads each stage by TMA: x's 128 tokens x KT values (boxes of 64,
+//    128-byte swizzle, the wgmma's K-major B operand, as gemm_tma.cu's B), the 128 rows'
+//    packed words of the KT values and their scales (and offsets): a box of 4 groups a row,
+//    or one scale a row for a matrix of one group a row.
 //  * A consumer thread holds rows r and r + 8 of its warp's 16 (r = lane / 4) at k 2t, 2t+1,
 //    2t+8, 2t+9 of each k16 step (t = lane % 4): the wgmma's register fragment of A, built
 //    from the stage's packed bytes (Mode, below) while the previous stage's wgmmas run (two
@@ -33,13 +36,16 @@ struct QuantGemmParams { i64 m, n, k, group_shift, flags, chunk, chunks; };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qg {
-constexpr int ROWS = 128, TOK = 128, KT = 64, STAGES = 6;  // TOK: tokens a tile
-constexpr u32 S_BYTES = ROWS * 4 * 4;
+constexpr int ROWS = 128, TOK = 128, XK = 64;  // TOK: tokens a tile; XK: values an x box
+constexpr u32 S_BYTES = ROWS * 4 * 4, X_BOX = TOK * XK * 2;
 constexpr u32 CONSUMER_WARPS = 8;
-template <int BITS> __device__ constexpr u32 w_bytes() { return ROWS * KT * BITS / 8; }
+// pipeline stages for 64- and 128-value k steps (cuda/quant_gemm.py's STAGES sizes the shared
+// memory from them): 6 fill it at 64 values; at 128, 4 and 5 measured the same (cuda_notes v35)
+template <int KT> __device__ constexpr int stages() { return KT == 64 ? 6 : 4; }
+template <int BITS, int KT> __device__ constexpr u32 w_bytes() { return ROWS * KT * BITS / 8; }
 // a stage: x | W | scales | offsets (each a multiple of 1 KiB: x stays 1024-byte aligned)
-template <int BITS> __device__ constexpr u32 stage_bytes() {
-  return TOK * KT * 2 + w_bytes<BITS>() + 2 * S_BYTES;
+template <int BITS, int KT> __device__ constexpr u32 stage_bytes() {
+  return TOK * KT * 2 + w_bytes<BITS, KT>() + 2 * S_BYTES;
 }
 
 // d (64 x 128 fp32) (+)= A (64 x 16, 4 registers a thread) times B (16 x 128, descriptor db);
@@ -78,55 +84,60 @@ __device__ __forceinline__ u32 pair(u32 lo, u32 hi, float bias, float s, float o
   return OFF ? tc::pack2<T>(fmaf(a, s, o), fmaf(b, s, o)) : tc::pack2<T>(a * s, b * s);
 }
 
-// The A fragments of one stage (4 k16 steps x 4 registers) for rows r and r + 8 (local to the
-// tile), from the stage's packed words `w` (a row's KT * BITS / 32 words), scales `sc` and
-// offsets `of` (a row's 4 groups, or 1 value with one group a row; DEQUANT only).
-template <class T, int BITS, bool OFF, int MODE>
-__device__ __forceinline__ void fragments(u32 (&f)[4][4], const u32* w, const float* sc,
+// The A fragments of one stage (KT / 16 k16 steps x 4 registers) for rows r and r + 8
+// (local to the tile), from the stage's packed words `w` (a row's KT * BITS / 32 words),
+// scales `sc` and offsets `of` (a row's 4 groups, or 1 value with one group a row; DEQUANT
+// only). A row's words are read 64 values at a time (fewer registers live at once).
+template <class T, int BITS, bool OFF, int MODE, int KT>
+__device__ __forceinline__ void fragments(u32 (&f)[KT / 16][4], const u32* w, const float* sc,
                                           const float* of, int r, int t, int kt,
                                           const QuantGemmParams& p) {
-  constexpr int WR = KT * BITS / 32;  // words a row a stage
+  constexpr int WR = KT * BITS / 32, WH = 64 * BITS / 32;  // words a row: a stage, 64 values
   const bool per_row = p.flags & 1;
   const float bias = BITS == 8 ? 8388736.f : (OFF ? 8388608.f : 8388616.f);
 #pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int row = r + 8 * h;
-    u32 v[WR];
+  for (int kh = 0; kh < KT / 64; kh++) {
 #pragma unroll
-    for (int i = 0; i < WR / 4; i++) {
-      const uint4 q = reinterpret_cast<const uint4*>(w + row * WR)[i];
-      v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
-    }
-    if (BITS == 4) {  // the lane's byte of every word (below) to the bottom once
+    for (int h = 0; h < 2; h++) {
+      const int row = r + 8 * h;
+      u32 v[WH];
 #pragma unroll
-      for (int i = 0; i < WR; i++) v[i] >>= 8 * t;
-    }
+      for (int i = 0; i < WH / 4; i++) {
+        const uint4 q = reinterpret_cast<const uint4*>(w + row * WR + kh * WH)[i];
+        v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+      }
+      if (BITS == 4) {  // the lane's byte of every word (below) to the bottom once
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-      float s = 1.f, o = 0.f;
-      if (MODE == DEQUANT) {
-        const int gi = per_row ? 0 : ((kt * KT + 16 * q) >> (int)p.group_shift) & 3;
-        s = sc[per_row ? row : row * 4 + gi];
-        if (OFF) o = of[per_row ? row : row * 4 + gi];
+        for (int i = 0; i < WH; i++) v[i] >>= 8 * t;
       }
 #pragma unroll
-      for (int e = 0; e < 2; e++) {  // e = 0: k 16q + 2t, 2t+1; e = 1: 16q + 2t + 8, 2t + 9
-        u32 frag;
-        if (BITS == 4 && MODE == EXACT) {  // word 2q + e's byte t: u - 8 in both halves
-          typedef tc::Nibbles<T> N;
-          const u32 b = v[2 * q + e];
-          frag = N::fma2((b & 15u) | ((b << 12) & 0xF0000u) | N::OR, N::ONE, N::BIAS_SYM);
-        } else if (BITS == 4) {
-          const u32 b = v[2 * q + e];
-          frag = pair<T, OFF>(b & 15u, (b >> 4) & 15u, bias, s, o);
-        } else {  // word 4q + 2e + t / 2 holds k 16q + 8e + 4(t / 2) ..; half t % 2 the two
-          const u32 word = (t & 2) ? v[4 * q + 2 * e + 1] : v[4 * q + 2 * e];  // no local array
-          const u32 b = (word >> (16 * (t & 1))) ^ 0x8080u;
-          frag = MODE == EXACT
-                     ? tc::pack2<T>(magic(b & 255u) - bias, magic((b >> 8) & 255u) - bias)
-                     : pair<T, OFF>(b & 255u, (b >> 8) & 255u, bias, s, o);
+      for (int q = 0; q < 4; q++) {
+        float s = 1.f, o = 0.f;
+        if (MODE == DEQUANT) {
+          const int k16 = kt * KT + 64 * kh + 16 * q;
+          const int gi = per_row ? 0 : (k16 >> (int)p.group_shift) & 3;
+          s = sc[per_row ? row : row * 4 + gi];
+          if (OFF) o = of[per_row ? row : row * 4 + gi];
         }
-        f[q][2 * e + h] = frag;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {  // e = 0: k 16q + 2t, 2t+1; e = 1: 16q + 2t + 8, 2t + 9
+          u32 frag;
+          if (BITS == 4 && MODE == EXACT) {  // word 2q + e's byte t: u - 8 in both halves
+            typedef tc::Nibbles<T> N;
+            const u32 b = v[2 * q + e];
+            frag = N::fma2((b & 15u) | ((b << 12) & 0xF0000u) | N::OR, N::ONE, N::BIAS_SYM);
+          } else if (BITS == 4) {
+            const u32 b = v[2 * q + e];
+            frag = pair<T, OFF>(b & 15u, (b >> 4) & 15u, bias, s, o);
+          } else {  // word 4q + 2e + t / 2 holds k 16q + 8e + 4(t / 2) ..; half t % 2 the two
+            const u32 word = (t & 2) ? v[4 * q + 2 * e + 1] : v[4 * q + 2 * e];  // no local array
+            const u32 b = (word >> (16 * (t & 1))) ^ 0x8080u;
+            frag = MODE == EXACT
+                       ? tc::pack2<T>(magic(b & 255u) - bias, magic((b >> 8) & 255u) - bias)
+                       : pair<T, OFF>(b & 255u, (b >> 8) & 255u, bias, s, o);
+          }
+          f[4 * kh + q][2 * e + h] = frag;
+        }
       }
     }
   }
@@ -239,14 +250,15 @@ __device__ __forceinline__ bool gather(float (&acc)[NA], float4* __restrict__ ws
   return true;
 }
 
-template <class T, int BITS, bool OFF, int MODE>
+template <class T, int BITS, bool OFF, int MODE, int KT>
 __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws,
                                     unsigned* __restrict__ counters, const QuantGemmParams& p,
                                     const TmaMap* map_x, const TmaMap* map_w,
                                     const TmaMap* map_s, const TmaMap* map_o,
                                     unsigned char* smem) {
-  constexpr u32 XB = TOK * KT * 2, WB = w_bytes<BITS>(), SB = stage_bytes<BITS>();
+  constexpr u32 XB = TOK * KT * 2, WB = w_bytes<BITS, KT>(), SB = stage_bytes<BITS, KT>();
   constexpr int WR = KT * BITS / 32, NA = TOK / 2;  // NA: accumulators a thread
+  constexpr int STAGES = stages<KT>(), KS16 = KT / 16;  // KS16: k16 steps (wgmmas) a stage
   const u32 base = (tc::smem_u32(smem) + 1023u) & ~1023u;
   unsigned char* gbase = smem + (base - tc::smem_u32(smem));
   const u32 full0 = base + STAGES * SB, empty0 = full0 + STAGES * 8;
@@ -288,7 +300,9 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
         const bool scales = MODE == DEQUANT || (per_row ? kt + 1 == pc.ks1
                                                         : (kt + 1) % (int)p.chunk == 0);
         bar_expect_tx(full, XB + WB + (scales ? (OFF ? 2 : 1) * s_bytes : 0u));
-        tma_load(at, map_x, full, kt * KT, m0, 0);
+#pragma unroll
+        for (int b = 0; b < KT / XK; b++)
+          tma_load(at + b * X_BOX, map_x, full, kt * KT + b * XK, m0, 0);
         tma_load(at + XB, map_w, full, kt * WR, n0, 0);
         // scales: the box of 4 groups holding this stage's (a stage spans 1, 2 or 4 groups,
         // never across a multiple of 4: the host checks), or one a row
@@ -305,7 +319,7 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
   const int g = wg - 1, lane = tid % 32, w = (tid % 128) / 32, t = lane & 3;
   const int r = 64 * g + 16 * w + lane / 4;  // the thread's first row in the tile
   float d[NA], sum[NA];  // sum: the scaled groups so far (EXACT; unused otherwise)
-  u32 fa[4][4], fb[4][4];  // fragments of even and odd stages
+  u32 fa[KS16][4], fb[KS16][4];  // fragments of even and odd stages
   u32 slot = 0, phase = 0;  // the ring's next stage and the phase of its barriers' next use
   u32 held = ~0u;           // the slot whose shared memory the last wgmmas may still read
   int in_group = 0;         // EXACT: stages of the current group done
@@ -329,19 +343,20 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
   };
   // one stage: fragments into f while the previous stage's wgmmas run, then its 4 wgmmas;
   // afterwards the previous stage's have completed (its shared memory and fragment set free)
-  auto stage = [&](u32 (&f)[4][4], int kt) {
+  auto stage = [&](u32 (&f)[KS16][4], int kt) {
     bar_wait(full0 + 8 * slot, phase);
     const unsigned char* st = gbase + slot * SB;
     const float* sc = reinterpret_cast<const float*>(st + XB + WB);
-    fragments<T, BITS, OFF, MODE>(f, reinterpret_cast<const u32*>(st + XB), sc, sc + ROWS * 4,
-                                  r, t, kt, p);
+    fragments<T, BITS, OFF, MODE, KT>(f, reinterpret_cast<const u32*>(st + XB), sc,
+                                      sc + ROWS * 4, r, t, kt, p);
     flush();
     const u32 xs = base + slot * SB;
     const bool fresh = MODE == EXACT && in_group == 0;
     wg::fence_acc(d);
     wg::fence();
 #pragma unroll
-    for (int q = 0; q < 4; q++) MmaRegA<T>::run(d, f[q], wg::desc(xs + q * 32), !(fresh && q == 0));
+    for (int q = 0; q < KS16; q++)  // k16 step q: x box q / 4, 32 bytes a step within it
+      MmaRegA<T>::run(d, f[q], wg::desc(xs + (q / 4) * X_BOX + (q % 4) * 32), !(fresh && q == 0));
     wg::commit();
     wg::wait<1>();  // the previous stage's wgmmas are done
     wg::fence_acc(d);
@@ -388,19 +403,19 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
   }
 }
 }  // namespace qg
-#define QGEMM_BODY(T, BITS, OFF, MODE)                                                         \
+#define QGEMM_BODY(T, BITS, OFF, MODE, KT)                                                     \
   extern __shared__ __align__(1024) unsigned char smem[];                                      \
-  qg::run<T, BITS, OFF, MODE>(out, reinterpret_cast<float4*>(ws), counters, p, &map_x, &map_w, \
-                              &map_s, &map_o, smem);
+  qg::run<T, BITS, OFF, MODE, KT>(out, reinterpret_cast<float4*>(ws), counters, p, &map_x,   \
+                                  &map_w, &map_s, &map_o, smem);
 #else
 // other targets: the names exist; the host launches these only on sm_90a (device feature tma)
-#define QGEMM_BODY(T, BITS, OFF, MODE) __trap();
+#define QGEMM_BODY(T, BITS, OFF, MODE, KT) __trap();
 #endif
 
 // x, q, s and b are not read (the tensor maps address them); they are arguments so that graph
 // capture keeps their buffers alive, like every other kernel's. Without offsets b is s and
 // map_o is map_s (not read).
-#define QGEMM(NAME, T, BITS, OFF, MODE)                                                        \
+#define QGEMM(NAME, T, BITS, OFF, MODE, KT)                                                    \
   extern "C" __global__ void __launch_bounds__(384, 1)                                         \
       NAME(const T* __restrict__ x, const u32* __restrict__ q, const float* __restrict__ s,    \
            const float* __restrict__ b, T* __restrict__ out, float* __restrict__ ws,           \
@@ -408,13 +423,17 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
            const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w,         \
            const __grid_constant__ TmaMap map_s, const __grid_constant__ TmaMap map_o) {       \
     pdl_entry();                                                                               \
-    QGEMM_BODY(T, BITS, OFF, MODE)                                                             \
+    QGEMM_BODY(T, BITS, OFF, MODE, KT)                                                         \
   }
-// Names: qgemm{8,4}{,o,g}_{bf16,f16}: "" DEQUANT, "o" DEQUANT with offsets, "g" EXACT
+// Names: qgemm{8,4}{,o,g}_{bf16,f16}: "" DEQUANT, "o" DEQUANT with offsets, "g" EXACT;
+// qgemm4{,o}_k128_{bf16,f16}: int4 DEQUANT with 128-value k steps
 #define QGEMM_BITS(SFX, T, BITS)                                                               \
-  QGEMM(qgemm##BITS##_##SFX, T, BITS, false, qg::DEQUANT)                                      \
-  QGEMM(qgemm##BITS##o_##SFX, T, BITS, true, qg::DEQUANT)                                      \
-  QGEMM(qgemm##BITS##g_##SFX, T, BITS, false, qg::EXACT)
-#define QGEMM_ALL(SFX, T) QGEMM_BITS(SFX, T, 8) QGEMM_BITS(SFX, T, 4)
+  QGEMM(qgemm##BITS##_##SFX, T, BITS, false, qg::DEQUANT, 64)                                  \
+  QGEMM(qgemm##BITS##o_##SFX, T, BITS, true, qg::DEQUANT, 64)                                  \
+  QGEMM(qgemm##BITS##g_##SFX, T, BITS, false, qg::EXACT, 64)
+#define QGEMM_ALL(SFX, T)                                                                      \
+  QGEMM_BITS(SFX, T, 8) QGEMM_BITS(SFX, T, 4)                                                  \
+  QGEMM(qgemm4_k128_##SFX, T, 4, false, qg::DEQUANT, 128)                                      \
+  QGEMM(qgemm4o_k128_##SFX, T, 4, true, qg::DEQUANT, 128)
 ONLY(bf16, QGEMM_ALL(bf16, bf16_t))
 ONLY(f16, QGEMM_ALL(f16, half_t))
