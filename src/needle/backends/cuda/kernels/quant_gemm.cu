@@ -67,6 +67,35 @@ QG_MMA(half_t, ".f16.f16")
 // float(u) for 0 <= u < 2^23 without a conversion instruction: u in the mantissa of 2^23
 __device__ __forceinline__ float magic(u32 u) { return __int_as_float(0x4B000000u | u); }
 
+// bytes of (a, b) picked by the selector's nibbles (PTX prmt: a's bytes 0-3, b's 4-7)
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+// (x & 0x000F000F) | c in one instruction (c a register: a LOP3 takes one immediate)
+__device__ __forceinline__ u32 low_nibbles(u32 x, u32 c) {
+  u32 d;
+  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(d) : "r"(x), "r"(c));
+  return d;
+}
+
+// EXACT int4: the fragment registers of one k16 step and row from its two packed words a
+// (values 0-7) and b (8-15): lane t's values 2t, 2t + 1 and 2t + 8, 2t + 9 as u - 8 in T.
+// One byte permute brings byte t of a and of b to bytes 0 and 2 (`sel`), a LOP3 each puts the
+// low and the high nibbles under the magic (values 2t and 2t + 8, then 2t + 1 and 2t + 9),
+// a packed FMA each takes the magic off, and two permutes pair the halves as the wgmma
+// wants: ~4 instructions a register instead of ~6 with a shift a word (cuda_notes v35).
+template <class T>
+__device__ __forceinline__ void nibble_pairs(u32 a, u32 b, u32 sel, u32 magic_or, u32& lo,
+                                             u32& hi) {
+  typedef tc::Nibbles<T> N;
+  const u32 x = prmt(a, b, sel);
+  const u32 h0 = N::fma2(low_nibbles(x, magic_or), N::ONE, N::BIAS_SYM);       // 2t, 2t + 8
+  const u32 h1 = N::fma2(low_nibbles(x >> 4, magic_or), N::ONE, N::BIAS_SYM);  // 2t+1, 2t+9
+  lo = prmt(h0, h1, 0x5410u), hi = prmt(h0, h1, 0x7632u);
+}
+
 // How a fragment's values are made (the kernel's suffix):
 //  DEQUANT ("", "o"): as dequant{8,4} makes them: (u - 8) s, b s or u s + o in float32,
 //    rounded to T; the products are the workspace GEMM's, summed in another order.
@@ -95,6 +124,7 @@ __device__ __forceinline__ void fragments(u32 (&f)[KT / 16][4], const u32* w, co
   constexpr int WR = KT * BITS / 32, WH = 64 * BITS / 32;  // words a row: a stage, 64 values
   const bool per_row = p.flags & 1;
   const float bias = BITS == 8 ? 8388736.f : (OFF ? 8388608.f : 8388616.f);
+  const u32 sel = t * 0x11u + (t + 4) * 0x1100u;  // nibble_pairs: bytes t of a, b to 0 and 2
 #pragma unroll
   for (int kh = 0; kh < KT / 64; kh++) {
 #pragma unroll
@@ -105,6 +135,16 @@ __device__ __forceinline__ void fragments(u32 (&f)[KT / 16][4], const u32* w, co
       for (int i = 0; i < WH / 4; i++) {
         const uint4 q = reinterpret_cast<const uint4*>(w + row * WR + kh * WH)[i];
         v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+      }
+      if (BITS == 4 && MODE == EXACT) {  // nibble_pairs: the magic from a register
+        // flags' top bit is never set: a value the compiler cannot fold, so the magic stays
+        // in a register and low_nibbles is one LOP3 (which takes only one immediate)
+        const u32 magic_or = tc::Nibbles<T>::OR | (u32)(p.flags & 0x80000000);
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+          nibble_pairs<T>(v[2 * q], v[2 * q + 1], sel, magic_or, f[4 * kh + q][h],
+                          f[4 * kh + q][2 + h]);
+        continue;
       }
       if (BITS == 4) {  // the lane's byte of every word (below) to the bottom once
 #pragma unroll
@@ -122,11 +162,7 @@ __device__ __forceinline__ void fragments(u32 (&f)[KT / 16][4], const u32* w, co
 #pragma unroll
         for (int e = 0; e < 2; e++) {  // e = 0: k 16q + 2t, 2t+1; e = 1: 16q + 2t + 8, 2t + 9
           u32 frag;
-          if (BITS == 4 && MODE == EXACT) {  // word 2q + e's byte t: u - 8 in both halves
-            typedef tc::Nibbles<T> N;
-            const u32 b = v[2 * q + e];
-            frag = N::fma2((b & 15u) | ((b << 12) & 0xF0000u) | N::OR, N::ONE, N::BIAS_SYM);
-          } else if (BITS == 4) {
+          if (BITS == 4) {
             const u32 b = v[2 * q + e];
             frag = pair<T, OFF>(b & 15u, (b >> 4) & 15u, bias, s, o);
           } else {  // word 4q + 2e + t / 2 holds k 16q + 8e + 4(t / 2) ..; half t % 2 the two
@@ -350,13 +386,15 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
     fragments<T, BITS, OFF, MODE, KT>(f, reinterpret_cast<const u32*>(st + XB), sc,
                                       sc + ROWS * 4, r, t, kt, p);
     flush();
-    const u32 xs = base + slot * SB;
+    // x's descriptor once a stage: a k16 step's is 32 bytes on (x box q / 4), which adds
+    // (bytes >> 4) to the descriptor's start address field (no carry: shared memory < 256 KiB)
+    const u64 xd = wg::desc(base + slot * SB);
     const bool fresh = MODE == EXACT && in_group == 0;
     wg::fence_acc(d);
     wg::fence();
 #pragma unroll
-    for (int q = 0; q < KS16; q++)  // k16 step q: x box q / 4, 32 bytes a step within it
-      MmaRegA<T>::run(d, f[q], wg::desc(xs + (q / 4) * X_BOX + (q % 4) * 32), !(fresh && q == 0));
+    for (int q = 0; q < KS16; q++)
+      MmaRegA<T>::run(d, f[q], xd + ((q / 4) * X_BOX + (q % 4) * 32) / 16, !(fresh && q == 0));
     wg::commit();
     wg::wait<1>();  // the previous stage's wgmmas are done
     wg::fence_acc(d);
