@@ -80,20 +80,18 @@ __device__ __forceinline__ u32 low_nibbles(u32 x, u32 c) {
   return d;
 }
 
-// EXACT int4: the fragment registers of one k16 step and row from its two packed words a
-// (values 0-7) and b (8-15): lane t's values 2t, 2t + 1 and 2t + 8, 2t + 9 as u - 8 in T.
-// One byte permute brings byte t of a and of b to bytes 0 and 2 (`sel`), a LOP3 each puts the
-// low and the high nibbles under the magic (values 2t and 2t + 8, then 2t + 1 and 2t + 9),
-// a packed FMA each takes the magic off, and two permutes pair the halves as the wgmma
-// wants: ~4 instructions a register instead of ~6 with a shift a word (cuda_notes v35).
+// int4: lane t's values of one k16 step and row from its two packed words a (values 0-7)
+// and b (8-15), as the integers u - 8 (or u: `bias2`) exactly in T: h0 = values 2t, 2t + 8,
+// h1 = 2t + 1, 2t + 9. One byte permute brings byte t of a and of b to bytes 0 and 2
+// (`sel`), a LOP3 each puts the low and the high nibbles under the magic, a packed FMA each
+// takes the magic (and bias) off: no shift a word (cuda_notes v35).
 template <class T>
-__device__ __forceinline__ void nibble_pairs(u32 a, u32 b, u32 sel, u32 magic_or, u32& lo,
-                                             u32& hi) {
+__device__ __forceinline__ void nibble_halves(u32 a, u32 b, u32 sel, u32 magic_or, u32 bias2,
+                                              u32& h0, u32& h1) {
   typedef tc::Nibbles<T> N;
   const u32 x = prmt(a, b, sel);
-  const u32 h0 = N::fma2(low_nibbles(x, magic_or), N::ONE, N::BIAS_SYM);       // 2t, 2t + 8
-  const u32 h1 = N::fma2(low_nibbles(x >> 4, magic_or), N::ONE, N::BIAS_SYM);  // 2t+1, 2t+9
-  lo = prmt(h0, h1, 0x5410u), hi = prmt(h0, h1, 0x7632u);
+  h0 = N::fma2(low_nibbles(x, magic_or), N::ONE, bias2);
+  h1 = N::fma2(low_nibbles(x >> 4, magic_or), N::ONE, bias2);
 }
 
 // How a fragment's values are made (the kernel's suffix):
@@ -104,9 +102,9 @@ __device__ __forceinline__ void nibble_pairs(u32 a, u32 b, u32 sel, u32 magic_or
 //    float32 weights, never rounded to T; qmv's and quant_skinny.cu's numbers).
 enum Mode { DEQUANT = 0, EXACT = 1 };
 
-// Two consecutive values of a row (packed `lo` and `hi`, unsigned), as dequant{8,4} makes
-// them, rounded into one register of T. BIAS: 2^23 + the format's zero: 8 for symmetric
-// int4, 0 for int4 with offsets, 128 for int8 (its bytes arrive with the sign bit flipped).
+// Two consecutive int8 values of a row (packed `lo` and `hi`, unsigned), as dequant8 makes
+// them, rounded into one register of T. BIAS: 2^23 + 128 (the bytes arrive with the sign
+// bit flipped).
 template <class T, bool OFF>
 __device__ __forceinline__ u32 pair(u32 lo, u32 hi, float bias, float s, float o) {
   const float a = magic(lo) - bias, b = magic(hi) - bias;
@@ -123,8 +121,11 @@ __device__ __forceinline__ void fragments(u32 (&f)[KT / 16][4], const u32* w, co
                                           const QuantGemmParams& p) {
   constexpr int WR = KT * BITS / 32, WH = 64 * BITS / 32;  // words a row: a stage, 64 values
   const bool per_row = p.flags & 1;
-  const float bias = BITS == 8 ? 8388736.f : (OFF ? 8388608.f : 8388616.f);
-  const u32 sel = t * 0x11u + (t + 4) * 0x1100u;  // nibble_pairs: bytes t of a, b to 0 and 2
+  const float bias = 8388736.f;  // int8's: 2^23 + 128 (pair)
+  const u32 sel = t * 0x11u + (t + 4) * 0x1100u;  // nibble_halves: bytes t of a, b to 0 and 2
+  // flags' top bit is never set: a value the compiler cannot fold, so the magic stays in a
+  // register and low_nibbles is one LOP3 (which takes only one immediate)
+  const u32 magic_or = tc::Nibbles<T>::OR | (u32)(p.flags & 0x80000000);
 #pragma unroll
   for (int kh = 0; kh < KT / 64; kh++) {
 #pragma unroll
@@ -136,20 +137,6 @@ __device__ __forceinline__ void fragments(u32 (&f)[KT / 16][4], const u32* w, co
         const uint4 q = reinterpret_cast<const uint4*>(w + row * WR + kh * WH)[i];
         v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
       }
-      if (BITS == 4 && MODE == EXACT) {  // nibble_pairs: the magic from a register
-        // flags' top bit is never set: a value the compiler cannot fold, so the magic stays
-        // in a register and low_nibbles is one LOP3 (which takes only one immediate)
-        const u32 magic_or = tc::Nibbles<T>::OR | (u32)(p.flags & 0x80000000);
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-          nibble_pairs<T>(v[2 * q], v[2 * q + 1], sel, magic_or, f[4 * kh + q][h],
-                          f[4 * kh + q][2 + h]);
-        continue;
-      }
-      if (BITS == 4) {  // the lane's byte of every word (below) to the bottom once
-#pragma unroll
-        for (int i = 0; i < WH; i++) v[i] >>= 8 * t;
-      }
 #pragma unroll
       for (int q = 0; q < 4; q++) {
         float s = 1.f, o = 0.f;
@@ -159,20 +146,33 @@ __device__ __forceinline__ void fragments(u32 (&f)[KT / 16][4], const u32* w, co
           s = sc[per_row ? row : row * 4 + gi];
           if (OFF) o = of[per_row ? row : row * 4 + gi];
         }
+        if (BITS == 4) {  // registers k 2t, 2t+1 (e = 0) and 2t+8, 2t+9 (e = 1) of row h
+          typedef tc::Nibbles<T> N;
+          u32 h0, h1;
+          nibble_halves<T>(v[2 * q], v[2 * q + 1], sel, magic_or,
+                           OFF ? N::BIAS_OFF : N::BIAS_SYM, h0, h1);
+          if (MODE == EXACT) {  // the integers are the values: pair the halves
+            f[4 * kh + q][h] = prmt(h0, h1, 0x5410u);
+            f[4 * kh + q][2 + h] = prmt(h0, h1, 0x7632u);
+          } else {  // as dequant4 makes them: u - 8 (or u) in float32, scaled, rounded to T
+            float a0, a8, a1, a9;
+            tc::unpack2<T>(h0, a0, a8);
+            tc::unpack2<T>(h1, a1, a9);
+            auto value = [&](float a) { return OFF ? fmaf(a, s, o) : a * s; };
+            f[4 * kh + q][h] = tc::pack2<T>(value(a0), value(a1));
+            f[4 * kh + q][2 + h] = tc::pack2<T>(value(a8), value(a9));
+          }
+          continue;
+        }
 #pragma unroll
         for (int e = 0; e < 2; e++) {  // e = 0: k 16q + 2t, 2t+1; e = 1: 16q + 2t + 8, 2t + 9
-          u32 frag;
-          if (BITS == 4) {
-            const u32 b = v[2 * q + e];
-            frag = pair<T, OFF>(b & 15u, (b >> 4) & 15u, bias, s, o);
-          } else {  // word 4q + 2e + t / 2 holds k 16q + 8e + 4(t / 2) ..; half t % 2 the two
-            const u32 word = (t & 2) ? v[4 * q + 2 * e + 1] : v[4 * q + 2 * e];  // no local array
-            const u32 b = (word >> (16 * (t & 1))) ^ 0x8080u;
-            frag = MODE == EXACT
-                       ? tc::pack2<T>(magic(b & 255u) - bias, magic((b >> 8) & 255u) - bias)
-                       : pair<T, OFF>(b & 255u, (b >> 8) & 255u, bias, s, o);
-          }
-          f[4 * kh + q][2 * e + h] = frag;
+          // int8: word 4q + 2e + t / 2 holds k 16q + 8e + 4(t / 2) ..; half t % 2 the two
+          const u32 word = (t & 2) ? v[4 * q + 2 * e + 1] : v[4 * q + 2 * e];  // no local array
+          const u32 b = (word >> (16 * (t & 1))) ^ 0x8080u;
+          f[4 * kh + q][2 * e + h] =
+              MODE == EXACT
+                  ? tc::pack2<T>(magic(b & 255u) - bias, magic((b >> 8) & 255u) - bias)
+                  : pair<T, OFF>(b & 255u, (b >> 8) & 255u, bias, s, o);
         }
       }
     }
