@@ -56,17 +56,19 @@ def _kernels(x, packed):
     return got, {name for name in prof.totals if not name.startswith("fill_")}
 
 
-def _mode(bits, group, symmetric):
-    """The kernel's suffix: offsets ("o"); symmetric groups of whole 64-value k steps or one
-    a row summed exactly and scaled once ("g"); smaller groups dequantized value by value."""
-    return "o" if not symmetric else "g" if group is None or group >= 64 else ""
+def _mode(bits, group, symmetric, k):
+    """The kernel's suffix: offsets ("o"); symmetric groups of one a row, or of whole
+    64-value k steps (int4: of 128 values or more), summed exactly and scaled once ("g");
+    smaller groups dequantized value by value."""
+    per_row = group is None or group >= k
+    return "o" if not symmetric else "g" if per_row or group >= (128 if bits == 4 else 64) else ""
 
 
 def _name(bits, group, symmetric, k, dtype):
     """The kernel a product takes: int4 dequantized value by value with 128-value k steps
     ("_k128") where k is a multiple of 128 and a step's groups fit the scale box (groups of
     32 or more); 64-value steps otherwise (int8 and the exact form always)."""
-    mode = _mode(bits, group, symmetric)
+    mode = _mode(bits, group, symmetric, k)
     wide = bits == 4 and mode != "g" and k % 128 == 0 and (group is None or group >= 32)
     return f"qgemm{bits}{mode}{'_k128' if wide else ''}_{'bf16' if dtype == 'bfloat16' else 'f16'}"
 
@@ -85,7 +87,7 @@ def _name(bits, group, symmetric, k, dtype):
     (1100, 2048, 512, 4, 128, True),  # more tiles than multiprocessors: groups walk several
     (200, 256, 2048, 8, None, True),  # int8 per row, each tile split between 3-4 groups
     (300, 256, 4096, 4, 256, True),  # groups over four k steps, tiles split on group bounds
-    (140, 192, 1024, 4, 64, True),  # exact groups of 64 where k would take 128-value steps
+    (140, 192, 1024, 4, 64, True),  # int4 groups of 64: dequantized in 128-value steps
     (100, 256, 192, 4, None, True),  # int4 per row, k an odd number of 64-value steps
     (90, 256, 1024, 4, None, True),  # int4 per row, 128-value steps
     (150, 128, 448, 4, 16, False),  # offsets, k an odd number of 64-value steps
@@ -97,7 +99,7 @@ def _name(bits, group, symmetric, k, dtype):
 def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtype):
     x, packed = _case(m, n, k, bits, group, symmetric, dtype)
     got, kernels = _kernels(x, packed)
-    mode = _mode(bits, group, symmetric)
+    mode = _mode(bits, group, symmetric, k)
     (name,) = kernels
     assert name == _name(bits, group, symmetric, k, dtype), kernels
     # "g" multiplies W's float32 values (rounded nowhere); the others W rounded to dtype
@@ -121,6 +123,9 @@ def test_k_step_rule_and_shared_memory():
     assert qgm.k_step(448, 32, False, False) == short  # k an odd number of 64-value steps
     assert qgm.k_step(2048, 128, False, True) == short  # the exact form: 64-value steps
     assert qgm.k_step(2048, 32, False, False, bits=8) == short  # int8: 64-value steps
+    assert qgm.exact_form(4, 128, False, False) and qgm.exact_form(8, 64, False, False)
+    assert not qgm.exact_form(4, 64, False, False)  # int4 g64: dequantized, 128-value steps
+    assert qgm.exact_form(4, 64, True, False) and not qgm.exact_form(4, 256, False, True)
     for kt in (short, wide):
         for bits in (4, 8):
             assert qgm.shared_bytes(bits, kt) <= 227 * 1024
@@ -145,14 +150,14 @@ def test_auto_takes_short_products_and_long_shares():
         x, packed = _case(m, n, k, 4, 64, True, "bfloat16")
         with DEV.backend.tuned(quant_gemm="auto"):
             got, kernels = _kernels(x, packed)
-        assert ("qgemm4g_bf16" in kernels) == fills, (m, n, k, kernels)
-        assert_close(got, _exact(x, packed, "float32" if fills else "bfloat16"), "bfloat16",
-                     "matmul")
+        # int4 groups of 64: the dequantizing kernel, W rounded to x's dtype either way
+        assert ("qgemm4_k128_bf16" in kernels) == fills, (m, n, k, kernels)
+        assert_close(got, _exact(x, packed, "bfloat16"), "bfloat16", "matmul")
 
 
 @needs_hopper
 @pytest.mark.parametrize("m,n,k,group", [(512, 256, 2048, 128), (64, 2048, 2048, 128),
-                                         (9, 128, 8192, 64)])
+                                         (9, 128, 8192, None)])
 def test_split_tiles_sum_the_same_every_call(m, n, k, group):
     """Tiles split between groups are summed by their owner (the group holding the first k
     steps), the parts added in group order: repeated calls (and a captured graph's replays)
@@ -176,9 +181,9 @@ def test_split_tiles_sum_the_same_every_call(m, n, k, group):
 
 
 @needs_hopper
-@pytest.mark.parametrize("group,name", [(64, "qgemm4g_bf16"), (32, "qgemm4_k128_bf16")])
+@pytest.mark.parametrize("group,name", [(128, "qgemm4g_bf16"), (32, "qgemm4_k128_bf16")])
 def test_non_finite_x_gives_non_finite_rows(group, name):
-    x, packed = _case(40, 128, 256, 4, group, True, "bfloat16")
+    x, packed = _case(40, 128, 512, 4, group, True, "bfloat16")
     host = x.numpy().astype(np.float32)
     host[3, 5], host[7, 100] = np.inf, np.nan
     got, kernels = _kernels(nd.array(host, device=DEV, dtype="bfloat16"), packed)

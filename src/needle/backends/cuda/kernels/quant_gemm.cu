@@ -97,7 +97,8 @@ __device__ __forceinline__ void nibble_halves(u32 a, u32 b, u32 sel, u32 magic_o
 // How a fragment's values are made (the kernel's suffix):
 //  DEQUANT ("", "o"): as dequant{8,4} makes them: (u - 8) s, b s or u s + o in float32,
 //    rounded to T; the products are the workspace GEMM's, summed in another order.
-//  EXACT ("g"; symmetric, groups of whole k steps or one a row): the integers u - 8 or b,
+//  EXACT ("g"; symmetric, one group a row or groups of whole k steps: int8 from 64 values,
+//    int4 from 128, cuda/quant_gemm.py's exact_form): the integers u - 8 or b,
 //    exact in T; each group's products are summed in fp32 and scaled once (the reference's
 //    float32 weights, never rounded to T; qmv's and quant_skinny.cu's numbers).
 enum Mode { DEQUANT = 0, EXACT = 1 };
