@@ -89,7 +89,7 @@ def _name(bits, group, symmetric, k, dtype):
     (300, 256, 4096, 4, 256, True),  # groups over four k steps, tiles split on group bounds
     (140, 192, 1024, 4, 64, True),  # int4 groups of 64: dequantized in 128-value steps
     (100, 256, 192, 4, None, True),  # int4 per row, k an odd number of 64-value steps
-    (90, 256, 1024, 4, None, True),  # int4 per row, 128-value steps
+    (90, 256, 1024, 4, None, True),  # int4 per row, k a multiple of 128 (exact: 64-value steps)
     (150, 128, 448, 4, 16, False),  # offsets, k an odd number of 64-value steps
     (70, 256, 1536, 4, 128, True),  # groups of 128, twelve 128-value steps
     (260, 384, 2048, 4, 64, False),  # offsets in groups of 64: two groups a 128-value step
@@ -113,9 +113,10 @@ def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtyp
 
 
 def test_k_step_rule_and_shared_memory():
-    """The host's choice of k step (no GPU needed): 128 values where k allows it, the scale
-    box holds a step's groups and exact groups hold whole steps; both steps' stages fit
-    Hopper's 227 KiB of shared memory a group."""
+    """The host's choice of form and k step (no GPU needed): 128-value steps for int4
+    dequantized value by value where k allows it and the scale box holds a step's groups;
+    the exact form for int4 from groups of 128, int8 from 64; both steps' stages fit
+    Hopper's 227 KiB of shared memory a group, as many as the kernel's."""
     wide, short = qgm.WIDE_STEP, qgm.K_STEP
     assert qgm.k_step(2048, 64, False, False) == wide  # int4 + offsets in groups of 64
     assert qgm.k_step(2048, 32, False, False) == wide  # four groups a step: the box
@@ -130,11 +131,11 @@ def test_k_step_rule_and_shared_memory():
         for bits in (4, 8):
             assert qgm.shared_bytes(bits, kt) <= 227 * 1024
     assert qgm.kernel_name(4, "bfloat16", True, False, wide) == "qgemm4o_k128_bf16"
+    assert qgm.kernel_name(8, "float16", True, False, short) == "qgemm8o_f16"
     # the kernel's stage counts are the host's (which sizes shared memory from them)
     source = (compiler.KERNEL_DIR / "quant_gemm.cu").read_text()
     (found,) = re.findall(r"stages\(\) \{ return KT == 64 \? (\d+) : (\d+); \}", source)
     assert {short: int(found[0]), wide: int(found[1])} == qgm.STAGES
-    assert qgm.kernel_name(8, "float16", True, False, short) == "qgemm8o_f16"
 
 
 @needs_hopper

@@ -378,7 +378,7 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
     release(flush_slot);
     flush_slot = ~0u;
   };
-  // one stage: fragments into f while the previous stage's wgmmas run, then its 4 wgmmas;
+  // one stage: fragments into f while the previous stage's wgmmas run, then its KS16 wgmmas;
   // afterwards the previous stage's have completed (its shared memory and fragment set free)
   auto stage = [&](u32 (&f)[KS16][4], int kt) {
     bar_wait(full0 + 8 * slot, phase);
