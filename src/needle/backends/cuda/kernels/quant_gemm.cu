@@ -64,9 +64,6 @@ template <class T> struct MmaRegA;
 QG_MMA(bf16_t, ".bf16.bf16")
 QG_MMA(half_t, ".f16.f16")
 
-// float(u) for 0 <= u < 2^23 without a conversion instruction: u in the mantissa of 2^23
-__device__ __forceinline__ float magic(u32 u) { return __int_as_float(0x4B000000u | u); }
-
 // bytes of (a, b) picked by the selector's nibbles (PTX prmt: a's bytes 0-3, b's 4-7)
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
   u32 d;
@@ -103,14 +100,6 @@ __device__ __forceinline__ void nibble_halves(u32 a, u32 b, u32 sel, u32 magic_o
 //    float32 weights, never rounded to T; qmv's and quant_skinny.cu's numbers).
 enum Mode { DEQUANT = 0, EXACT = 1 };
 
-// Two consecutive int8 values of a row (packed `lo` and `hi`, unsigned), as dequant8 makes
-// them, rounded into one register of T. BIAS: 2^23 + 128 (the bytes arrive with the sign
-// bit flipped).
-template <class T, bool OFF>
-__device__ __forceinline__ u32 pair(u32 lo, u32 hi, float bias, float s, float o) {
-  const float a = magic(lo) - bias, b = magic(hi) - bias;
-  return OFF ? tc::pack2<T>(fmaf(a, s, o), fmaf(b, s, o)) : tc::pack2<T>(a * s, b * s);
-}
 
 // The A fragments of one stage (KT / 16 k16 steps x 4 registers) for rows r and r + 8
 // (local to the tile), from the stage's packed words `w` (a row's KT * BITS / 32 words),
@@ -122,7 +111,10 @@ __device__ __forceinline__ void fragments(u32 (&f)[KT / 16][4], const u32* w, co
                                           const QuantGemmParams& p) {
   constexpr int WR = KT * BITS / 32, WH = 64 * BITS / 32;  // words a row: a stage, 64 values
   const bool per_row = p.flags & 1;
-  const float bias = 8388736.f;  // int8's: 2^23 + 128 (pair)
+  // int8: a byte u (the value + 128) in the mantissa of 2^23 by one permute (bytes 1-3 from
+  // 0x4B000000: 0x4B0000uu is the float 2^23 + u), less 2^23 + 128: the value exactly
+  const float bias = 8388736.f;
+  const u32 sel8 = 2 * (t & 1) + 0x7540u;  // byte 2(t % 2) of the word, then 0, 0, 0x4B
   const u32 sel = t * 0x11u + (t + 4) * 0x1100u;  // nibble_halves: bytes t of a, b to 0 and 2
   // flags' top bit is never set: a value the compiler cannot fold, so the magic stays in a
   // register and low_nibbles is one LOP3 (which takes only one immediate)
@@ -168,12 +160,13 @@ __device__ __forceinline__ void fragments(u32 (&f)[KT / 16][4], const u32* w, co
 #pragma unroll
         for (int e = 0; e < 2; e++) {  // e = 0: k 16q + 2t, 2t+1; e = 1: 16q + 2t + 8, 2t + 9
           // int8: word 4q + 2e + t / 2 holds k 16q + 8e + 4(t / 2) ..; half t % 2 the two
-          const u32 word = (t & 2) ? v[4 * q + 2 * e + 1] : v[4 * q + 2 * e];  // no local array
-          const u32 b = (word >> (16 * (t & 1))) ^ 0x8080u;
-          f[4 * kh + q][2 * e + h] =
-              MODE == EXACT
-                  ? tc::pack2<T>(magic(b & 255u) - bias, magic((b >> 8) & 255u) - bias)
-                  : pair<T, OFF>(b & 255u, (b >> 8) & 255u, bias, s, o);
+          // (stored with the sign bit flipped: ^ 0x80 gives u = value + 128)
+          const u32 word = ((t & 2) ? v[4 * q + 2 * e + 1] : v[4 * q + 2 * e]) ^ 0x80808080u;
+          float a = __uint_as_float(prmt(word, 0x4B000000u, sel8)) - bias;
+          float b = __uint_as_float(prmt(word, 0x4B000000u, sel8 + 1)) - bias;
+          if (MODE == DEQUANT)  // as dequant8 makes them: scaled in float32, rounded to T
+            a = OFF ? fmaf(a, s, o) : a * s, b = OFF ? fmaf(b, s, o) : b * s;
+          f[4 * kh + q][2 * e + h] = tc::pack2<T>(a, b);
         }
       }
     }
