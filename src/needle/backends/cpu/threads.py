@@ -16,7 +16,7 @@ has not set:
 
 ``NEEDLE_CPU_THREADS`` overrides the thread count for needle alone (it is applied as
 ``OMP_NUM_THREADS`` unless that is set too). Small ops never wake the team: the kernels run
-on the calling thread below a per-op size (``parallel_for`` in kernels/memory.cc).
+on the calling thread below a per-op size (``parallel_for`` in kernels/runtime.cc).
 """
 
 from __future__ import annotations

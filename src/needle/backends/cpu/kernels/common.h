@@ -1,9 +1,10 @@
 // Shared pieces of the CPU kernels: dtypes and their storage/compute types, the bit-exact
 // float16/bfloat16 conversions, the Array buffer, threading helpers and error reporting.
 //
-// Every kernel family (memory.cc, elementwise.cc, reduce.cc, matmul.cc, nn.cc, attention.cc,
-// ...) includes this header and registers its Python-visible functions on the module in a
-// bind_* function.
+// runtime.cc defines the dtypes, the Array, errors, threads and registry declared here;
+// every kernel family (memory.cc, elementwise.cc, reduce.cc, matmul.cc, nn.cc,
+// attention.cc, ...) includes this header and registers its Python-visible functions on the
+// module in a bind_* function.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -161,6 +162,9 @@ struct Array {
 // Aligned allocation; large blocks are advised to use transparent huge pages (as numpy does).
 void* aligned_alloc_bytes(size_t bytes);
 void aligned_free(void* p);
+// The pool of freed large buffers (runtime.cc): free them all, and their bytes.
+void pool_empty();
+size_t pool_cached_bytes();
 
 // A scratch buffer for kernels (never shared with Python).
 template <class T> struct Scratch {
