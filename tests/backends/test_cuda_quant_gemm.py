@@ -118,12 +118,12 @@ def test_k_step_rule_and_shared_memory():
     the exact form for int4 from groups of 128, int8 from 64; both steps' stages fit
     Hopper's 227 KiB of shared memory a group, as many as the kernel's."""
     wide, short = qgm.WIDE_STEP, qgm.K_STEP
-    assert qgm.k_step(2048, 64, False, False) == wide  # int4 + offsets in groups of 64
-    assert qgm.k_step(2048, 32, False, False) == wide  # four groups a step: the box
-    assert qgm.k_step(2048, 16, False, False) == short  # eight: more than the box holds
-    assert qgm.k_step(448, 32, False, False) == short  # k an odd number of 64-value steps
-    assert qgm.k_step(2048, 128, False, True) == short  # the exact form: 64-value steps
-    assert qgm.k_step(2048, 32, False, False, bits=8) == short  # int8: 64-value steps
+    assert qgm.k_step(4, 2048, 64, False, False) == wide  # int4 + offsets in groups of 64
+    assert qgm.k_step(4, 2048, 32, False, False) == wide  # four groups a step: the box
+    assert qgm.k_step(4, 2048, 16, False, False) == short  # eight: more than the box holds
+    assert qgm.k_step(4, 448, 32, False, False) == short  # k an odd number of 64-value steps
+    assert qgm.k_step(4, 2048, 128, False, True) == short  # the exact form: 64-value steps
+    assert qgm.k_step(8, 2048, 32, False, False) == short  # int8: 64-value steps
     assert qgm.exact_form(4, 128, False, False) and qgm.exact_form(8, 64, False, False)
     assert not qgm.exact_form(4, 64, False, False)  # int4 g64: dequantized, 128-value steps
     assert qgm.exact_form(4, 64, True, False) and not qgm.exact_form(4, 256, False, True)

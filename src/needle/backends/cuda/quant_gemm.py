@@ -47,7 +47,7 @@ def exact_form(bits: int, group_size: int, per_row: bool, offsets: bool) -> bool
     return not offsets and (per_row or group_size >= (WIDE_STEP if bits == 4 else K_STEP))
 
 
-def k_step(k: int, group_size: int, per_row: bool, exact: bool, bits: int = 4) -> int:
+def k_step(bits: int, k: int, group_size: int, per_row: bool, exact: bool) -> int:
     """The kernel's k step: WIDE_STEP for int4 dequantized value by value (offsets, or
     symmetric groups of 32) where k is a multiple of it and a stage's groups fit the 4-group
     scale box (groups of 32 or more); K_STEP otherwise. Measured on the H100
@@ -57,14 +57,14 @@ def k_step(k: int, group_size: int, per_row: bool, exact: bool, bits: int = 4) -
     return WIDE_STEP if wide else K_STEP
 
 
-def shared_bytes(bits: int, kt: int = K_STEP) -> int:
+def shared_bytes(bits: int, kt: int) -> int:
     """Dynamic shared memory of a launch with k steps of ``kt``: the stages (x's boxes, the
     rows' packed words, 4 scales and 4 offsets a row), two mbarriers a stage, alignment."""
     stage = TOKENS * kt * 2 + ROWS * kt * bits // 8 + 2 * ROWS * 16
     return STAGES[kt] * (stage + 16) + 1024
 
 
-def kernel_name(bits: int, dtype: str, offsets: bool, exact: bool, kt: int = K_STEP) -> str:
+def kernel_name(bits: int, dtype: str, offsets: bool, exact: bool, kt: int) -> str:
     """quant_gemm.cu's kernel: "o" with offsets, "g" summing each group exactly and scaling
     it once; "_k128" with 128-value k steps."""
     mode = "o" if offsets else "g" if exact else ""
@@ -72,7 +72,7 @@ def kernel_name(bits: int, dtype: str, offsets: bool, exact: bool, kt: int = K_S
     return f"qgemm{bits}{mode}{wide}_{SUFFIX[dtype]}"
 
 
-def share_count(tiles: int, chunks: int, chunk: int, sms: int, kt: int = K_STEP) -> int:
+def share_count(tiles: int, chunks: int, chunk: int, sms: int, kt: int) -> int:
     """Groups of a launch: one a multiprocessor, each taking an equal share of the tiles'
     chunks (``chunks`` a tile, ``chunk`` k steps of ``kt`` each), but at least MIN_SHARE
     values of k (or a whole tile) each and at most 3 groups a tile, so that no tile is split
@@ -110,7 +110,7 @@ class QuantGemmOps(QuantOps):
         # each group's integer products summed exactly and scaled once, or each value
         # dequantized as dequant{8,4}
         exact = exact_form(bits, group_size, per_row, offsets is not None)
-        kt = k_step(k, group_size, per_row, exact, bits)
+        kt = k_step(bits, k, group_size, per_row, exact)
         tiles = cdiv(m, TOKENS) * cdiv(n, ROWS)
         chunk = group_size // kt if exact and not per_row else 1  # k steps shared out
         chunks = k // kt // chunk
