@@ -15,6 +15,7 @@ import pytest
 import needle.backend_ndarray as nd
 from needle.backends.cuda import compiler
 from needle.backends.cuda import quant_gemm as qgm
+from needle.backends.gpu.array import cdiv
 from tests.conftest import assert_close
 
 DEV = nd.cuda(0)
@@ -56,21 +57,33 @@ def _kernels(x, packed):
     return got, {name for name in prof.totals if not name.startswith("fill_")}
 
 
-def _mode(bits, group, symmetric, k):
-    """The kernel's suffix: offsets ("o"); symmetric groups of one a row, or of whole
-    64-value k steps (int4: of 128 values or more), summed exactly and scaled once ("g");
-    smaller groups dequantized value by value."""
+@pytest.fixture(params=[128, 256], ids=["tokens128", "tokens256"])
+def tokens(request, monkeypatch):
+    """Tokens a tile: every product below runs with either tile (the host's rule moved)."""
+    monkeypatch.setattr(qgm, "token_tile", lambda m, n, sms: request.param)
+    return request.param
+
+
+def _mode(bits, group, symmetric, k, tokens):
+    """The kernel's suffix: offsets ("o"); with 128 tokens a tile, symmetric groups of one a
+    row, or of whole 64-value k steps (int4: of 128 values or more), summed exactly and
+    scaled once ("g"); smaller groups, and any with 256 tokens, dequantized value by value."""
     per_row = group is None or group >= k
-    return "o" if not symmetric else "g" if per_row or group >= (128 if bits == 4 else 64) else ""
+    if not symmetric:
+        return "o"
+    exact = tokens == 128 and (per_row or group >= (128 if bits == 4 else 64))
+    return "g" if exact else ""
 
 
-def _name(bits, group, symmetric, k, dtype):
-    """The kernel a product takes: int4 dequantized value by value with 128-value k steps
-    ("_k128") where k is a multiple of 128 and a step's groups fit the scale box (groups of
-    32 or more); 64-value steps otherwise (int8 and the exact form always)."""
-    mode = _mode(bits, group, symmetric, k)
+def _name(bits, group, symmetric, k, dtype, tokens):
+    """The kernel a product takes: 256 tokens a tile ("_t256", 64-value steps); with 128, int4
+    dequantized value by value with 128-value k steps ("_k128") where k is a multiple of 128
+    and a step's groups fit the scale box (groups of 32 or more); 64-value steps otherwise
+    (int8 and the exact form always)."""
+    mode = _mode(bits, group, symmetric, k, tokens)
     wide = bits == 4 and mode != "g" and k % 128 == 0 and (group is None or group >= 32)
-    return f"qgemm{bits}{mode}{'_k128' if wide else ''}_{'bf16' if dtype == 'bfloat16' else 'f16'}"
+    tile = "_t256" if tokens == 256 else "_k128" if wide else ""
+    return f"qgemm{bits}{mode}{tile}_{'bf16' if dtype == 'bfloat16' else 'f16'}"
 
 
 @needs_hopper
@@ -96,12 +109,12 @@ def _name(bits, group, symmetric, k, dtype):
     (96, 320, 1024, 4, 32, True),  # int4 symmetric groups of 32: 128-value steps
     (120, 256, 1024, 4, None, False),  # int4 per row with offsets: 128-value steps
 ])
-def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtype):
+def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtype, tokens):
     x, packed = _case(m, n, k, bits, group, symmetric, dtype)
     got, kernels = _kernels(x, packed)
-    mode = _mode(bits, group, symmetric, k)
+    mode = _mode(bits, group, symmetric, k, tokens)
     (name,) = kernels
-    assert name == _name(bits, group, symmetric, k, dtype), kernels
+    assert name == _name(bits, group, symmetric, k, dtype, tokens), kernels
     # "g" multiplies W's float32 values (rounded nowhere); the others W rounded to dtype
     assert_close(got, _exact(x, packed, "float32" if mode == "g" else dtype), dtype, "matmul")
     with DEV.backend.tuned(quant_gemm="off"):
@@ -113,46 +126,65 @@ def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtyp
 
 
 def test_k_step_rule_and_shared_memory():
-    """The host's choice of form and k step (no GPU needed): 128-value steps for int4
-    dequantized value by value where k allows it and the scale box holds a step's groups;
-    the exact form for int4 from groups of 128, int8 from 64; both steps' stages fit
+    """The host's choice of tile, form and k step (no GPU needed): 256 tokens a tile for
+    products of many tiles (dequantizing, 64-value steps); with 128, 128-value steps for int4
+    dequantized value by value where k allows it and the scale box holds a step's groups,
+    the exact form for int4 from groups of 128, int8 from 64; every kernel's stages fit
     Hopper's 227 KiB of shared memory a group, as many as the kernel's."""
-    wide, short = qgm.WIDE_STEP, qgm.K_STEP
-    assert qgm.k_step(4, 2048, 64, False, False) == wide  # int4 + offsets in groups of 64
-    assert qgm.k_step(4, 2048, 32, False, False) == wide  # four groups a step: the box
-    assert qgm.k_step(4, 2048, 16, False, False) == short  # eight: more than the box holds
-    assert qgm.k_step(4, 448, 32, False, False) == short  # k an odd number of 64-value steps
-    assert qgm.k_step(4, 2048, 128, False, True) == short  # the exact form: 64-value steps
-    assert qgm.k_step(8, 2048, 32, False, False) == short  # int8: 64-value steps
-    assert qgm.exact_form(4, 128, False, False) and qgm.exact_form(8, 64, False, False)
-    assert not qgm.exact_form(4, 64, False, False)  # int4 g64: dequantized, 128-value steps
-    assert qgm.exact_form(4, 64, True, False) and not qgm.exact_form(4, 256, False, True)
-    for kt in (short, wide):
+    wide, short, t128, t256 = qgm.WIDE_STEP, qgm.K_STEP, qgm.TOKENS, qgm.WIDE_TOKENS
+    # 256 tokens where every group gets a whole tile and m pads no further than with 128
+    assert qgm.token_tile(512, 11264, 132) == t256  # 176 tiles
+    assert qgm.token_tile(512, 2048, 132) == t128  # 32 tiles: split between groups
+    assert qgm.token_tile(384, 11264, 132) == t128  # 2 tiles of 256 rows pad 384 to 512
+    assert qgm.token_tile(700, 11264, 132) == t256 and qgm.token_tile(16, 1 << 16, 132) == t128
+    # "auto" beyond 768 rows: 256-token tiles, two or more a group (1.1B gate/up at 2,048
+    # tokens: 704 tiles), not fewer (q/k/v: 160)
+    assert qgm.takes(2048, 704, 2048, 132, t256) and not qgm.takes(2048, 160, 2048, 132, t256)
+    assert not qgm.takes(2049, 704, 2048, 132, t256) and not qgm.takes(1024, 999, 2048, 132, t128)
+    assert qgm.takes(768, 96, 5632, 132, t128) and not qgm.takes(512, 80, 2048, 132, t128)
+    assert qgm.k_step(4, 2048, 64, False, False, t128) == wide  # int4 + offsets, groups of 64
+    assert qgm.k_step(4, 2048, 32, False, False, t128) == wide  # four groups a step: the box
+    assert qgm.k_step(4, 2048, 16, False, False, t128) == short  # eight: more than the box
+    assert qgm.k_step(4, 448, 32, False, False, t128) == short  # k odd in 64-value steps
+    assert qgm.k_step(4, 2048, 128, False, True, t128) == short  # the exact form
+    assert qgm.k_step(8, 2048, 32, False, False, t128) == short  # int8: 64-value steps
+    assert qgm.k_step(4, 2048, 64, False, False, t256) == short  # 256 tokens: 64-value steps
+    assert qgm.exact_form(4, 128, False, False, t128) and qgm.exact_form(8, 64, False, False, t128)
+    assert not qgm.exact_form(4, 64, False, False, t128)  # int4 g64: dequantized
+    assert qgm.exact_form(4, 64, True, False, t128)
+    assert not qgm.exact_form(4, 256, False, True, t128)  # offsets
+    assert not qgm.exact_form(8, None, True, False, t256)  # 256 tokens: never exact
+    for kt, tk in qgm.STAGES:
         for bits in (4, 8):
-            assert qgm.shared_bytes(bits, kt) <= 227 * 1024
-    assert qgm.kernel_name(4, "bfloat16", True, False, wide) == "qgemm4o_k128_bf16"
-    assert qgm.kernel_name(8, "float16", True, False, short) == "qgemm8o_f16"
+            assert qgm.shared_bytes(bits, kt, tk) <= 227 * 1024
+    assert qgm.kernel_name(4, "bfloat16", True, False, wide, t128) == "qgemm4o_k128_bf16"
+    assert qgm.kernel_name(8, "float16", True, False, short, t128) == "qgemm8o_f16"
+    assert qgm.kernel_name(8, "float16", False, False, short, t256) == "qgemm8_t256_f16"
     # the kernel's stage counts are the host's (which sizes shared memory from them)
     source = (compiler.KERNEL_DIR / "quant_gemm.cu").read_text()
-    (found,) = re.findall(r"stages\(\) \{ return KT == 64 \? (\d+) : (\d+); \}", source)
-    assert {short: int(found[0]), wide: int(found[1])} == qgm.STAGES
+    (found,) = re.findall(r"return TK == 256 \? (\d+) : KT == 64 \? (\d+) : (\d+);", source)
+    assert {(short, t256): int(found[0]), (short, t128): int(found[1]),
+            (wide, t128): int(found[2])} == qgm.STAGES
 
 
 @needs_hopper
 def test_auto_takes_short_products_and_long_shares():
     """"auto" (the default): up to 256 rows of x take the kernel; up to 768 where each
-    multiprocessor's share is a 2,048-wide tile's k steps or more; longer products the
-    workspace form."""
+    multiprocessor's share is a 2,048-wide tile's k steps or more; up to 2,048 where every
+    multiprocessor gets two or more 256-token tiles; other products the workspace form."""
     sms = DEV.backend.device.compute_units
     wide = 128 * (sms // 4 + 1)  # 512 rows: a few more tiles than multiprocessors
-    for m, n, k, fills in [(40, 256, 256, True), (256, 256, 256, True),
-                           (512, 256, 256, False), (512, wide, 2048, True),
-                           (769, wide, 2048, False)]:
+    t128, t256 = "qgemm4_k128_bf16", "qgemm4_t256_bf16"
+    many = 256 * cdiv(sms, 4)  # 1,024 rows: two 256-token tiles a multiprocessor or more
+    for m, n, k, name in [(40, 256, 256, t128), (256, 256, 256, t128), (512, 256, 256, None),
+                          (512, wide, 2048, t128), (769, wide, 2048, None),
+                          (1024, many, 1024, t256), (2049, many, 1024, None)]:
         x, packed = _case(m, n, k, 4, 64, True, "bfloat16")
         with DEV.backend.tuned(quant_gemm="auto"):
             got, kernels = _kernels(x, packed)
-        # int4 groups of 64: the dequantizing kernel, W rounded to x's dtype either way
-        assert ("qgemm4_k128_bf16" in kernels) == fills, (m, n, k, kernels)
+        # int4 groups of 64: a dequantizing kernel, W rounded to x's dtype either way
+        taken = {kernel for kernel in kernels if kernel.startswith("qgemm")}
+        assert taken == ({name} if name else set()), (m, n, k, kernels)
         assert_close(got, _exact(x, packed, "bfloat16"), "bfloat16", "matmul")
 
 
@@ -175,7 +207,11 @@ def test_split_tiles_sum_the_same_every_call(m, n, k, group):
             assert np.array_equal(a.numpy(), first) and np.array_equal(b.numpy(), first)
     finally:
         graph.close()
-    assert_close(first.astype(np.float64), _exact(x, packed, "float32"), "bfloat16", "matmul")
+    # the exact form's W is float32; the dequantizing form's (256 tokens a tile) bfloat16
+    tokens = qgm.token_tile(m, n, DEV.backend.device.compute_units)
+    exact = _mode(4, group, True, k, tokens) == "g"
+    assert_close(first.astype(np.float64), _exact(x, packed, "float32" if exact else "bfloat16"),
+                 "bfloat16", "matmul")
     counters = DEV.backend._counter_array
     assert counters is not None
     assert not DEV.backend.to_numpy(counters, (counters.size,), (1,), 0).any()

@@ -36,33 +36,44 @@ struct QuantGemmParams { i64 m, n, k, group_shift, flags, chunk, chunks; };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qg {
-constexpr int ROWS = 128, TOK = 128, XK = 64;  // TOK: tokens a tile; XK: values an x box
-constexpr u32 S_BYTES = ROWS * 4 * 4, X_BOX = TOK * XK * 2;
+constexpr int ROWS = 128, XK = 64;  // XK: values an x box
+constexpr u32 S_BYTES = ROWS * 4 * 4;
 constexpr u32 CONSUMER_WARPS = 8;
-// pipeline stages for 64- and 128-value k steps (cuda/quant_gemm.py's STAGES sizes the shared
-// memory from them): 6 fill it at 64 values; at 128, 4 and 5 measured the same (cuda_notes v35)
-template <int KT> __device__ constexpr int stages() { return KT == 64 ? 6 : 4; }
+// bytes of an x box of TK tokens (a tile's)
+template <int TK> __device__ constexpr u32 x_box() { return TK * XK * 2; }
+// pipeline stages for 64- and 128-value k steps and TK tokens a tile (cuda/quant_gemm.py's
+// STAGES sizes the shared memory from them): 6 fill it at 64 values; at 128, 4 and 5 measured
+// the same (cuda_notes v35); 256 tokens: 5 of 64 values (x's boxes twice the bytes)
+template <int KT, int TK> __device__ constexpr int stages() {
+  return TK == 256 ? 5 : KT == 64 ? 6 : 4;
+}
 template <int BITS, int KT> __device__ constexpr u32 w_bytes() { return ROWS * KT * BITS / 8; }
 // a stage: x | W | scales | offsets (each a multiple of 1 KiB: x stays 1024-byte aligned)
-template <int BITS, int KT> __device__ constexpr u32 stage_bytes() {
-  return TOK * KT * 2 + w_bytes<BITS, KT>() + 2 * S_BYTES;
+template <int BITS, int KT, int TK> __device__ constexpr u32 stage_bytes() {
+  return TK * KT * 2 + w_bytes<BITS, KT>() + 2 * S_BYTES;
 }
 
-// d (64 x 128 fp32) (+)= A (64 x 16, 4 registers a thread) times B (16 x 128, descriptor db);
-// acc = 0: d = A B (the first product of a group)
-template <class T> struct MmaRegA;
-#define QG_MMA(T, TYPES)                                                                       \
-  template <> struct MmaRegA<T> {                                                              \
-    __device__ static void run(float (&d)[64], const u32 (&a)[4], u64 db, int acc) {           \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                \
-                   "wgmma.mma_async.sync.aligned.m64n128k16.f32" TYPES " " WG_REGS64           \
-                   ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                              \
-                   : WG_D64(0)                                                                 \
+// d (64 x TK fp32) (+)= A (64 x 16, 4 registers a thread) times B (16 x TK, descriptor db);
+// acc = 0: d = A B (the first product of a group). TK = 128 or 256 tokens.
+template <class T, int TK> struct MmaRegA;
+// A, DB, ACC: the operands after the TK / 2 accumulators (a's four registers, db, acc)
+#define QG_MMA(T, TYPES, TK, REGS, A, DB, ACC, D)                                              \
+  template <> struct MmaRegA<T, TK> {                                                          \
+    __device__ static void run(float (&d)[TK / 2], const u32 (&a)[4], u64 db, int acc) {       \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n"                            \
+                   "wgmma.mma_async.sync.aligned.m64n" #TK "k16.f32" TYPES " " REGS            \
+                   ", " A ", " DB ", p, 1, 1, 0;\n}\n"                                         \
+                   : D                                                                         \
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));           \
     }                                                                                          \
   };
-QG_MMA(bf16_t, ".bf16.bf16")
-QG_MMA(half_t, ".f16.f16")
+#define QG_COMMA ,
+#define QG_MMA_TYPE(T, TYPES)                                                                  \
+  QG_MMA(T, TYPES, 128, WG_REGS64, "{%64, %65, %66, %67}", "%68", "%69", WG_D64(0))            \
+  QG_MMA(T, TYPES, 256, WG_REGS128, "{%128, %129, %130, %131}", "%132", "%133",                \
+         WG_D64(0) QG_COMMA WG_D64(64))
+QG_MMA_TYPE(bf16_t, ".bf16.bf16")
+QG_MMA_TYPE(half_t, ".f16.f16")
 
 // bytes of (a, b) picked by the selector's nibbles (PTX prmt: a's bytes 0-3, b's 4-7)
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
@@ -173,17 +184,17 @@ __device__ __forceinline__ void fragments(u32 (&f)[KT / 16][4], const u32* w, co
   }
 }
 
-// this warpgroup's 64 rows x TOK tokens of out (transposed: out is tokens x rows). Lanes
+// this warpgroup's 64 rows x TK tokens of out (transposed: out is tokens x rows). Lanes
 // 4 apart hold rows r and r ^ 1 of the same tokens: with n even, each lane stores two rows
 // of one token as one 4-byte word (the even row's lane its first token, the odd's its second)
-template <class T>
-__device__ __forceinline__ void write_tile(const float (&d)[TOK / 2], T* __restrict__ out,
+template <class T, int TK>
+__device__ __forceinline__ void write_tile(const float (&d)[TK / 2], T* __restrict__ out,
                                            const QuantGemmParams& p, i64 row, i64 tok0,
                                            int lane) {
   const int t = lane & 3, odd = (lane >> 2) & 1;
   const bool pairs = (p.n & 1) == 0;
 #pragma unroll
-  for (int i = 0; i < TOK / 8; i++)
+  for (int i = 0; i < TK / 8; i++)
 #pragma unroll
     for (int h = 0; h < 2; h++) {  // row + 8h; tokens 8i + 2t and + 1
       const float a = d[4 * i + 2 * h], b = d[4 * i + 2 * h + 1];
@@ -280,20 +291,23 @@ __device__ __forceinline__ bool gather(float (&acc)[NA], float4* __restrict__ ws
   return true;
 }
 
-template <class T, int BITS, bool OFF, int MODE, int KT>
+template <class T, int BITS, bool OFF, int MODE, int KT, int TK>
 __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws,
                                     unsigned* __restrict__ counters, const QuantGemmParams& p,
                                     const TmaMap* map_x, const TmaMap* map_w,
                                     const TmaMap* map_s, const TmaMap* map_o,
                                     unsigned char* smem) {
-  constexpr u32 XB = TOK * KT * 2, WB = w_bytes<BITS, KT>(), SB = stage_bytes<BITS, KT>();
-  constexpr int WR = KT * BITS / 32, NA = TOK / 2;  // NA: accumulators a thread
-  constexpr int STAGES = stages<KT>(), KS16 = KT / 16;  // KS16: k16 steps (wgmmas) a stage
+  constexpr u32 XB = TK * KT * 2, WB = w_bytes<BITS, KT>(), SB = stage_bytes<BITS, KT, TK>();
+  constexpr u32 X_BOX = x_box<TK>();
+  constexpr int WR = KT * BITS / 32, NA = TK / 2;  // NA: accumulators a thread
+  constexpr int STAGES = stages<KT, TK>(), KS16 = KT / 16;  // KS16: k16 steps (wgmmas) a stage
+  // 256 tokens: 128 sums a thread leave no registers for the exact form's second set
+  static_assert(TK == 128 || (TK == 256 && MODE == DEQUANT && KT == 64), "no such kernel");
   const u32 base = (tc::smem_u32(smem) + 1023u) & ~1023u;
   unsigned char* gbase = smem + (base - tc::smem_u32(smem));
   const u32 full0 = base + STAGES * SB, empty0 = full0 + STAGES * 8;
   const int tid = threadIdx.x, wg = tid / 128;
-  const int tiles_m = (int)((p.m + TOK - 1) / TOK), tiles_n = (int)((p.n + ROWS - 1) / ROWS);
+  const int tiles_m = (int)((p.m + TK - 1) / TK), tiles_n = (int)((p.n + ROWS - 1) / ROWS);
   const int KS = (int)(p.k / KT);
   const bool per_row = p.flags & 1;
   const u32 s_bytes = per_row ? ROWS * 4 : S_BYTES;
@@ -320,7 +334,7 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
     u32 it = 0;
     for (i64 c = sh.begin(blockIdx.x); c < share_end;) {
       const Piece pc = next_piece(c, share_end, sh, p.chunk);
-      const int m0 = (pc.tile % tiles_m) * TOK, n0 = (pc.tile / tiles_m) * ROWS;
+      const int m0 = (pc.tile % tiles_m) * TK, n0 = (pc.tile / tiles_m) * ROWS;
       for (int kt = pc.ks0; kt < pc.ks1; kt++, it++) {
         const int s = (int)(it % STAGES);
         bar_wait(empty0 + 8 * s, ((it / STAGES) & 1u) ^ 1u);
@@ -388,7 +402,8 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
     wg::fence();
 #pragma unroll
     for (int q = 0; q < KS16; q++)
-      MmaRegA<T>::run(d, f[q], xd + ((q / 4) * X_BOX + (q % 4) * 32) / 16, !(fresh && q == 0));
+      MmaRegA<T, TK>::run(d, f[q], xd + ((q / 4) * X_BOX + (q % 4) * 32) / 16,
+                          !(fresh && q == 0));
     wg::commit();
     wg::wait<1>();  // the previous stage's wgmmas are done
     wg::fence_acc(d);
@@ -405,7 +420,7 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
   };
   for (i64 c = sh.begin(blockIdx.x); c < share_end;) {
     const Piece pc = next_piece(c, share_end, sh, p.chunk);
-    const i64 m0 = (i64)(pc.tile % tiles_m) * TOK, n0 = (i64)(pc.tile / tiles_m) * ROWS;
+    const i64 m0 = (i64)(pc.tile % tiles_m) * TK, n0 = (i64)(pc.tile / tiles_m) * ROWS;
     per_group = per_row ? pc.ks1 - pc.ks0 : (int)p.chunk;
 #pragma unroll
     for (int q = 0; q < NA; q++) {
@@ -426,7 +441,7 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
     // a whole tile is written at once; a shared one by the group that finishes it
     auto finish = [&](float(&acc)[NA]) {
       if (pc.ks1 - pc.ks0 == KS || gather(acc, ws, counters, pc.tile, sh))
-        write_tile<T>(acc, out, p, n0 + r, m0, lane);
+        write_tile<T, TK>(acc, out, p, n0 + r, m0, lane);
     };
     if constexpr (MODE == EXACT)
       finish(sum);
@@ -435,19 +450,19 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
   }
 }
 }  // namespace qg
-#define QGEMM_BODY(T, BITS, OFF, MODE, KT)                                                     \
+#define QGEMM_BODY(T, BITS, OFF, MODE, KT, TK)                                                 \
   extern __shared__ __align__(1024) unsigned char smem[];                                      \
-  qg::run<T, BITS, OFF, MODE, KT>(out, reinterpret_cast<float4*>(ws), counters, p, &map_x,   \
+  qg::run<T, BITS, OFF, MODE, KT, TK>(out, reinterpret_cast<float4*>(ws), counters, p, &map_x,   \
                                   &map_w, &map_s, &map_o, smem);
 #else
 // other targets: the names exist; the host launches these only on sm_90a (device feature tma)
-#define QGEMM_BODY(T, BITS, OFF, MODE, KT) __trap();
+#define QGEMM_BODY(T, BITS, OFF, MODE, KT, TK) __trap();
 #endif
 
 // x, q, s and b are not read (the tensor maps address them); they are arguments so that graph
 // capture keeps their buffers alive, like every other kernel's. Without offsets b is s and
 // map_o is map_s (not read).
-#define QGEMM(NAME, T, BITS, OFF, MODE, KT)                                                    \
+#define QGEMM(NAME, T, BITS, OFF, MODE, KT, TK)                                                \
   extern "C" __global__ void __launch_bounds__(384, 1)                                         \
       NAME(const T* __restrict__ x, const u32* __restrict__ q, const float* __restrict__ s,    \
            const float* __restrict__ b, T* __restrict__ out, float* __restrict__ ws,           \
@@ -455,17 +470,20 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
            const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w,         \
            const __grid_constant__ TmaMap map_s, const __grid_constant__ TmaMap map_o) {       \
     pdl_entry();                                                                               \
-    QGEMM_BODY(T, BITS, OFF, MODE, KT)                                                         \
+    QGEMM_BODY(T, BITS, OFF, MODE, KT, TK)                                                     \
   }
 // Names: qgemm{8,4}{,o,g}_{bf16,f16}: "" DEQUANT, "o" DEQUANT with offsets, "g" EXACT;
-// qgemm4{,o}_k128_{bf16,f16}: int4 DEQUANT with 128-value k steps
+// qgemm4{,o}_k128_{bf16,f16}: int4 DEQUANT with 128-value k steps; qgemm{8,4}{,o}_t256_*:
+// DEQUANT with 256 tokens a tile (64-value steps)
 #define QGEMM_BITS(SFX, T, BITS)                                                               \
-  QGEMM(qgemm##BITS##_##SFX, T, BITS, false, qg::DEQUANT, 64)                                  \
-  QGEMM(qgemm##BITS##o_##SFX, T, BITS, true, qg::DEQUANT, 64)                                  \
-  QGEMM(qgemm##BITS##g_##SFX, T, BITS, false, qg::EXACT, 64)
+  QGEMM(qgemm##BITS##_##SFX, T, BITS, false, qg::DEQUANT, 64, 128)                             \
+  QGEMM(qgemm##BITS##o_##SFX, T, BITS, true, qg::DEQUANT, 64, 128)                             \
+  QGEMM(qgemm##BITS##g_##SFX, T, BITS, false, qg::EXACT, 64, 128)                              \
+  QGEMM(qgemm##BITS##_t256_##SFX, T, BITS, false, qg::DEQUANT, 64, 256)                        \
+  QGEMM(qgemm##BITS##o_t256_##SFX, T, BITS, true, qg::DEQUANT, 64, 256)
 #define QGEMM_ALL(SFX, T)                                                                      \
   QGEMM_BITS(SFX, T, 8) QGEMM_BITS(SFX, T, 4)                                                  \
-  QGEMM(qgemm4_k128_##SFX, T, 4, false, qg::DEQUANT, 128)                                      \
-  QGEMM(qgemm4o_k128_##SFX, T, 4, true, qg::DEQUANT, 128)
+  QGEMM(qgemm4_k128_##SFX, T, 4, false, qg::DEQUANT, 128, 128)                                 \
+  QGEMM(qgemm4o_k128_##SFX, T, 4, true, qg::DEQUANT, 128, 128)
 ONLY(bf16, QGEMM_ALL(bf16, bf16_t))
 ONLY(f16, QGEMM_ALL(f16, half_t))
