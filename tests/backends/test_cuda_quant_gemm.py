@@ -16,6 +16,7 @@ import needle.backend_ndarray as nd
 from needle.backends.cuda import compiler
 from needle.backends.cuda import quant_gemm as qgm
 from needle.backends.gpu.array import cdiv
+from needle.quant.format import QuantSpec
 from tests.conftest import assert_close
 
 DEV = nd.cuda(0)
@@ -215,6 +216,33 @@ def test_split_tiles_sum_the_same_every_call(m, n, k, group):
     counters = DEV.backend._counter_array
     assert counters is not None
     assert not DEV.backend.to_numpy(counters, (counters.size,), (1,), 0).any()
+
+
+@needs_hopper
+@pytest.mark.parametrize("bits,group", [(4, 128), (8, 64), (4, None), (8, None)])
+def test_zero_groups_and_scales_far_apart(bits, group, tokens):
+    """Groups of scale 0 (whose packed integers, never zero here, must add nothing) and
+    scales 2^-40 to 2^40 apart within a row, in the exact form ("g": each group's sums scaled
+    into a total) and with 256 tokens a tile (W's values dequantized to bfloat16)."""
+    m, n, k = 300, 256, 1024
+    rng = np.random.default_rng(bits * 1000 + (group or 0))
+    spec = QuantSpec(bits, group or k, False)
+    groups = spec.groups(k)
+    words = rng.integers(0, 2**32, size=(n, spec.words(k)), dtype=np.uint64).astype(np.uint32)
+    scales = np.exp2(rng.integers(-40, 41, size=(n, groups))).astype(np.float32)
+    scales *= rng.uniform(1, 2, size=scales.shape).astype(np.float32)
+    scales[::3, groups // 2] = 0.0  # every third row's middle group (per row: the row)
+    scales[5, :] = 0.0  # a row of zero groups only
+    packed = nd.QuantizedMatrix.from_packed(words, scales, None, spec, k, device=DEV)
+    x = nd.array(rng.standard_normal((m, k)).astype(np.float32), device=DEV, dtype="bfloat16")
+    got, kernels = _kernels(x, packed)
+    mode = _mode(bits, group, True, k, tokens)
+    assert kernels == {_name(bits, group, True, k, "bfloat16", tokens)}
+    want = _exact(x, packed, "float32" if mode == "g" else "bfloat16")
+    assert np.isfinite(got).all() and not got[:, 5].any()
+    # each output column (a row of W) against its own largest value: rows are 2^80 apart
+    big = np.abs(want).max(axis=0, keepdims=True) + np.finfo(np.float32).tiny
+    assert_close(got / big, want / big, "bfloat16", "matmul")
 
 
 @needs_hopper
