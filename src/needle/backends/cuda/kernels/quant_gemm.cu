@@ -5,11 +5,12 @@
 // reading that workspace cost 1.4-1.85x the bf16 GEMM's time. Here W is dequantized in
 // registers, as the warpgroup MMA's A operand, and never exists in T in memory:
 //  * The product is computed transposed, out^T (n x m) = W x^T: a tile is 128 weight rows
-//    (two consumer warpgroups of 64, wgmma m64) by 128 tokens (wgmma n128), k in steps (KT)
-//    of 128 (kernels `_k128`: int4 dequantized value by value, where they measured faster on
-//    the H100, cuda_notes v35) or 64 (everything else: int8, the exact form, k not a
-//    multiple of 128, groups of 16).
-//  * A producer thread loads each stage by TMA: x's 128 tokens x KT values (boxes of 64,
+//    (two consumer warpgroups of 64, wgmma m64) by 128 tokens (wgmma n128) or, kernels
+//    `_t256`, 256 (n256: each W fragment serves twice the tokens; products of many tiles,
+//    cuda_notes v36), k in steps (KT) of 128 (kernels `_k128`: int4 dequantized value by
+//    value, where they measured faster on the H100, cuda_notes v35) or 64 (everything else:
+//    int8, the exact form, k not a multiple of 128, groups of 16, 256-token tiles).
+//  * A producer thread loads each stage by TMA: x's tile of tokens x KT values (boxes of 64,
 //    128-byte swizzle, the wgmma's K-major B operand, as gemm_tma.cu's B), the 128 rows'
 //    packed words of the KT values and their scales (and offsets): a box of 4 groups a row,
 //    or one scale a row for a matrix of one group a row.
@@ -21,9 +22,9 @@
 // steps numbered tile by tile (stream-K, `Shares`), so that products of fewer tiles than SMs,
 // or a few more, keep every SM busy; a tile that shares split is summed by its owner, the
 // group holding its first k steps (`gather`). The producer runs ahead across tiles. The host
-// (cuda/quant_gemm.py) takes it by default up to 256 tokens, and up to 768 where each group's
-// share is at least a 2,048-wide tile's k steps, where it beat the workspace form on the
-// H100; its loop is latency-bound with two consumer warps a scheduler (docs/cuda_notes.md
+// (cuda/quant_gemm.py) takes it by default up to 256 tokens, up to 768 where each group's
+// share is at least a 2,048-wide tile's k steps, and up to 2,048 with two or more 256-token
+// tiles a group, where it beat the workspace form on the H100; its loop is latency-bound with two consumer warps a scheduler (docs/cuda_notes.md
 // v31-v32), so its per-stage instructions are kept few: counters, not divisions, a stage.
 #include "common.cuh"
 #include "mbarrier.cuh"
