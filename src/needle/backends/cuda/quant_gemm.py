@@ -11,8 +11,8 @@ than multiprocessors keeps them all busy.
 Tuning ``quant_gemm`` (``NEEDLE_QUANT_GEMM``): "auto" (default) takes it for up to 256 rows,
 up to 768 where each multiprocessor gets at least a 2,048-wide tile's k steps, and up to
 2,048 where it takes 256-token tiles (``takes``). On the H100 at 512 tokens that is the 1.1B
-layer's gate/up (256-token tiles, 1.15x the bf16 GEMM's time against the workspace form's
-1.65x) and down products (1.32x against 1.57x); its q/k/v and output products stay with the
+layer's gate/up (256-token tiles, 1.14x the bf16 GEMM's time against the workspace form's
+1.65x) and down products (1.31x against 1.57x); its q/k/v and output products stay with the
 workspace form, which split tiles' partial sums would cost more than they save.
 More rows take the workspace form: the GEMM's higher MMA rate outweighs the dequantization,
 which shrinks relative to it (docs/cuda_notes.md v31-v32, v36). "always" takes it wherever
@@ -49,7 +49,7 @@ def token_tile(m: int, n: int, sms: int) -> int:
     would; TOKENS otherwise. A wide tile's dequantized fragments serve twice the tokens (the
     loop is bound by their instructions, not the MMAs), but its split tiles' partial sums are
     twice the bytes: measured on the H100 (docs/cuda_notes.md v36), 256 won on the 1.1B
-    layer's gate/up product from 512 tokens (1.15x the bf16 GEMM's time, was 1.33x) and lost
+    layer's gate/up product from 512 tokens (1.14x the bf16 GEMM's time, was 1.33x) and lost
     where tiles are fewer than multiprocessors (q/k/v, o, down at 512 tokens) or half empty
     (384 tokens)."""
     tiles = cdiv(m, WIDE_TOKENS) * cdiv(n, ROWS)
@@ -104,8 +104,9 @@ def kernel_name(bits: int, dtype: str, offsets: bool, exact: bool, kt: int, tk: 
 def share_count(tiles: int, chunks: int, chunk: int, sms: int, kt: int) -> int:
     """Groups of a launch: one a multiprocessor, each taking an equal share of the tiles'
     chunks (``chunks`` a tile, ``chunk`` k steps of ``kt`` each), but at least MIN_SHARE
-    values of k (or a whole tile) each and at most 3 groups a tile, so that no tile is split
-    in more than 4 partial sums."""
+    values of k (or a whole tile) each and at most SPLIT groups a tile, so that no tile is
+    split in more than SPLIT + 1 partial sums (4, 6 or 9 groups measured no faster on the
+    down product: docs/cuda_notes.md v36)."""
     work = tiles * chunks
     least = max(1, min(chunks, cdiv(MIN_SHARE, chunk * kt)))  # chunks
     return max(1, min(sms, SPLIT * tiles, work // least))

@@ -24,8 +24,9 @@
 // group holding its first k steps (`gather`). The producer runs ahead across tiles. The host
 // (cuda/quant_gemm.py) takes it by default up to 256 tokens, up to 768 where each group's
 // share is at least a 2,048-wide tile's k steps, and up to 2,048 with two or more 256-token
-// tiles a group, where it beat the workspace form on the H100; its loop is latency-bound with two consumer warps a scheduler (docs/cuda_notes.md
-// v31-v32), so its per-stage instructions are kept few: counters, not divisions, a stage.
+// tiles a group, where it beat the workspace form on the H100; its loop is latency-bound
+// with two consumer warps a scheduler (docs/cuda_notes.md v31-v32, v35-v36), so its
+// per-stage instructions are kept few: counters, not divisions, a stage.
 #include "common.cuh"
 #include "mbarrier.cuh"
 #include "tensor_core.cuh"
@@ -453,8 +454,8 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
 }  // namespace qg
 #define QGEMM_BODY(T, BITS, OFF, MODE, KT, TK)                                                 \
   extern __shared__ __align__(1024) unsigned char smem[];                                      \
-  qg::run<T, BITS, OFF, MODE, KT, TK>(out, reinterpret_cast<float4*>(ws), counters, p, &map_x,   \
-                                  &map_w, &map_s, &map_o, smem);
+  qg::run<T, BITS, OFF, MODE, KT, TK>(out, reinterpret_cast<float4*>(ws), counters, p,       \
+                                      &map_x, &map_w, &map_s, &map_o, smem);
 #else
 // other targets: the names exist; the host launches these only on sm_90a (device feature tma)
 #define QGEMM_BODY(T, BITS, OFF, MODE, KT, TK) __trap();
