@@ -51,6 +51,12 @@ def _exact(x, packed, dtype):
     return x.numpy().astype(np.float64) @ packed.dequantize(dtype).numpy().astype(np.float64).T
 
 
+def _reference(x, packed, mode, dtype):
+    """The float64 product a kernel's numbers are held to: the exact form ("g") multiplies
+    W's float32 values (rounded nowhere), the dequantizing forms W rounded to dtype."""
+    return _exact(x, packed, "float32" if mode == "g" else dtype)
+
+
 def _kernels(x, packed):
     with DEV.backend.profile() as prof:
         got = nd.quant_matmul(x, packed).numpy().astype(np.float64)
@@ -116,8 +122,7 @@ def test_many_rows_dequantize_in_registers(m, n, k, bits, group, symmetric, dtyp
     mode = _mode(bits, group, symmetric, k, tokens)
     (name,) = kernels
     assert name == _name(bits, group, symmetric, k, dtype, tokens), kernels
-    # "g" multiplies W's float32 values (rounded nowhere); the others W rounded to dtype
-    assert_close(got, _exact(x, packed, "float32" if mode == "g" else dtype), dtype, "matmul")
+    assert_close(got, _reference(x, packed, mode, dtype), dtype, "matmul")
     with DEV.backend.tuned(quant_gemm="off"):
         before, old = _kernels(x, packed)
     assert not any(name.startswith("qgemm") for name in old), old
@@ -209,10 +214,9 @@ def test_split_tiles_sum_the_same_every_call(m, n, k, group):
     finally:
         graph.close()
     # the exact form's W is float32; the dequantizing form's (256 tokens a tile) bfloat16
-    tokens = qgm.token_tile(m, n, DEV.backend.device.compute_units)
-    exact = _mode(4, group, True, k, tokens) == "g"
-    assert_close(first.astype(np.float64), _exact(x, packed, "float32" if exact else "bfloat16"),
-                 "bfloat16", "matmul")
+    mode = _mode(4, group, True, k, qgm.token_tile(m, n, DEV.backend.device.compute_units))
+    assert_close(first.astype(np.float64), _reference(x, packed, mode, "bfloat16"), "bfloat16",
+                 "matmul")
     counters = DEV.backend._counter_array
     assert counters is not None
     assert not DEV.backend.to_numpy(counters, (counters.size,), (1,), 0).any()
@@ -238,7 +242,7 @@ def test_zero_groups_and_scales_far_apart(bits, group, tokens):
     got, kernels = _kernels(x, packed)
     mode = _mode(bits, group, True, k, tokens)
     assert kernels == {_name(bits, group, True, k, "bfloat16", tokens)}
-    want = _exact(x, packed, "float32" if mode == "g" else "bfloat16")
+    want = _reference(x, packed, mode, "bfloat16")
     assert np.isfinite(got).all() and not got[:, 5].any()
     # each output column (a row of W) against its own largest value: rows are 2^80 apart
     big = np.abs(want).max(axis=0, keepdims=True) + np.finfo(np.float32).tiny

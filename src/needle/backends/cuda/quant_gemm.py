@@ -145,13 +145,14 @@ class QuantGemmOps(QuantOps):
             return False
         # each group's integer products summed exactly and scaled once, or each value
         # dequantized as dequant{8,4}
-        tk = token_tile(m, n, self.device.compute_units)
+        sms = self.device.compute_units
+        tk = token_tile(m, n, sms)
         exact = exact_form(bits, group_size, per_row, offsets is not None, tk)
         kt = k_step(bits, k, group_size, per_row, exact, tk)
         tiles = cdiv(m, tk) * cdiv(n, ROWS)
         chunk = group_size // kt if exact and not per_row else 1  # k steps shared out
         chunks = k // kt // chunk
-        grid = share_count(tiles, chunks, chunk, self.device.compute_units, kt)
+        grid = share_count(tiles, chunks, chunk, sms, kt)
         if mode == "auto" and not takes(m, tiles, k, grid, tk):
             return False
         shared = shared_bytes(bits, kt, tk)

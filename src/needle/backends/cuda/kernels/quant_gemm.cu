@@ -113,7 +113,6 @@ __device__ __forceinline__ void nibble_halves(u32 a, u32 b, u32 sel, u32 magic_o
 //    float32 weights, never rounded to T; qmv's and quant_skinny.cu's numbers).
 enum Mode { DEQUANT = 0, EXACT = 1 };
 
-
 // The A fragments of one stage (KT / 16 k16 steps x 4 registers) for rows r and r + 8
 // (local to the tile), from the stage's packed words `w` (a row's KT * BITS / 32 words),
 // scales `sc` and offsets `of` (a row's 4 groups, or 1 value with one group a row; DEQUANT
@@ -238,17 +237,18 @@ __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
-// A tile that several groups share (at most 4: the host's rule). Its owner is the group whose
-// share holds its first k steps: it runs them last in its share, while the others run their
-// pieces first in theirs (a group's share starts in at most one tile it does not own), so
-// the owner seldom waits. The others leave their partial sums in ws (one 64 KiB slot a
-// group, a consumer thread's 16-byte words 4 KiB apart) and count themselves on the tile's
-// counter (release); the owner waits for the count (acquire), adds the parts to its own in
-// group order and returns true with the total in acc, leaving the counter at zero for the
-// next launch. No group waits for one before it, so no wait can close a cycle; a wait does
-// need the groups after it to run, which one group a multiprocessor (the host's grid) gives
-// wherever two multiprocessors are free. Summing by whichever group arrives last, with no
-// waits, was slower (2-3 us on 512-token products: every piece wrote its sums; v32).
+// A tile that several groups share (at most SPLIT + 1: the host's rule, share_count). Its
+// owner is the group whose share holds its first k steps: it runs them last in its share,
+// while the others run their pieces first in theirs (a group's share starts in at most one
+// tile it does not own), so the owner seldom waits. The others leave their partial sums in
+// ws (one slot a group, NA KiB: 64 with 128 tokens a tile, 128 with 256; a consumer
+// thread's 16-byte words 4 KiB apart) and count themselves on the tile's counter (release);
+// the owner waits for the count (acquire), adds the parts to its own in group order and
+// returns true with the total in acc, leaving the counter at zero for the next launch. No
+// group waits for one before it, so no wait can close a cycle; a wait does need the groups
+// after it to run, which one group a multiprocessor (the host's grid) gives wherever two
+// multiprocessors are free. Summing by whichever group arrives last, with no waits, was
+// slower (2-3 us on 512-token products: every piece wrote its sums; v32).
 template <int NA>
 __device__ __forceinline__ bool gather(float (&acc)[NA], float4* __restrict__ ws,
                                        unsigned* __restrict__ counters, int tile,
