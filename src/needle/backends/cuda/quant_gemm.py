@@ -7,13 +7,15 @@ tiles) where each W tile's dequantized fragments then serve twice the tokens. Wi
 dequantized value by value takes 128 values of k a pipeline stage (``k_step``): half the
 loop's bookkeeping a tensor-core instruction of 64-value steps.
 The grid shares the k steps of all tiles out evenly (stream-K), so a product of fewer tiles
-than multiprocessors keeps them all busy.
+than multiprocessors keeps them all busy; a split tile's owner has the other groups' float32
+parts copied into its pipeline while it runs its last stages.
 Tuning ``quant_gemm`` (``NEEDLE_QUANT_GEMM``): "auto" (default) takes it for up to 256 rows,
 up to 768 where each multiprocessor gets at least a 2,048-wide tile's k steps, and up to
 2,048 where it takes 256-token tiles (``takes``). On the H100 at 512 tokens that is the 1.1B
-layer's gate/up (256-token tiles, 1.14x the bf16 GEMM's time against the workspace form's
-1.65x) and down products (1.31x against 1.57x); its q/k/v and output products stay with the
-workspace form, which split tiles' partial sums would cost more than they save.
+layer's gate/up (256-token tiles, 1.07-1.09x the bf16 GEMM's time with int4 g128 against
+the workspace form's 1.65x) and down products (1.26-1.27x against 1.57x; docs/cuda_notes.md
+v37); its q/k/v and output products stay with the workspace form, which split tiles'
+partial sums would cost more than they save.
 More rows take the workspace form: the GEMM's higher MMA rate outweighs the dequantization,
 which shrinks relative to it (docs/cuda_notes.md v31-v32, v36). "always" takes it wherever
 it applies (tests), "off" never.

@@ -68,12 +68,6 @@ struct Params {  // the probe's PARAMS
 constexpr u32 FULL = NP * PAGE, EMPTY = FULL + 8 * NP, ACC = EMPTY + 8 * NP;
 constexpr u32 MISC = ACC + MAX_ROWS * 4, VEC = MISC + 128;  // VEC: the probe's vec bytes
 
-// bytes (a multiple of 16) from global src to shared dst, completing on mbarrier bar
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-      ::"r"(dst), "l"(reinterpret_cast<u64>(src)), "r"(bytes), "r"(bar) : "memory");
-}
 // the consumer warps only (the producer never joins them)
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(CT) : "memory");

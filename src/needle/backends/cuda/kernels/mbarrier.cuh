@@ -1,7 +1,8 @@
 // mbarriers in shared memory (sm_90+): a phase completes when its expected arrivals (and,
 // with expect_tx, its bytes of asynchronous copies) have all come in. Used by the TMA GEMM
 // (gemm_tma.cu), the quantized prefill GEMM (quant_gemm.cu) and the persistent decode kernel
-// (decode_mega.cu); with the TMA's tensor-tile loads that complete on them.
+// (decode_mega.cu); with the TMA's tensor-tile loads and 1-D bulk copies that complete on
+// them.
 #pragma once
 #include "common.cuh"
 
@@ -42,6 +43,12 @@ __device__ __forceinline__ void tma_load(u32 dst, const TmaMap* map, u32 bar, in
       " [%0], [%1, {%2, %3, %4}], [%5];\n"
       ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
+}
+// bytes (a multiple of 16, 16-byte aligned) from global src to shared dst, completing on `bar`
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(dst), "l"(reinterpret_cast<u64>(src)), "r"(bytes), "r"(bar) : "memory");
 }
 __device__ __forceinline__ void tma_prefetch(const TmaMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");

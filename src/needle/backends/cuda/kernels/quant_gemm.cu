@@ -21,7 +21,8 @@
 // The grid is persistent: one group an SM, each taking an equal share of the product's k
 // steps numbered tile by tile (stream-K, `Shares`), so that products of fewer tiles than SMs,
 // or a few more, keep every SM busy; a tile that shares split is summed by its owner, the
-// group holding its first k steps (`gather`). The producer runs ahead across tiles. The host
+// group holding its first k steps (`gather`: its producer copies the other groups' parts into
+// the ring, `fetch_parts`). The producer runs ahead across tiles. The host
 // (cuda/quant_gemm.py) takes it by default up to 256 tokens, up to 768 where each group's
 // share is at least a 2,048-wide tile's k steps, and up to 2,048 with two or more 256-token
 // tiles a group, where it beat the workspace form on the H100; its loop is latency-bound
@@ -40,7 +41,10 @@ struct QuantGemmParams { i64 m, n, k, group_shift, flags, chunk, chunks; };
 namespace qg {
 constexpr int ROWS = 128, XK = 64;  // XK: values an x box
 constexpr u32 S_BYTES = ROWS * 4 * 4;
-constexpr u32 CONSUMER_WARPS = 8;
+// consumer threads: each arrives on a stage's empty barrier itself (its own reads of the
+// stage are then ordered before the refill, which racecheck can follow; lane 0 arriving for
+// its warp was also 2-6% slower on int8: cuda_notes v37)
+constexpr u32 CONSUMERS = 256;
 // bytes of an x box of TK tokens (a tile's)
 template <int TK> __device__ constexpr u32 x_box() { return TK * XK * 2; }
 // pipeline stages for 64- and 128-value k steps and TK tokens a tile (cuda/quant_gemm.py's
@@ -242,23 +246,66 @@ __device__ __forceinline__ void consumers_sync() {
 // while the others run their pieces first in theirs (a group's share starts in at most one
 // tile it does not own), so the owner seldom waits. The others leave their partial sums in
 // ws (one slot a group, NA KiB: 64 with 128 tokens a tile, 128 with 256; a consumer
-// thread's 16-byte words 4 KiB apart) and count themselves on the tile's counter (release);
-// the owner waits for the count (acquire), adds the parts to its own in group order and
-// returns true with the total in acc, leaving the counter at zero for the next launch. No
-// group waits for one before it, so no wait can close a cycle; a wait does need the groups
-// after it to run, which one group a multiprocessor (the host's grid) gives wherever two
-// multiprocessors are free. Summing by whichever group arrives last, with no waits, was
-// slower (2-3 us on 512-token products: every piece wrote its sums; v32).
+// thread's 16-byte words 4 KiB apart) and count themselves on the tile's counter (release).
+// The owner's producer waits for the count (acquire; `fetch_parts`) and copies the parts
+// into the ring, CHUNKS stages a part in group order, while the consumers run the piece's
+// last stages; the consumers add each chunk to their own sums as it lands (`gather`). So the
+// parts' reads overlap the piece's stages and each other (read from L2 by the consumers a
+// part at a time after their last stage, they cost the 512-token gate/up product with
+// 256-token tiles 2-3 us more: cuda_notes v37). No group waits for one before it, so no
+// wait can close a cycle; a wait does need the groups after it to run, which one group a
+// multiprocessor (the host's grid) gives wherever two multiprocessors are free. Summing by
+// whichever group arrives last, with no waits, was slower (2-3 us on 512-token products:
+// every piece wrote its sums; v32).
+constexpr int CHUNKS = 4;  // a part's quarter (NA / 16 words a thread) fits a stage's x boxes
+template <int NA> __device__ constexpr u32 chunk_bytes() { return NA * 256; }
+struct Parts { i64 first; int count; };  // a split tile's owner and number of pieces
+__device__ __forceinline__ Parts parts_of(int tile, const Shares& sh) {
+  const i64 first = sh.owner((i64)tile * sh.chunks);
+  return {first, (int)(sh.owner((i64)(tile + 1) * sh.chunks - 1) - first) + 1};
+}
+// the ring's stages past the producer's `it`, as the consumers take them
+struct Ring { u32 base, sb, full0, empty0; int stages; };
+
+// the owner's producer thread, after its last stage: the other parts of `tile` into the ring
+template <int NA>
+__device__ __forceinline__ void fetch_parts(const float4* __restrict__ ws,
+                                            unsigned* __restrict__ counters, int tile,
+                                            const Shares& sh, const Ring& ring, u32& it) {
+  const Parts pt = parts_of(tile, sh);
+  unsigned have;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
+                 : "=r"(have) : "l"(counters + tile) : "memory");
+  } while (have != (unsigned)(pt.count - 1));
+  counters[tile] = 0u;  // every other part has counted itself: none touches it again
+  // the parts were written through the generic proxy; the bulk copies read through the async
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  constexpr u32 CB = chunk_bytes<NA>();
+  for (int i = 1; i < pt.count; i++) {
+    const char* part = reinterpret_cast<const char*>(ws + (pt.first + i) * (NA / 4) * 256);
+    for (int q = 0; q < CHUNKS; q++, it++) {
+      const int s = (int)(it % ring.stages);
+      const u32 full = ring.full0 + 8 * s;
+      bar_wait(ring.empty0 + 8 * s, ((it / ring.stages) & 1u) ^ 1u);
+      bar_expect_tx(full, CB);
+      bulk_copy(ring.base + s * ring.sb, part + q * CB, CB, full);
+    }
+  }
+}
+
+// A consumer's end of a split tile: a non-owner leaves its sums and returns false; the owner
+// adds the other parts as `fetch_parts` lands them (slot / phase: the consumers' place in the
+// ring) and returns true with the tile's total in acc
 template <int NA>
 __device__ __forceinline__ bool gather(float (&acc)[NA], float4* __restrict__ ws,
                                        unsigned* __restrict__ counters, int tile,
-                                       const Shares& sh) {
+                                       const Shares& sh, const Ring& ring,
+                                       const unsigned char* gbase, u32& slot, u32& phase) {
   const int ct = threadIdx.x - 128;
-  const i64 first = sh.owner((i64)tile * sh.chunks);
-  const int parts = (int)(sh.owner((i64)(tile + 1) * sh.chunks - 1) - first) + 1;
-  float4* const slots = ws + ct;  // group j's slot: slots + j * NA / 4 * 256
-  if (blockIdx.x != first) {
-    float4* mine = slots + (i64)blockIdx.x * (NA / 4) * 256;
+  const Parts pt = parts_of(tile, sh);
+  if (blockIdx.x != pt.first) {
+    float4* mine = ws + ct + (i64)blockIdx.x * (NA / 4) * 256;
 #pragma unroll
     for (int i = 0; i < NA / 4; i++)
       __stcg(mine + 256 * i,
@@ -268,28 +315,23 @@ __device__ __forceinline__ bool gather(float (&acc)[NA], float4* __restrict__ ws
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(counters + tile) : "memory");
     return false;
   }
-  if (ct == 0) {
-    const unsigned want = parts - 1;
-    unsigned have;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
-                   : "=r"(have) : "l"(counters + tile) : "memory");
-    } while (have != want);
-    counters[tile] = 0u;  // every other part has counted itself: none touches it again
-  }
-  consumers_sync();
-  // a part at a time (in group order), each of its 16 words requested before any is added:
-  // one L2 round trip a part
-  for (int i = 1; i < parts; i++) {
-    const float4* q = slots + (first + i) * (NA / 4) * 256;
-    float4 v[NA / 4];
+  constexpr int CW = NA / 16;  // a thread's words a chunk
+  for (int i = 1; i < pt.count; i++) {  // in group order, as the parts land
 #pragma unroll
-    for (int u = 0; u < NA / 4; u++) v[u] = __ldcg(q + 256 * u);
+    for (int q = 0; q < CHUNKS; q++) {
+      bar_wait(ring.full0 + 8 * slot, phase);
+      const float4* c = reinterpret_cast<const float4*>(gbase + slot * ring.sb) + ct;
 #pragma unroll
-    for (int u = 0; u < NA / 4; u++)
-      acc[4 * u] += v[u].x, acc[4 * u + 1] += v[u].y, acc[4 * u + 2] += v[u].z,
-          acc[4 * u + 3] += v[u].w;
+      for (int u = 0; u < CW; u++) {
+        const float4 v = c[256 * u];
+        float* a = acc + 4 * (q * CW + u);
+        a[0] += v.x, a[1] += v.y, a[2] += v.z, a[3] += v.w;
+      }
+      bar_arrive(ring.empty0 + 8 * slot);  // this thread's reads of the slot are done
+      if (++slot == (u32)ring.stages) slot = 0, phase ^= 1u;
+    }
   }
+  consumers_sync();  // converged again for write_tile's shuffles (else emulated lane by lane)
   return true;
 }
 
@@ -308,6 +350,7 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
   const u32 base = (tc::smem_u32(smem) + 1023u) & ~1023u;
   unsigned char* gbase = smem + (base - tc::smem_u32(smem));
   const u32 full0 = base + STAGES * SB, empty0 = full0 + STAGES * 8;
+  const Ring ring{base, SB, full0, empty0, STAGES};
   const int tid = threadIdx.x, wg = tid / 128;
   const int tiles_m = (int)((p.m + TK - 1) / TK), tiles_n = (int)((p.n + ROWS - 1) / ROWS);
   const int KS = (int)(p.k / KT);
@@ -320,7 +363,7 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
 #pragma unroll
     for (int s = 0; s < STAGES; s++) {
       bar_init(full0 + 8 * s, 1);
-      bar_init(empty0 + 8 * s, CONSUMER_WARPS);
+      bar_init(empty0 + 8 * s, CONSUMERS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -334,8 +377,10 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
     tma_prefetch(map_s);
     if (OFF) tma_prefetch(map_o);
     u32 it = 0;
+    Piece last{0, 1, 1};  // the share's last piece (none: not a tile's first k steps)
     for (i64 c = sh.begin(blockIdx.x); c < share_end;) {
       const Piece pc = next_piece(c, share_end, sh, p.chunk);
+      last = pc;
       const int m0 = (pc.tile % tiles_m) * TK, n0 = (pc.tile / tiles_m) * ROWS;
       for (int kt = pc.ks0; kt < pc.ks1; kt++, it++) {
         const int s = (int)(it % STAGES);
@@ -358,6 +403,8 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
           tma_load(at + XB + WB + S_BYTES, map_o, full, per_row ? n0 : g4, per_row ? 0 : n0, 0);
       }
     }
+    // a tile's first k steps, not all of them: its owner's, the share's last piece (gather)
+    if (last.ks0 == 0 && last.ks1 < KS) fetch_parts<NA>(ws, counters, last.tile, sh, ring, it);
     return;
   }
   // ------------------------------------------------------------------------ consumers ------
@@ -371,7 +418,7 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
   int in_group = 0;         // EXACT: stages of the current group done
   int per_group = 1;        // EXACT: stages a group (the piece's, with one group a row)
   auto release = [&](u32 at) {
-    if (at != ~0u && lane == 0) bar_arrive(empty0 + 8 * at);
+    if (at != ~0u) bar_arrive(empty0 + 8 * at);
   };
   // EXACT: a group's sums d are scaled into sum at the next stage (or the piece's end), after
   // that stage's fragments are built while the group's last wgmmas still run, and before its
@@ -442,7 +489,8 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
     held = ~0u;
     // a whole tile is written at once; a shared one by the group that finishes it
     auto finish = [&](float(&acc)[NA]) {
-      if (pc.ks1 - pc.ks0 == KS || gather(acc, ws, counters, pc.tile, sh))
+      if (pc.ks1 - pc.ks0 == KS ||
+          gather(acc, ws, counters, pc.tile, sh, ring, gbase, slot, phase))
         write_tile<T, TK>(acc, out, p, n0 + r, m0, lane);
     };
     if constexpr (MODE == EXACT)
