@@ -347,6 +347,7 @@ __device__ __forceinline__ void run(T* __restrict__ out, float4* __restrict__ ws
   constexpr int STAGES = stages<KT, TK>(), KS16 = KT / 16;  // KS16: k16 steps (wgmmas) a stage
   // 256 tokens: 128 sums a thread leave no registers for the exact form's second set
   static_assert(TK == 128 || (TK == 256 && MODE == DEQUANT && KT == 64), "no such kernel");
+  static_assert(chunk_bytes<NA>() <= XB, "a copied part's chunk lands in a stage's x boxes");
   const u32 base = (tc::smem_u32(smem) + 1023u) & ~1023u;
   unsigned char* gbase = smem + (base - tc::smem_u32(smem));
   const u32 full0 = base + STAGES * SB, empty0 = full0 + STAGES * 8;
