@@ -266,10 +266,15 @@ __device__ __forceinline__ Parts parts_of(int tile, const Shares& sh) {
 }
 // the ring's stages past the producer's `it`, as the consumers take them
 struct Ring { u32 base, sb, full0, empty0; int stages; };
+// group j's slot of partial sums in ws (NA / 4 16-byte words a consumer thread, 4 KiB apart):
+// the non-owners' stores and the owner's copies address it alike
+template <int NA> __device__ __forceinline__ float4* part_slot(float4* ws, i64 j) {
+  return ws + j * (NA / 4) * 256;
+}
 
 // the owner's producer thread, after its last stage: the other parts of `tile` into the ring
 template <int NA>
-__device__ __forceinline__ void fetch_parts(const float4* __restrict__ ws,
+__device__ __forceinline__ void fetch_parts(float4* __restrict__ ws,
                                             unsigned* __restrict__ counters, int tile,
                                             const Shares& sh, const Ring& ring, u32& it) {
   const Parts pt = parts_of(tile, sh);
@@ -283,7 +288,7 @@ __device__ __forceinline__ void fetch_parts(const float4* __restrict__ ws,
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
   constexpr u32 CB = chunk_bytes<NA>();
   for (int i = 1; i < pt.count; i++) {
-    const char* part = reinterpret_cast<const char*>(ws + (pt.first + i) * (NA / 4) * 256);
+    const char* part = reinterpret_cast<const char*>(part_slot<NA>(ws, pt.first + i));
     for (int q = 0; q < CHUNKS; q++, it++) {
       const int s = (int)(it % ring.stages);
       const u32 full = ring.full0 + 8 * s;
@@ -305,7 +310,7 @@ __device__ __forceinline__ bool gather(float (&acc)[NA], float4* __restrict__ ws
   const int ct = threadIdx.x - 128;
   const Parts pt = parts_of(tile, sh);
   if (blockIdx.x != pt.first) {
-    float4* mine = ws + ct + (i64)blockIdx.x * (NA / 4) * 256;
+    float4* mine = part_slot<NA>(ws, blockIdx.x) + ct;
 #pragma unroll
     for (int i = 0; i < NA / 4; i++)
       __stcg(mine + 256 * i,
