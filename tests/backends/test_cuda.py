@@ -435,13 +435,15 @@ def test_flash_decode_ranges(splits):
 
 @gpu
 @pytest.mark.parametrize("dtype,d,q_heads,kv_heads", [("bfloat16", 64, 32, 4),
+                                                      ("float16", 64, 10, 2),
                                                       ("float16", 128, 6, 2),
                                                       ("bfloat16", 128, 16, 1)])
 @pytest.mark.parametrize("splits", [1, 7, 64])
 def test_tensor_core_decode_ranges(dtype, d, q_heads, kv_heads, splits):
     """attention_decode on tensor cores (decode_tc.cu: a KV head's query heads as the rows of
-    an mma tile, 8, 3 and 16 of them) with 1, 7 and 64 ranges per KV head, at the first
-    position, tile edges and far into a cache, against the float64 step; one kernel."""
+    an mma tile, 8, 5, 3 and 16 of them) with 1, 7 and 64 ranges per KV head, at the first
+    position, tile edges and far into a cache, against the float64 step; one kernel. (The
+    merge gives a head 16 or 32 threads of a warp: 5 heads of 64 leave half a warp idle.)"""
     from tests.backend_ndarray.test_decode_ops import DecodeState
 
     be = DEV.backend

@@ -372,23 +372,20 @@ __device__ __forceinline__ void flash_merge(const float (&acc)[D / 32], float m,
     part_ml[(base + s) * 2 + 1] = l;
   }
   if (!arrived_last(counter, S)) return;
-  float mi[2], li[2], wi[2];
+  float mi[2], li[2], wi[2] = {0.f, 0.f}, total = 0.f;
 #pragma unroll
   for (int k = 0; k < 2; k++) {
     const int r = lane + 32 * k;
     mi[k] = r < S ? __ldcg(part_ml + (base + r) * 2) : neg_inf<float>();
     li[k] = r < S ? __ldcg(part_ml + (base + r) * 2 + 1) : 0.f;
   }
-  const float mm = warp_max(fmaxf(mi[0], mi[1]));
-#pragma unroll
-  for (int k = 0; k < 2; k++) wi[k] = lane + 32 * k < S ? m_exp(mi[k] - mm) : 0.f;
-  const float total = warp_sum(li[0] * wi[0] + li[1] * wi[1]);
   float r_o[PER];
 #pragma unroll
   for (int e = 0; e < PER; e++) r_o[e] = 0.f;
-  // partials in batches of 8, every load of a batch issued before any is used: one L2 round
-  // trip per batch, not per partial (past S the loads give 0 and the weights are 0)
-  constexpr int B = 8;
+  // partials in batches of B (16 at D = 64; 8 at D = 128, whose groups may be 16 warps), every
+  // load of a batch issued before any is used, and the weights worked out while the first
+  // batch is on its way: one L2 round trip a batch (past S the loads give 0, the weights 0)
+  constexpr int B = D == 64 ? 16 : 8;
   for (int r0 = 0; r0 < S; r0 += B) {
     float v[B][PER];
 #pragma unroll
@@ -396,6 +393,12 @@ __device__ __forceinline__ void flash_merge(const float (&acc)[D / 32], float m,
 #pragma unroll
       for (int e = 0; e < PER; e++)
         v[u][e] = r0 + u < S ? __ldcg(part_o + (base + r0 + u) * D + lane + 32 * e) : 0.f;
+    if (r0 == 0) {
+      const float mm = warp_max(fmaxf(mi[0], mi[1]));
+#pragma unroll
+      for (int k = 0; k < 2; k++) wi[k] = lane + 32 * k < S ? m_exp(mi[k] - mm) : 0.f;
+      total = warp_sum(li[0] * wi[0] + li[1] * wi[1]);
+    }
 #pragma unroll
     for (int u = 0; u < B; u++) {
       const int r = r0 + u;  // < 64

@@ -45,6 +45,72 @@ __device__ __forceinline__ void stage_tile(const T* kc, const T* vc, i64 t0, int
   }
 }
 
+// Step 9 of run (below): the last group of KV head h merges its G heads' S partials
+// (part_o: float32 o per head and range; part_ml: the range's (max, sum) in base-2 units).
+// A thread per (head, 4 dims): LG = D / 4 threads a head (16 or 32), within one warp, so
+// the weights are a warp's shuffles and its own rows of wts (shared: 128 floats a warp).
+template <class T, int D>
+__device__ __forceinline__ void merge_partials(const float* part_o, const float* part_ml,
+                                               T* out, i64 h, int G, i64 S, i64 splits,
+                                               int lane, int warp, float* wts) {
+  constexpr int LG = D / 4, PM = 64 / LG, B = 16;  // S <= 64: PM statistics a lane
+  static_assert(LG == 16 || LG == 32, "a head's threads are a half or a whole warp");
+  for (int base = warp * 32; base < G * LG; base += WARPS * 32) {  // uniform per warp
+    const int i = base + lane, r = i / LG, c = i % LG;
+    const bool live = r < G;
+    float* ws = wts + warp * 128 + (lane / LG) * 64;  // this head's weights
+    const i64 row = (h * G + (live ? r : 0)) * splits;  // this head's first partial
+    float mi[PM], li[PM];
+#pragma unroll
+    for (int k = 0; k < PM; k++) {
+      const int j = c + LG * k;
+      mi[k] = live && j < S ? __ldcg(part_ml + (row + j) * 2) : neg_inf<float>();
+      li[k] = live && j < S ? __ldcg(part_ml + (row + j) * 2 + 1) : 0.f;
+    }
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int i0 = 0; i0 < S; i0 += B) {
+      float4 v[B];
+#pragma unroll
+      for (int u = 0; u < B; u++)
+        v[u] = live && i0 + u < S
+                   ? __ldcg(reinterpret_cast<const float4*>(part_o + (row + i0 + u) * D) + c)
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i0 == 0) {  // the weights, while the partials are on their way
+        float mm = mi[0];
+#pragma unroll
+        for (int k = 1; k < PM; k++) mm = fmaxf(mm, mi[k]);
+#pragma unroll
+        for (int x = LG / 2; x > 0; x >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, x));
+        float wk[PM], total = 0.f;
+#pragma unroll
+        for (int k = 0; k < PM; k++) {
+          wk[k] = c + LG * k < S ? tc::ex2(mi[k] - mm) : 0.f;  // (a dead head: 0 / 0, unused)
+          total += li[k] * wk[k];
+        }
+#pragma unroll
+        for (int x = LG / 2; x > 0; x >>= 1) total += __shfl_xor_sync(0xffffffffu, total, x);
+#pragma unroll
+        for (int k = 0; k < PM; k++) ws[c + LG * k] = wk[k] / total;
+        __syncwarp();
+      }
+#pragma unroll
+      for (int u = 0; u < B; u++) {
+        const float w = i0 + u < S ? ws[i0 + u] : 0.f;
+        acc[0] += w * v[u].x;
+        acc[1] += w * v[u].y;
+        acc[2] += w * v[u].z;
+        acc[3] += w * v[u].w;
+      }
+    }
+    if (live) {
+      T* o = out + (h * G + r) * D + 4 * c;
+#pragma unroll
+      for (int k = 0; k < 4; k++) o[k] = store<T>(acc[k]);
+    }
+    __syncwarp();  // wts rewritten by this warp's next heads
+  }
+}
+
 template <class T, int D>
 __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restrict__ cs,
                                     const T* __restrict__ sn, const int* __restrict__ position,
@@ -258,51 +324,13 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
     }
   }
   if (S == 1) return;
-  // 9. the group that finishes last for this KV head merges the S partials of its heads
+  // 9. the group that finishes last for this KV head merges the S partials of its heads.
+  // Each thread issues its loads (the statistics and 16 partials of o) before it uses any,
+  // and works out the weights while they are on their way: one L2 round trip a 16 partials,
+  // where a weight pass and then batches of 8 took five at S = 32 (v38).
   if (!arrived_last(counters + h, S)) return;
-  float* wts = reinterpret_cast<float*>(smem + L::W);  // [16][64]: each partial's weight
-  for (int r = warp; r < G; r += WARPS) {
-    const i64 hq = h * G + r;
-    float mi[2], li[2];
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-      const int i = lane + 32 * k;
-      mi[k] = i < S ? __ldcg(part_ml + (hq * p.splits + i) * 2) : neg_inf<float>();
-      li[k] = i < S ? __ldcg(part_ml + (hq * p.splits + i) * 2 + 1) : 0.f;
-    }
-    const float mm = warp_max(fmaxf(mi[0], mi[1]));
-    const float w0 = lane < S ? tc::ex2(mi[0] - mm) : 0.f;
-    const float w1 = lane + 32 < S ? tc::ex2(mi[1] - mm) : 0.f;
-    const float total = warp_sum(li[0] * w0 + li[1] * w1);
-    wts[r * 64 + lane] = w0 / total;
-    wts[r * 64 + lane + 32] = w1 / total;
-  }
-  __syncthreads();
-  // a thread per (head, 4 dims): 16-byte loads of the partials, 8 partials per round trip
-  constexpr int V4 = D / 4, B = 8;
-  for (int i = tid; i < G * V4; i += blockDim.x) {
-    const int r = i / V4, c = i % V4;
-    const i64 hq = h * G + r;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int i0 = 0; i0 < S; i0 += B) {
-      float4 v[B];
-#pragma unroll
-      for (int u = 0; u < B; u++)
-        v[u] = i0 + u < S ? __ldcg(reinterpret_cast<const float4*>(
-                                part_o + (hq * p.splits + i0 + u) * D) + c)
-                          : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int u = 0; u < B; u++) {
-        const float w = i0 + u < S ? wts[r * 64 + i0 + u] : 0.f;
-        acc[0] += w * v[u].x;
-        acc[1] += w * v[u].y;
-        acc[2] += w * v[u].z;
-        acc[3] += w * v[u].w;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) out[hq * D + 4 * c + k] = store<T>(acc[k]);
-  }
+  merge_partials<T, D>(part_o, part_ml, out, h, G, S, p.splits, lane, warp,
+                       reinterpret_cast<float*>(smem + L::W));
   if (tid == 0) counters[h] = 0u;  // ready for the next launch
 }
 }  // namespace dtc
