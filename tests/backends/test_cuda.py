@@ -8,6 +8,7 @@ Without a GPU only the first test runs: cuda() must say why it is disabled.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -402,7 +403,9 @@ def test_fused_decode_is_one_launch(dtype):
     assert "fused_decode" in be.capabilities
     sfx = "bf16" if dtype == "bfloat16" else "f32"
     st = DecodeState(DEV, dtype, 8, 2, 64, 300, RNG)
-    tc = f"attention_decode_{'tc' if dtype == 'bfloat16' else 'flash'}64_{sfx}"
+    # (a 300-position cache is 2 tensor-core ranges: on sm_90 merged within a cluster)
+    tc = (_tc_decode_kernel(be, 64, dtype, 300, be.tuning.decode_splits) if dtype == "bfloat16"
+          else f"attention_decode_flash64_{sfx}")
     for kind, kernel in (("tc", tc), ("flash", f"attention_decode_flash64_{sfx}"),
                          ("split", f"attention_decode_fused_{sfx}")):
         with be.tuned(decode_attention=kind):
@@ -456,9 +459,50 @@ def test_tensor_core_decode_ranges(dtype, d, q_heads, kv_heads, splits):
             with be.profile() as prof:
                 got = st.run(qkv, p).numpy()
             assert {k for k in prof.totals if k.startswith("attention")} == \
-                {f"attention_decode_tc{d}_{'bf16' if dtype == 'bfloat16' else 'f16'}"}
+                {_tc_decode_kernel(be, d, dtype, 9000, splits)}
             tol = 2e-2 if dtype == "bfloat16" else 5e-3
             assert relerr(got, st.expected(qkv, p)) < tol, (splits, p)
+
+
+def _tc_decode_kernel(be, d: int, dtype: str, capacity: int, splits: int) -> str:
+    """The tensor-core decode kernel a cache takes: its most ranges a KV head are the
+    splits, at most one per 4 (D 64) or 2 (D 128) tiles of 64 positions; 2-8 of them merge
+    within a cluster where the device has clusters (sm_90)."""
+    tiles = math.ceil(capacity / 64)
+    ranges = min(splits, math.ceil(tiles / (4 if d == 64 else 2)))
+    cluster = "c" if be.tuning.decode_cluster and 1 < ranges <= 8 else ""
+    return f"attention_decode_tc{d}{cluster}_{'bf16' if dtype == 'bfloat16' else 'f16'}"
+
+
+@gpu
+@pytest.mark.parametrize("dtype,d,q_heads,kv_heads,capacity", [("bfloat16", 64, 32, 4, 2048),
+                                                               ("float16", 64, 10, 2, 1500),
+                                                               ("bfloat16", 128, 16, 1, 1024),
+                                                               ("float16", 128, 6, 2, 700)])
+@pytest.mark.parametrize("cluster", [True, False], ids=["cluster", "memory"])
+def test_tensor_core_decode_cluster(dtype, d, q_heads, kv_heads, capacity, cluster):
+    """sm_90: a cache of at most 8 tensor-core ranges a KV head (8 x 4 tiles of 64 positions
+    at D = 64, 8 x 2 at D = 128) merges them within one thread-block cluster (the ...c
+    kernels); positions with 1 to 8 ranges against the float64 step, and the same with the
+    cluster off (the merge through memory)."""
+    from tests.backend_ndarray.test_decode_ops import DecodeState
+
+    be = DEV.backend
+    if not be.tuning.mma:
+        pytest.skip("tensor-core decode needs sm_80")
+    if cluster and not be.tuning.decode_cluster:
+        pytest.skip("thread-block clusters need sm_90")
+    st = DecodeState(DEV, dtype, q_heads, kv_heads, d, capacity, RNG)
+    sfx = "bf16" if dtype == "bfloat16" else "f16"
+    kernel = f"attention_decode_tc{d}{'c' if cluster else ''}_{sfx}"
+    with be.tuned(decode_attention="tc", decode_cluster=cluster):
+        for p in (0, 127, 256, 600, capacity - 1):
+            qkv = st.qkv()
+            with be.profile() as prof:
+                got = st.run(qkv, p).numpy()
+            assert {k for k in prof.totals if k.startswith("attention")} == {kernel}
+            tol = 2e-2 if dtype == "bfloat16" else 5e-3
+            assert relerr(got, st.expected(qkv, p)) < tol, p
 
 
 @gpu

@@ -192,7 +192,8 @@ class AttentionOps(NNOps):
         head for the merging group."""
         part_o, part_ml, params = self._decode_launch_state(
             dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk, scale)
-        self.queue.dispatch(kern, (kv_heads, splits, 1), (threads, 1, 1),
+        height = kern.cluster_height  # decode_tc on sm_90: clusters of a KV head's ranges
+        self.queue.dispatch(kern, (kv_heads, cdiv(splits, height) * height, 1), (threads, 1, 1),
                             (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
                              keys.buffer, values.buffer, part_o, part_ml, out.buffer,
                              self._counters(kv_heads)), params, shared)
@@ -218,7 +219,12 @@ class AttentionOps(NNOps):
                                                               values):
             ranges = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
             if kind == "tc" and self.tuning.mma and dt in HALF:
-                kern = self._kernel("decode_tc", f"attention_decode_tc{head_dim}_{SUFFIX[dt]}")
+                # a range is at least the 4 (D 64) or 2 (D 128) tiles a group keeps in flight
+                ranges = min(ranges, cdiv(cdiv(capacity, 64), 4 if head_dim == 64 else 2))
+                # sm_90: a cache of at most 8 ranges a KV head merges them in one cluster
+                cluster = "c" if self.tuning.decode_cluster and 1 < ranges <= 8 else ""
+                kern = self._kernel("decode_tc",
+                                    f"attention_decode_tc{head_dim}{cluster}_{SUFFIX[dt]}")
                 # Q tile (16 rows), 64 KiB of key and value tiles, the new row (Smem there)
                 threads, shared = 128, 16 * head_dim * 2 + 64 * 1024 + 2 * head_dim * 2
             else:

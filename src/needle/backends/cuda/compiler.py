@@ -124,7 +124,8 @@ class CudaKernel(Kernel):
     so each binds the device's first (a kernel may be looked up or first sized in a thread
     other than the one that loaded its module)."""
 
-    __slots__ = ("_context", "_sm_count", "_shared_reserved", "address", "cluster_width")
+    __slots__ = ("_context", "_sm_count", "_shared_reserved", "address", "cluster_width",
+                 "cluster_height")
 
     def __init__(self, name: str, function, sm_count: int, context=None):
         self._context = context
@@ -138,10 +139,13 @@ class CudaKernel(Kernel):
         self._sm_count = sm_count
         self._shared_reserved = _SHARED_DEFAULT
         self.address = int(function)  # the CUfunction as an integer, for the native launch
-        # groups a cluster, where the kernel fixes it (__cluster_dims__); grids are multiples
+        # groups a cluster in x and y, where the kernel fixes it (__cluster_dims__); grids
+        # are multiples
         width = check(cu.cuFuncGetAttribute(
             attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, function), "cuFuncGetAttribute")
-        self.cluster_width = max(1, int(width))
+        height = check(cu.cuFuncGetAttribute(
+            attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT, function), "cuFuncGetAttribute")
+        self.cluster_width, self.cluster_height = max(1, int(width)), max(1, int(height))
 
     def _bind(self) -> None:
         if self._context is not None:

@@ -13,7 +13,9 @@ Environment overrides (docs/cuda.md lists them):
   instead of flash decoding (paged.cu).
 - ``NEEDLE_DECODE_ATTENTION=flash|split``: one token's attention by the scalar
   flash-decoding kernel (decode.cu) or nn.cu's split kernel instead of the tensor-core one
-  (decode_tc.cu); ``NEEDLE_DECODE_SPLITS=N``: most ranges per KV head (default 32).
+  (decode_tc.cu); ``NEEDLE_DECODE_SPLITS=N``: most ranges per KV head (default 32);
+  ``NEEDLE_DECODE_CLUSTER=0``: on sm_90, a short cache's ranges merged through memory rather
+  than within a thread-block cluster.
 - ``NEEDLE_QUANT_SKINNY=0``: products of 2..16 rows with int4 weights per row (quant.cu's
   qmv) or dequantized first, instead of one pass over the weights on tensor cores
   (quant_skinny.cu, sm_80+).
@@ -135,6 +137,8 @@ class CudaTuning(GpuTuning):
     paged_flash: bool = True  # paged_attention by flash decoding (paged.cu), not the
     # group-per-query-head kernel
     decode_splits: int = 32  # flash decoding: most ranges per KV head (at most 64)
+    decode_cluster: bool = False  # sm_90: a cache of 2-8 tensor-core ranges a KV head merges
+    # them within one thread-block cluster (decode_tc.cu's ...c kernels), not through memory
 
     @classmethod
     def for_device(cls, capability: int, arch: str, env=os.environ,
@@ -172,7 +176,8 @@ class CudaTuning(GpuTuning):
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
                    paged_flash=env.get("NEEDLE_PAGED_ATTENTION", "flash") == "flash",
                    decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "tc"),
-                   decode_splits=max(1, min(64, int(env.get("NEEDLE_DECODE_SPLITS", "32")))))
+                   decode_splits=max(1, min(64, int(env.get("NEEDLE_DECODE_SPLITS", "32")))),
+                   decode_cluster=target >= 90 and env.get("NEEDLE_DECODE_CLUSTER", "1") != "0")
 
 
 def _quant_gemm(value: str | None) -> str:

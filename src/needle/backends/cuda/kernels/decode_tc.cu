@@ -17,8 +17,22 @@
 #include "common.cuh"
 #include "tensor_core.cuh"
 
+// attention_decode_tc{64,128}c_{f16,bf16} (sm_90, for caches of at most CLUSTER ranges a KV
+// head): the KV head's ranges are one cluster, whose groups leave their (m, l, o) in shared
+// memory and whose first group merges them through distributed shared memory, with no
+// partials in global memory, count or last group (docs/cuda_notes.md v39). A cluster launch
+// for more ranges was slower (its groups' placement), so longer caches take the kernel above.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DTC_HAS_CLUSTER 1
+#else
+#define DTC_HAS_CLUSTER 0
+#endif
+
 namespace dtc {
 constexpr int TILE = 64, WARPS = 4, ROWS = 16;
+#if DTC_HAS_CLUSTER
+constexpr int CLUSTER = 8;  // the most ranges a KV head the ...c kernels take
+#endif
 
 template <class T, int D>
 struct Smem {  // byte offsets into the dynamic shared memory; NS tiles in flight (64 KiB)
@@ -28,7 +42,9 @@ struct Smem {  // byte offsets into the dynamic shared memory; NS tiles in fligh
   // after the loop, over the stages: per warp per row (m, l) then o[D], then the merge
   // weights of the partials (16 rows x 64)
   static constexpr u32 ML = KV, O = ML + WARPS * ROWS * 2 * 4, W = O + WARPS * ROWS * D * 4;
-  static_assert(W + ROWS * 64 * 4 <= NEW, "the merge fits over the stages");
+  // the group's own (m, l) per head, then o per head, read by its cluster's first group
+  static constexpr u32 GML = W + ROWS * 64 * 4, GO = GML + ROWS * 2 * 4;
+  static_assert(GO + ROWS * D * 4 <= NEW, "the merge fits over the stages");
 };
 
 // rows [t0, t0 + rows) of keys kc and values vc (contiguous rows of D) into the swizzled
@@ -111,7 +127,73 @@ __device__ __forceinline__ void merge_partials(const float* part_o, const float*
   }
 }
 
-template <class T, int D>
+#if DTC_HAS_CLUSTER
+// every thread of every group of the cluster arrives; each one's shared-memory writes are
+// seen by all after it
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// shared-memory byte offset `a` of group `rank` of the cluster
+__device__ __forceinline__ u32 remote(u32 a, u32 rank) {
+  u32 r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float remote_f32(u32 a) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 remote_f4(u32 a) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+  return v;
+}
+
+// The cluster's first group merges the `live` groups' states (L::GML, L::GO of each, after a
+// cluster_sync) into the output: a thread per (head, 4 dims), every remote load issued
+// before any is used.
+template <class T, int D, int CL>
+__device__ __forceinline__ void merge_cluster(u32 base, int live, T* out, i64 h, int G) {
+  typedef Smem<T, D> L;
+  constexpr int LG = D / 4;
+  for (int i = threadIdx.x; i < G * LG; i += blockDim.x) {
+    const int r = i / LG, q = i % LG;
+    float m[CL], l[CL];  // past `live`: unset and unused
+    float4 v[CL];
+#pragma unroll
+    for (int k = 0; k < CL; k++) {
+      if (k < live) {
+        m[k] = remote_f32(remote(base + L::GML + r * 8, k));
+        l[k] = remote_f32(remote(base + L::GML + r * 8 + 4, k));
+        v[k] = remote_f4(remote(base + L::GO + (r * D + 4 * q) * 4, k));
+      }
+    }
+    float mm = m[0];
+#pragma unroll
+    for (int k = 1; k < CL; k++)
+      if (k < live) mm = fmaxf(mm, m[k]);
+    float lsum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int k = 0; k < CL; k++) {
+      if (k < live) {
+        const float f = tc::ex2(m[k] - mm);
+        lsum += f * l[k];
+        acc[0] += f * v[k].x;
+        acc[1] += f * v[k].y;
+        acc[2] += f * v[k].z;
+        acc[3] += f * v[k].w;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) out[(h * G + r) * D + 4 * q + e] = store<T>(acc[e] / lsum);
+  }
+}
+#endif
+
+template <class T, int D, int CL>
 __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restrict__ cs,
                                     const T* __restrict__ sn, const int* __restrict__ position,
                                     T* keys, T* values, float* __restrict__ part_o,
@@ -131,7 +213,17 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
   }
   const i64 n = pos + 1;
   const i64 S = decode_ranges(n, p.splits, NS);
-  if (s >= S) return;
+  if (s >= S) {  // no range: in a cluster that merges, still at its two barriers
+#if DTC_HAS_CLUSTER
+    if constexpr (CL > 1) {
+      if (S > 1) {
+        cluster_sync();
+        cluster_sync();
+      }
+    }
+#endif
+    return;
+  }
   const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
   const int tiles = (int)((end - start + TILE - 1) / TILE);
   const u32 base = tc::smem_u32(smem);
@@ -315,6 +407,12 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
     const i64 hq = h * G + r;
     if (S == 1) {
       out[hq * D + d] = store<T>(acc / lsum);
+    } else if (CL > 1) {  // for the cluster's first group
+      reinterpret_cast<float*>(smem + L::GO)[r * D + d] = acc;
+      if (d == 0) {
+        reinterpret_cast<float*>(smem + L::GML)[r * 2] = mm;
+        reinterpret_cast<float*>(smem + L::GML)[r * 2 + 1] = lsum;
+      }
     } else {
       part_o[(hq * p.splits + s) * D + d] = acc;
       if (d == 0) {
@@ -324,7 +422,17 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
     }
   }
   if (S == 1) return;
-  // 9. the group that finishes last for this KV head merges the S partials of its heads.
+  // 9. the ranges' states merged. In a cluster (S <= CL: the host's choice) its first group
+  // merges its groups' states through distributed shared memory into the output. Otherwise
+  // the group that finishes last for this KV head merges the S partials of its heads.
+#if DTC_HAS_CLUSTER
+  if constexpr (CL > 1) {
+    cluster_sync();  // every group's state in its shared memory
+    if (s == 0) merge_cluster<T, D, CL>(base, (int)S, out, h, G);
+    cluster_sync();  // no group leaves while the first one reads its shared memory
+    return;
+  }
+#endif
   // Each thread issues its loads (the statistics and 16 partials of o) before it uses any,
   // and works out the weights while they are on their way: one L2 round trip a 16 partials,
   // where a weight pass and then batches of 8 took five at S = 32 (v38).
@@ -336,18 +444,31 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
 }  // namespace dtc
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // mma.sync, ldmatrix, cp.async
-#define DECODE_TC_BODY(T, D)                                                                   \
+#define DECODE_TC_BODY(T, D, CL)                                                               \
   extern __shared__ __align__(128) unsigned char dtc_smem[];                                   \
-  dtc::run<T, D>(qkv, cs, sn, pos, keys, values, part_o, part_ml, out, counters, p, dtc_smem);
+  dtc::run<T, D, CL>(qkv, cs, sn, pos, keys, values, part_o, part_ml, out, counters, p,       \
+                     dtc_smem);
 #else
-#define DECODE_TC_BODY(T, D) __trap();
+#define DECODE_TC_BODY(T, D, CL) __trap();
 #endif
 #define DECODE_TC(SFX, T, D)                                                                   \
   extern "C" __global__ void __launch_bounds__(dtc::WARPS * 32)                                \
       attention_decode_tc##D##_##SFX(DECODE_ATTENTION_PARAMS(T)) {                            \
     pdl_entry();                                                                               \
-    DECODE_TC_BODY(T, D)                                                                       \
+    DECODE_TC_BODY(T, D, 1)                                                                    \
   }
-#define DECODE_TC_ALL(SFX, T) DECODE_TC(SFX, T, 64) DECODE_TC(SFX, T, 128)
+#if DTC_HAS_CLUSTER
+#define DECODE_TC_CLUSTER(SFX, T, D)                                                           \
+  extern "C" __global__ void __cluster_dims__(1, dtc::CLUSTER, 1)                              \
+      __launch_bounds__(dtc::WARPS * 32) attention_decode_tc##D##c_##SFX(                      \
+          DECODE_ATTENTION_PARAMS(T)) {                                                        \
+    pdl_entry();                                                                               \
+    DECODE_TC_BODY(T, D, dtc::CLUSTER)                                                         \
+  }
+#else
+#define DECODE_TC_CLUSTER(SFX, T, D)
+#endif
+#define DECODE_TC_ALL(SFX, T) \
+  DECODE_TC(SFX, T, 64) DECODE_TC(SFX, T, 128) DECODE_TC_CLUSTER(SFX, T, 64) DECODE_TC_CLUSTER(SFX, T, 128)
 ONLY(f16, DECODE_TC_ALL(f16, half_t))
 ONLY(bf16, DECODE_TC_ALL(bf16, bf16_t))
