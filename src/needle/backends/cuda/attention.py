@@ -22,6 +22,8 @@ _ATTN_ROWS = struct.Struct("6q")  # attention.cuh's AttnRows: q's and out's row 
 _ATTN_SIMT_SHARED = ((64 + 2 * 64) * 68 + 64 * 80) * 4  # attention_simt.cu's tiles
 _ATTN_GRADS = struct.Struct("33q")  # attention_simt_bwd.cu's AttnGrads: strides, offsets, slab
 _ATTN_BWD_SHARED = (5 * 64 * 68 + 64 * 80 + 4 * 64) * 4  # attention_simt_bwd.cu's tiles
+_DECODE_TC_TILES = {64: 4, 128: 2}  # decode_tc.cu's Smem::NS: tiles a group keeps in flight
+_DECODE_CLUSTER = 8  # decode_tc.cu's dtc::CLUSTER: the most ranges its ...c kernels merge
 
 
 def _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale,
@@ -219,10 +221,12 @@ class AttentionOps(NNOps):
                                                               values):
             ranges = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
             if kind == "tc" and self.tuning.mma and dt in HALF:
-                # a range is at least the 4 (D 64) or 2 (D 128) tiles a group keeps in flight
-                ranges = min(ranges, cdiv(cdiv(capacity, 64), 4 if head_dim == 64 else 2))
-                # sm_90: a cache of at most 8 ranges a KV head merges them in one cluster
-                cluster = "c" if self.tuning.decode_cluster and 1 < ranges <= 8 else ""
+                # a range is at least the tiles a group keeps in flight
+                ranges = min(ranges, cdiv(cdiv(capacity, 64), _DECODE_TC_TILES[head_dim]))
+                # sm_90: a cache of at most _DECODE_CLUSTER ranges a KV head merges them in
+                # one cluster
+                cluster = ("c" if self.tuning.decode_cluster and 1 < ranges <= _DECODE_CLUSTER
+                           else "")
                 kern = self._kernel("decode_tc",
                                     f"attention_decode_tc{head_dim}{cluster}_{SUFFIX[dt]}")
                 # Q tile (16 rows), 64 KiB of key and value tiles, the new row (Smem there)

@@ -14,6 +14,7 @@
 // float32 partials and the group that finishes last for its KV head merges them.
 // The group whose range holds p ropes the new key, writes key and value to the cache and
 // patches them into the staged tile (its copy may predate the write).
+#include "cluster.cuh"
 #include "common.cuh"
 #include "tensor_core.cuh"
 
@@ -128,32 +129,8 @@ __device__ __forceinline__ void merge_partials(const float* part_o, const float*
 }
 
 #if DTC_HAS_CLUSTER
-// every thread of every group of the cluster arrives; each one's shared-memory writes are
-// seen by all after it
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// shared-memory byte offset `a` of group `rank` of the cluster
-__device__ __forceinline__ u32 remote(u32 a, u32 rank) {
-  u32 r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ float remote_f32(u32 a) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
-  return v;
-}
-__device__ __forceinline__ float4 remote_f4(u32 a) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
-  return v;
-}
-
 // The cluster's first group merges the `live` groups' states (L::GML, L::GO of each, after a
-// cluster_sync) into the output: a thread per (head, 4 dims), every remote load issued
+// cl::sync) into the output: a thread per (head, 4 dims), every remote load issued
 // before any is used.
 template <class T, int D, int CL>
 __device__ __forceinline__ void merge_cluster(u32 base, int live, T* out, i64 h, int G) {
@@ -166,9 +143,9 @@ __device__ __forceinline__ void merge_cluster(u32 base, int live, T* out, i64 h,
 #pragma unroll
     for (int k = 0; k < CL; k++) {
       if (k < live) {
-        m[k] = remote_f32(remote(base + L::GML + r * 8, k));
-        l[k] = remote_f32(remote(base + L::GML + r * 8 + 4, k));
-        v[k] = remote_f4(remote(base + L::GO + (r * D + 4 * q) * 4, k));
+        m[k] = __uint_as_float(cl::ld_u32(cl::map(base + L::GML + r * 8, k)));
+        l[k] = __uint_as_float(cl::ld_u32(cl::map(base + L::GML + r * 8 + 4, k)));
+        v[k] = cl::ld_f4(cl::map(base + L::GO + (r * D + 4 * q) * 4, k));
       }
     }
     float mm = m[0];
@@ -217,8 +194,8 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
 #if DTC_HAS_CLUSTER
     if constexpr (CL > 1) {
       if (S > 1) {
-        cluster_sync();
-        cluster_sync();
+        cl::sync();
+        cl::sync();
       }
     }
 #endif
@@ -427,9 +404,9 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
   // the group that finishes last for this KV head merges the S partials of its heads.
 #if DTC_HAS_CLUSTER
   if constexpr (CL > 1) {
-    cluster_sync();  // every group's state in its shared memory
+    cl::sync();  // every group's state in its shared memory
     if (s == 0) merge_cluster<T, D, CL>(base, (int)S, out, h, G);
-    cluster_sync();  // no group leaves while the first one reads its shared memory
+    cl::sync();  // no group leaves while the first one reads its shared memory
     return;
   }
 #endif

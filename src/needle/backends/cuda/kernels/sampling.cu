@@ -26,6 +26,7 @@
 // in shared memory they are computed once and kept there, padded one word in 32 so that a
 // thread's contiguous chunk meets no bank conflicts. No host sync: a captured decode step
 // samples in place.
+#include "cluster.cuh"
 #include "common.cuh"
 #include "tensor_core.cuh"
 
@@ -81,12 +82,10 @@ struct SampleShared {
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 __device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
 
-// ---- the cluster: a row's groups and their shared memory ------------------------------------
+// ---- the cluster: a row's groups and their shared memory (cluster.cuh; one group: its own)
 __device__ __forceinline__ u32 cluster_rank() {
 #if SAMPLE_CLUSTER > 1
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
+  return cl::rank();
 #else
   return 0;
 #endif
@@ -96,31 +95,20 @@ __device__ __forceinline__ u32 cluster_rank() {
 // visible to all after it. (One group: __syncthreads.)
 __device__ __forceinline__ void cluster_barrier() {
 #if SAMPLE_CLUSTER > 1
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  cl::sync();
 #else
   __syncthreads();
 #endif
 }
 
-#if SAMPLE_CLUSTER > 1
-// the address of the same shared variable in group ``rank`` of the cluster
-__device__ __forceinline__ u32 in_group(const void* p, u32 rank) {
-  u32 a;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(tc::smem_u32(p)), "r"(rank));
-  return a;
-}
-#endif
-
 // a 4- or 8-byte shared variable of group ``rank`` (one group: this one's); U is u32 or u64s
 template <class U> __device__ __forceinline__ U remote_bits(const void* p, u32 rank) {
 #if SAMPLE_CLUSTER > 1
-  U v;
+  const u32 a = cl::map(tc::smem_u32(p), rank);
   if constexpr (sizeof(U) == 8)
-    asm volatile("ld.shared::cluster.u64 %0, [%1];\n" : "=l"(v) : "r"(in_group(p, rank)) : "memory");
+    return cl::ld_u64(a);
   else
-    asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(in_group(p, rank)) : "memory");
-  return v;
+    return cl::ld_u32(a);
 #else
   return *reinterpret_cast<const U*>(p);
 #endif
