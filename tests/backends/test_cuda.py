@@ -483,8 +483,9 @@ def _tc_decode_kernel(be, d: int, dtype: str, capacity: int, splits: int) -> str
 def test_tensor_core_decode_cluster(dtype, d, q_heads, kv_heads, capacity, cluster):
     """sm_90: a cache of at most 8 tensor-core ranges a KV head (8 x 4 tiles of 64 positions
     at D = 64, 8 x 2 at D = 128) merges them within one thread-block cluster (the ...c
-    kernels); positions with 1 to 8 ranges against the float64 step, and the same with the
-    cluster off (the merge through memory)."""
+    kernels), where a range may be a single tile; positions with 1 to 8 ranges (some of
+    fewer positions than a tile, some starting within one) against the float64 step, and
+    the same with the cluster off (the merge through memory)."""
     from tests.backend_ndarray.test_decode_ops import DecodeState
 
     be = DEV.backend
@@ -496,7 +497,7 @@ def test_tensor_core_decode_cluster(dtype, d, q_heads, kv_heads, capacity, clust
     sfx = "bf16" if dtype == "bfloat16" else "f16"
     kernel = f"attention_decode_tc{d}{'c' if cluster else ''}_{sfx}"
     with be.tuned(decode_attention="tc", decode_cluster=cluster):
-        for p in (0, 127, 256, 600, capacity - 1):
+        for p in (0, 64, 127, 256, 450, 600, capacity - 1):
             qkv = st.qkv()
             with be.profile() as prof:
                 got = st.run(qkv, p).numpy()

@@ -227,6 +227,9 @@ class AttentionOps(NNOps):
                 # one cluster
                 cluster = ("c" if self.tuning.decode_cluster and 1 < ranges <= _DECODE_CLUSTER
                            else "")
+                if cluster:  # there a range may be one tile: up to a cluster of them
+                    ranges = min(self.tuning.decode_splits, cdiv(capacity, 64),
+                                 _DECODE_CLUSTER)
                 kern = self._kernel("decode_tc",
                                     f"attention_decode_tc{head_dim}{cluster}_{SUFFIX[dt]}")
                 # Q tile (16 rows), 64 KiB of key and value tiles, the new row (Smem there)

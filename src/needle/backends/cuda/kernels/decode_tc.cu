@@ -22,7 +22,10 @@
 // head): the KV head's ranges are one cluster, whose groups leave their (m, l, o) in shared
 // memory and whose first group merges them through distributed shared memory, with no
 // partials in global memory, count or last group (docs/cuda_notes.md v39). A cluster launch
-// with 32 ranges measured ~0.7 us slower, so longer caches take the kernel above.
+// with 32 ranges measured ~0.7 us slower, so longer caches take the kernel above. A
+// cluster's range may be a single tile (S = decode_ranges(p + 1, splits, 1), the host's
+// splits at most CLUSTER): at positions 300-640 the kernel took ~1.2 us less than with at
+// least NS tiles a range (v40).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define DTC_HAS_CLUSTER 1
 #else
@@ -189,7 +192,9 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
     return;
   }
   const i64 n = pos + 1;
-  const i64 S = decode_ranges(n, p.splits, NS);
+  // ranges merged in a cluster cost a cluster barrier, not a chain of L2 round trips, so
+  // there a range may be a single tile (a short cache's work spread over more groups)
+  const i64 S = decode_ranges(n, p.splits, CL > 1 ? 1 : NS);
   if (s >= S) {  // no range: in a cluster that merges, still at its two barriers
 #if DTC_HAS_CLUSTER
     if constexpr (CL > 1) {
