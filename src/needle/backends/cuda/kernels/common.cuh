@@ -334,7 +334,8 @@ __device__ __forceinline__ void flash_tile(const T* ks, const T* vs, const float
 // `stages` tiles of 64 positions a group keeps in flight each, so that a short cache is one
 // range (no partials, no merge: at p = 128 on the H100 the 1.1B step took 0.995 ms with one
 // range a KV head and 1.026 ms with three) and a long one is cut as before (ceil(tiles /
-// stages) >= splits at p = 8000). Every group of the launch computes the same S.
+// stages) >= splits at p = 8000). Every group of the launch computes the same S. A merge
+// within a cluster (decode_tc.cu's ...c kernels) is cheap enough to pass stages = 1.
 __device__ __forceinline__ i64 decode_ranges(i64 n, i64 splits, int stages) {
   const i64 tiles = (n + 63) / 64, rounds = (tiles + stages - 1) / stages;
   return splits < rounds ? splits : rounds;
