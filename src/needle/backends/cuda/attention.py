@@ -219,17 +219,17 @@ class AttentionOps(NNOps):
         group, item, kind = q_heads // kv_heads, ITEMSIZE[dt], self.tuning.decode_attention
         if kind in ("flash", "tc") and self._decode_by_ranges(dt, head_dim, group, keys,
                                                               values):
-            ranges = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
+            most = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
+            ranges = most
             if kind == "tc" and self.tuning.mma and dt in HALF:
                 # a range is at least the tiles a group keeps in flight
-                ranges = min(ranges, cdiv(cdiv(capacity, 64), _DECODE_TC_TILES[head_dim]))
+                ranges = min(most, cdiv(cdiv(capacity, 64), _DECODE_TC_TILES[head_dim]))
                 # sm_90: a cache of at most _DECODE_CLUSTER ranges a KV head merges them in
                 # one cluster
                 cluster = ("c" if self.tuning.decode_cluster and 1 < ranges <= _DECODE_CLUSTER
                            else "")
                 if cluster:  # there a range may be one tile: up to a cluster of them
-                    ranges = min(self.tuning.decode_splits, cdiv(capacity, 64),
-                                 _DECODE_CLUSTER)
+                    ranges = min(most, _DECODE_CLUSTER)
                 kern = self._kernel("decode_tc",
                                     f"attention_decode_tc{head_dim}{cluster}_{SUFFIX[dt]}")
                 # Q tile (16 rows), 64 KiB of key and value tiles, the new row (Smem there)
