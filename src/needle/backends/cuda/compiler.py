@@ -139,8 +139,8 @@ class CudaKernel(Kernel):
         self._sm_count = sm_count
         self._shared_reserved = _SHARED_DEFAULT
         self.address = int(function)  # the CUfunction as an integer, for the native launch
-        # groups a cluster in x and y, where the kernel fixes it (__cluster_dims__); grids
-        # are multiples
+        # groups a cluster in x and y where the kernel fixes it (__cluster_dims__): grids
+        # must be multiples of them
         width = check(cu.cuFuncGetAttribute(
             attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, function), "cuFuncGetAttribute")
         height = check(cu.cuFuncGetAttribute(
