@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import needle.backend_ndarray as nd
-from needle.errors import DTypeError, ShapeError
+from needle.backends.api import has
+from needle.errors import ArgumentError, ArgumentTypeError, DTypeError, ShapeError
 
 from ..conftest import assert_close, assert_equal, check_unsupported_dtype
 from .compare import FLOATS, np_dtype, on, random
@@ -167,12 +168,13 @@ class DecodeState:
         return random(self.rng, ((self.q_heads + 2 * self.kv_heads) * self.d,), self.dtype,
                       -1, 1)
 
-    def run(self, qkv: np.ndarray, p: int) -> nd.NDArray:
-        """The device step at position p (written into the position array on the device)."""
+    def run(self, qkv: np.ndarray, p: int, max_positions: int | None = None) -> nd.NDArray:
+        """The device step at position p (written into the position array on the device),
+        its kernel chosen for ``max_positions`` where the backend chooses by it."""
         self.pos_dev.fill(p)
         return nd.attention_decode(on(self.device, qkv), self.cos_dev, self.sin_dev,
                                    self.pos_dev, self.k_dev, self.v_dev, self.q_heads,
-                                   self.scale)
+                                   self.scale, max_positions)
 
     def expected(self, qkv: np.ndarray, p: int) -> np.ndarray:
         """The float64 step: updates the numpy caches and returns the output."""
@@ -296,6 +298,24 @@ def test_attention_decode_position_array_and_views(device, rng):
     sh.check_caches(3)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attention_decode_bound_picks_no_numbers(device, dtype, rng):
+    """``max_positions`` only picks a kernel: steps with bounds below, at and above p + 1
+    (1, a band's bound, the capacity) all match the float64 step; the bands end at the
+    capacity, and a backend without the capability has one."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    st = DecodeState(device, dtype, 16, 2, 64, 1300, rng)
+    bands = nd.attention_decode_bands(st.k_dev, 16)
+    assert bands[-1] == 1300 and list(bands) == sorted(set(bands))
+    if not has(device.backend, "decode_bands"):
+        assert bands == (1300,)
+    for p, bound in ((0, 1), (200, 1300), (700, 1024), (1100, 1024), (1299, 1)):
+        qkv = st.qkv()
+        assert_close(st.run(qkv, p, bound), st.expected(qkv, p), dtype, "reduction")
+        st.check_caches(p)
+
+
 def test_attention_decode_bad_input(device, rng):
     hq, hkv, d, cap = 4, 2, 8, 6
 
@@ -313,6 +333,15 @@ def test_attention_decode_bad_input(device, rng):
         return nd.attention_decode(**args)
 
     call()  # the valid call
+    call(max_positions=cap)
+    for bad in (0, cap + 1, 2.0, True, "6"):
+        with pytest.raises(ArgumentError, match="max_positions"):
+            call(max_positions=bad)
+    with pytest.raises(ArgumentTypeError, match="cache"):
+        nd.attention_decode_bands(qkv, hq)
+    for heads in (3, 0, 2.0):
+        with pytest.raises(ShapeError, match="query heads"):
+            nd.attention_decode_bands(keys, heads)
     with pytest.raises(ShapeError, match="qkv"):
         call(qkv=f32(((hq + 2 * hkv) * d + 1,)))
     with pytest.raises(ShapeError):

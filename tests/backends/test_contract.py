@@ -35,6 +35,8 @@ CAPABILITY_TESTS = {
     "bf16_tensor_cores": ["backends/test_cuda.py::test_matmul_half_tensor_cores_and_fallback",
                           "backends/test_cuda.py::test_tensor_core_attention"],
     "fused_decode": ["backends/test_cuda.py::test_fused_decode_is_one_launch"],
+    "decode_bands": ["backends/test_cuda.py::test_decode_bands_pick_the_cluster_kernel",
+                     "models/test_decode_bands.py::test_a_step_a_band_decodes_like_transformers"],
     "fused_matvec": ["models/test_llama_vs_hf.py::test_five_operation_decode_matches_composed",
                      "backend_ndarray/test_fused_matvec.py::test_rmsnorm_matvec"],
     "paged_attention": ["backend_ndarray/test_paged.py::test_paged_attention_matches_reference",

@@ -507,6 +507,44 @@ def test_tensor_core_decode_cluster(dtype, d, q_heads, kv_heads, capacity, clust
 
 
 @gpu
+def test_decode_bands_pick_the_cluster_kernel():
+    """Capability decode_bands: a cache longer than a cluster's ranges (2,048 positions at
+    D = 64, 1,024 at D = 128) has two bands; bounded by the first, a step takes the cluster
+    kernel, also at positions past the bound (still exact against the float64 step);
+    unbounded, the kernel that merges through memory. One band where the choice never
+    changes (short caches, float32, the cluster or the bands turned off)."""
+    from tests.backend_ndarray.test_decode_ops import DecodeState
+
+    be = DEV.backend
+    if not (be.tuning.mma and be.tuning.decode_cluster):
+        pytest.skip("cluster decode needs sm_90 (NEEDLE_DECODE_CLUSTER=0 turns it off)")
+    assert be.attention_decode_bands("bfloat16", 32, 4, 64, 4096) == (2048, 4096)
+    assert be.attention_decode_bands("float16", 32, 8, 128, 4096) == (1024, 4096)
+    assert be.attention_decode_bands("bfloat16", 32, 4, 64, 2048) == (2048,)
+    assert be.attention_decode_bands("float32", 32, 4, 64, 4096) == (4096,)
+    with be.tuned(decode_cluster=False):
+        assert be.attention_decode_bands("bfloat16", 32, 4, 64, 4096) == (4096,)
+    with be.tuned(decode_bands=False):
+        assert be.attention_decode_bands("bfloat16", 32, 4, 64, 4096) == (4096,)
+    for dtype, d, q_heads, kv_heads, capacity in (("bfloat16", 64, 32, 4, 4096),
+                                                  ("float16", 128, 12, 2, 2500)):
+        st = DecodeState(DEV, dtype, q_heads, kv_heads, d, capacity, RNG)
+        bands = nd.attention_decode_bands(st.k_dev, q_heads)
+        assert len(bands) == 2 and bands[-1] == capacity
+        sfx = "bf16" if dtype == "bfloat16" else "f16"
+        tol = 2e-2 if dtype == "bfloat16" else 5e-3
+        for p, bound, kernel in ((0, bands[0], "c"), (700, bands[0], "c"),
+                                 (bands[0] - 1, bands[0], "c"), (bands[0] + 5, None, ""),
+                                 (capacity - 3, bands[0], "c"), (capacity - 2, None, "")):
+            qkv = st.qkv()
+            with be.profile() as prof:
+                got = st.run(qkv, p, bound).numpy()
+            assert {k for k in prof.totals if k.startswith("attention")} == \
+                {f"attention_decode_tc{d}{kernel}_{sfx}"}, (p, bound)
+            assert relerr(got, st.expected(qkv, p)) < tol, (dtype, p, bound)
+
+
+@gpu
 def test_precompile_then_use():
     """Capability precompile: inference's shards of a dtype start compiling on threads;
     the kernels then run (their lookups wait for their own compiles)."""

@@ -1,7 +1,7 @@
 """The array layer: NDArray over the device backends
 (``from needle import backend_ndarray as nd``)."""
 
-from .decode import matvec_add, rmsnorm_matvec
+from .decode import attention_decode, attention_decode_bands, matvec_add, rmsnorm_matvec
 from .device import (
                      Device,
                      all_devices,
@@ -18,7 +18,6 @@ from .functions import (
                      add_rmsnorm,
                      attention,
                      attention_backward,
-                     attention_decode,
                      attention_with_stats,
                      broadcast_to,
                      concatenate,
@@ -58,6 +57,7 @@ __all__ = [
     "adam_update", "adam_update_many", "add_rmsnorm", "matvec_add", "rmsnorm_matvec",
     "all_devices", "array",
     "as_device", "attention", "attention_backward", "attention_with_stats", "attention_decode",
+    "attention_decode_bands",
     "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
     "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",
     "matmul_swiglu", "max", "maximum", "metal", "minimum", "ones",

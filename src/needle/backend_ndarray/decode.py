@@ -1,4 +1,5 @@
-"""The decode step's fused projections (``nd.rmsnorm_matvec``, ``nd.matvec_add``).
+"""The decode step's fused operations (``nd.attention_decode``, ``nd.rmsnorm_matvec``,
+``nd.matvec_add``).
 
 A Llama layer for one token is five array operations: ``rmsnorm_matvec`` (norm + QKV),
 ``attention_decode``, ``matvec_add`` (output projection + residual), ``rmsnorm_matvec``
@@ -12,6 +13,7 @@ has none, are composed here from ``rmsnorm`` and ``quant_matmul``.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 from ..backends.api import has
@@ -20,6 +22,106 @@ from . import dtypes
 from .functions import matmul_swiglu
 from .ndarray import NDArray, ones
 from .quant import QuantizedMatrix, _activation_dtype, _h, quant_matmul
+
+
+def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray,
+                     keys: NDArray, values: NDArray, q_heads: int,
+                     scale: float | None = None, max_positions: int | None = None) -> NDArray:
+    """One token's attention step against a KV cache, at a position held on the device.
+
+    ``qkv``: the token's fused query/key/value projection, (q_heads + 2 * kv_heads) *
+    head_dim values (any shape with that size); ``cos``/``sin``: rotary tables (rows,
+    head_dim // 2) of qkv's dtype; ``position``: an int32 array whose first element is the
+    position p; ``keys``/``values``: compact caches (..., kv_heads, capacity, head_dim) of
+    qkv's dtype.
+    Rotates the query and key (RoPE at row p), stores key and value at row p of the caches,
+    and returns the attention output over positions 0..p, shape (q_heads * head_dim,).
+    Nothing here reads p on the host, so a captured decode step can replay it; a p outside
+    the cache or the tables writes nothing and gives NaNs (check positions before).
+    ``max_positions`` (1..capacity; None: the capacity) bounds the positions p + 1 that the
+    caller expects to read, for a backend that chooses its kernel by it (capability
+    ``decode_bands``; ``attention_decode_bands`` says where the choice changes): the result
+    is the same at any position, also past the bound.
+    See ``numpy_ref.attention_decode``.
+    """
+    for t in (cos, sin, position, keys, values):
+        qkv._check_device(t)
+    if keys.shape != values.shape or keys.ndim < 3 or any(d != 1 for d in keys.shape[:-3]):
+        raise ShapeError(f"attention_decode: keys {keys.shape} and values {values.shape} must "
+                         "be caches of one shape (kv_heads, capacity, head_dim)")
+    kv_heads, capacity, d = keys.shape[-3:]
+    if d % 2 or kv_heads == 0 or q_heads <= 0 or q_heads % kv_heads:
+        raise ShapeError(f"attention_decode: {q_heads} query heads over {kv_heads} kv heads "
+                         f"of size {d} (must divide, with an even head size)")
+    if qkv.size != (q_heads + 2 * kv_heads) * d:
+        raise ShapeError(f"attention_decode: qkv has {qkv.size} values, expected "
+                         f"({q_heads} + 2 x {kv_heads}) x {d} = {(q_heads + 2 * kv_heads) * d}")
+    if not dtypes.is_floating(qkv.dtype) or not dtypes.is_floating(keys.dtype):
+        raise DTypeError(f"attention_decode needs floating-point arrays, got {qkv.dtype} "
+                         f"and a {keys.dtype} cache")
+    if keys.dtype != qkv.dtype or values.dtype != qkv.dtype:
+        raise DTypeError(f"attention_decode: the cache ({keys.dtype}, {values.dtype}) must have "
+                         f"qkv's dtype {qkv.dtype}")
+    if not (keys.is_compact() and values.is_compact()):
+        raise ShapeError("attention_decode: keys and values must be compact (whole) caches")
+    if position.dtype != "int32" or position.size < 1:
+        raise DTypeError(f"attention_decode: position must be an int32 array, got "
+                         f"{position.dtype} of size {position.size}")
+    for t, nm in ((cos, "cos"), (sin, "sin")):
+        if t.ndim != 2 or t.shape[1] != d // 2 or t.shape != cos.shape:
+            raise ShapeError(f"attention_decode: {nm} must be (rows, {d // 2}) like cos, got "
+                             f"{t.shape}")
+    bound = _positions_bound(max_positions, capacity)
+    scale = 1 / math.sqrt(d) if scale is None else float(scale)
+    c, s = cos.astype(qkv.dtype).compact(), sin.astype(qkv.dtype).compact()
+    a = qkv.compact()
+    out = NDArray.make((q_heads * d,), device=qkv.device, dtype=qkv.dtype)
+    be = qkv.device.backend
+    handles = (a._handle, c._handle, s._handle, position.compact()._handle, keys._handle,
+               values._handle, out._handle, q_heads, kv_heads, d, capacity, cos.shape[0], scale)
+    if bound < capacity and has(be, "decode_bands"):
+        be.attention_decode_within(*handles, bound)
+    else:
+        be.attention_decode(*handles)
+    return out
+
+
+def _positions_bound(max_positions, capacity: int) -> int:
+    """attention_decode's ``max_positions`` checked: an int in 1..capacity (None: capacity)."""
+    if max_positions is None:
+        return capacity
+    if (isinstance(max_positions, bool) or not isinstance(max_positions, numbers.Integral)
+            or not 1 <= max_positions <= capacity):
+        raise ArgumentError(f"attention_decode: max_positions must be an int from 1 to the "
+                            f"cache's capacity {capacity}, got {max_positions!r}")
+    return int(max_positions)
+
+
+def attention_decode_bands(keys: NDArray, q_heads: int) -> tuple[int, ...]:
+    """The bounds on positions read (ascending, the last the cache's capacity) at which the
+    backend's ``attention_decode`` over this cache picks another kernel: a decoder that
+    records its step records one a band and passes the band's bound as
+    ``max_positions``. ``(capacity,)`` where the backend's choice does not depend on it."""
+    if not isinstance(keys, NDArray) or keys.ndim < 3:
+        raise ArgumentTypeError("attention_decode_bands: keys must be a cache NDArray "
+                                "(kv_heads, capacity, head_dim)")
+    kv_heads, capacity, d = keys.shape[-3:]
+    if (isinstance(q_heads, bool) or not isinstance(q_heads, numbers.Integral) or kv_heads == 0
+            or q_heads <= 0 or q_heads % kv_heads):
+        raise ShapeError(f"attention_decode_bands: {q_heads!r} query heads over {kv_heads} kv "
+                         "heads (must be a positive multiple)")
+    be = keys.device.backend
+    if not has(be, "decode_bands"):
+        return (capacity,)
+    bands = tuple(int(b) for b in be.attention_decode_bands(keys.dtype, q_heads, kv_heads, d,
+                                                            capacity))
+    if not bands or bands[-1] != capacity or list(bands) != sorted(set(bands)) or bands[0] < 1:
+        # the decoder relies on it: every position falls in exactly one band
+        raise DeviceError(f"{keys.device.name}'s attention_decode_bands gave {bands} for a "
+                          f"cache of {capacity}: not ascending bounds ending at the capacity")
+    return bands
+
+
 
 
 def _operand(x: NDArray, other, name: str, what: str, first: str) -> NDArray:

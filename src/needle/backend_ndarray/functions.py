@@ -376,60 +376,6 @@ def add_rmsnorm(x: NDArray, delta: NDArray, weight: NDArray, eps: float = 1e-6,
     return total, out
 
 
-def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray,
-                     keys: NDArray, values: NDArray, q_heads: int,
-                     scale: float | None = None) -> NDArray:
-    """One token's attention step against a KV cache, at a position held on the device.
-
-    ``qkv``: the token's fused query/key/value projection, (q_heads + 2 * kv_heads) *
-    head_dim values (any shape with that size); ``cos``/``sin``: rotary tables (rows,
-    head_dim // 2) of qkv's dtype; ``position``: an int32 array whose first element is the
-    position p; ``keys``/``values``: compact caches (..., kv_heads, capacity, head_dim) of
-    qkv's dtype.
-    Rotates the query and key (RoPE at row p), stores key and value at row p of the caches,
-    and returns the attention output over positions 0..p, shape (q_heads * head_dim,).
-    Nothing here reads p on the host, so a captured decode step can replay it; a p outside
-    the cache or the tables writes nothing and gives NaNs (check positions before).
-    See ``numpy_ref.attention_decode``.
-    """
-    for t in (cos, sin, position, keys, values):
-        qkv._check_device(t)
-    if keys.shape != values.shape or keys.ndim < 3 or any(d != 1 for d in keys.shape[:-3]):
-        raise ShapeError(f"attention_decode: keys {keys.shape} and values {values.shape} must "
-                         "be caches of one shape (kv_heads, capacity, head_dim)")
-    kv_heads, capacity, d = keys.shape[-3:]
-    if d % 2 or kv_heads == 0 or q_heads <= 0 or q_heads % kv_heads:
-        raise ShapeError(f"attention_decode: {q_heads} query heads over {kv_heads} kv heads "
-                         f"of size {d} (must divide, with an even head size)")
-    if qkv.size != (q_heads + 2 * kv_heads) * d:
-        raise ShapeError(f"attention_decode: qkv has {qkv.size} values, expected "
-                         f"({q_heads} + 2 x {kv_heads}) x {d} = {(q_heads + 2 * kv_heads) * d}")
-    if not dtypes.is_floating(qkv.dtype) or not dtypes.is_floating(keys.dtype):
-        raise DTypeError(f"attention_decode needs floating-point arrays, got {qkv.dtype} "
-                         f"and a {keys.dtype} cache")
-    if keys.dtype != qkv.dtype or values.dtype != qkv.dtype:
-        raise DTypeError(f"attention_decode: the cache ({keys.dtype}, {values.dtype}) must have "
-                         f"qkv's dtype {qkv.dtype}")
-    if not (keys.is_compact() and values.is_compact()):
-        raise ShapeError("attention_decode: keys and values must be compact (whole) caches")
-    if position.dtype != "int32" or position.size < 1:
-        raise DTypeError(f"attention_decode: position must be an int32 array, got "
-                         f"{position.dtype} of size {position.size}")
-    for t, nm in ((cos, "cos"), (sin, "sin")):
-        if t.ndim != 2 or t.shape[1] != d // 2 or t.shape != cos.shape:
-            raise ShapeError(f"attention_decode: {nm} must be (rows, {d // 2}) like cos, got "
-                             f"{t.shape}")
-    scale = 1 / math.sqrt(d) if scale is None else float(scale)
-    c, s = cos.astype(qkv.dtype).compact(), sin.astype(qkv.dtype).compact()
-    a = qkv.compact()
-    out = NDArray.make((q_heads * d,), device=qkv.device, dtype=qkv.dtype)
-    qkv.device.backend.attention_decode(a._handle, c._handle, s._handle,
-                                        position.compact()._handle, keys._handle,
-                                        values._handle, out._handle, q_heads, kv_heads, d,
-                                        capacity, cos.shape[0], scale)
-    return out
-
-
 # DLPack device types (dlpack.h's DLDeviceType) -> needle's device kinds
 _DLPACK_KINDS = {2: "cuda", 8: "metal"}
 _DLPACK_NAMES = {4: "OpenCL", 7: "Vulkan", 9: "VPI", 10: "ROCm", 13: "CUDA managed",

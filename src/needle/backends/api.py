@@ -35,6 +35,10 @@ CAPABILITIES = {
     "host_memory": "wrap() and host_view(): arrays in host memory that numpy can view",
     "bf16_tensor_cores": "bfloat16/float16 matmul and attention run on matrix units",
     "fused_decode": "attention_decode is one launch (RoPE, KV write, attention and merge)",
+    "decode_bands": "attention_decode_bands() names the position bounds where "
+                    "attention_decode's kernel choice changes, and attention_decode_within() "
+                    "chooses for a bound on the positions read (the same numbers at any "
+                    "position: the bound only picks the kernel)",
     "fused_matvec": "rmsnorm_matvec, rmsnorm_matvec_swiglu and matvec_add of one row are one "
                     "kernel each, faster than the ops they fuse (the decode step uses them)",
     "sampling": "sample() chooses tokens from logits on the device (numpy_ref/sampling.py)",
@@ -200,6 +204,22 @@ class Precompile(Protocol):
     def wait_precompiled(self) -> None: ...
 
 
+class DecodeBands(Protocol):
+    """attention_decode chosen for a band of positions: a captured decode step cannot read
+    its position on the host, so the decoder records one step a band and tells the backend
+    the band's bound. ``attention_decode_within`` computes exactly what ``attention_decode``
+    does (numpy_ref/nn.py) at every position, also past ``max_positions``: the bound only
+    picks the kernel. ``attention_decode_bands`` returns the bounds, ascending, the last the
+    capacity, at which that choice changes."""
+
+    def attention_decode_bands(self, dtype: str, q_heads: int, kv_heads: int, head_dim: int,
+                               capacity: int) -> tuple[int, ...]: ...
+    def attention_decode_within(self, qkv: Array, cos: Array, sin: Array, position: Array,
+                                keys: Array, values: Array, out: Array, q_heads: int,
+                                kv_heads: int, head_dim: int, capacity: int, table_rows: int,
+                                scale: float, max_positions: int) -> None: ...
+
+
 class PagedAttention(Protocol):
     def paged_write(self, k: Array, v: Array, slots: Array, key_pages: Array,
                     value_pages: Array, tokens: int, row: int, num_slots: int) -> None: ...
@@ -294,7 +314,8 @@ class _Marker(Protocol):
 CAPABILITY_PROTOCOLS: dict[str, type] = {
     "graphs": GraphCapture, "profiling": Profiling, "memory_stats": MemoryStats,
     "async_read": AsyncRead, "dlpack": DLPackExchange, "host_memory": HostMemory,
-    "bf16_tensor_cores": _Marker, "fused_decode": _Marker, "sampling": Sampling,
+    "bf16_tensor_cores": _Marker, "fused_decode": _Marker, "decode_bands": DecodeBands,
+    "sampling": Sampling,
     "precompile": Precompile, "paged_attention": PagedAttention, "int8": QuantizedWeights,
     "int4": QuantizedWeights, "fused_quant_matvec": FusedQuantMatvec,
     "token_major_attention": TokenMajorAttention, "matmul_swiglu": MatmulSwiglu,

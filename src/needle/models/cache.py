@@ -63,6 +63,9 @@ class DecodeState:
     def __init__(self, cfg: ModelConfig, device):
         self.token = nd.zeros((1, 1), "int32", device)
         self.position = nd.zeros((1,), "int32", device)
+        # the most positions this step may read, host-side (the decoder's band, see
+        # nd.attention_decode_bands): a hint for the attention kernel's choice; None: the cache
+        self.max_positions: int | None = None
         # constants of the composed attention path: cache row indices and head offsets
         self.cache_rows: NDArray | None = None
         self.head_rows: NDArray | None = None

@@ -7,6 +7,12 @@ position into two small device buffers, replay, read the logits. The host does a
 microseconds of work per token instead of hundreds of Python-level launches. Where capture
 is unavailable, or fails, every step runs eagerly; the results are the same. Prefills are
 captured too, one graph per prompt-length bucket (``prefill_graphs.py``).
+
+A recorded step cannot read its position on the host, so its attention kernel is chosen
+once, when it is recorded. Where the backend's choice depends on how many positions are
+read (``nd.attention_decode_bands``: on CUDA a short cache's ranges merge within a
+thread-block cluster), the positions are cut into bands and each band records its own step,
+told the band's bound; the numbers are the same in every band.
 """
 
 from __future__ import annotations
@@ -37,8 +43,11 @@ class Decoder:
         if os.environ.get("NEEDLE_DECODE_GRAPH", "1") == "0":
             self._capture = None
         self.prefills = PrefillGraphs(model, self.cache, self._capture)
-        self._recorded: dict[str, tuple] = {}  # kind of step -> (graph, its logits)
-        self._eager: dict[str, int] = {}  # kind of step -> steps run eagerly so far
+        # bounds on the positions a step reads, ascending, the last the capacity
+        self.bands = model.transformer.decode_bands(self.cache)
+        # (kind of step, band) -> (graph, its logits); -> steps run eagerly so far
+        self._recorded: dict[tuple[str, int], tuple] = {}
+        self._eager: dict[tuple[str, int], int] = {}
         self._on_device = None  # (token, position) the state buffers already hold
         self._sampling = None  # (params, seeds, seen) device buffers of the sampled step
         self.last_logits = None
@@ -68,13 +77,13 @@ class Decoder:
 
     @property
     def captured(self) -> bool:
-        """Whether decode steps replay a captured graph."""
-        return "step" in self._recorded
+        """Whether decode steps replay a captured graph (in some band)."""
+        return any(kind == "step" for kind, _ in self._recorded)
 
     @property
     def _greedy(self):
-        """(graph, logits) of the captured greedy step, or None."""
-        return self._recorded.get("greedy")
+        """(graph, logits) of a captured greedy step, or None."""
+        return next((r for (kind, _), r in self._recorded.items() if kind == "greedy"), None)
 
     def prefill(self, ids) -> object:
         """Start a new sequence with the prompt ``ids``; the next-token logits (1, vocab).
@@ -235,11 +244,18 @@ class Decoder:
             raise GenerationError(f"the sequence is full ({self.cache.capacity} positions); load "
                                   "the model with a larger max_seq_len")
 
+    def _band(self) -> int:
+        """The band of the step at ``length - 1`` (it reads ``length`` positions)."""
+        return next(i for i, bound in enumerate(self.bands) if self.length <= bound)
+
     def _run(self, kind: str, body):
-        """``body()`` for a step of this kind: eagerly the first time, captured the second
-        (where the backend can), replayed from then on."""
-        recorded = self._recorded.get(kind)
-        if recorded is None and self._capture is not None and self._eager.get(kind, 0) >= 1:
+        """``body()`` for a step of this kind in the current position's band: eagerly the
+        first time (compiling its kernels, sizing its buffers), captured the second (where
+        the backend can), replayed from then on."""
+        key = (kind, self._band())
+        self.state.max_positions = self.bands[key[1]]
+        recorded = self._recorded.get(key)
+        if recorded is None and self._capture is not None and self._eager.get(key, 0) >= 1:
             try:
                 with self._capture() as graph:
                     out = body()
@@ -248,9 +264,9 @@ class Decoder:
                               f"decoding eagerly instead: {e}", RuntimeWarning, stacklevel=4)
                 self._capture = None
             else:
-                recorded = self._recorded[kind] = (graph, out)
+                recorded = self._recorded[key] = (graph, out)
         if recorded is not None:
             recorded[0].replay()
             return recorded[1]
-        self._eager[kind] = self._eager.get(kind, 0) + 1
+        self._eager[key] = self._eager.get(key, 0) + 1
         return body()

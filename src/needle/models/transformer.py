@@ -153,6 +153,15 @@ class Transformer:
         return qk[:, :, :hq], qk[:, :, hq:], v
 
     # --- one token -----------------------------------------------------------------------
+    def decode_bands(self, cache: KVCache) -> tuple[int, ...]:
+        """Where the fused decode attention over ``cache`` changes kernel
+        (``nd.attention_decode_bands``; every fused layer's cache has one shape):
+        ``(capacity,)`` when no layer is fused."""
+        first = next((i for i, f in enumerate(self.fused) if f), None)
+        if first is None:
+            return (cache.capacity,)
+        return nd.attention_decode_bands(cache.keys[first], self.cfg.num_heads)
+
     def decode_step(self, state: DecodeState, cache: KVCache) -> NDArray:
         """Logits (1, vocab) for ``state.token`` at ``state.position``, extending ``cache``."""
         cfg, w = self.cfg, self.weights
@@ -189,7 +198,8 @@ class Transformer:
         if layer.qkv.bias is not None:  # Qwen2
             qkv = qkv + layer.qkv.bias
         a = nd.attention_decode(qkv, self.rope.cos, self.rope.sin, state.position,
-                                cache.keys[i], cache.values[i], cfg.num_heads, cfg.attn_scale)
+                                cache.keys[i], cache.values[i], cfg.num_heads, cfg.attn_scale,
+                                state.max_positions)
         nd.matvec_add(a.reshape(x.shape[:-1] + (a.size,)), layer.o.weight, x)
         gated = nd.rmsnorm_matvec(x, None if folded else layer.mlp_norm,
                                   layer.gate_up.weight, eps, activation="swiglu")
@@ -205,7 +215,7 @@ class Transformer:
         if self.fused[i]:
             out = nd.attention_decode(qkv, self.rope.cos, self.rope.sin, state.position,
                                       cache.keys[i], cache.values[i], cfg.num_heads,
-                                      cfg.attn_scale)
+                                      cfg.attn_scale, state.max_positions)
         else:
             out = attention.decode(cfg, qkv, cache.keys[i], cache.values[i], self.rope, state,
                                    cfg.layer_windows[i])

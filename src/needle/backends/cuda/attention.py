@@ -179,11 +179,28 @@ class AttentionOps(NNOps):
         self.queue.dispatch(kern, (gx, gy, 1), (threads, 1, 1), buffers, params, shared,
                             raw_args=raw)
 
-    def _decode_by_ranges(self, dt, head_dim: int, group: int, keys, values) -> bool:
-        """Whether flash decoding (scalar or tensor-core) takes this call: head sizes 64 and
-        128, at most 16 query heads per KV head, 16-byte aligned caches."""
-        return (dt in FUSED_DTYPES and head_dim in (64, 128) and group <= 16
-                and aligned16(keys.buffer) and aligned16(values.buffer))
+    def _flash_plan(self, dt, q_heads: int, kv_heads: int, head_dim: int,
+                    span: int) -> tuple[str, str, int] | None:
+        """(family, kernel, ranges a KV head) of flash decoding (tuning ``decode_attention``)
+        for a cache read up to ``span`` positions, or None where it does not apply: head
+        sizes 64 and 128, at most 16 query heads per KV head (and 16-byte aligned caches,
+        which the caller checks)."""
+        kind = self.tuning.decode_attention
+        if not (kind in ("flash", "tc") and dt in FUSED_DTYPES and head_dim in (64, 128)
+                and q_heads // kv_heads <= 16):
+            return None
+        most = min(self.tuning.decode_splits, cdiv(span, 64))  # <= 64: the merge
+        if not (kind == "tc" and self.tuning.mma and dt in HALF):
+            return "decode", f"attention_decode_flash{head_dim}_{SUFFIX[dt]}", most
+        # a range is at least the tiles a group keeps in flight
+        ranges = min(most, cdiv(cdiv(span, 64), _DECODE_TC_TILES[head_dim]))
+        # sm_90: a cache of at most _DECODE_CLUSTER ranges a KV head merges them in one
+        # cluster, where a range may be one tile: up to a cluster of them
+        cluster = self.tuning.decode_cluster and 1 < ranges <= _DECODE_CLUSTER
+        if cluster:
+            ranges = min(most, _DECODE_CLUSTER)
+        return ("decode_tc", f"attention_decode_tc{head_dim}{'c' if cluster else ''}_"
+                f"{SUFFIX[dt]}", ranges)
 
     def _launch_decode(self, kern, threads: int, shared: int, splits: int, chunk: int, dt,
                        qkv, cos, sin, position, keys, values, out, q_heads: int,
@@ -212,30 +229,50 @@ class AttentionOps(NNOps):
         float32). Otherwise nn.cu's split kernel: the generic plan's groups also stage each
         chunk's keys and values (padded rows) and the merge weights in shared memory, and
         the last group of each KV head to finish merges."""
+        self._attention_decode(capacity, qkv, cos, sin, position, keys, values, out, q_heads,
+                               kv_heads, head_dim, capacity, table_rows, scale)
+
+    def attention_decode_within(self, qkv, cos, sin, position, keys, values, out,
+                                q_heads: int, kv_heads: int, head_dim: int, capacity: int,
+                                table_rows: int, scale: float, max_positions: int) -> None:
+        """Capability ``decode_bands``: ``attention_decode`` with the kernel and its ranges
+        chosen for a cache read up to ``max_positions``. Exact past it too: the kernels cut
+        the positions up to the one on the device into their ranges, whatever the bound."""
+        self._attention_decode(min(capacity, max(1, max_positions)), qkv, cos, sin, position,
+                               keys, values, out, q_heads, kv_heads, head_dim, capacity,
+                               table_rows, scale)
+
+    def attention_decode_bands(self, dtype: str, q_heads: int, kv_heads: int,
+                               head_dim: int, capacity: int) -> tuple[int, ...]:
+        """Capability ``decode_bands``. The one bound where the choice changes: a cluster's
+        ranges of NS tiles (2,048 positions at head size 64, 1,024 at 128): below it the
+        cluster kernel (its merge in distributed shared memory, single-tile ranges), above
+        it the kernel that merges up to 32 ranges through memory (cuda_notes v39-v41)."""
+        bound = _DECODE_CLUSTER * _DECODE_TC_TILES.get(head_dim, 0) * 64
+        if not (self.tuning.decode_bands and 0 < bound < capacity):
+            return (capacity,)
+        below, above = (self._flash_plan(dtype, q_heads, kv_heads, head_dim, n)
+                        for n in (bound, capacity))
+        # another kernel, not only other ranges of the same one
+        return (bound, capacity) if below and above and below[1] != above[1] else (capacity,)
+
+    def _attention_decode(self, span: int, qkv, cos, sin, position, keys, values, out,
+                          q_heads: int, kv_heads: int, head_dim: int, capacity: int,
+                          table_rows: int, scale: float) -> None:
+        """attention_decode with the kernel chosen for a cache read up to ``span``."""
         dt = self._need(qkv.dtype, ("float16", "bfloat16", "float32", "float64"),
                         "attention_decode")
         args = (dt, qkv, cos, sin, position, keys, values, out, q_heads, kv_heads, head_dim,
                 capacity, table_rows, scale)
-        group, item, kind = q_heads // kv_heads, ITEMSIZE[dt], self.tuning.decode_attention
-        if kind in ("flash", "tc") and self._decode_by_ranges(dt, head_dim, group, keys,
-                                                              values):
-            most = min(self.tuning.decode_splits, cdiv(capacity, 64))  # <= 64: the merge
-            ranges = most
-            if kind == "tc" and self.tuning.mma and dt in HALF:
-                # a range is at least the tiles a group keeps in flight
-                ranges = min(most, cdiv(cdiv(capacity, 64), _DECODE_TC_TILES[head_dim]))
-                # sm_90: a cache of at most _DECODE_CLUSTER ranges a KV head merges them in
-                # one cluster
-                cluster = ("c" if self.tuning.decode_cluster and 1 < ranges <= _DECODE_CLUSTER
-                           else "")
-                if cluster:  # there a range may be one tile: up to a cluster of them
-                    ranges = min(most, _DECODE_CLUSTER)
-                kern = self._kernel("decode_tc",
-                                    f"attention_decode_tc{head_dim}{cluster}_{SUFFIX[dt]}")
+        group, item = q_heads // kv_heads, ITEMSIZE[dt]
+        plan = self._flash_plan(dt, q_heads, kv_heads, head_dim, span)
+        if plan is not None and aligned16(keys.buffer) and aligned16(values.buffer):
+            family, name, ranges = plan
+            kern = self._kernel(family, name)
+            if family == "decode_tc":
                 # Q tile (16 rows), 64 KiB of key and value tiles, the new row (Smem there)
                 threads, shared = 128, 16 * head_dim * 2 + 64 * 1024 + 2 * head_dim * 2
             else:
-                kern = self._kernel("decode", f"attention_decode_flash{head_dim}_{SUFFIX[dt]}")
                 kern.check_threads(32 * group)
                 stages = 2 if dt == "float32" else 3
                 # the staged key and value tiles, each warp's roped query and scores, the

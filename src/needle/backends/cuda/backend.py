@@ -52,6 +52,7 @@ class CudaBackend(ProductOps, AttentionOps, GemvOps, QuantGemmOps, QuantSkinnyOp
         if tuning.mma:
             caps.add("bf16_tensor_cores")
         caps.add("fused_decode")  # CUDA ships only the one-launch attention_decode
+        caps.add("decode_bands")  # its kernel choice depends on the positions read
         if self.tuning.fused_matvec:
             caps.add("fused_matvec")
         caps.add("fused_quant_matvec")

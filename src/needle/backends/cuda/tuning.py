@@ -139,6 +139,8 @@ class CudaTuning(GpuTuning):
     decode_splits: int = 32  # flash decoding: most ranges per KV head (at most 64)
     decode_cluster: bool = False  # sm_90: a cache of 2-8 tensor-core ranges a KV head merges
     # them within one thread-block cluster (decode_tc.cu's ...c kernels), not through memory
+    decode_bands: bool = True  # attention_decode_bands names the cluster kernels' bound, so
+    # the decoder records a step for the positions below it and one for those above
 
     @classmethod
     def for_device(cls, capability: int, arch: str, env=os.environ,
@@ -177,7 +179,8 @@ class CudaTuning(GpuTuning):
                    paged_flash=env.get("NEEDLE_PAGED_ATTENTION", "flash") == "flash",
                    decode_attention=env.get("NEEDLE_DECODE_ATTENTION", "tc"),
                    decode_splits=max(1, min(64, int(env.get("NEEDLE_DECODE_SPLITS", "32")))),
-                   decode_cluster=target >= 90 and env.get("NEEDLE_DECODE_CLUSTER", "1") != "0")
+                   decode_cluster=target >= 90 and env.get("NEEDLE_DECODE_CLUSTER", "1") != "0",
+                   decode_bands=env.get("NEEDLE_DECODE_BANDS", "1") != "0")
 
 
 def _quant_gemm(value: str | None) -> str:
