@@ -36,6 +36,20 @@ def _step_ms(decoder, start: int, prompt, steps: int, sync) -> float:
     return statistics.median(times)
 
 
+def _crossing_ms(decoder, bound: int, prompt, sync) -> list[float]:
+    """Each of 12 greedy steps (synchronized one by one) from 6 positions before ``bound``:
+    the first two past it are the new band's eager step and its capture."""
+    decoder.prefill(prompt[:bound - 6])
+    token, times = 5, []
+    for _ in range(12):
+        sync()
+        t = time.perf_counter()
+        token = decoder.greedy_step(token)
+        sync()
+        times.append((time.perf_counter() - t) * 1e3)
+    return times
+
+
 def main() -> None:
     import numpy as np
     from benchmarks.llm_models import TINYLLAMA, hf_config, host_random_weights
@@ -70,6 +84,11 @@ def main() -> None:
             for name, decoder in decoders.items():
                 ms = _step_ms(decoder, start, prompt, args.steps, dev.backend.synchronize)
                 times.setdefault((start, name), []).append(ms)
+    bound = decoders["bands"].bands[0]
+    if bound < args.capacity:  # a fresh decoder: its second band not yet recorded
+        steps = _crossing_ms(Decoder(model), bound, prompt, dev.backend.synchronize)
+        print(f"steps across {bound} (lengths {bound - 5}..{bound + 6}), ms: "
+              + " ".join(f"{t:.2f}" for t in steps))
     for start in positions:
         one, banded = times[(start, "one band")], times[(start, "bands")]
         change = statistics.median(banded) / statistics.median(one) - 1

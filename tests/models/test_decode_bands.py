@@ -55,7 +55,7 @@ def long_llama(tmp_path_factory):
 
 
 @BANDED
-def test_a_step_a_band_decodes_like_transformers(long_llama, device):
+def test_a_step_a_band_decodes_like_transformers(device, long_llama):
     """Across the first band's bound (2,048 positions on an sm_90 GPU): prefill, then steps
     on both sides, each band eager once, then recorded and replayed; every step's logits
     are transformers' for the whole sequence, and a greedy stream across the bound chooses
