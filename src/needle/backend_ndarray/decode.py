@@ -122,8 +122,6 @@ def attention_decode_bands(keys: NDArray, q_heads: int) -> tuple[int, ...]:
     return bands
 
 
-
-
 def _operand(x: NDArray, other, name: str, what: str, first: str) -> NDArray:
     """``other`` checked to be an NDArray on x's device (x is called ``first``)."""
     if not isinstance(other, NDArray):
