@@ -4,7 +4,7 @@ most 2,048 positions records the cluster decode kernel) and with one band, alter
 process at several positions; medians in ms a token and the change.
 
     python scripts/probe_decode_bands.py [--positions 300,640,1088,1800,2100,3000]
-        [--steps 20] [--rounds 2] [--capacity 4096]
+        [--steps 20] [--rounds 2] [--capacity 4096] [--shapes tinyllama|llama3.2-1b]
 """
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+# Llama-3.2-1B's shapes (random values; its rope scaling changes no cost): 16 layers of
+# 64-wide heads, 8 KV heads, a 128,256-token vocabulary tied to the embedding
+LLAMA32_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                  num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                  rope_theta=500000.0, tie_word_embeddings=True)
 
 
 def _step_ms(decoder, start: int, prompt, steps: int, sync) -> float:
@@ -63,20 +69,23 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--capacity", type=int, default=4096)
+    ap.add_argument("--shapes", choices=("tinyllama", "llama3.2-1b"), default="tinyllama")
     args = ap.parse_args()
     positions = [int(p) for p in args.positions.split(",")]
     if max(positions) + 4 + args.steps > args.capacity:
         ap.error(f"positions up to {max(positions)} leave no room for the steps in a cache "
                  f"of {args.capacity}")
     dev = nd.cuda()
-    cfg = LlamaConfig.from_dict(hf_config(TINYLLAMA, args.capacity), source="probe config")
+    shapes = TINYLLAMA if args.shapes == "tinyllama" else LLAMA32_1B
+    cfg = LlamaConfig.from_dict({**hf_config(shapes, args.capacity), **shapes},
+                                source="probe config")
     host = host_random_weights(cfg, "bfloat16")
     model = LlamaForCausalLM(
         cfg, lambda name, shape: nd.NDArray(host[name], device=dev, dtype="bfloat16"),
         args.capacity, dev, "bfloat16")
     decoders = {"one band": Decoder(model), "bands": Decoder(model)}
     decoders["one band"].bands = (args.capacity,)
-    print(f"{dev.name}: bands {decoders['bands'].bands}", flush=True)
+    print(f"{dev.name}, {args.shapes}: bands {decoders['bands'].bands}", flush=True)
     prompt = np.random.default_rng(1).integers(0, cfg.vocab_size, args.capacity)
     times: dict[tuple[int, str], list[float]] = {}
     for _ in range(args.rounds):
