@@ -86,12 +86,16 @@ def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray
     return out
 
 
+def _is_int(value) -> bool:
+    """An integer that is not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _positions_bound(max_positions, capacity: int) -> int:
     """attention_decode's ``max_positions`` checked: an int in 1..capacity (None: capacity)."""
     if max_positions is None:
         return capacity
-    if (isinstance(max_positions, bool) or not isinstance(max_positions, numbers.Integral)
-            or not 1 <= max_positions <= capacity):
+    if not _is_int(max_positions) or not 1 <= max_positions <= capacity:
         raise ArgumentError(f"attention_decode: max_positions must be an int from 1 to the "
                             f"cache's capacity {capacity}, got {max_positions!r}")
     return int(max_positions)
@@ -106,8 +110,7 @@ def attention_decode_bands(keys: NDArray, q_heads: int) -> tuple[int, ...]:
         raise ArgumentTypeError("attention_decode_bands: keys must be a cache NDArray "
                                 "(kv_heads, capacity, head_dim)")
     kv_heads, capacity, d = keys.shape[-3:]
-    if (isinstance(q_heads, bool) or not isinstance(q_heads, numbers.Integral) or kv_heads == 0
-            or q_heads <= 0 or q_heads % kv_heads):
+    if not _is_int(q_heads) or kv_heads == 0 or q_heads <= 0 or q_heads % kv_heads:
         raise ShapeError(f"attention_decode_bands: {q_heads!r} query heads over {kv_heads} kv "
                          "heads (must be a positive multiple)")
     be = keys.device.backend

@@ -17,6 +17,7 @@ told the band's bound; the numbers are the same in every band.
 
 from __future__ import annotations
 
+import bisect
 import os
 import warnings
 from collections import deque
@@ -246,7 +247,7 @@ class Decoder:
 
     def _band(self) -> int:
         """The band of the step at ``length - 1`` (it reads ``length`` positions)."""
-        return next(i for i, bound in enumerate(self.bands) if self.length <= bound)
+        return bisect.bisect_left(self.bands, self.length)  # the first bound >= length
 
     def _run(self, kind: str, body):
         """``body()`` for a step of this kind in the current position's band: eagerly the
