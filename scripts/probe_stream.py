@@ -50,7 +50,7 @@ def main() -> None:
     arch, ptx = be.device.executables.arch, be.device.executables.ptx
     source = Path(__file__).with_suffix(".cu").read_text()
     image = compiler.compile_source(source, "probe_stream", arch, ptx)
-    module = compiler.CudaExecutable("probe_stream", image, sms)
+    module = compiler.CudaExecutable("probe_stream", image, sms, be.device.executables.context)
 
     arrays = [nd.empty(shape, "bfloat16", dev) for _ in range(LAYERS) for shape in SHAPES]
     nbytes = sum(int(np.prod(a.shape)) * 2 for a in arrays)
