@@ -12,7 +12,7 @@ import pytest
 
 import needle.backend_ndarray as nd
 from needle import distributed as dist
-from needle.errors import DistributedError
+from needle.errors import DeviceError, DistributedError
 
 DEV = nd.cuda(0)
 
@@ -32,16 +32,20 @@ def _nccl_missing() -> str | None:
 pytestmark = pytest.mark.skipif(_nccl_missing() is not None, reason=_nccl_missing() or "")
 
 
-@pytest.fixture
-def nccl_group(monkeypatch):
+def _join(monkeypatch):
+    """A process group of one rank on DEV."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
                         ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
         monkeypatch.setenv(name, value)
-    g = dist.init_process_group(backend="nccl", timeout=30)
-    yield g
+    return dist.init_process_group(backend="nccl", timeout=30)
+
+
+@pytest.fixture
+def nccl_group(monkeypatch):
+    yield _join(monkeypatch)
     dist.destroy_process_group()
 
 
@@ -88,6 +92,41 @@ def test_collectives_are_recorded_in_a_cuda_graph(nccl_group):
     graph.replay()
     np.testing.assert_array_equal(gathered.numpy(), np.full((1, 64, 64), 11.0))
     graph.close()
+
+
+def test_leaving_the_group_closes_the_graphs_that_recorded_its_collectives(monkeypatch):
+    """NCCL's destroy waits until every graph holding the communicator is gone, so the
+    backend closes those graphs first; replaying one afterwards says why it cannot."""
+    _join(monkeypatch)
+    be = DEV.backend
+    x = nd.array(np.ones((8,), np.float32), device=DEV)
+    with be.capture() as with_collective:
+        dist.all_reduce(x, "sum")
+    with be.capture() as without:
+        y = x * 2.0
+    with_collective.replay()
+    without.replay()
+    dist.destroy_process_group()
+    assert with_collective.closed and not without.closed
+    with pytest.raises(DeviceError, match="destroy_process_group"):
+        with_collective.replay()
+    without.replay()  # graphs without collectives are the caller's, untouched
+    np.testing.assert_array_equal(y.numpy(), np.full(8, 2.0))
+    without.close()
+
+
+def test_two_gpus_leave_the_group_with_captured_collectives_alive():
+    """2 ranks on 2 GPUs record an all-reduce, replay it, and leave the group while the
+    graph is alive: with NCCL's wait for graphs holding the communicator, the ranks exit
+    only because leaving closes them (the job would otherwise time out)."""
+    if not nd.cuda(1).enabled():
+        pytest.skip("needs two CUDA devices")
+    from .jobs import run_job
+
+    job = run_job("graph_exit.py", backend="nccl", timeout=180,
+                  env={"NCCL_NVLS_ENABLE": "0"})
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert {"ok 0", "ok 1"} <= set(job.stdout.split("\n"))
 
 
 def test_tensor_parallel_decode_is_captured(nccl_group, tmp_path):

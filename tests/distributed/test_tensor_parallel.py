@@ -4,6 +4,7 @@ sliding windows and soft-capping); ``needle generate --tp 2`` writes what --tp 1
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -94,10 +95,11 @@ def cli_model(tmp_path_factory):
     return directory
 
 
-def _generate(directory, *options: str) -> subprocess.CompletedProcess:
+def _generate(directory, *options: str, device: str = "cpu") -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "needle.cli", "generate", str(directory), "--prompt",
-               "The quick brown", "--max-tokens", "10", "--device", "cpu", *options]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+               "The quick brown", "--max-tokens", "10", "--device", device, *options]
+    return subprocess.run(command, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "NCCL_NVLS_ENABLE": "0"})
 
 
 @pytest.mark.parametrize("sampling", [(), ("--temperature", "0.9", "--seed", "4")])
@@ -106,6 +108,18 @@ def test_generate_tp2_writes_what_tp1_writes(cli_model, sampling):
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     assert two.stdout == one.stdout  # rank 0 alone writes the text
     assert two.stderr.count("decode:") == 1  # and the report
+
+
+@pytest.mark.skipif(not ndl.cuda(1).enabled(), reason="needs two CUDA devices")
+def test_generate_tp2_on_two_gpus_writes_what_tp1_writes_and_exits(cli_model):
+    """On GPUs the ranks decode through captured steps whose all-reduces are NCCL calls:
+    leaving the group must close those graphs, or NCCL's destroy waits for them forever
+    (the ranks then never exit and the run times out)."""
+    options = ("--dtype", "float32")
+    one = _generate(cli_model, *options, device="cuda")
+    two = _generate(cli_model, "--tp", "2", *options, device="cuda")
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    assert two.stdout == one.stdout
 
 
 def test_generate_tp_must_be_positive(cli_model):

@@ -4,18 +4,29 @@ NCCL reads and writes device memory in stream order, so a collective is one more
 of queued work: the host does not wait, and inside a capture (``queue.capture()``) the
 collective is recorded into the CUDA graph like a kernel. The graph keeps the buffers it
 reads alive, as it does for kernels. Waiting (``barrier``, ``synchronize``) polls with a
-deadline and aborts the communicator when it passes, which makes the device's pending
-collectives return instead of spinning forever.
+deadline (``waiting.wait_until``) and aborts the communicator when it passes, which makes
+the device's pending collectives return instead of spinning forever.
+
+A graph that recorded a collective holds a reference on the communicator inside NCCL, and
+``ncclCommDestroy`` (``ncclCommAbort`` too) waits until every such graph is destroyed: a
+tensor-parallel decoder's captured steps, still alive when the group was left, kept
+``needle generate --tp 2``'s ranks from exiting (seen on two H200s). So the backend keeps
+the recordings its collectives went into and closes them before it frees the
+communicator; replaying one afterwards raises an error that says why.
 """
 
 from __future__ import annotations
 
-import time
+import weakref
 
 from .. import step_hooks
 from ..backend_ndarray import NDArray
 from ..errors import DistributedError
 from . import nccl
+from .waiting import wait_until
+
+_CLOSED = ("it recorded NCCL collectives of a process group that has since been destroyed "
+           "(destroy_process_group); record the work again in a new group")
 
 
 class NcclBackend:
@@ -30,6 +41,7 @@ class NcclBackend:
         self.comm = nccl.comm_init_rank(world_size, uid, rank)
         self._stream = self.queue.handle
         self._scratch = None
+        self._recordings: weakref.WeakSet = weakref.WeakSet()  # graphs holding the comm
 
     # --- pointers ------------------------------------------------------------------------
     def _address(self, x: NDArray) -> int:
@@ -40,6 +52,7 @@ class NcclBackend:
         recording = self.queue.capturing
         if recording is not None:  # a recorded collective must keep its memory alive
             recording.buffers.append(buf)
+            self._recordings.add(recording)
         return buf.handle + buf.offset + x.offset * x.itemsize
 
     def _check(self, result: int, what: str) -> None:
@@ -90,29 +103,39 @@ class NcclBackend:
         (so that the device stops waiting for the missing rank) and raise."""
         event = self.queue.event()
         event.record()
-        deadline = time.monotonic() + self.timeout
-        while not event.query():
-            error = nccl.async_error(self.comm)
-            if error:
-                self._abort()
-                nccl.check(error, "a queued NCCL collective")
-            if time.monotonic() > deadline:
-                self._abort()
-                raise DistributedError(f"NCCL work did not finish within {self.timeout:.0f} s: "
-                                       "another rank has not joined a collective (hung, died, "
-                                       "or called a different one); the communicator was "
-                                       "aborted")
-            time.sleep(1e-4)
+        wait_until(event.query, self._raise_async_error, self.timeout, self._expired)
+
+    def _raise_async_error(self) -> None:
+        error = nccl.async_error(self.comm)
+        if error:
+            self._abort()
+            nccl.check(error, "a queued NCCL collective")
+
+    def _expired(self) -> DistributedError:
+        self._abort()
+        return DistributedError(f"NCCL work did not finish within {self.timeout:.0f} s: "
+                                "another rank has not joined a collective (hung, died, or "
+                                "called a different one); the communicator was aborted")
+
+    def _close_recordings(self) -> None:
+        """Destroy the graphs that recorded this communicator's collectives: until they
+        are gone, NCCL's destroy and abort wait for them."""
+        for recording in list(self._recordings):
+            recording.close(because=_CLOSED)
+        self._recordings.clear()
 
     def _abort(self) -> None:
         if self.comm is not None:
+            self._close_recordings()
             nccl.library().ncclCommAbort(self.comm)
             self.comm = None
 
     def close(self) -> None:
-        """Wait (with the deadline) for queued collectives, then free the communicator; a
-        wait that times out has aborted it instead, and raises."""
+        """Wait (with the deadline) for queued collectives, close the graphs that recorded
+        any, then free the communicator; a wait that times out has aborted it instead, and
+        raises."""
         if self.comm is not None:
             self.synchronize()
+            self._close_recordings()
             nccl.library().ncclCommDestroy(self.comm)
             self.comm = None

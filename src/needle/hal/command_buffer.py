@@ -19,6 +19,7 @@ class CommandBuffer:
     def __init__(self, pool=None):
         self.pool = pool
         self.closed = False
+        self.closed_because: str | None = None  # why it was closed early, for replay's error
 
     def replay(self) -> None:
         """Enqueue all recorded work again (asynchronously, like any dispatch)."""
@@ -31,11 +32,14 @@ class CommandBuffer:
     def _release(self) -> None:
         """Free the backend's recorded objects."""
 
-    def close(self) -> None:
-        """Free the recording and return its private memory pool."""
+    def close(self, because: str | None = None) -> None:
+        """Free the recording and return its private memory pool; ``because`` (closed by
+        another part before its owner was done with it) is what a later replay's error
+        says."""
         if self.closed:
             return
         self.closed = True
+        self.closed_because = because
         self._release()
         if self.pool is not None:
             self.pool.close()

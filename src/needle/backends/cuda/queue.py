@@ -170,7 +170,9 @@ class CudaGraph(CommandBuffer):
 
     def replay(self) -> None:
         if self.exec is None:
-            raise DeviceError("this graph was not captured successfully or is closed")
+            raise DeviceError("this graph cannot be replayed: "
+                              + (self.closed_because or "it was not captured successfully "
+                                 "or is closed"))
         check(cu.cuGraphLaunch(self.exec, self._queue.stream), "cuGraphLaunch",
               KernelLaunchError)
 

@@ -75,7 +75,8 @@ class MetalCapture(CommandBuffer):
 
     def replay(self) -> None:
         if self.closed:
-            raise DeviceError("this recording is closed")
+            raise DeviceError("this recording is closed"
+                              + (f": {self.closed_because}" if self.closed_because else ""))
         with self._queue.lock:
             for kind, args in self.commands:
                 if kind == "dispatch":
