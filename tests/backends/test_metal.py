@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import needle.backend_ndarray as nd
-from needle.errors import DTypeError, KernelCompileError, KernelLaunchError
+from needle.errors import DeviceError, DTypeError, KernelCompileError, KernelLaunchError
 from needle.hal import trace
 
 METAL = nd.metal()
@@ -201,6 +201,20 @@ def test_recorded_command_buffer_replays_with_new_inputs(backend):
     recording.replay()
     np.testing.assert_allclose(y.numpy(), np.exp(-1.0), rtol=1e-6)
     recording.close()
+
+
+def test_a_recording_closed_early_says_why_it_cannot_replay(backend):
+    x = nd.array(np.ones(4, np.float32), device=METAL)
+    with backend.capture() as recording:
+        x * 2
+    recording.close(because="its owner was torn down")
+    with pytest.raises(DeviceError, match="closed: its owner was torn down"):
+        recording.replay()
+    with backend.capture() as plain:
+        x * 3
+    plain.close()
+    with pytest.raises(DeviceError, match="this recording is closed$"):
+        plain.replay()
 
 
 def test_profiler_times_each_kernel(backend):
