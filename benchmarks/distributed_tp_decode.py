@@ -56,7 +56,10 @@ def main() -> None:
     if g.world_size > 1:
         make_row_parallel(model)
     prompt = [i % full.vocab_size for i in range(1, args.prompt + 1)]
-    model.generate(prompt, max_new_tokens=8, temperature=0)  # warm-up: compile, capture
+    # warm-up: the first prefill of a bucket runs eagerly (compiles), the second is
+    # captured, later ones replay (models/prefill_graphs.py); decode steps likewise
+    for _ in range(2):
+        model.generate(prompt, max_new_tokens=8, temperature=0)
     stats = GenerationStats()
     model.generate(prompt, max_new_tokens=args.tokens, temperature=0, stats=stats)
     if g.rank == 0:
