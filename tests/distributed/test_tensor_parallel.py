@@ -40,16 +40,33 @@ def model_dir(tmp_path_factory):
     return get
 
 
-def test_two_ranks_give_the_logits_and_tokens_of_one(model_dir, tmp_path):
+@pytest.mark.parametrize("fused", ["auto", "1"])
+def test_two_ranks_give_the_logits_and_tokens_of_one(model_dir, tmp_path, fused, monkeypatch):
+    """``fused``: NEEDLE_FUSED_DECODE in the ranks. The CPU backend decodes layer by layer
+    by default; "1" makes the ranks take the five fused operations (CUDA's default), the
+    row-parallel projections adding their all-reduced sums (``add_into``)."""
     model_dirs = [model_dir(variant) for variant, _ in MODELS]
-    job = run_job("tp_logits.py", str(tmp_path), *map(str, model_dirs))
+    job = run_job("tp_logits.py", str(tmp_path), *map(str, model_dirs),
+                  env={"NEEDLE_FUSED_DECODE": fused})
     assert job.returncode == 0, job.stdout + job.stderr
+    monkeypatch.setenv("NEEDLE_FUSED_DECODE", fused)  # the one-process model decodes alike
     for i, directory in enumerate(model_dirs):
         model = load_pretrained(directory, device=ndl.cpu(), max_seq_len=32)
         got = np.load(tmp_path / f"{i}.npz")
         np.testing.assert_allclose(got["logits"], model.forward([PROMPT]).numpy(),
                                    rtol=1e-4, atol=1e-4, err_msg=directory.name)
-        assert got["tokens"].tolist() == model.generate(PROMPT, 6, temperature=0)
+        tokens = model.generate(PROMPT, 6, temperature=0)
+        assert got["tokens"].tolist() == tokens
+        decoder = model.decoder()
+        decoder.prefill(PROMPT)
+        steps = np.stack([decoder.step(t).numpy().reshape(-1) for t in tokens[:3]])
+        np.testing.assert_allclose(got["steps"], steps, rtol=1e-4, atol=1e-4,
+                                   err_msg=directory.name)
+        # the ranks' layers decode as one process's do (Llama's and Qwen2's as five fused
+        # operations when asked; Phi-3's windows and Gemma 2's sandwich norms never)
+        assert got["fused"].tolist() == model.transformer.five_ops, directory.name
+        if fused == "1" and MODELS[i][0] in ("llama", "qwen2"):
+            assert all(got["fused"])
 
 
 def test_shards_are_disjoint_and_rebuild_the_matrices(model_dir):

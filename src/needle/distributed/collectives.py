@@ -69,13 +69,31 @@ def _in_place(x: NDArray, run) -> NDArray:
     return x
 
 
-def all_reduce(x: NDArray, op: str = "sum") -> NDArray:
+def all_reduce(x: NDArray, op: str = "sum", out: NDArray | None = None) -> NDArray:
     """Reduce ``x`` over the ranks with ``op`` (sum, avg, max, min); every rank's ``x``
-    becomes the result. Returns ``x``."""
+    becomes the result, or, with ``out`` (a compact array of x's shape, dtype and device),
+    ``out`` does and x keeps its values unless out is x's memory. Ranks may differ in
+    whether they pass ``out``. Returns the result's array."""
     _check_op(op, _check_array(x, "all_reduce"), "all_reduce")
     g = group()
+    if out is not None and out is not x:
+        _check_out(x, out)
+        _agree(g, x, "all_reduce", op)
+        g.backend.all_reduce(x.compact(), op, out)
+        return out
     _agree(g, x, "all_reduce", op)
     return _in_place(x, lambda a: g.backend.all_reduce(a, op))
+
+
+def _check_out(x: NDArray, out: NDArray) -> None:
+    _check_array(out, "all_reduce: out")
+    if (out.shape, out.dtype, out.device) != (x.shape, x.dtype, x.device):
+        raise ShapeError(f"all_reduce: out must have x's shape, dtype and device "
+                         f"({x.shape}, {x.dtype}, {x.device.name}); got ({out.shape}, "
+                         f"{out.dtype}, {out.device.name})")
+    if not out.is_compact():
+        raise ArgumentError("all_reduce: out must be compact (pass out.compact() and copy "
+                            "back, or leave out None to reduce x in place)")
 
 
 def all_gather(x: NDArray) -> NDArray:

@@ -64,11 +64,12 @@ class MpiBackend:
             host = host.view(dtypes.to_numpy_dtype(out.dtype))
         out[...] = nd_array(host.reshape(out.shape), dtype=out.dtype, device=out.device)
 
-    def all_reduce(self, x: NDArray, op: str) -> None:
+    def all_reduce(self, x: NDArray, op: str, out: NDArray | None = None) -> None:
         buf = self._host(x, reduce=True)
         self._wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self._ops[op]),
                    "all_reduce")
-        self._store(x, buf / self.comm.Get_size() if op == "avg" else buf)
+        self._store(x if out is None else out,
+                    buf / self.comm.Get_size() if op == "avg" else buf)
 
     def all_gather(self, x: NDArray, out: NDArray) -> None:
         send = self._host(x, reduce=False)

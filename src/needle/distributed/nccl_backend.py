@@ -59,13 +59,13 @@ class NcclBackend:
         nccl.check(result, what, self.comm)
 
     # --- collectives ---------------------------------------------------------------------
-    def all_reduce(self, x: NDArray, op: str) -> None:
-        if step_hooks.deferred(lambda: self.all_reduce(x, op), x):  # ndl.compile, fusing
+    def all_reduce(self, x: NDArray, op: str, out: NDArray | None = None) -> None:
+        out = x if out is None else out
+        if step_hooks.deferred(lambda: self.all_reduce(x, op, out), x, out):  # ndl.compile
             return
-        p = self._address(x)
-        self._check(nccl.library().ncclAllReduce(p, p, x.size, nccl.DTYPES[x.dtype],
-                                                 nccl.OPS[op], self.comm, self._stream),
-                    "ncclAllReduce")
+        self._check(nccl.library().ncclAllReduce(self._address(x), self._address(out), x.size,
+                                                 nccl.DTYPES[x.dtype], nccl.OPS[op],
+                                                 self.comm, self._stream), "ncclAllReduce")
 
     def all_gather(self, x: NDArray, out: NDArray) -> None:
         if step_hooks.deferred(lambda: self.all_gather(x, out), x, out):

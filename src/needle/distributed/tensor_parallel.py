@@ -42,8 +42,19 @@ class RowParallelProjection(Projection):
     the ranks; the bias (whole on every rank) is added once, after the sum."""
 
     def __call__(self, x: NDArray) -> NDArray:
-        y = all_reduce((x @ self.weight.transpose()).compact(), "sum")
+        y = all_reduce(self.product(x).compact(), "sum")
         return y if self.bias is None else y + self.bias
+
+    def add_into(self, h: NDArray, x: NDArray) -> NDArray:
+        """x += all_reduce(h @ weight_shard.T), as the five fused decode operations add a
+        projection into the residual stream x (the same on every rank): rank 0 adds its
+        partial product into x (``nd.matvec_add``), the other ranks compute theirs apart,
+        and one all-reduce sums them into every rank's x. A rank runs one product and one
+        collective, no separate add or norm."""
+        if group().rank == 0:
+            nd.matvec_add(h, self.weight, x)
+            return all_reduce(x, "sum")
+        return all_reduce(self.product(h).reshape(x.shape), "sum", out=x)
 
 
 def shard_config(cfg: ModelConfig, parts: int) -> ModelConfig:
@@ -94,11 +105,12 @@ class Slicer:
 
 def make_row_parallel(model: CausalLM) -> CausalLM:
     """Make each layer's output and down projections all-reduce their partial sums (the
-    model already holds one rank's shards, on a config from ``shard_config``)."""
+    model already holds one rank's shards, on a config from ``shard_config``). A decode
+    step keeps its five fused operations a layer, two of them ending in an all-reduce."""
     for layer in model.weights.layers:
         layer.o = RowParallelProjection(layer.o.weight, layer.o.bias)
         layer.down = RowParallelProjection(layer.down.weight, layer.down.bias)
-    model.transformer.plan_decode()  # the all-reducing projections are not fused ones
+    model.transformer.plan_decode()  # the five fused operations add them via add_into
     return model
 
 

@@ -200,10 +200,10 @@ class Transformer:
         a = nd.attention_decode(qkv, self.rope.cos, self.rope.sin, state.position,
                                 cache.keys[i], cache.values[i], cfg.num_heads, cfg.attn_scale,
                                 state.max_positions)
-        nd.matvec_add(a.reshape(x.shape[:-1] + (a.size,)), layer.o.weight, x)
+        layer.o.add_into(a.reshape(x.shape[:-1] + (a.size,)), x)
         gated = nd.rmsnorm_matvec(x, None if folded else layer.mlp_norm,
                                   layer.gate_up.weight, eps, activation="swiglu")
-        return nd.matvec_add(gated, layer.down.weight, x)
+        return layer.down.add_into(gated, x)
 
     def _decode_attention(self, i: int, layer: LayerWeights, h: NDArray, state: DecodeState,
                           cache: KVCache) -> NDArray:
@@ -271,11 +271,12 @@ def _fuse(choice: str, backend, layer: LayerWeights) -> bool:
     return has(backend, "fused_matvec") or has(backend, "folded_norm_matvec")
 
 
-def _plain(projection, packed: bool) -> bool:
+def _plain(projection, packed: bool, adds: bool = False) -> bool:
     """A projection the fused operations can read: a plain product (not a subclass that does
-    more, as tensor parallelism's all-reducing one), dense weights (or packed ones, where the
-    backend fuses those), no bias."""
-    return (type(projection) is Projection and projection.bias is None
+    more), dense weights (or packed ones, where the backend fuses those), no bias. With
+    ``adds`` (the output and down projections, which the step applies through ``add_into``)
+    a subclass is fine too: tensor parallelism's all-reducing one adds its sum that way."""
+    return ((type(projection) is Projection or adds) and projection.bias is None
             and (isinstance(projection.weight, NDArray) or packed))
 
 
@@ -285,7 +286,8 @@ def _fusable(cfg: ModelConfig, layer: LayerWeights, packed: bool) -> bool:
     return (cfg.arch.activation == "silu" and layer.q_norm is None
             and layer.post_attn_norm is None and layer.post_mlp_norm is None
             and (isinstance(layer.qkv.weight, NDArray) or packed)
-            and all(_plain(p, packed) for p in (layer.o, layer.gate_up, layer.down)))
+            and _plain(layer.gate_up, packed)
+            and all(_plain(p, packed, adds=True) for p in (layer.o, layer.down)))
 
 
 def _add_norm(x: NDArray, delta: NDArray | None, weight: NDArray,

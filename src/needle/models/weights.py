@@ -32,11 +32,19 @@ class Projection:
     bias: NDArray | None = None
 
     def __call__(self, x: NDArray) -> NDArray:
-        if isinstance(self.weight, QuantizedMatrix):
-            y = quant_matmul(x, self.weight)
-        else:
-            y = x @ self.weight.transpose()
+        y = self.product(x)
         return y if self.bias is None else y + self.bias
+
+    def product(self, x: NDArray) -> NDArray:
+        """x @ weight.T alone (packed weights through ``quant_matmul``)."""
+        if isinstance(self.weight, QuantizedMatrix):
+            return quant_matmul(x, self.weight)
+        return x @ self.weight.transpose()
+
+    def add_into(self, h: NDArray, x: NDArray) -> NDArray:
+        """x += h @ weight.T in place, one fused operation (``nd.matvec_add``): the decode
+        step's output and down projections adding into the residual stream (bias None)."""
+        return nd.matvec_add(h, self.weight, x)
 
 
 @dataclass

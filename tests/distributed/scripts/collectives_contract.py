@@ -58,6 +58,18 @@ for device in devices:
     np.testing.assert_array_equal(got[:, ::2], np.full((4, 3), 201.0))
     np.testing.assert_array_equal(got[:, 1::2], np.full((4, 3), 100.0 + rank))
 
+    # out: the result lands in another array and x keeps its values; ranks may differ in
+    # whether they pass one (a tensor-parallel layer's rank 0 reduces into its residual)
+    x = nd.array(np.full((4, 3), rank + 1.0, np.float32), device=device)
+    target = nd.array(np.zeros((4, 3), np.float32), device=device)
+    got = dist.all_reduce(x, "sum", out=target if rank == 1 else None)
+    np.testing.assert_array_equal(got.numpy(), np.full((4, 3), 3.0))
+    if rank == 1:
+        assert got is target
+        np.testing.assert_array_equal(x.numpy(), np.full((4, 3), 2.0))
+    else:
+        assert got is x
+
     # bool: max is any, min is all
     flags = nd.array(np.array([True, False, rank == 0, rank == 1]), device=device)
     dist.all_reduce(flags, "max")
@@ -69,7 +81,12 @@ for call, error in ((lambda: dist.all_reduce(nd.array([1, 2]), "avg"), DTypeErro
                     (lambda: dist.all_reduce(np.ones(3)), ArgumentTypeError),
                     (lambda: dist.reduce_scatter(nd.array(np.ones(3, np.float32))), ShapeError),
                     (lambda: dist.broadcast(nd.array([1.0]), src=2), ArgumentError),
-                    (lambda: dist.all_reduce(nd.array([True]), "sum"), DTypeError)):
+                    (lambda: dist.all_reduce(nd.array([True]), "sum"), DTypeError),
+                    (lambda: dist.all_reduce(nd.array([1.0, 2.0]), out=nd.array([1.0])),
+                     ShapeError),
+                    (lambda: dist.all_reduce(nd.array([1.0, 2.0]),
+                                             out=nd.array(np.ones((2, 2), np.float32))[:, 0]),
+                     ArgumentError)):
     try:
         call()
     except error:

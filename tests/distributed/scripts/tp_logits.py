@@ -1,6 +1,7 @@
 """Run by test_tensor_parallel.py under `needle run -n 2 --backend mpi tp_logits.py OUT
 DIR...`: load each model directory tensor-parallel and have rank 0 write, per model, the
-logits of a prompt (the prompt pass) and 6 greedy tokens (prefill + decode steps) to
+logits of a prompt (the prompt pass), 6 greedy tokens (prefill + decode steps), the decode
+step's logits for the first 3 of them and which layers decode as five fused operations to
 OUT/<i>.npz; rank 1 checks that its logits are rank 0's."""
 
 import sys
@@ -19,8 +20,12 @@ for i, directory in enumerate(directories):
     model = dist.load_tensor_parallel(directory, max_seq_len=32)
     logits = model.forward([PROMPT]).numpy()
     tokens = model.generate(PROMPT, max_new_tokens=6, temperature=0)
+    decoder = model.decoder()  # the decode step's logits for the first three tokens
+    decoder.prefill(PROMPT)
+    steps = np.stack([decoder.step(t).numpy().reshape(-1) for t in tokens[:3]])
     both = dist.all_gather(nd.array(logits, device=model.device)).numpy()
     np.testing.assert_array_equal(both[0], both[1])  # every rank computes the same logits
     if dist.get_rank() == 0:
-        np.savez(out / f"{i}.npz", logits=logits, tokens=np.array(tokens))
+        np.savez(out / f"{i}.npz", logits=logits, tokens=np.array(tokens), steps=steps,
+                 fused=np.array(model.transformer.five_ops))
 dist.destroy_process_group()
