@@ -3,6 +3,9 @@ MPI ranks; what they print is what docs/distributed.md describes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,3 +27,20 @@ def test_benchmark_runs(script, args, expect):
     job = run_job(str(BENCHMARKS / script), *args)
     assert job.returncode == 0, job.stderr
     assert job.stdout.startswith(expect)
+
+
+def test_the_torch_peer_runs():
+    """benchmarks/distributed_allreduce_torch.py (torch.distributed's all-reduce, the peer of
+    distributed_allreduce.py) under torchrun, on the CPU through gloo: its table's rows."""
+    pytest.importorskip("torch.distributed.run", reason="torch is not installed")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               str(BENCHMARKS / "distributed_allreduce_torch.py"), "--min-mib", "0.25",
+               "--max-mib", "0.5", "--samples", "2"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    job = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
+    assert job.returncode == 0, job.stderr[-3000:]
+    lines = job.stdout.splitlines()
+    assert lines[0].startswith("all_reduce float32 sum, 2 ranks, torch ")
+    rows = [line.split() for line in lines[2:]]
+    assert [int(r[0]) for r in rows] == [262144, 524288]
+    assert all(float(r[3]) > 0 for r in rows)  # busbw
