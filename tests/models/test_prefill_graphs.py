@@ -83,6 +83,33 @@ def test_replayed_prefills_match_eager(checkpoints, device, monkeypatch):
 
 
 @RECORDING
+def test_graphs_closed_by_another_part_are_recorded_again(checkpoints, device, monkeypatch):
+    """A recorded prefill or decode step that something else closed (leaving a process
+    group closes the graphs that recorded its collectives) is recorded again at its next
+    use, with the eager results, instead of failing."""
+    model, eager = _models(checkpoints, device, monkeypatch)
+    decoder = model.decoder()
+    for n in (5, 9):  # the bucket's prefill eager, then captured
+        decoder.prefill(_prompt(n))
+        eager.prefill(_prompt(n))
+        for t in (3, 4, 5):  # the step eager, captured, replayed
+            decoder.step(t)
+            eager.step(t)
+    graphs = [decoder.prefills._buckets[64].graph] + [g for g, _ in decoder._recorded.values()]
+    assert len(graphs) == 2 and all(g is not None for g in graphs)
+    for graph in graphs:
+        graph.close(because="closed by the test")
+    prompt = _prompt(11)
+    np.testing.assert_allclose(decoder.prefill(prompt).numpy(), eager.prefill(prompt).numpy(),
+                               rtol=1e-5, atol=1e-5)
+    for t in (6, 7):
+        np.testing.assert_allclose(decoder.step(t).numpy(), eager.step(t).numpy(),
+                                   rtol=1e-5, atol=1e-5)
+    assert decoder.prefills.captured == [64] and not decoder.prefills._buckets[64].graph.closed
+    assert [g.closed for g, _ in decoder._recorded.values()] == [False]
+
+
+@RECORDING
 def test_at_most_limit_graphs_are_kept(checkpoints, device, monkeypatch):
     """With NEEDLE_PREFILL_GRAPHS=1, a second bucket's capture gives the first one's graph
     back (least recently used first); the results stay those of the eager prefill."""

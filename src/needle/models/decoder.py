@@ -256,6 +256,11 @@ class Decoder:
         key = (kind, self._band())
         self.state.max_positions = self.bands[key[1]]
         recorded = self._recorded.get(key)
+        if recorded is not None and recorded[0].closed:
+            # closed by another part (leaving a process group closes the graphs of its
+            # collectives): record the step again
+            del self._recorded[key]
+            recorded = None
         if recorded is None and self._capture is not None and self._eager.get(key, 0) >= 1:
             try:
                 with self._capture() as graph:

@@ -110,6 +110,8 @@ class PrefillGraphs:
         backend = self.model.device.backend  # two uploads into the graph's input buffers
         backend.from_numpy(padded, bucket.ids.handle)
         backend.from_numpy(np.array([n - 1], np.int32), bucket.last.handle)
+        if bucket.graph is not None and bucket.graph.closed:  # closed by another part
+            bucket.graph = bucket.logits = None  # (a process group left): record it again
         if bucket.graph is None and bucket.runs >= 1 and self._capture is not None:
             self._record(bucket)
             self._evict()
