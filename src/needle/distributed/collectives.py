@@ -75,13 +75,14 @@ def all_reduce(x: NDArray, op: str = "sum", out: NDArray | None = None) -> NDArr
     ``out`` does and x keeps its values unless out is x's memory. Ranks may differ in
     whether they pass ``out``. Returns the result's array."""
     _check_op(op, _check_array(x, "all_reduce"), "all_reduce")
-    g = group()
-    if out is not None and out is not x:
+    apart = out is not None and out is not x
+    if apart:
         _check_out(x, out)
-        _agree(g, x, "all_reduce", op)
+    g = group()
+    _agree(g, x, "all_reduce", op)
+    if apart:
         g.backend.all_reduce(x.compact(), op, out)
         return out
-    _agree(g, x, "all_reduce", op)
     return _in_place(x, lambda a: g.backend.all_reduce(a, op))
 
 

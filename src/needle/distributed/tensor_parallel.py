@@ -52,8 +52,7 @@ class RowParallelProjection(Projection):
         and one all-reduce sums them into every rank's x. A rank runs one product and one
         collective, no separate add or norm."""
         if group().rank == 0:
-            nd.matvec_add(h, self.weight, x)
-            return all_reduce(x, "sum")
+            return all_reduce(super().add_into(h, x), "sum")
         return all_reduce(self.product(h).reshape(x.shape), "sum", out=x)
 
 
