@@ -16,7 +16,7 @@ import math
 
 from needle import backend_ndarray as nd
 from needle import distributed as dist
-from needle.distributed.tensor_parallel import make_row_parallel, shard_config
+from needle.distributed.tensor_parallel import Slicer, make_row_parallel, shard_config
 from needle.models import GenerationStats
 from needle.models.causal_lm import CausalLM
 from needle.models.config import ModelConfig
@@ -46,8 +46,10 @@ def main() -> None:
     g = dist.init_process_group()
     full = config(args.shapes)
     cfg = shard_config(full, g.world_size)
+    slicer = Slicer(full, g.rank, g.world_size)  # for the shape of the head's share
 
     def weights(name: str, shape: tuple[int, ...]) -> nd.NDArray:
+        shape = slicer.shape(name, shape)
         value = 1.0 if name.endswith("norm.weight") else 0.5 / math.sqrt(shape[-1])
         return nd.full(shape, value, args.dtype, g.device)
 

@@ -27,7 +27,7 @@ RUN=("$PY" -m needle.cli run --backend nccl -n)  # then the rank count and the s
 
 nvidia-smi --query-gpu=name --format=csv,noheader >> "$SUMMARY" 2>&1
 $PY -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1
-step tests 400 $PY -m pytest -q tests/distributed/test_nccl.py tests/distributed/test_tensor_parallel.py
+step tests 400 $PY -m pytest -q tests/distributed/test_nccl.py tests/distributed/test_tensor_parallel.py tests/distributed/test_two_gpus.py
 step contract 120 "${RUN[@]}" "$GPUS" tests/distributed/scripts/collectives_contract.py
 step allreduce 120 "${RUN[@]}" "$GPUS" benchmarks/distributed_allreduce.py
 step allreduce_torch 120 "$PY" -m torch.distributed.run --nproc_per_node "$GPUS" benchmarks/distributed_allreduce_torch.py

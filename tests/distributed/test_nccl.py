@@ -115,6 +115,29 @@ def test_leaving_the_group_closes_the_graphs_that_recorded_its_collectives(monke
     without.close()
 
 
+def test_symmetric_arrays_are_registered_memory_that_outlives_the_group(monkeypatch):
+    """With NCCL >= 2.27 an array of ``symmetric_empty`` lies in ncclMemAlloc memory that a
+    window registers; an all-reduce of it records into a graph; leaving the group
+    deregisters the window but keeps the memory while an array uses it."""
+    from needle.distributed import nccl
+    from needle.distributed.nccl_backend import _SymmetricMemory
+
+    g = _join(monkeypatch)
+    x = dist.symmetric_empty((2048,), "bfloat16")
+    x[...] = nd.array(np.arange(2048) % 5, dtype="bfloat16", device=DEV)
+    assert x.device == DEV
+    if nccl.has_windows():
+        assert isinstance(x.handle.buffer.owner, _SymmetricMemory)
+        assert len(g.backend._windows) == 1
+    with DEV.backend.queue.capture() as graph:
+        dist.all_reduce(x, "sum")
+    graph.replay()
+    dist.synchronize()
+    dist.destroy_process_group()
+    assert g.backend._windows == []
+    np.testing.assert_array_equal(x.numpy().astype(np.float32), np.arange(2048) % 5)
+
+
 def test_two_gpus_leave_the_group_with_captured_collectives_alive():
     """2 ranks on 2 GPUs record an all-reduce, replay it, and leave the group while the
     graph is alive: with NCCL's wait for graphs holding the communicator, the ranks exit

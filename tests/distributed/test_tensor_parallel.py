@@ -67,6 +67,10 @@ def test_two_ranks_give_the_logits_and_tokens_of_one(model_dir, tmp_path, fused,
         assert got["fused"].tolist() == model.transformer.five_ops, directory.name
         if fused == "1" and MODELS[i][0] in ("llama", "qwen2"):
             assert all(got["fused"])
+        # each rank holds half the head's vocabulary rows, but a head tied to the
+        # embeddings (Gemma 2's) stays whole: the lookup needs every row
+        vocab = model.config.vocab_size
+        assert int(got["head_rows"]) == (vocab if MODELS[i][0] == "gemma2" else vocab // 2)
 
 
 def test_shards_are_disjoint_and_rebuild_the_matrices(model_dir):
@@ -90,7 +94,21 @@ def test_shards_are_disjoint_and_rebuild_the_matrices(model_dir):
     np.testing.assert_array_equal(rebuilt_v, full_qkv[q + kv:])
     np.testing.assert_array_equal(np.concatenate([s(o, full_o) for s in slices], axis=1),
                                   full_o)
+    head = ckpt.read("lm_head.weight", shapes["lm_head.weight"])  # by vocabulary rows
+    np.testing.assert_array_equal(np.concatenate([s("lm_head.weight", head) for s in slices]),
+                                  head)
+    assert slices[0].shape("lm_head.weight", head.shape) == (head.shape[0] // 2, head.shape[1])
     ckpt.close()
+
+
+def test_a_tied_or_uneven_head_stays_whole():
+    base = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 1,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
+    for extra in ({"vocab_size": 257}, {"vocab_size": 256, "tie_word_embeddings": True}):
+        cfg = ModelConfig.from_dict({**base, **extra})
+        head = np.ones((cfg.vocab_size, 64), np.float32)
+        assert Slicer(cfg, 1, 2)("lm_head.weight", head) is head
+        assert Slicer(cfg, 1, 2).shape("lm_head.weight", head.shape) == head.shape
 
 
 def test_heads_must_divide():

@@ -20,6 +20,7 @@ from .collectives import (
     barrier,
     broadcast,
     reduce_scatter,
+    symmetric_empty,
     synchronize,
 )
 from .data_parallel import DistributedDataParallel

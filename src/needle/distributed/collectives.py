@@ -13,8 +13,9 @@ import zlib
 
 import numpy as np
 
-from ..backend_ndarray import NDArray
+from ..backend_ndarray import NDArray, dtypes
 from ..backend_ndarray import array as nd_array
+from ..backend_ndarray import empty as nd_empty
 from ..errors import ArgumentError, ArgumentTypeError, DistributedError, DTypeError, ShapeError
 from .group import ProcessGroup, group
 
@@ -95,6 +96,23 @@ def _check_out(x: NDArray, out: NDArray) -> None:
     if not out.is_compact():
         raise ArgumentError("all_reduce: out must be compact (pass out.compact() and copy "
                             "back, or leave out None to reduce x in place)")
+
+
+def symmetric_empty(shape: tuple[int, ...], dtype: str = "float32") -> NDArray:
+    """An uninitialized array on the group's device for the buffers of small all-reduces
+    that repeat (a tensor-parallel decoder's residual stream). With the nccl backend and
+    NCCL >= 2.27 it lies in symmetric memory, at the same place on every rank, and an
+    all-reduce whose input and output lie in such arrays takes NCCL's low-latency kernels;
+    elsewhere it is an ordinary array. Collective: every rank calls it with the same shape
+    and dtype, in the same order, outside any recording."""
+    g = group()
+    shape = tuple(int(n) for n in shape)
+    if any(n < 0 for n in shape):
+        raise ShapeError(f"symmetric_empty: negative dimension in {shape}")
+    dtype = dtypes.canonical(dtype)
+    _agree(g, NDArray.make((0,), dtype=dtype, device=g.device), "symmetric_empty", *shape)
+    array = g.backend.symmetric_empty(shape, dtype)
+    return array if array is not None else nd_empty(shape, dtype, g.device)
 
 
 def all_gather(x: NDArray) -> NDArray:

@@ -47,6 +47,10 @@ class MpiBackend:
         self._ops = {"sum": self.MPI.SUM, "avg": self.MPI.SUM, "max": self.MPI.MAX,
                      "min": self.MPI.MIN}
 
+    def symmetric_empty(self, shape: tuple[int, ...], dtype: str) -> NDArray | None:
+        """MPI has no symmetric memory: None (the caller makes an ordinary array)."""
+        return None
+
     @staticmethod
     def _host(x: NDArray, reduce: bool) -> np.ndarray:
         host = np.ascontiguousarray(x.numpy())

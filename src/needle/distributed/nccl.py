@@ -1,8 +1,9 @@
 """A ctypes binding of the NCCL C API (the library of the ``nvidia-nccl-cu13`` wheel).
 
-Only what the "nccl" backend calls: unique ids, communicators, the four collectives and
-error reporting. Every call's result is checked; a failure raises ``DistributedError``
-with NCCL's own text and its last error message.
+Only what the "nccl" backend calls: unique ids, communicators, the four collectives,
+symmetric memory windows (NCCL >= 2.27) and error reporting. Every call's result is
+checked; a failure raises ``DistributedError`` with NCCL's own text and its last error
+message.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ DTYPES = {"int32": 2, "int64": 4, "float16": 6, "float32": 7, "float64": 8, "bfl
           "bool": 1, "int8": 0, "uint8": 1}  # bool travels as uint8
 OPS = {"sum": 0, "max": 2, "min": 3, "avg": 4}
 _IN_PROGRESS = 7
+WIN_COLL_SYMMETRIC = 0x01  # every rank passes buffers at the same offset into the window
 
 
 class UniqueId(ctypes.Structure):
@@ -55,7 +57,14 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "ncclReduceScatter": [vp, vp, size, i32, i32, comm, vp],
         "ncclBroadcast": [vp, vp, size, i32, i32, comm, vp],
     }
-    for name, args in signatures.items():
+    windows = {  # NCCL >= 2.27 only: bound where the library has them
+        "ncclMemAlloc": [ctypes.POINTER(vp), size],
+        "ncclMemFree": [vp],
+        "ncclCommWindowRegister": [comm, vp, size, ctypes.POINTER(vp), i32],
+        "ncclCommWindowDeregister": [comm, vp],
+    }
+    for name, args in {**signatures, **{k: v for k, v in windows.items()
+                                        if hasattr(lib, k)}}.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, i32
     lib.ncclGetErrorString.argtypes, lib.ncclGetErrorString.restype = [i32], ctypes.c_char_p
@@ -122,3 +131,31 @@ def async_error(comm) -> int:
     check(library().ncclCommGetAsyncError(comm, ctypes.byref(code)), "ncclCommGetAsyncError",
           comm)
     return code.value
+
+
+def has_windows() -> bool:
+    """Whether the library registers symmetric memory windows (NCCL >= 2.27)."""
+    return hasattr(library(), "ncclCommWindowRegister") and version() >= (2, 27, 0)
+
+
+def symmetric_alloc(comm, nbytes: int) -> tuple[int, ctypes.c_void_p]:
+    """``nbytes`` of device memory from ``ncclMemAlloc`` (CUDA virtual memory), registered
+    as a symmetric window of ``comm``; returns (address, window). Collective: every rank
+    calls it with the same size, in the same order."""
+    lib, pointer, window = library(), ctypes.c_void_p(), ctypes.c_void_p()
+    check(lib.ncclMemAlloc(ctypes.byref(pointer), nbytes), f"ncclMemAlloc({nbytes})", comm)
+    try:
+        check(lib.ncclCommWindowRegister(comm, pointer, nbytes, ctypes.byref(window),
+                                         WIN_COLL_SYMMETRIC), "ncclCommWindowRegister", comm)
+    except DistributedError:
+        lib.ncclMemFree(pointer)
+        raise
+    return pointer.value, window
+
+
+def window_deregister(comm, window: ctypes.c_void_p) -> None:
+    check(library().ncclCommWindowDeregister(comm, window), "ncclCommWindowDeregister", comm)
+
+
+def mem_free(address: int) -> None:
+    check(library().ncclMemFree(ctypes.c_void_p(address)), "ncclMemFree")

@@ -13,15 +13,26 @@ tensor-parallel decoder's captured steps, still alive when the group was left, k
 ``needle generate --tp 2``'s ranks from exiting (seen on two H200s). So the backend keeps
 the recordings its collectives went into and closes them before it frees the
 communicator; replaying one afterwards raises an error that says why.
+
+``symmetric_empty`` gives arrays in NCCL symmetric memory (NCCL >= 2.27): ``ncclMemAlloc``
+memory registered as a window at the same place on every rank. An all-reduce whose buffers
+lie in one takes NCCL's symmetric kernels, which read the peers' memory directly: on two
+H200s an 8 KiB all-reduce in a graph takes 4.3 µs instead of 6.8. The windows are
+deregistered when the group is left; the memory is freed when the last array over it dies
+(a model may outlive its group).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import weakref
 
 from .. import step_hooks
-from ..backend_ndarray import NDArray
+from ..backend_ndarray import NDArray, dtypes
+from ..backends.gpu.array import GpuArray
 from ..errors import DistributedError
+from ..hal import Buffer
 from . import nccl
 from .waiting import wait_until
 
@@ -42,6 +53,27 @@ class NcclBackend:
         self._stream = self.queue.handle
         self._scratch = None
         self._recordings: weakref.WeakSet = weakref.WeakSet()  # graphs holding the comm
+        self._windows: list = []  # symmetric memory windows registered with the comm
+
+    # --- symmetric memory ----------------------------------------------------------------
+    def symmetric_empty(self, shape: tuple[int, ...], dtype: str) -> NDArray | None:
+        """An array in a new symmetric window, or None where NCCL has no windows (before
+        2.27) or NEEDLE_NCCL_SYMMETRIC=0 turns them off. Collective: every rank calls it
+        with the same shape and dtype, in the same order."""
+        if os.environ.get("NEEDLE_NCCL_SYMMETRIC", "1") == "0" or not nccl.has_windows():
+            return None
+        size = math.prod(shape)
+        nbytes = max(size * dtypes.ITEMSIZE[dtype], 1)
+        address, window = nccl.symmetric_alloc(self.comm, nbytes)
+        self._windows.append(window)
+        memory = _SymmetricMemory(address)
+        buffer = Buffer(address, nbytes, 0, None, 0, owner=memory)
+        return NDArray.make(shape, None, self.device, GpuArray(buffer, size, dtype), 0, dtype)
+
+    def _deregister_windows(self) -> None:
+        for window in self._windows:
+            nccl.window_deregister(self.comm, window)
+        self._windows.clear()
 
     # --- pointers ------------------------------------------------------------------------
     def _address(self, x: NDArray) -> int:
@@ -137,5 +169,21 @@ class NcclBackend:
         if self.comm is not None:
             self.synchronize()
             self._close_recordings()
+            self._deregister_windows()
             nccl.library().ncclCommDestroy(self.comm)
             self.comm = None
+
+
+class _SymmetricMemory:
+    """Owns ``ncclMemAlloc``'d memory: freed when the last buffer over it is released."""
+
+    def __init__(self, address: int):
+        self.address = address
+        weakref.finalize(self, _free_quietly, address)
+
+
+def _free_quietly(address: int) -> None:
+    try:  # a finalizer: at exit the driver may already be gone
+        nccl.mem_free(address)
+    except Exception:  # noqa: BLE001
+        pass

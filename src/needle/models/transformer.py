@@ -44,6 +44,9 @@ class Transformer:
         self.all_fused = all(self.fused)
         backend = weights.embed.device.backend
         self.packed_fused = has(backend, "fused_quant_matvec")
+        # where a decode step keeps its residual stream: a fresh array (None), or one the
+        # caller placed (tensor parallelism: in memory its all-reduces are fastest on)
+        self.decode_residual: NDArray | None = None
         self.plan_decode()
         if has(backend, "folded_norm_matvec"):
             self._fold_norms()
@@ -76,7 +79,7 @@ class Transformer:
                 layer.mlp_norm = fold_norm(layer.mlp_norm, layer.gate_up)
                 layer.norms_folded = True
         if (not w.head_folded and w.lm_head.weight is not w.embed
-                and type(w.lm_head) is Projection and isinstance(w.lm_head.weight, NDArray)):
+                and isinstance(w.lm_head.weight, NDArray)):
             w.final_norm = fold_norm(w.final_norm, w.lm_head)
             w.head_folded = True
 
@@ -166,6 +169,10 @@ class Transformer:
         """Logits (1, vocab) for ``state.token`` at ``state.position``, extending ``cache``."""
         cfg, w = self.cfg, self.weights
         x = self._embed(state.token)
+        if self.decode_residual is not None:  # the residual stream in the caller's buffer
+            residual = self.decode_residual.reshape(x.shape)
+            residual[...] = x
+            x = residual
         delta = None  # the previous block's output, added to x by the next norm
         for i, layer in enumerate(w.layers):
             if self.five_ops[i]:
@@ -180,10 +187,10 @@ class Transformer:
             delta = layer.down(self._gate_up(layer, h))
             if layer.post_mlp_norm is not None:
                 delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
-        if delta is None and _plain(w.lm_head, self.packed_fused):  # after a five-op layer
-            norm = None if w.head_folded else w.final_norm
-            logits = attention.softcap(nd.rmsnorm_matvec(x, norm, w.lm_head.weight,
-                                                         cfg.rms_norm_eps), cfg.final_softcap)
+        if delta is None and _plain(w.lm_head, self.packed_fused, extended=True):
+            norm = None if w.head_folded else w.final_norm  # after a five-op layer
+            product = nd.rmsnorm_matvec(x, norm, w.lm_head.weight, cfg.rms_norm_eps)
+            logits = attention.softcap(w.lm_head.whole(product), cfg.final_softcap)
         else:
             logits = self._logits(_add_norm(x, delta, w.final_norm, cfg)[1])
         return logits.reshape((1, cfg.vocab_size))
@@ -271,12 +278,13 @@ def _fuse(choice: str, backend, layer: LayerWeights) -> bool:
     return has(backend, "fused_matvec") or has(backend, "folded_norm_matvec")
 
 
-def _plain(projection, packed: bool, adds: bool = False) -> bool:
+def _plain(projection, packed: bool, extended: bool = False) -> bool:
     """A projection the fused operations can read: a plain product (not a subclass that does
     more), dense weights (or packed ones, where the backend fuses those), no bias. With
-    ``adds`` (the output and down projections, which the step applies through ``add_into``)
-    a subclass is fine too: tensor parallelism's all-reducing one adds its sum that way."""
-    return ((type(projection) is Projection or adds) and projection.bias is None
+    ``extended`` (the output and down projections, which the step applies through
+    ``add_into``, and the head, whose product goes through ``whole``) a subclass is fine
+    too: tensor parallelism's projections all-reduce or gather in those methods."""
+    return ((type(projection) is Projection or extended) and projection.bias is None
             and (isinstance(projection.weight, NDArray) or packed))
 
 
@@ -287,7 +295,7 @@ def _fusable(cfg: ModelConfig, layer: LayerWeights, packed: bool) -> bool:
             and layer.post_attn_norm is None and layer.post_mlp_norm is None
             and (isinstance(layer.qkv.weight, NDArray) or packed)
             and _plain(layer.gate_up, packed)
-            and all(_plain(p, packed, adds=True) for p in (layer.o, layer.down)))
+            and all(_plain(p, packed, extended=True) for p in (layer.o, layer.down)))
 
 
 def _add_norm(x: NDArray, delta: NDArray | None, weight: NDArray,

@@ -46,6 +46,11 @@ class Projection:
         step's output and down projections adding into the residual stream (bias None)."""
         return nd.matvec_add(h, self.weight, x)
 
+    def whole(self, y: NDArray) -> NDArray:
+        """The output of a product made elsewhere (a fused norm and product): here whole
+        already; a tensor-parallel head that holds a share of the rows gathers the rest."""
+        return y
+
 
 @dataclass
 class LayerWeights:

@@ -75,6 +75,17 @@ for device in devices:
     dist.all_reduce(flags, "max")
     np.testing.assert_array_equal(flags.numpy(), [True, False, True, True])
 
+# arrays for repeated small all-reduces (NCCL symmetric memory on GPUs, where NCCL has
+# it): reduced in place and apart like any array
+for dtype in ("float32", "bfloat16"):
+    a, b = dist.symmetric_empty((4, 3), dtype), dist.symmetric_empty((4, 3), dtype)
+    assert (a.shape, a.dtype, a.device) == ((4, 3), dtype, g.device)
+    a[...] = nd.array(data(rank, dtype), dtype=dtype, device=g.device)
+    want = sum(host(dtype, data(r, dtype)) for r in range(world))
+    assert dist.all_reduce(a, "sum", out=b) is b and dist.all_reduce(a, "sum") is a
+    for got in (a, b):
+        np.testing.assert_array_equal(host(dtype, got.numpy()), want)
+
 # bad input fails the same way on every rank, before any communication
 for call, error in ((lambda: dist.all_reduce(nd.array([1, 2]), "avg"), DTypeError),
                     (lambda: dist.all_reduce(nd.array([1.0]), "prod"), ArgumentError),
@@ -82,6 +93,8 @@ for call, error in ((lambda: dist.all_reduce(nd.array([1, 2]), "avg"), DTypeErro
                     (lambda: dist.reduce_scatter(nd.array(np.ones(3, np.float32))), ShapeError),
                     (lambda: dist.broadcast(nd.array([1.0]), src=2), ArgumentError),
                     (lambda: dist.all_reduce(nd.array([True]), "sum"), DTypeError),
+                    (lambda: dist.symmetric_empty((2, -1)), ShapeError),
+                    (lambda: dist.symmetric_empty((2,), "float31"), DTypeError),
                     (lambda: dist.all_reduce(nd.array([1.0, 2.0]), out=nd.array([1.0])),
                      ShapeError),
                     (lambda: dist.all_reduce(nd.array([1.0, 2.0]),

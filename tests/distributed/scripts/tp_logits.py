@@ -1,8 +1,9 @@
 """Run by test_tensor_parallel.py under `needle run -n 2 --backend mpi tp_logits.py OUT
 DIR...`: load each model directory tensor-parallel and have rank 0 write, per model, the
 logits of a prompt (the prompt pass), 6 greedy tokens (prefill + decode steps), the decode
-step's logits for the first 3 of them and which layers decode as five fused operations to
-OUT/<i>.npz; rank 1 checks that its logits are rank 0's."""
+step's logits for the first 3 of them, which layers decode as five fused operations and
+how many vocabulary rows of the output head the rank holds to OUT/<i>.npz; rank 1 checks
+that its logits are rank 0's."""
 
 import sys
 from pathlib import Path
@@ -27,5 +28,6 @@ for i, directory in enumerate(directories):
     np.testing.assert_array_equal(both[0], both[1])  # every rank computes the same logits
     if dist.get_rank() == 0:
         np.savez(out / f"{i}.npz", logits=logits, tokens=np.array(tokens), steps=steps,
-                 fused=np.array(model.transformer.five_ops))
+                 fused=np.array(model.transformer.five_ops),
+                 head_rows=model.weights.lm_head.weight.shape[0])
 dist.destroy_process_group()
