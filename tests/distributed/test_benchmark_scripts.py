@@ -18,6 +18,8 @@ BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 @pytest.mark.parametrize("script, args, expect", [
     ("distributed_allreduce.py", ("--min-mib", "0.25", "--max-mib", "0.5", "--samples", "2"),
      "all_reduce float32 sum, 2 ranks, mpi on cpu"),
+    ("distributed_allreduce_latency.py", ("--max-kib", "8", "--repeat", "2", "--samples", "2"),
+     "all_reduce bfloat16 sum latency, 2 ranks, mpi on cpu"),
     ("distributed_tp_decode.py", ("--shapes", "tiny", "--dtype", "float32", "--prompt", "4",
                                   "--tokens", "6"), "TP=2 tiny float32 on cpu (mpi): decode"),
     ("distributed_dp_step.py", ("--preset", "tiny", "--steps", "2"),
