@@ -172,3 +172,24 @@ def test_tensor_parallel_decode_is_captured(nccl_group, tmp_path):
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-4)
         token = int(theirs.argmax())
     assert steps[0].captured  # the step with its NCCL all-reduces replays as a graph
+
+
+@pytest.mark.parametrize("limit", [0, 1 << 15])
+def test_a_small_tensor_parallel_residual_lies_in_symmetric_memory(nccl_group, tmp_path,
+                                                                    monkeypatch, limit):
+    """The decode residual is symmetric (NCCL >= 2.27) up to SYMMETRIC_MAX_BYTES, above
+    which NCCL's symmetric all-reduce is the slower one; either way the step decodes."""
+    from needle.distributed import nccl, tensor_parallel
+    from needle.distributed.nccl_backend import _SymmetricMemory
+    from needle.models import load_pretrained
+
+    from ..models.hf_models import build
+
+    monkeypatch.setattr(tensor_parallel, "SYMMETRIC_MAX_BYTES", limit)
+    build("llama", tmp_path)
+    tp = dist.load_tensor_parallel(tmp_path, dtype="float32", max_seq_len=32)
+    owner = tp.transformer.decode_residual.handle.buffer.owner
+    assert isinstance(owner, _SymmetricMemory) == (limit > 0 and nccl.has_windows())
+    one = load_pretrained(tmp_path, device=DEV, dtype="float32", max_seq_len=32)
+    prompt = [1, 17, 92, 5, 201, 33, 8]
+    assert tp.generate(prompt, 6, temperature=0) == one.generate(prompt, 6, temperature=0)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import backend_ndarray as nd
-from ..backend_ndarray import NDArray
+from ..backend_ndarray import NDArray, dtypes
 from ..errors import ModelFormatError
 from ..models import memory
 from ..models.causal_lm import CausalLM
@@ -36,6 +36,11 @@ from ..models.tokenizer import load_tokenizer
 from ..models.weights import Projection
 from .collectives import all_gather, all_reduce, symmetric_empty
 from .group import group
+
+# NCCL's symmetric all-reduce beats its ordinary one up to here (two H200s, bf16, 64 in a
+# graph, benchmarks/distributed_allreduce_latency.py: 8 KiB 4.3 vs 6.6 µs, 32 KiB 6.2 vs
+# 6.9) and loses above (64 KiB 8.1 vs 7.0, 128 KiB 11.0 vs 7.2)
+SYMMETRIC_MAX_BYTES = 32 * 1024
 
 
 @dataclasses.dataclass
@@ -169,9 +174,11 @@ def make_row_parallel(model: CausalLM) -> CausalLM:
     if w.lm_head.weight.shape[0] < model.config.vocab_size:
         w.lm_head = VocabParallelHead(w.lm_head.weight, w.lm_head.bias)
     # the decode step's residual stream, which the row-parallel projections all-reduce in
-    # place: in symmetric memory where NCCL has it (4.3 µs an all-reduce instead of 6.8)
-    model.transformer.decode_residual = symmetric_empty((model.config.hidden_size,),
-                                                        model.dtype)
+    # place: in symmetric memory where NCCL has it and it is small enough to gain
+    hidden = model.config.hidden_size
+    small = hidden * dtypes.ITEMSIZE[model.dtype] <= SYMMETRIC_MAX_BYTES
+    model.transformer.decode_residual = (symmetric_empty((hidden,), model.dtype) if small
+                                         else nd.empty((hidden,), model.dtype, model.device))
     model.transformer.plan_decode()  # the five fused operations add them via add_into
     return model
 
