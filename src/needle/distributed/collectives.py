@@ -9,6 +9,7 @@ returns at once on the nccl backend (the work is queued on the device's stream).
 
 from __future__ import annotations
 
+import operator
 import zlib
 
 import numpy as np
@@ -106,7 +107,12 @@ def symmetric_empty(shape: tuple[int, ...], dtype: str = "float32") -> NDArray:
     elsewhere it is an ordinary array. Collective: every rank calls it with the same shape
     and dtype, in the same order, outside any recording."""
     g = group()
-    shape = tuple(int(n) for n in shape)
+    try:
+        shape = (operator.index(shape),) if not hasattr(shape, "__iter__") else \
+            tuple(operator.index(n) for n in shape)
+    except TypeError:
+        raise ArgumentTypeError(f"symmetric_empty: a shape is an int or a tuple of ints, got "
+                                f"{shape!r}") from None
     if any(n < 0 for n in shape):
         raise ShapeError(f"symmetric_empty: negative dimension in {shape}")
     dtype = dtypes.canonical(dtype)

@@ -80,6 +80,7 @@ for device in devices:
 for dtype in ("float32", "bfloat16"):
     a, b = dist.symmetric_empty((4, 3), dtype), dist.symmetric_empty((4, 3), dtype)
     assert (a.shape, a.dtype, a.device) == ((4, 3), dtype, g.device)
+    assert dist.symmetric_empty(5, dtype).shape == (5,)  # an int is a 1-D shape
     a[...] = nd.array(data(rank, dtype), dtype=dtype, device=g.device)
     want = sum(host(dtype, data(r, dtype)) for r in range(world))
     assert dist.all_reduce(a, "sum", out=b) is b and dist.all_reduce(a, "sum") is a
@@ -94,6 +95,7 @@ for call, error in ((lambda: dist.all_reduce(nd.array([1, 2]), "avg"), DTypeErro
                     (lambda: dist.broadcast(nd.array([1.0]), src=2), ArgumentError),
                     (lambda: dist.all_reduce(nd.array([True]), "sum"), DTypeError),
                     (lambda: dist.symmetric_empty((2, -1)), ShapeError),
+                    (lambda: dist.symmetric_empty((2, 1.5)), ArgumentTypeError),
                     (lambda: dist.symmetric_empty((2,), "float31"), DTypeError),
                     (lambda: dist.all_reduce(nd.array([1.0, 2.0]), out=nd.array([1.0])),
                      ShapeError),
