@@ -143,10 +143,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true",
                    help="render the prompt as a user turn with the model's chat template")
     p.add_argument("--system", default=None, help="with --chat: a system message first")
+    add_tp_option(p)
+    return p
+
+
+def add_tp_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1,
                    help="split the model over this many tensor-parallel ranks (GPUs, or "
                         "CPU processes with --device cpu); see docs/distributed.md")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

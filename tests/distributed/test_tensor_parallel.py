@@ -157,6 +157,38 @@ def test_generate_tp2_on_two_gpus_writes_what_tp1_writes_and_exits(cli_model):
     assert two.stdout == one.stdout
 
 
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tp_chat")
+    build_with_tokenizer(directory, chat=True)
+    return directory
+
+
+def _chat(directory, turns: str, *options: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "needle.cli", "chat", str(directory), "--max-tokens", "8",
+               "--device", "cpu", *options]
+    return subprocess.run(command, input=turns, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "NCCL_NVLS_ENABLE": "0"})
+
+
+def test_chat_tp2_answers_as_tp1(chat_model):
+    """``needle chat --tp 2``: rank 0 reads the turns (an empty line skipped, /reset, then
+    the end of input) and hands each to rank 1; the answers are --tp 1's, greedy and seeded
+    sampling alike, and the report comes once."""
+    turns = "Hello there\n\nAnd again?\n/reset\nThe quick\n"
+    for options in ((), ("--temperature", "0.8", "--seed", "3")):
+        one = _chat(chat_model, turns, *options, "--stats")
+        two = _chat(chat_model, turns, "--tp", "2", *options, "--stats")
+        assert one.returncode == 0 and two.returncode == 0, two.stderr
+        assert two.stdout == one.stdout and two.stdout.count("\n") == 3
+        assert two.stderr.count("decode:") == 3  # rank 0's report, once per answer
+
+
+def test_chat_tp_must_be_positive(chat_model):
+    job = _chat(chat_model, "hi\n", "--tp", "0")
+    assert job.returncode == 1 and "--tp must be >= 1" in job.stderr
+
+
 def test_generate_tp_must_be_positive(cli_model):
     job = _generate(cli_model, "--tp", "0")
     assert job.returncode == 1 and "--tp must be >= 1" in job.stderr

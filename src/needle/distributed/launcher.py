@@ -79,13 +79,14 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def spawn(n: int, command: list[str], env: dict[str, str]) -> int:
+def spawn(n: int, command: list[str], env: dict[str, str], stdin=None) -> int:
     """Run ``command`` as ranks 0..n-1; the first failure stops the rest. The exit status:
     0, or the failed rank's (128 + signal for a killed one)."""
     procs = []
     for rank in range(n):
         rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n))
-        procs.append(subprocess.Popen(command, env=rank_env, start_new_session=True))
+        procs.append(subprocess.Popen(command, env=rank_env, start_new_session=True,
+                                      stdin=stdin))
     try:
         while True:
             codes = [p.poll() for p in procs]
@@ -121,9 +122,10 @@ def _mpi_command(n: int, script_argv: list[str], env: dict[str, str]) -> list[st
 
 
 def launch(n: int, python_args: list[str], backend: str = "auto", port: int | None = None,
-           timeout: float | None = None) -> int:
+           timeout: float | None = None, stdin=None) -> int:
     """Run ``python *python_args`` (a script and its arguments, or ``-m module ...``) as n
-    ranks; the exit status of the job."""
+    ranks; the exit status of the job. ``stdin``: the ranks' (and mpiexec's) standard input,
+    as subprocess takes it (None: this process's)."""
     if n < 1:
         raise DistributedError(f"the number of processes must be >= 1, got {n}")
     backend = _auto_backend() if backend == "auto" else backend
@@ -131,13 +133,13 @@ def launch(n: int, python_args: list[str], backend: str = "auto", port: int | No
     if timeout is not None:
         env[TIMEOUT_VAR] = str(timeout)
     if backend == "mpi":
-        code = subprocess.call(_mpi_command(n, python_args, env), env=env)
+        code = subprocess.call(_mpi_command(n, python_args, env), env=env, stdin=stdin)
         if code:  # a failed rank said so above; alone, this line means mpiexec itself failed
             print(f"needle run: mpiexec {describe_exit(code)}", file=sys.stderr, flush=True)
         return code
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or _free_port()),
                **{AUTHKEY_VAR: secrets.token_hex(16)})
-    return spawn(n, [sys.executable, *python_args], env)
+    return spawn(n, [sys.executable, *python_args], env, stdin)
 
 
 def main(argv: list[str] | None = None) -> int:
