@@ -189,6 +189,20 @@ def test_chat_tp_must_be_positive(chat_model):
     assert job.returncode == 1 and "--tp must be >= 1" in job.stderr
 
 
+def test_tp_beyond_the_gpus_is_refused_before_any_rank_starts(cli_model, monkeypatch, capsys):
+    """On GPUs a rank takes one: --tp 2 on a machine of one GPU says so (instead of a
+    rank failing on a missing device); the launcher is never reached."""
+    from needle.cli import main as needle_main
+    from needle.distributed import launcher, tp_generate
+
+    monkeypatch.setattr(tp_generate, "_backend_and_device", lambda device: ("nccl", None))
+    monkeypatch.setattr(tp_generate, "_gpu_count", lambda: 1)
+    monkeypatch.setattr(launcher, "launch", lambda *a, **k: pytest.fail("ranks started"))
+    assert needle_main(["generate", str(cli_model), "--prompt", "hi", "--tp", "2"]) == 1
+    assert "--tp 2 runs one rank a GPU, but this machine has 1 usable GPU;" in \
+        capsys.readouterr().err
+
+
 def test_generate_tp_must_be_positive(cli_model):
     job = _generate(cli_model, "--tp", "0")
     assert job.returncode == 1 and "--tp must be >= 1" in job.stderr

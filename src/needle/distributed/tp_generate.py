@@ -36,6 +36,9 @@ def relaunch_or_join(args, argv: list[str], command: str = "generate") -> int | 
     if env.launcher == "single":
         from .launcher import launch
 
+        if backend == "nccl":
+            _check_gpus(args.tp)
+
         if command != "chat":
             return launch(args.tp, ["-m", "needle.cli", command, *argv], backend)
         with stdin_relay.relayed_stdin():  # the ranks read the input through it, not stdin
@@ -51,6 +54,21 @@ def relaunch_or_join(args, argv: list[str], command: str = "generate") -> int | 
     if env.rank != 0:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- lives as long as the rank
     return None
+
+
+def _gpu_count() -> int:
+    from ..backend_ndarray import all_devices
+
+    return sum(1 for d in all_devices() if d.kind == "cuda" and d.enabled())
+
+
+def _check_gpus(tp: int) -> None:
+    """One GPU a rank: say so before starting ranks that would fail one by one."""
+    count = _gpu_count()
+    if tp > count:
+        raise DistributedError(f"--tp {tp} runs one rank a GPU, but this machine has {count} "
+                               f"usable GPU{'s' if count != 1 else ''}; give --tp at most "
+                               f"{count} (or --device cpu for CPU ranks)")
 
 
 def shared_seed(seed: int | None) -> int:
