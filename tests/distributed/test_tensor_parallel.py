@@ -199,7 +199,7 @@ def test_tp_beyond_the_gpus_is_refused_before_any_rank_starts(cli_model, monkeyp
     monkeypatch.setattr(tp_generate, "_gpu_count", lambda: 1)
     monkeypatch.setattr(launcher, "launch", lambda *a, **k: pytest.fail("ranks started"))
     assert needle_main(["generate", str(cli_model), "--prompt", "hi", "--tp", "2"]) == 1
-    assert "--tp 2 runs one rank a GPU, but this machine has 1 usable GPU;" in \
+    assert "--tp 2 runs one rank a GPU, but this machine has 1 GPU;" in \
         capsys.readouterr().err
 
 

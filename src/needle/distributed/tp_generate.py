@@ -57,9 +57,10 @@ def relaunch_or_join(args, argv: list[str], command: str = "generate") -> int | 
 
 
 def _gpu_count() -> int:
-    from ..backend_ndarray import all_devices
+    """CUDA devices the driver reports (no context made: this process only launches)."""
+    from ..backends.cuda import device_count
 
-    return sum(1 for d in all_devices() if d.kind == "cuda" and d.enabled())
+    return device_count()
 
 
 def _check_gpus(tp: int) -> None:
@@ -67,7 +68,7 @@ def _check_gpus(tp: int) -> None:
     count = _gpu_count()
     if tp > count:
         raise DistributedError(f"--tp {tp} runs one rank a GPU, but this machine has {count} "
-                               f"usable GPU{'s' if count != 1 else ''}; give --tp at most "
+                               f"GPU{'s' if count != 1 else ''}; give --tp at most "
                                f"{count} (or --device cpu for CPU ranks)")
 
 
