@@ -67,9 +67,10 @@ def _check_gpus(tp: int) -> None:
     """One GPU a rank: say so before starting ranks that would fail one by one."""
     count = _gpu_count()
     if tp > count:
+        fix = f"give --tp at most {count}" if count else "no CUDA device is usable here"
         raise DistributedError(f"--tp {tp} runs one rank a GPU, but this machine has {count} "
-                               f"GPU{'s' if count != 1 else ''}; give --tp at most "
-                               f"{count} (or --device cpu for CPU ranks)")
+                               f"GPU{'s' if count != 1 else ''}; {fix} (or --device cpu for "
+                               "CPU ranks)")
 
 
 def shared_seed(seed: int | None) -> int:
