@@ -15,7 +15,6 @@ import argparse
 import sys
 
 from .distributed import stdin_relay
-from .errors import ArgumentError
 from .generate_cli import (
     add_model_options,
     add_tp_option,
@@ -42,17 +41,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
-    if args.tp < 1:
-        raise ArgumentError(f"--tp must be >= 1, got {args.tp}")
-    if args.tp == 1:
-        return _chat(args, lead=True)
     from . import distributed
     from .distributed import tp_generate
 
-    status = tp_generate.relaunch_or_join(args, argv, "chat")
+    status = tp_generate.start(args, argv, "chat")
     if status is not None:
         return status
-    args.seed = tp_generate.shared_seed(args.seed)
+    if args.tp == 1:
+        return _chat(args, lead=True)
     status = _chat(args, lead=distributed.get_rank() == 0, share=tp_generate.shared_line)
     distributed.destroy_process_group()  # on failure the launcher stops the other ranks
     return status

@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from .errors import ArgumentError, ModelFormatError
+from .errors import ModelFormatError
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -156,17 +156,12 @@ def add_tp_option(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    from .distributed import tp_generate
     from .models import GenerationStats
 
-    if args.tp < 1:
-        raise ArgumentError(f"--tp must be >= 1, got {args.tp}")
-    if args.tp > 1:
-        from .distributed import tp_generate
-
-        status = tp_generate.relaunch_or_join(args, argv)
-        if status is not None:
-            return status
-        args.seed = tp_generate.shared_seed(args.seed)
+    status = tp_generate.start(args, argv, "generate")
+    if status is not None:
+        return status
 
     if args.max_tokens is not None and args.max_tokens < 0:
         raise ModelFormatError(f"--max-tokens must be >= 0, got {args.max_tokens}")

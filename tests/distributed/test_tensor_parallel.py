@@ -164,11 +164,12 @@ def chat_model(tmp_path_factory):
     return directory
 
 
-def _chat(directory, turns: str, *options: str) -> subprocess.CompletedProcess:
+def _chat(directory, turns: str, *options: str, device: str = "cpu",
+          timeout: float = 180) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "needle.cli", "chat", str(directory), "--max-tokens", "8",
-               "--device", "cpu", *options]
-    return subprocess.run(command, input=turns, capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "NCCL_NVLS_ENABLE": "0"})
+               "--device", device, *options]
+    return subprocess.run(command, input=turns, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "NCCL_NVLS_ENABLE": "0"})
 
 
 def test_chat_tp2_answers_as_tp1(chat_model):

@@ -64,19 +64,12 @@ def test_two_gpus_give_the_logits_and_tokens_of_one(tmp_path, variant, overrides
 def test_chat_tp2_on_two_gpus_answers_as_one(tmp_path):
     """``needle chat --tp 2`` on GPUs: the nccl launcher's ranks, rank 0 reading the
     relayed input; the answers are one GPU's."""
-    import os
-    import subprocess
-
     from ..models.hf_models import build_with_tokenizer
+    from .test_tensor_parallel import _chat
 
     build_with_tokenizer(tmp_path, chat=True)
-
-    def chat(*options):
-        command = [sys.executable, "-m", "needle.cli", "chat", str(tmp_path), "--max-tokens",
-                   "8", "--device", "cuda", "--dtype", "float32", *options]
-        return subprocess.run(command, input="Hello there\nAnd again?\n", text=True,
-                              capture_output=True, timeout=240, env={**os.environ, **NCCL_ENV})
-
-    one, two = chat(), chat("--tp", "2")
+    turns, options = "Hello there\nAnd again?\n", ("--dtype", "float32")
+    one = _chat(tmp_path, turns, *options, device="cuda", timeout=240)
+    two = _chat(tmp_path, turns, "--tp", "2", *options, device="cuda", timeout=240)
     assert one.returncode == 0 and two.returncode == 0, two.stderr[-3000:]
     assert two.stdout == one.stdout and two.stdout.count("\n") == 2

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from ..errors import DistributedError
+from ..errors import ArgumentError, DistributedError
 from . import stdin_relay
 from .launch_env import read_launch_env
 
@@ -26,6 +26,20 @@ def _backend_and_device(device: str) -> tuple[str, str | None]:
 
     dev = default_device() if device == "auto" else device_from_name(device)
     return ("nccl", None) if dev.kind == "cuda" else ("mpi", dev.name)
+
+
+def start(args, argv: list[str], command: str) -> int | None:
+    """``--tp`` of ``needle COMMAND``: an ArgumentError below 1; with 1, None (run here);
+    outside a job, the exit status of COMMAND run as args.tp ranks; inside one, None once
+    this process has joined the group and args.seed is the same on every rank."""
+    if args.tp < 1:
+        raise ArgumentError(f"--tp must be >= 1, got {args.tp}")
+    if args.tp == 1:
+        return None
+    status = relaunch_or_join(args, argv, command)
+    if status is None:
+        args.seed = shared_seed(args.seed)
+    return status
 
 
 def relaunch_or_join(args, argv: list[str], command: str = "generate") -> int | None:
@@ -38,12 +52,11 @@ def relaunch_or_join(args, argv: list[str], command: str = "generate") -> int | 
 
         if backend == "nccl":
             _check_gpus(args.tp)
-
+        python_args = ["-m", "needle.cli", command, *argv]
         if command != "chat":
-            return launch(args.tp, ["-m", "needle.cli", command, *argv], backend)
+            return launch(args.tp, python_args, backend)
         with stdin_relay.relayed_stdin():  # the ranks read the input through it, not stdin
-            return launch(args.tp, ["-m", "needle.cli", command, *argv], backend,
-                          stdin=subprocess.DEVNULL)
+            return launch(args.tp, python_args, backend, stdin=subprocess.DEVNULL)
     if env.world_size != args.tp:
         raise DistributedError(f"--tp {args.tp} in a job of {env.world_size} processes; "
                                "give --tp the job's size (or run needle generate alone: it "
@@ -73,31 +86,29 @@ def _check_gpus(tp: int) -> None:
                                "CPU ranks)")
 
 
-def shared_seed(seed: int | None) -> int:
-    """The sampler's seed, the same on every rank (rank 0 draws one when none is given):
-    ranks that sampled different tokens would feed their decoders different inputs."""
+def _from_rank0(values: np.ndarray) -> np.ndarray:
+    """Rank 0's host array ``values`` on every rank (one broadcast on the group's device;
+    every rank passes an array of the same shape and dtype)."""
     from .. import backend_ndarray as nd
     from .collectives import broadcast
     from .group import group
 
+    return broadcast(nd.array(values, device=group().device), src=0).numpy()
+
+
+def shared_seed(seed: int | None) -> int:
+    """The sampler's seed, the same on every rank (rank 0 draws one when none is given):
+    ranks that sampled different tokens would feed their decoders different inputs."""
     value = seed if seed is not None else int(np.random.default_rng().integers(2**31))
-    box = nd.array(np.array([value], np.int64), device=group().device)
-    return int(broadcast(box, src=0).numpy()[0])
+    return int(_from_rank0(np.array([value], np.int64))[0])
 
 
 def shared_line(line: str | None) -> str | None:
     """Rank 0's ``line`` (None: the end of its input) on every rank: a chat's turn, read by
-    rank 0 alone, which every rank's model must see."""
-    from .. import backend_ndarray as nd
-    from .collectives import broadcast
-    from .group import group
-
-    device = group().device
+    rank 0 alone, which every rank's model must see. The other ranks' ``line`` is unused."""
     data = b"" if line is None else line.encode()
-    size = broadcast(nd.array(np.array([len(data) if line is not None else -1], np.int64),
-                              device=device), src=0)
-    n = int(size.numpy()[0])
-    if n < 0:
-        return None
-    box = nd.array(np.frombuffer(data.ljust(n, b"\0")[:n], np.uint8).copy(), device=device)
-    return bytes(broadcast(box, src=0).numpy().astype(np.uint8)).decode() if n else ""
+    n = int(_from_rank0(np.array([-1 if line is None else len(data)], np.int64))[0])
+    if n <= 0:
+        return None if n < 0 else ""
+    payload = np.frombuffer(data, np.uint8) if len(data) == n else np.zeros(n, np.uint8)
+    return _from_rank0(payload).tobytes().decode()
