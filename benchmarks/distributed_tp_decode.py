@@ -36,6 +36,24 @@ def config(shapes: str) -> ModelConfig:
     return ModelConfig.from_dict(raw)
 
 
+def build(shapes: str, dtype: str, length: int, g) -> CausalLM:
+    """This rank's share of a model of ``shapes`` (constant weights made on the device),
+    ``length`` positions, its row-parallel projections all-reducing over the group ``g``."""
+    full = config(shapes)
+    cfg = shard_config(full, g.world_size)
+    slicer = Slicer(full, g.rank, g.world_size)  # for the shape of the head's share
+
+    def weights(name: str, shape: tuple[int, ...]) -> nd.NDArray:
+        shape = slicer.shape(name, shape)
+        value = 1.0 if name.endswith("norm.weight") else 0.5 / math.sqrt(shape[-1])
+        return nd.full(shape, value, dtype, g.device)
+
+    model = CausalLM(cfg, weights, length, g.device, dtype)
+    if g.world_size > 1:
+        make_row_parallel(model)
+    return model
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="llama3-8b", choices=SHAPES)
@@ -45,18 +63,7 @@ def main() -> None:
     args = p.parse_args()
     g = dist.init_process_group()
     full = config(args.shapes)
-    cfg = shard_config(full, g.world_size)
-    slicer = Slicer(full, g.rank, g.world_size)  # for the shape of the head's share
-
-    def weights(name: str, shape: tuple[int, ...]) -> nd.NDArray:
-        shape = slicer.shape(name, shape)
-        value = 1.0 if name.endswith("norm.weight") else 0.5 / math.sqrt(shape[-1])
-        return nd.full(shape, value, args.dtype, g.device)
-
-    length = args.prompt + max(args.tokens, 8) + 1
-    model = CausalLM(cfg, weights, length, g.device, args.dtype)
-    if g.world_size > 1:
-        make_row_parallel(model)
+    model = build(args.shapes, args.dtype, args.prompt + max(args.tokens, 8) + 1, g)
     prompt = [i % full.vocab_size for i in range(1, args.prompt + 1)]
     # warm-up: the first prefill of a bucket runs eagerly (compiles), the second is
     # captured, later ones replay (models/prefill_graphs.py); decode steps likewise

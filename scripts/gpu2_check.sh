@@ -27,17 +27,18 @@ RUN=("$PY" -m needle.cli run --backend nccl -n)  # then the rank count and the s
 
 nvidia-smi --query-gpu=name --format=csv,noheader >> "$SUMMARY" 2>&1
 $PY -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1
-step tests 400 $PY -m pytest -q tests/distributed/test_nccl.py tests/distributed/test_tensor_parallel.py tests/distributed/test_two_gpus.py
+step tests 400 $PY -m pytest -q tests/distributed/test_nccl.py tests/distributed/test_tensor_parallel.py tests/distributed/test_two_gpus.py tests/distributed/test_tp_serve.py
 step contract 120 "${RUN[@]}" "$GPUS" tests/distributed/scripts/collectives_contract.py
 step allreduce 120 "${RUN[@]}" "$GPUS" benchmarks/distributed_allreduce.py
 step latency 120 "${RUN[@]}" "$GPUS" benchmarks/distributed_allreduce_latency.py
 step allreduce_torch 120 "$PY" -m torch.distributed.run --nproc_per_node "$GPUS" benchmarks/distributed_allreduce_torch.py
 for n in 1 "$GPUS"; do step "dp$n" 150 "${RUN[@]}" "$n" benchmarks/distributed_dp_step.py; done
 for n in 1 "$GPUS"; do step "tp$n" 240 "${RUN[@]}" "$n" benchmarks/distributed_tp_decode.py --tokens 64; done
+for n in 1 "$GPUS"; do step "serve$n" 240 "${RUN[@]}" "$n" benchmarks/distributed_tp_serve.py; done
 
 {
   echo; tail -1 "$OUT/tests.log"; grep -h "^ok" "$OUT/contract.log" | sort | tr '\n' ' '; echo
-  grep -h "^DP=\|^TP=" "$OUT"/dp*.log "$OUT"/tp*.log
+  grep -h "^DP=\|^TP=" "$OUT"/dp*.log "$OUT"/tp*.log "$OUT"/serve*.log
   echo "all_reduce busbw GB/s: needle | torch"
   paste <(grep -E "^ +[0-9]" "$OUT/allreduce.log" | awk '{print $1, $4}') \
         <(grep -E "^ +[0-9]" "$OUT/allreduce_torch.log" | awk '{print $4}')

@@ -4,13 +4,15 @@
 
 Endpoints: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health,
 /metrics (Prometheus) and a chat page at /. Ctrl-C finishes the running answers, then
-exits. See docs/serving.md.
+exits. ``--tp N`` splits the model over N GPUs (or CPU processes): rank 0 serves, the others
+run each step beside it (``serve/tp_engine.py``). See docs/serving.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -75,10 +77,14 @@ def parser() -> argparse.ArgumentParser:
                    help="default: the checkpoint's own")
     p.add_argument("--max-seq-len", type=_positive, default=None,
                    help="prompt plus answer positions per sequence")
+    p.add_argument("--tp", type=int, default=1,
+                   help="split the model over this many tensor-parallel ranks (GPUs, or CPU "
+                        "processes with --device cpu); --kv-memory is then each rank's")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
     if not Path(args.model_dir).exists():  # before the extra's check: fix the path first
         print(f"needle serve: {args.model_dir} does not exist; pass a Hugging Face model "
@@ -91,26 +97,88 @@ def main(argv: list[str] | None = None) -> int:
         print("needle serve: the server needs starlette and uvicorn: "
               "pip install 'needle[serve]'", file=sys.stderr)
         return 2
-    from .models import load_pretrained
+    from .distributed import tp_generate
+
+    try:
+        status = tp_generate.start(args, argv, "serve")
+    except NeedleError as e:
+        print(f"needle serve: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if status is not None:  # the ranks ran (and stopped) in processes of their own
+        return status
+    if args.tp == 1:
+        return _serve(args)
+    from . import distributed
+
+    status = _serve(args) if distributed.get_rank() == 0 else _follow(args)
+    if status == 0:  # a failed rank leaves at once: the launcher stops the others
+        distributed.destroy_process_group()
+    return status
+
+
+def _engine(args):
+    """The model and the engine of this process (its share of the model with --tp)."""
     from .serve import Engine
+
+    options = dict(max_seqs=args.max_seqs, kv_memory=args.kv_memory, max_queue=args.max_queue)
+    if args.tp == 1:
+        from .models import load_pretrained
+
+        model = load_pretrained(args.model_dir, device=args.device, dtype=args.dtype,
+                                max_seq_len=args.max_seq_len)
+        return model, Engine(model, **options)
+    from . import distributed
+    from .serve.tp_engine import TensorParallelEngine
+
+    model = distributed.load_tensor_parallel(args.model_dir, dtype=args.dtype,
+                                             max_seq_len=args.max_seq_len)
+    lead = distributed.get_rank() == 0
+    return model, (TensorParallelEngine if lead else Engine)(model, **options)
+
+
+def _serve(args) -> int:
     from .serve.server import serve
 
     try:
-        model = load_pretrained(args.model_dir, device=args.device, dtype=args.dtype,
-                                max_seq_len=args.max_seq_len)
-        engine = Engine(model, max_seqs=args.max_seqs, kv_memory=args.kv_memory,
-                        max_queue=args.max_queue)
+        model, engine = _engine(args)
     except NeedleError as e:
         print(f"needle serve: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     pool = engine.cache.pool
     name = args.model_name or Path(args.model_dir).resolve().name
-    print(f"needle serve: {name} on {model.device.name} ({model.dtype}); KV pool "
+    where = model.device.name if args.tp == 1 else f"{args.tp} ranks ({model.device.kind})"
+    print(f"needle serve: {name} on {where} ({model.dtype}); KV pool "
           f"{pool.num_pages} pages of {pool.page_size} positions; up to {args.max_seqs} "
           f"sequences; http://{args.host}:{args.port}/", file=sys.stderr)
+    # uvicorn drains on SIGINT and SIGTERM alike, then raises the signal again: a SIGTERM
+    # (a service manager, or `needle serve --tp`'s launcher) then ends here as Ctrl-C does,
+    # instead of killing the process before it lets the other ranks go
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         serve(engine, name, args.host, args.port, args.api_key)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass
+    finally:
+        engine.shutdown()  # a no-op after the server's own (with --tp: lets the ranks go)
     print("needle serve: stopped (running answers were finished)", file=sys.stderr)
+    return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _follow(args) -> int:
+    """A rank other than 0: run the steps rank 0 sends until it stops. Ctrl-C and SIGTERM
+    are rank 0's to act on (it finishes the running answers, which needs this rank)."""
+    from .serve.tp_engine import follow
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        _, engine = _engine(args)
+    except NeedleError as e:
+        print(f"needle serve: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    follow(engine)
     return 0

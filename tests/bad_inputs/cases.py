@@ -572,6 +572,7 @@ def _cli() -> list[tuple[str, str | tuple[str, ...]]]:
     c.append(("['run', '-n', '0', SCRIPT]", ("-n", "ranks", "processes")))
     c.append(("['run', '-n', '2', '/nonexistent/job.py']", ("job.py", "script")))
     c.append(("['generate', EMPTY, '--tp', '0']", ("--tp", "tp")))
+    c.append(("['serve', EMPTY, '--tp', '0']", ("--tp", "tp")))
     return c
 
 

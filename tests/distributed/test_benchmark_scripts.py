@@ -24,11 +24,16 @@ BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
                                   "--tokens", "6"), "TP=2 tiny float32 on cpu (mpi): decode"),
     ("distributed_dp_step.py", ("--preset", "tiny", "--steps", "2"),
      "DP=2 tiny on cpu (mpi): step"),
+    ("distributed_tp_serve.py", ("--shapes", "tiny", "--dtype", "float32", "--streams", "1,4",
+                                 "--tokens", "4"), "TP=2 serving tiny float32 on cpu (mpi)"),
 ])
 def test_benchmark_runs(script, args, expect):
     job = run_job(str(BENCHMARKS / script), *args)
     assert job.returncode == 0, job.stderr
     assert job.stdout.startswith(expect)
+    if script == "distributed_tp_serve.py":  # a row per stream count, tokens made
+        rows = [line.split() for line in job.stdout.splitlines()[1:]]
+        assert [int(r[2][:-1]) for r in rows] == [1, 4] and all(float(r[3]) > 0 for r in rows)
 
 
 def test_the_torch_peer_runs():

@@ -58,3 +58,28 @@ def test_launch_errors_are_distributed_errors():
 
     with pytest.raises(DistributedError):
         launch(0, ["x.py"])
+
+
+@pytest.mark.parametrize("backend", ["nccl", "mpi"])
+def test_sigterm_to_the_launcher_stops_every_rank(tmp_path, backend):
+    """A service manager stops ``needle run`` (``needle serve --tp``) with SIGTERM to the
+    launcher alone: the ranks are stopped too (SIGTERM), not left running without it."""
+    import signal
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "needle.cli", "run", "-n", "2", "--backend", backend,
+               str(SCRIPTS / "sleep_rank.py"), str(tmp_path)]
+    launcher = subprocess.Popen(command, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"started{r}").exists() for r in range(2)):
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+        assert all((tmp_path / f"stopped{r}").exists() for r in range(2))
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()

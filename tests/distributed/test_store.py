@@ -79,3 +79,46 @@ def test_remote_address_needs_a_secret(monkeypatch):
     monkeypatch.delenv("NEEDLE_STORE_AUTHKEY", raising=False)
     with pytest.raises(DistributedError, match="NEEDLE_STORE_AUTHKEY"):
         Store.connect("192.0.2.1", 29500, timeout=0.1)
+
+
+def test_poll_waits_or_says_not_yet_and_delete_forgets(served):
+    store, _ = served
+    start = time.monotonic()
+    assert store.poll("bell/0", 0.2) is None
+    assert time.monotonic() - start >= 0.15
+    store.set("bell/0", b"run")
+    assert store.poll("bell/0", 0.2) == b"run"
+    store.delete("bell/0")
+    store.delete("bell/0")  # already gone: nothing to do
+    assert store.poll("bell/0", 0.1) is None
+
+
+def test_a_doorbell_over_the_store_wakes_another_process_in_order(served, monkeypatch):
+    """The nccl group's doorbell (tensor-parallel serving): rank 1 waits with no deadline
+    (many POLL_S rounds) until rank 0 rings; rings arrive in order; once rank 0 knows they
+    were taken, the store forgets them."""
+    from types import SimpleNamespace
+
+    from needle.distributed import doorbell
+
+    store, port = served
+    code = ("from types import SimpleNamespace\n"
+            "from needle.distributed import doorbell\n"
+            "from needle.distributed.store import Store\n"
+            f"s = Store.connect('127.0.0.1', {port}, 5)\n"
+            "doorbell.POLL_S = 0.05\n"
+            "doorbell.group = lambda: SimpleNamespace(rank=1, world_size=2, store=s)\n"
+            "bell = doorbell.Doorbell('t/bell')\n"
+            "print(*(bell.wait().decode() for _ in range(3)), flush=True)\n")
+    follower = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    monkeypatch.setattr(doorbell, "group", lambda: SimpleNamespace(rank=0, world_size=2,
+                                                                    store=store))
+    bell = doorbell.Doorbell("t/bell")
+    time.sleep(0.5)  # the follower waits through several polls first
+    for word in (b"run", b"again", b"stop"):
+        bell.ring(word)
+    out, _ = follower.communicate(timeout=60)
+    assert out.split() == ["run", "again", "stop"]
+    assert store.poll("t/bell/2", 0.01) == b"stop"
+    bell.taken()
+    assert all(store.poll(f"t/bell/{n}", 0.01) is None for n in range(3))

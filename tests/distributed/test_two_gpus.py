@@ -73,3 +73,55 @@ def test_chat_tp2_on_two_gpus_answers_as_one(tmp_path):
     two = _chat(tmp_path, turns, "--tp", "2", *options, device="cuda", timeout=240)
     assert one.returncode == 0 and two.returncode == 0, two.stderr[-3000:]
     assert two.stdout == one.stdout and two.stdout.count("\n") == 2
+
+
+def test_serve_tp2_on_two_gpus_answers_as_one_and_drains_on_ctrl_c(tmp_path):
+    """``needle serve --tp 2`` on GPUs (captured batched steps whose all-reduces are NCCL
+    calls, rank 1 woken from the store's doorbell after an idle spell longer than the
+    group's timeout): the official client gets one GPU's answers; a Ctrl-C mid-answer lets
+    the answer finish (rank 1 runs the steps until rank 0 stops it), then the job exits."""
+    import json
+    import os
+    import signal
+    import time
+
+    import httpx
+
+    from ..models.hf_models import build_with_tokenizer
+    from .serve_job import NAME, ServeJob
+    from .test_tp_serve import answers
+
+    build_with_tokenizer(tmp_path, chat=True, max_position_embeddings=2048)
+    options = ("--dtype", "float32", "--max-seqs", "4")
+    one = ServeJob(tmp_path, *options, device="cuda")
+    try:
+        expected = answers(one)
+    finally:
+        code, err = one.stop()
+    assert code == 0, err[-3000:]
+    two = ServeJob(tmp_path, *options, "--tp", "2", device="cuda",
+                   env={"NEEDLE_DIST_TIMEOUT": "4"})
+    try:
+        assert answers(two) == expected
+        time.sleep(6)  # idle past the group's timeout: rank 1 waits on the doorbell
+        assert two.complete("The quick", temperature=0) == expected["complete"]
+        body = {"model": NAME, "prompt": "The quick brown", "max_tokens": 1500,
+                "temperature": 0, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+        events = []
+        with httpx.stream("POST", two.url + "/v1/completions", json=body, timeout=120) as r:
+            lines = r.iter_lines()
+            for line in lines:
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    break
+            os.killpg(two.proc.pid, signal.SIGINT)  # Ctrl-C mid-answer (the launcher)
+            events += [line[6:] for line in lines if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["usage"]["completion_tokens"] == 1500
+        assert two.proc.wait(timeout=120) == 130
+        err = two.stderr()
+        assert "tiny on 2 ranks (cuda)" in err
+        assert "stopped (running answers were finished)" in err
+    finally:
+        two.kill()

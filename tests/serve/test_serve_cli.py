@@ -1,5 +1,6 @@
-"""``needle serve`` as a process: it starts, answers, and on Ctrl-C (SIGINT) lets the
-running answer finish before it exits with status 0; bad options exit 2."""
+"""``needle serve`` as a process: it starts, answers, and on Ctrl-C (SIGINT) or a service
+manager's SIGTERM lets the running answer finish before it exits with status 0; bad
+options exit 2."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 from .test_server import _free_port  # noqa: E402
 
 
-def test_ctrl_c_drains_the_running_answer_then_exits(model_dir):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_drains_the_running_answer_then_exits(model_dir, stop):
     port = _free_port()
     env = {**os.environ, "NEEDLE_CPU_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "needle.cli", "serve", str(model_dir),
@@ -45,13 +47,14 @@ def test_ctrl_c_drains_the_running_answer_then_exits(model_dir):
                 if line.startswith("data: "):
                     events.append(line[6:])
                     break
-            proc.send_signal(signal.SIGINT)  # Ctrl-C mid-answer
+            proc.send_signal(stop)  # Ctrl-C (or a SIGTERM) mid-answer
             events += [line[6:] for line in lines if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
         usage = json.loads(events[-2])["usage"]
         assert usage["completion_tokens"] == 120  # the answer was finished, not cut
         assert proc.wait(timeout=30) == 0
-        assert "needle serve: tiny on cpu" in proc.stderr.read()
+        err = proc.stderr.read()
+        assert "needle serve: tiny on cpu" in err and "stopped (running answers" in err
     finally:
         if proc.poll() is None:
             proc.kill()

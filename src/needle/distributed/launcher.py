@@ -11,6 +11,7 @@ rank it was and how it ended.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -65,12 +66,12 @@ def describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list[subprocess.Popen], grace: float = GRACE_S) -> None:
     """SIGTERM every live rank's process group, then SIGKILL what outlives the grace."""
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + grace
     for p in procs:
         try:
             p.wait(max(0.0, deadline - time.monotonic()))
@@ -79,9 +80,40 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def spawn(n: int, command: list[str], env: dict[str, str], stdin=None) -> int:
+class _TerminatedError(Exception):
+    """The launcher was sent SIGTERM (a service manager stopping it)."""
+
+
+def _on_sigterm(signum, frame):
+    raise _TerminatedError
+
+
+@contextlib.contextmanager
+def _terminable():
+    """Within it, a SIGTERM to this process (a service manager stopping it) raises
+    _TerminatedError, so that the launcher stops its ranks instead of leaving them
+    running without it (in the main thread; elsewhere only Ctrl-C is handled)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def spawn(n: int, command: list[str], env: dict[str, str], stdin=None,
+          grace: float = GRACE_S) -> int:
     """Run ``command`` as ranks 0..n-1; the first failure stops the rest. The exit status:
-    0, or the failed rank's (128 + signal for a killed one)."""
+    0, or the failed rank's (128 + signal for a killed one). Ctrl-C or a SIGTERM to the
+    launcher stops the ranks (SIGTERM, then SIGKILL after ``grace`` seconds)."""
+    with _terminable():
+        return _watch(n, command, env, stdin, grace)
+
+
+def _watch(n: int, command: list[str], env: dict[str, str], stdin, grace: float) -> int:
     procs = []
     for rank in range(n):
         rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n))
@@ -101,8 +133,11 @@ def spawn(n: int, command: list[str], env: dict[str, str], stdin=None) -> int:
                 return 0
             time.sleep(0.05)
     except KeyboardInterrupt:
-        _stop(procs)
+        _stop(procs, grace)
         return 130
+    except _TerminatedError:
+        _stop(procs, grace)
+        return 128 + signal.SIGTERM
 
 
 def _mpiexec() -> str:
@@ -121,11 +156,32 @@ def _mpi_command(n: int, script_argv: list[str], env: dict[str, str]) -> list[st
             "needle.distributed.rank_main", *script_argv]
 
 
+def _run_mpiexec(command: list[str], env: dict[str, str], stdin) -> int:
+    """mpiexec's exit status. Ctrl-C reaches mpiexec too (one process group), which ends the
+    job: wait for it; a SIGTERM to this process is passed on to it."""
+    proc = subprocess.Popen(command, env=env, stdin=stdin)
+    try:
+        with _terminable():
+            return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            proc.wait(GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            proc.wait()
+        return 130
+    except _TerminatedError:
+        proc.terminate()  # mpiexec stops its ranks
+        proc.wait()
+        return 128 + signal.SIGTERM
+
+
 def launch(n: int, python_args: list[str], backend: str = "auto", port: int | None = None,
-           timeout: float | None = None, stdin=None) -> int:
+           timeout: float | None = None, stdin=None, grace: float = GRACE_S) -> int:
     """Run ``python *python_args`` (a script and its arguments, or ``-m module ...``) as n
     ranks; the exit status of the job. ``stdin``: the ranks' (and mpiexec's) standard input,
-    as subprocess takes it (None: this process's)."""
+    as subprocess takes it (None: this process's). ``grace``: seconds stopped ranks have
+    to exit before they are killed (nccl)."""
     if n < 1:
         raise DistributedError(f"the number of processes must be >= 1, got {n}")
     backend = _auto_backend() if backend == "auto" else backend
@@ -133,13 +189,14 @@ def launch(n: int, python_args: list[str], backend: str = "auto", port: int | No
     if timeout is not None:
         env[TIMEOUT_VAR] = str(timeout)
     if backend == "mpi":
-        code = subprocess.call(_mpi_command(n, python_args, env), env=env, stdin=stdin)
-        if code:  # a failed rank said so above; alone, this line means mpiexec itself failed
+        code = _run_mpiexec(_mpi_command(n, python_args, env), env, stdin)
+        if code not in (0, 130, 128 + signal.SIGTERM):  # not stopped by us: a failed rank
+            # said so above; alone, this line means mpiexec itself failed
             print(f"needle run: mpiexec {describe_exit(code)}", file=sys.stderr, flush=True)
         return code
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or _free_port()),
                **{AUTHKEY_VAR: secrets.token_hex(16)})
-    return spawn(n, [sys.executable, *python_args], env, stdin)
+    return spawn(n, [sys.executable, *python_args], env, stdin, grace)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,6 +44,10 @@ class _Table:
         with self._changed:
             return [k for k in self._data if k.startswith(prefix)]
 
+    def delete(self, key: str) -> None:
+        with self._changed:
+            self._data.pop(key, None)
+
 
 def _manager_class(table: _Table | None) -> type[BaseManager]:
     """A BaseManager subclass of its own (registries are per class), serving ``table``."""
@@ -135,6 +139,15 @@ class Store:
             raise DistributedError(f"timed out after {timeout:.0f} s waiting for "
                                    f"{what or repr(key)}: a rank died, hangs or never started")
         return value
+
+    def poll(self, key: str, timeout: float) -> bytes | None:
+        """The value of ``key``, or None if it has not appeared within ``timeout`` seconds
+        (a wait that may go on: call it again); raises if the store is gone."""
+        found, value = self._call("get", key, timeout)
+        return value if found else None
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key)
 
     def wait_all(self, prefix: str, world_size: int, timeout: float | None = None,
                  what: str = "ranks") -> None:

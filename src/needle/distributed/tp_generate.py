@@ -1,11 +1,12 @@
-"""``needle generate --tp N`` and ``needle chat --tp N``: the same command, run by N
-tensor-parallel ranks.
+"""``needle generate --tp N``, ``needle chat --tp N`` and ``needle serve --tp N``: the same
+command, run by N tensor-parallel ranks.
 
 Started by a user, the command starts itself again as N ranks (``needle run``'s launcher;
 nccl on CUDA, mpi through mpiexec on the CPU) and returns their exit status. Inside a rank
 it joins the process group and loads its share of the model; rank 0 alone reads the chat's
 input, writes the text and the report, the others compute beside it (every pass
-all-reduces), each user turn broadcast to them from rank 0 (``shared_line``).
+all-reduces), each user turn broadcast to them from rank 0 (``shared_line``); a server's
+steps reach them through ``serve/tp_engine.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ import numpy as np
 from ..errors import ArgumentError, DistributedError
 from . import stdin_relay
 from .launch_env import read_launch_env
+from .launcher import GRACE_S
+
+# seconds the ranks of a stopped command have to finish: a server drains its running
+# answers first (uvicorn's graceful shutdown, 60 s at most)
+_GRACE = {"serve": 75.0}
 
 
 def _backend_and_device(device: str) -> tuple[str, str | None]:
@@ -31,13 +37,14 @@ def _backend_and_device(device: str) -> tuple[str, str | None]:
 def start(args, argv: list[str], command: str) -> int | None:
     """``--tp`` of ``needle COMMAND``: an ArgumentError below 1; with 1, None (run here);
     outside a job, the exit status of COMMAND run as args.tp ranks; inside one, None once
-    this process has joined the group and args.seed is the same on every rank."""
+    this process has joined the group and args.seed (if the command has one) is the same
+    on every rank."""
     if args.tp < 1:
         raise ArgumentError(f"--tp must be >= 1, got {args.tp}")
     if args.tp == 1:
         return None
     status = relaunch_or_join(args, argv, command)
-    if status is None:
+    if status is None and hasattr(args, "seed"):
         args.seed = shared_seed(args.seed)
     return status
 
@@ -54,7 +61,7 @@ def relaunch_or_join(args, argv: list[str], command: str = "generate") -> int | 
             _check_gpus(args.tp)
         python_args = ["-m", "needle.cli", command, *argv]
         if command != "chat":
-            return launch(args.tp, python_args, backend)
+            return launch(args.tp, python_args, backend, grace=_GRACE.get(command, GRACE_S))
         with stdin_relay.relayed_stdin():  # the ranks read the input through it, not stdin
             return launch(args.tp, python_args, backend, stdin=subprocess.DEVNULL)
     if env.world_size != args.tp:

@@ -189,6 +189,7 @@ class Engine:
         while True:
             with self._lock:
                 while not self.has_work() and not self._stopping:
+                    self._pause()
                     self._lock.wait()
                 if self._stopping and not self.has_work():
                     return
@@ -211,7 +212,11 @@ class Engine:
         else:
             self.run_until_idle()
 
-    # --- internals (called with the lock held, except _batch and _choose) -----------------
+    def _pause(self) -> None:
+        """Called (lock held) before the background loop waits for work: a hook for a
+        tensor-parallel engine, whose other ranks then wait on the host."""
+
+    # --- internals (called with the lock held, except _batch) ------------------------------
     def _apply_cancels(self) -> None:
         if not self._cancelled:
             return
@@ -262,18 +267,25 @@ class Engine:
         Sampler. Decode-only steps replay a captured step where the backend can."""
         sampling = [w for w in work if w.samples]
         greedy = all(w.request.sampler.greedy for w in sampling)
-        if self.graphs.enabled and len(sampling) == len(work) == sum(w.count for w in work) \
-                and self.graphs.bucket(len(work)) is not None:
-            out = self.graphs.run(self._batch(work, self.graphs.max_pages), greedy)
-        else:
-            batch = self._batch(work)
-            logits = batch_step.forward(self.model, self.cache,
-                                        batch_step.upload(batch, self.model.device),
-                                        len(batch.logit_rows))
-            out = logits.argmax(axis=-1).numpy().reshape(-1) if greedy else logits.numpy()
+        captured = (self.graphs.enabled and len(sampling) == len(work) == sum(w.count for w in work)
+                    and self.graphs.bucket(len(work)) is not None)
+        out = self.execute(self._batch(work, self.graphs.max_pages if captured else None),
+                           captured, greedy)
         if greedy:
             return [int(t) for t in out]
         return [w.request.sampler(out[i], w.request.length) for i, w in enumerate(sampling)]
+
+    def execute(self, batch: batch_step.StepBatch, captured: bool, greedy: bool) -> np.ndarray:
+        """Run one step: ``batch`` through the recorded decode step (``captured``: every
+        token decodes, padded to a bucket) or eagerly; the argmax of each logits row
+        (``greedy``) or the rows, on the host. Tensor-parallel ranks other than 0 run the
+        steps rank 0 decides through this alone (``tp_engine.py``)."""
+        if captured:
+            return self.graphs.run(batch, greedy)
+        logits = batch_step.forward(self.model, self.cache,
+                                    batch_step.upload(batch, self.model.device),
+                                    len(batch.logit_rows))
+        return logits.argmax(axis=-1).numpy().reshape(-1) if greedy else logits.numpy()
 
     def _append(self, r: Request, token: int) -> None:
         """Add a chosen token; emit it with its text; finish the request if it stops."""
