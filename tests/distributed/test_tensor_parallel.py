@@ -207,3 +207,25 @@ def test_tp_beyond_the_gpus_is_refused_before_any_rank_starts(cli_model, monkeyp
 def test_generate_tp_must_be_positive(cli_model):
     job = _generate(cli_model, "--tp", "0")
     assert job.returncode == 1 and "--tp must be >= 1" in job.stderr
+
+
+def test_quantized_and_gguf_checkpoints_are_refused_with_the_reason(tmp_path):
+    """--tp splits unquantized Hugging Face checkpoints: a `needle quantize` output and a
+    GGUF file written by the gguf package are refused, each saying what to do (before any
+    rank joins a group), not reported as a checkpoint missing tensors."""
+    from gguf import GGMLQuantizationType
+
+    from needle.cli import main as needle_main
+    from needle.distributed import load_tensor_parallel
+
+    from ..models.gguf_files import write_llama_gguf
+
+    hf = build("llama", tmp_path / "bf16")
+    assert needle_main(["quantize", str(tmp_path / "bf16"), str(tmp_path / "q4"), "--bits",
+                        "4", "--group-size", "32"]) == 0
+    with pytest.raises(ModelFormatError, match="holds quantized weights.*without --tp"):
+        load_tensor_parallel(tmp_path / "q4")
+    path = write_llama_gguf(hf, tmp_path / "m.gguf", GGMLQuantizationType.Q8_0,
+                            np.random.default_rng(0))
+    with pytest.raises(ModelFormatError, match="is a GGUF file.*without --tp"):
+        load_tensor_parallel(path)

@@ -19,6 +19,7 @@ two row-parallel projections replaced by ones that all-reduce.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from ..models.causal_lm import CausalLM
 from ..models.checkpoint import Checkpoint
 from ..models.config import ModelConfig
 from ..models.generation_config import GenerationConfig
+from ..models.gguf import is_gguf
 from ..models.loader import LoadStats, _dtype, _max_seq_len, build
 from ..models.tokenizer import load_tokenizer
 from ..models.weights import Projection
@@ -183,6 +185,27 @@ def make_row_parallel(model: CausalLM) -> CausalLM:
     return model
 
 
+def _splittable_config(path: Path) -> ModelConfig:
+    """The config of a checkpoint directory whose weights can be split: not a GGUF file, not
+    quantized (their packed rows and groups are not split yet), with a clear error."""
+    if is_gguf(path):
+        raise ModelFormatError(f"{path} is a GGUF file; tensor parallelism (--tp) splits "
+                               "Hugging Face checkpoint directories (bf16, fp16 or fp32 "
+                               "safetensors): run the GGUF file on one device, without --tp")
+    if not path.is_dir():
+        raise ModelFormatError(f"{path} is not a directory; pass the folder holding "
+                               "config.json and the safetensors weights")
+    full = ModelConfig.from_file(path / "config.json")
+    raw = json.loads((path / "config.json").read_text())
+    if raw.get("quantization_config") is not None:
+        raise ModelFormatError(f"{path} holds quantized weights (config.json has a "
+                               "quantization_config); tensor parallelism (--tp) splits "
+                               "unquantized checkpoints (bf16, fp16 or fp32): run this one on "
+                               "one device, without --tp, or split the checkpoint it was "
+                               "quantized from")
+    return full
+
+
 def load_tensor_parallel(path: str | Path, dtype: str | None = None,
                          max_seq_len: int | None = None) -> CausalLM:
     """Load this rank's share of the model in ``path`` onto the process group's device.
@@ -191,12 +214,9 @@ def load_tensor_parallel(path: str | Path, dtype: str | None = None,
     ``CausalLM`` whose passes and ``generate`` give the whole model's results (all ranks
     must run the same calls, since each pass all-reduces).
     """
-    g = group()
     path = Path(path)
-    if not path.is_dir():
-        raise ModelFormatError(f"{path} is not a directory; pass the folder holding "
-                               "config.json and the safetensors weights")
-    full = ModelConfig.from_file(path / "config.json")
+    full = _splittable_config(path)
+    g = group()
     local = shard_config(full, g.world_size)
     dtype = _dtype(dtype or full.dtype)
     max_seq_len = _max_seq_len(full, max_seq_len)
