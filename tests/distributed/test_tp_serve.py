@@ -76,12 +76,13 @@ def test_a_step_crosses_as_words_unchanged():
                       block_tables=rng.integers(-1, 9, (3, 4)).astype(np.int32),
                       logit_rows=np.array([0, 1, 6]),
                       chunks=[(2, 5, np.arange(11))])
-    for captured, greedy in ((False, True), (True, False)):
-        head, payload = step_message.pack(batch, captured, greedy)
+    for captured, greedy, fed in ((False, True, False), (True, False, False),
+                                  (True, True, True)):
+        head, payload = step_message.pack(batch, captured, greedy, fed)
         assert head.shape == (step_message.HEADER,)
         assert payload.size == step_message.payload_size(head)
-        got, got_captured, got_greedy = step_message.unpack(head, payload)
-        assert (got_captured, got_greedy) == (captured, greedy)
+        got, *how = step_message.unpack(head, payload)
+        assert how == [captured, greedy, fed]
         for name in ("tokens", "positions", "seq_of", "slots", "block_tables", "logit_rows"):
             np.testing.assert_array_equal(getattr(got, name), getattr(batch, name), name)
         assert got.block_tables.dtype == np.int32

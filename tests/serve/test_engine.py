@@ -176,3 +176,39 @@ def test_quantized_checkpoints_batch_like_generate(tmp_path, model_dir, bits):
     prompts = _prompts(4, seed=5)
     single = [m.generate(p, 6, temperature=0, stop=()) for p in prompts]
     assert m.generate(prompts, 6, temperature=0, stop=()) == single
+
+
+def test_steps_queued_ahead_end_as_one_at_a_time(device, model_dir):
+    """Where decode steps are captured (cuda, metal), a greedy step's successor is queued,
+    fed by its argmaxes on the device, before its tokens are read. A sequence that ends
+    meanwhile (a stop token, its max_tokens, a cancel) has that successor's token dropped:
+    every answer is one-sequence generate's, cut where it should be, and every page comes
+    back."""
+    from needle.models import load_pretrained
+
+    m = load_pretrained(model_dir, device=device, dtype="float32", max_seq_len=64)
+    prompts = _prompts(4, seed=11)
+    single = [m.generate(p, 12, temperature=0, stop=()) for p in prompts]
+    engine = Engine(m, max_seqs=4, page_size=8)
+    stop_at = single[0][4]  # request 0 stops at its fifth token (or earlier, if repeated)
+    reqs = [engine.submit(prompts[0], RequestParams(max_tokens=12, stop_token_ids=(stop_at,),
+                                                    ignore_eos=True)),
+            engine.submit(prompts[1], RequestParams(max_tokens=7, ignore_eos=True)),
+            engine.submit(prompts[2], RequestParams(max_tokens=12, ignore_eos=True)),
+            engine.submit(prompts[3], RequestParams(max_tokens=12, ignore_eos=True))]
+    while len(reqs[3].output) < 5:
+        engine.step()
+    engine.cancel(reqs[3])
+    engine.run_until_idle()
+    first_stop = single[0].index(stop_at) + 1
+    assert reqs[0].output == single[0][:first_stop] and reqs[0].finish_reason == "stop"
+    assert reqs[1].output == single[1][:7] and reqs[1].finish_reason == "length"
+    assert reqs[2].output == single[2] and reqs[2].finish_reason == "length"
+    assert reqs[3].finish_reason == "cancelled"
+    assert reqs[3].output == single[3][:len(reqs[3].output)] and len(reqs[3].output) >= 5
+    stats = engine.cache.pool.stats()
+    assert stats.used == 0 and stats.reserved == 0 and not engine.has_work()
+    if engine.graphs.enabled:
+        assert engine.metrics.queued_ahead > 5
+    else:
+        assert engine.metrics.queued_ahead == 0

@@ -8,7 +8,9 @@ of sizes (1, 2, 4, ... 256; a step of 5 sequences runs the 8 bucket with 3 paddi
 that write nowhere) and the block tables as wide as the longest sequence can be. Each
 replay reads its inputs from one device buffer the host rewrites before it
 (``DeviceBatch.load``) and leaves the logits and their argmax in the graph's output
-buffers. As in ``models/decoder.py``, a bucket's first step runs eagerly, its second is
+buffers; a step may take its tokens from the previous step's argmaxes on the device
+(``fed``), so that the engine queues it before reading them. As in ``models/decoder.py``,
+a bucket's first step runs eagerly, its second is
 captured; a failed capture falls back to eager steps with a RuntimeWarning; the results
 are the same. ``NEEDLE_DECODE_GRAPH=0`` turns capture off.
 """
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
 from ..backends.api import has
+from ..errors import GenerationError
 from . import batch as batch_step
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -36,6 +40,7 @@ class DecodeGraphs:
         self._inputs: dict[int, batch_step.DeviceBatch] = {}
         self._recorded: dict[int, tuple] = {}  # bucket -> (graph, (logits, argmax))
         self._eager: dict[int, int] = {}
+        self._last: tuple | None = None  # (bucket, argmaxes) of the last step run
 
     @property
     def enabled(self) -> bool:
@@ -44,9 +49,13 @@ class DecodeGraphs:
     def bucket(self, n: int) -> int | None:
         return next((b for b in BUCKETS if b >= n), None)
 
-    def run(self, batch: batch_step.StepBatch, greedy: bool) -> np.ndarray:
-        """Next-token argmaxes (greedy) or logits rows, one per sequence of a decode-only
-        ``batch``, on the host."""
+    def run(self, batch: batch_step.StepBatch, greedy: bool,
+            fed: bool = False) -> Callable[[], np.ndarray]:
+        """Queue a decode-only ``batch``; returns a function that gives its next-token
+        argmaxes (greedy) or logits rows, one per sequence, on the host (the argmaxes read
+        asynchronously: more steps may be queued before it is called). ``fed``: the
+        batch's tokens are the argmaxes of the step run just before, of the same sequences,
+        copied on the device (the host has not read them)."""
         n = len(batch.tokens)
         size = self.bucket(n)
         inputs = self._inputs.get(size)
@@ -54,8 +63,16 @@ class DecodeGraphs:
             inputs = self._inputs[size] = batch_step.DeviceBatch(size, self.max_pages,
                                                                  self.model.device)
         inputs.load(batch)
+        if fed:
+            if self._last is None or self._last[0] != size:
+                raise GenerationError("a fed decode step must follow a step of its size")
+            inputs.tokens[0, :n] = self._last[1][:n]
         logits, chosen = self._step(size, inputs)
-        return chosen.numpy().reshape(-1)[:n] if greedy else logits.numpy()[:n]
+        self._last = (size, chosen)
+        if greedy:
+            return chosen[:n].numpy_later()
+        rows = logits.numpy()[:n]
+        return lambda: rows
 
     def _step(self, size: int, inputs: batch_step.DeviceBatch):
         def body():

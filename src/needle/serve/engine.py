@@ -9,10 +9,12 @@ thread for a server. Outputs stream through each request's queue (``Request.stre
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -75,6 +77,8 @@ class Engine:
         self._cancelled: set[int] = set()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._queued: _Queued | None = None  # a step on the device whose tokens are unread
+        self._queue_ahead = os.environ.get("NEEDLE_SERVE_AHEAD", "1") != "0"
 
     # --- submitting ------------------------------------------------------------------------
     def submit(self, prompt, params: RequestParams | None = None, listener=None) -> Request:
@@ -128,23 +132,39 @@ class Engine:
     # --- running ---------------------------------------------------------------------------
     def has_work(self) -> bool:
         s = self.scheduler
-        return bool(s.waiting or s.running or self._cancelled)
+        return bool(s.waiting or s.running or self._cancelled or self._queued is not None)
 
     def step(self) -> int:
-        """Admit, run one batched step, hand out the tokens; returns tokens produced."""
-        with self._lock:
-            self._apply_cancels()
-            self.scheduler.admit()
-            work = self.scheduler.plan()
-        if not work:
-            return 0
+        """Admit, run one batched step, hand out the tokens; returns tokens produced.
+
+        A decode-only greedy step whose batch cannot change before the next one (nothing
+        waiting or cancelled, no sequence at its last token) has the next step queued on
+        the device, its tokens the argmaxes still there, before its own tokens are read:
+        the device runs a step while the host reads, checks and hands out the last one's."""
         start = time.perf_counter()
+        queued, self._queued = self._queued, None
+        work = queued.work if queued is not None else None
         try:
-            tokens = self._run(work)
-        except Exception as e:  # noqa: BLE001 - every request of the step learns why
+            if queued is None:
+                with self._lock:
+                    self._apply_cancels()
+                    self.scheduler.admit()
+                    work = self.scheduler.plan()
+                if not work:
+                    return 0
+                queued = self._launch(work)
             with self._lock:
-                for w in work:
-                    self._finish(w.request, TokenEvent(None, "", "error", str(e)))
+                following = self._following(queued)
+            if following is not None:
+                self._queued = self._launch(following, fed=True)
+                self.metrics.queued_ahead += 1
+            tokens = queued.tokens()
+        except Exception as e:  # noqa: BLE001 - every request of the step learns why
+            self._queued = None
+            with self._lock:
+                for w in work or ():
+                    if not w.request.finished:
+                        self._finish(w.request, TokenEvent(None, "", "error", str(e)))
             raise
         produced = 0
         with self._lock:
@@ -155,8 +175,10 @@ class Engine:
                     self.scheduler.remember_prefix(r)
                 if not w.samples:
                     continue
-                self._append(r, tokens.pop(0))
-                produced += 1
+                token = tokens.pop(0)
+                if not r.finished:  # else it ended after this step was queued: dropped
+                    self._append(r, token)
+                    produced += 1
         self.metrics.record_step(produced, time.perf_counter() - start)
         return produced
 
@@ -252,7 +274,7 @@ class Engine:
                 chunks.append((len(tokens), w.count,
                                np.array([table.slot(p) for p in range(w.start + w.count)])))
             for p in range(w.start, w.start + w.count):
-                tokens.append(self._token_at(w.request, p))
+                tokens.append(0 if w.fed else self._token_at(w.request, p))
                 positions.append(p)
                 seq_of.append(i)
                 slots.append(table.slot(p))
@@ -261,31 +283,49 @@ class Engine:
         return batch_step.StepBatch(np.array(tokens), np.array(positions), np.array(seq_of),
                                     np.array(slots), tables, np.array(rows), chunks)
 
-    def _run(self, work: list[Work]) -> list[int]:
-        """One batched step; the next token of each sampling row: the argmax (on the
-        device) when every row is greedy, else each row drawn on the host by its request's
-        Sampler. Decode-only steps replay a captured step where the backend can."""
+    def _launch(self, work: list[Work], fed: bool = False) -> _Queued:
+        """Queue one batched step (``fed``: a decode step whose tokens are the previous
+        step's argmaxes, on the device). Decode-only steps replay a captured step where the
+        backend can; the next tokens: the argmax (on the device) when every row is greedy,
+        else each row drawn on the host by its request's Sampler."""
         sampling = [w for w in work if w.samples]
         greedy = all(w.request.sampler.greedy for w in sampling)
         captured = (self.graphs.enabled and len(sampling) == len(work) == sum(w.count for w in work)
                     and self.graphs.bucket(len(work)) is not None)
-        out = self.execute(self._batch(work, self.graphs.max_pages if captured else None),
-                           captured, greedy)
-        if greedy:
-            return [int(t) for t in out]
-        return [w.request.sampler(out[i], w.request.length) for i, w in enumerate(sampling)]
+        read = self.execute(self._batch(work, self.graphs.max_pages if captured else None),
+                            captured, greedy, fed)
+        return _Queued(work, sampling, read, greedy, captured and greedy)
 
-    def execute(self, batch: batch_step.StepBatch, captured: bool, greedy: bool) -> np.ndarray:
-        """Run one step: ``batch`` through the recorded decode step (``captured``: every
-        token decodes, padded to a bucket) or eagerly; the argmax of each logits row
-        (``greedy``) or the rows, on the host. Tensor-parallel ranks other than 0 run the
-        steps rank 0 decides through this alone (``tp_engine.py``)."""
+    def execute(self, batch: batch_step.StepBatch, captured: bool, greedy: bool,
+                fed: bool = False) -> Callable[[], np.ndarray]:
+        """Queue one step: ``batch`` through the recorded decode step (``captured``: every
+        token decodes, padded to a bucket; ``fed``: its tokens are the argmaxes of the step
+        queued just before) or eagerly. Returns a function that gives the argmax of each
+        logits row (``greedy``) or the rows, on the host. Tensor-parallel ranks other than
+        0 run the steps rank 0 decides through this alone (``tp_engine.py``)."""
         if captured:
-            return self.graphs.run(batch, greedy)
+            return self.graphs.run(batch, greedy, fed)
         logits = batch_step.forward(self.model, self.cache,
                                     batch_step.upload(batch, self.model.device),
                                     len(batch.logit_rows))
-        return logits.argmax(axis=-1).numpy().reshape(-1) if greedy else logits.numpy()
+        out = logits.argmax(axis=-1).numpy().reshape(-1) if greedy else logits.numpy()
+        return lambda: out
+
+    def _following(self, step: _Queued) -> list[Work] | None:
+        """(Lock held.) The step after ``step`` if it can be queued before ``step``'s tokens
+        are read: the same sequences one token further, each with room for it."""
+        if not (step.chains and self._queue_ahead) or self._cancelled or self.scheduler.waiting:
+            return None
+        work = []
+        for w in step.work:
+            r = w.request
+            # r.output lacks ``step``'s token: this one would make token len(output) + 2
+            if r.finished or len(r.output) + 2 > r.max_tokens:
+                return None
+            work.append(Work(r, w.start + 1, 1, fed=True))
+        for w in work:
+            w.request.table.ensure(w.start + 1)
+        return work
 
     def _append(self, r: Request, token: int) -> None:
         """Add a chosen token; emit it with its text; finish the request if it stops."""
@@ -329,6 +369,25 @@ class Engine:
                 "finished": dict(self.metrics.finished)}
 
 
+@dataclass
+class _Queued:
+    """A step queued on the device: its work, the rows that choose a token, and the read of
+    their tokens (argmaxes, or logits rows to sample on the host)."""
+
+    work: list[Work]
+    sampling: list[Work]
+    read: Callable[[], np.ndarray]
+    greedy: bool
+    chains: bool  # a captured greedy decode step: the next may be fed from its argmaxes
+
+    def tokens(self) -> list[int]:
+        out = self.read()
+        if self.greedy:
+            return [int(t) for t in out.reshape(-1)]
+        return [w.request.sampler(out[i], w.request.length)
+                for i, w in enumerate(self.sampling)]
+
+
 class EngineMetrics:
     """Counters for /metrics: tokens made, and a trailing window for tokens per second."""
 
@@ -338,6 +397,7 @@ class EngineMetrics:
         self.generated = 0
         self.prompt_tokens = 0
         self.steps = 0
+        self.queued_ahead = 0  # steps queued before the previous step's tokens were read
         self.finished: dict[str, int] = {}
         self._recent: deque[tuple[float, int]] = deque()
 

@@ -33,12 +33,13 @@ class Work:
     request: Request
     start: int
     count: int
+    fed: bool = False  # a decode token not yet read: the previous step's argmax, on the device
 
     @property
     def samples(self) -> bool:
         """Whether this part ends at the sequence's last known token, so that its logits
         choose the next token (every decode step; the last chunk of a prompt)."""
-        return self.start + self.count == self.request.length
+        return self.fed or self.start + self.count == self.request.length
 
 
 class Scheduler:

@@ -15,9 +15,10 @@ from ..errors import DistributedError
 from .batch import StepBatch
 
 STEP, IDLE, STOP = 1, 2, 3  # a step follows; wait on the host for the next; leave
-HEADER = 9
+HEADER = 10
 # header words: kind, tokens T, sequences S, block-table width P, logit rows R,
-# prompt chunks C, their slots in all, captured (0/1), greedy (0/1)
+# prompt chunks C, their slots in all, captured (0/1), greedy (0/1), fed (0/1: the tokens
+# are the previous step's argmaxes, on the device)
 
 
 def header(kind: int) -> np.ndarray:
@@ -27,12 +28,13 @@ def header(kind: int) -> np.ndarray:
     return out
 
 
-def pack(batch: StepBatch, captured: bool, greedy: bool) -> tuple[np.ndarray, np.ndarray]:
+def pack(batch: StepBatch, captured: bool, greedy: bool,
+         fed: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The header and the payload of a step."""
     t, (s, p), r = len(batch.tokens), batch.block_tables.shape, len(batch.logit_rows)
     chunk_slots = [np.asarray(slots) for _, _, slots in batch.chunks]
     head = np.array([STEP, t, s, p, r, len(batch.chunks), sum(c.size for c in chunk_slots),
-                     int(captured), int(greedy)], np.int64)
+                     int(captured), int(greedy), int(fed)], np.int64)
     chunks = np.array([(first, count, slots.size) for (first, count, _), slots
                        in zip(batch.chunks, chunk_slots)], np.int64).reshape(-1)
     parts = [batch.tokens, batch.positions, batch.seq_of, batch.slots,
@@ -46,8 +48,8 @@ def payload_size(head: np.ndarray) -> int:
     return 4 * t + s * p + r + 3 * c + slots
 
 
-def unpack(head: np.ndarray, payload: np.ndarray) -> tuple[StepBatch, bool, bool]:
-    """The step a header and payload describe: (batch, captured, greedy)."""
+def unpack(head: np.ndarray, payload: np.ndarray) -> tuple[StepBatch, bool, bool, bool]:
+    """The step a header and payload describe: (batch, captured, greedy, fed)."""
     if int(head[0]) != STEP or payload.size != payload_size(head):
         raise DistributedError(f"a malformed step message (header {head.tolist()}, payload of "
                                f"{payload.size} words): the ranks run different needle code")
@@ -65,4 +67,4 @@ def unpack(head: np.ndarray, payload: np.ndarray) -> tuple[StepBatch, bool, bool
     meta = take(3 * c).reshape(c, 3)
     chunks = [(int(first), int(count), take(int(n))) for first, count, n in meta]
     return (StepBatch(tokens, positions, seq_of, slots, tables, rows, chunks),
-            bool(head[7]), bool(head[8]))
+            bool(head[7]), bool(head[8]), bool(head[9]))

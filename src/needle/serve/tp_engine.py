@@ -12,6 +12,8 @@ time out on a quiet server; its next step rings them back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .. import backend_ndarray as nd
@@ -45,11 +47,11 @@ class StepLink:
         self.awake = False  # the other ranks are waiting in a broadcast, not on the bell
         self.stopped = False
 
-    def send(self, batch: StepBatch, captured: bool, greedy: bool) -> None:
+    def send(self, batch: StepBatch, captured: bool, greedy: bool, fed: bool) -> None:
         if not self.awake:
             self.bell.ring(RUN)
             self.awake = True
-        head, payload = msg.pack(batch, captured, greedy)
+        head, payload = msg.pack(batch, captured, greedy, fed)
         _send(head)
         _send(payload)
 
@@ -70,7 +72,7 @@ class StepLink:
             self.bell.ring(STOP)
         self.stopped = True
 
-    def receive(self) -> tuple[StepBatch, bool, bool] | None:
+    def receive(self) -> tuple[StepBatch, bool, bool, bool] | None:
         """The next step rank 0 runs, or None when it stops."""
         while True:
             if not self.awake:
@@ -95,9 +97,10 @@ class TensorParallelEngine(Engine):
         super().__init__(model, **options)
         self.link = StepLink()
 
-    def execute(self, batch: StepBatch, captured: bool, greedy: bool) -> np.ndarray:
-        self.link.send(batch, captured, greedy)
-        return super().execute(batch, captured, greedy)
+    def execute(self, batch: StepBatch, captured: bool, greedy: bool,
+                fed: bool = False) -> Callable[[], np.ndarray]:
+        self.link.send(batch, captured, greedy, fed)
+        return super().execute(batch, captured, greedy, fed)
 
     def _pause(self) -> None:
         self.link.pause()
@@ -111,4 +114,4 @@ def follow(engine: Engine) -> None:
     """The other ranks: run each step rank 0 sends, until it stops."""
     link = StepLink()
     while (step := link.receive()) is not None:
-        engine.execute(*step)
+        engine.execute(*step)  # its result is rank 0's to read

@@ -62,7 +62,8 @@ _PACK = [struct.Struct(f"{n}Q") for n in range(_SLOTS)]
 _TOO_LARGE = -2  # _launch.dispatch: the arguments exceed its block (of _SCRATCH bytes)
 _RAW_ALIGN = 64  # CUtensorMap's alignment; every raw argument starts on such a boundary
 _RAW_SCRATCH = 1024
-_PINNED_SLOT = 256  # copy_to_host_later: reads this small go through page-locked slots
+_PINNED_SLOT = 2048  # copy_to_host_later: reads this small (a serving step's 256 argmaxes)
+# go through page-locked slots
 _PINNED_SLOTS = 64
 _UPLOAD_SLOT = 16384  # uploads this small go through page-locked slots (see _UploadRing)
 _UPLOAD_SLOTS = 32
