@@ -67,3 +67,18 @@ def test_an_error_found_while_waiting_stops_the_wait():
     with pytest.raises(DistributedError, match="a rank failed"):
         waiting.wait_until(done, check, 10.0, _never_expires)
     assert done.calls == 0  # checked before the first poll
+
+
+def test_a_wait_on_a_step_spins_as_long_as_asked(monkeypatch):
+    """``spin``: a tensor-parallel server's rank waiting through a step for the next one's
+    message polls without sleeping that long (a sleep can wake it up to 1 ms late)."""
+    sleeps = []
+    monkeypatch.setattr(waiting.time, "sleep", sleeps.append)
+    start = time.monotonic()
+    waiting.wait_until(lambda: time.monotonic() - start > 0.02, lambda: None, 10.0,
+                       _never_expires, spin=0.05)
+    assert sleeps == []
+    start = time.monotonic()
+    waiting.wait_until(lambda: time.monotonic() - start > 0.02, lambda: None, 10.0,
+                       _never_expires, spin=0.0)
+    assert sleeps  # no spin: it sleeps from the first poll that finds work outstanding

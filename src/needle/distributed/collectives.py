@@ -165,7 +165,8 @@ def barrier() -> None:
     group().backend.barrier()
 
 
-def synchronize() -> None:
+def synchronize(spin: float | None = None) -> None:
     """Wait for this rank's queued collectives, at most the group's timeout (nccl); a
-    no-op where collectives complete before they return (mpi)."""
-    group().backend.synchronize()
+    no-op where collectives complete before they return (mpi). ``spin``: seconds to poll
+    without sleeping first (default 2 ms; a sleeping poll can wake up to 1 ms late)."""
+    group().backend.synchronize(spin)

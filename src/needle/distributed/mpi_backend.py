@@ -108,7 +108,7 @@ class MpiBackend:
             time.sleep(pause)
             pause = min(pause * 2 or 1e-5, 1e-3)
 
-    def synchronize(self) -> None:
+    def synchronize(self, spin: float | None = None) -> None:
         pass  # every collective has completed when it returns
 
     def close(self) -> None:

@@ -130,12 +130,13 @@ class NcclBackend:
         self.all_reduce(self._scratch, "sum")
         self.synchronize()
 
-    def synchronize(self) -> None:
+    def synchronize(self, spin: float | None = None) -> None:
         """Wait for the queued work, at most the timeout; on expiry abort the communicator
-        (so that the device stops waiting for the missing rank) and raise."""
+        (so that the device stops waiting for the missing rank) and raise. ``spin``:
+        ``wait_until``'s."""
         event = self.queue.event()
         event.record()
-        wait_until(event.query, self._raise_async_error, self.timeout, self._expired)
+        wait_until(event.query, self._raise_async_error, self.timeout, self._expired, spin)
 
     def _raise_async_error(self) -> None:
         error = nccl.async_error(self.comm)

@@ -17,12 +17,14 @@ FIRST_SLEEP_S, LONGEST_SLEEP_S = 5e-5, 1e-3
 
 
 def wait_until(done: Callable[[], bool], check: Callable[[], None], timeout: float,
-               expired: Callable[[], Exception]) -> None:
+               expired: Callable[[], Exception], spin: float | None = None) -> None:
     """Return once ``done()`` is true. ``check()`` runs before each poll (it raises to stop
     the wait, e.g. on an asynchronous error); past ``timeout`` seconds the error that
-    ``expired()`` returns (after whatever cleanup it does) is raised."""
+    ``expired()`` returns (after whatever cleanup it does) is raised. ``spin``: seconds to
+    poll without sleeping (default SPIN_S), for a wait on the critical path of a longer
+    step."""
     start = time.monotonic()
-    spin_until, deadline = start + SPIN_S, start + timeout
+    spin_until, deadline = start + (SPIN_S if spin is None else spin), start + timeout
     sleep = FIRST_SLEEP_S
     while True:
         check()

@@ -32,9 +32,17 @@ def _send(words: np.ndarray) -> None:
     broadcast(nd.array(words, device=group().device), src=0)
 
 
+# A rank waiting for the next step's message waits through its current step first: a
+# sleeping poll (up to 1 ms late) is on every step's critical path, since rank 0's step
+# waits for this rank in its first all-reduce. Two H200s, Llama-3-8B shapes, TP=2: 1 / 8 /
+# 64 streams 212-222 / 1,359-1,421 / 7,658-8,087 tok/s sleeping after 2 ms, 251-259 /
+# 1,614-1,643 / 8,303-8,386 spinning 20 ms (.hx/s35/tp_serve_probe.py).
+STEP_SPIN_S = 0.05
+
+
 def _receive(n: int) -> np.ndarray:
     out = broadcast(nd.zeros((n,), "int64", group().device), src=0)
-    synchronize()  # with the group's deadline, not a plain device wait
+    synchronize(STEP_SPIN_S)  # with the group's deadline, not a plain device wait
     return out.numpy()
 
 
