@@ -10,9 +10,9 @@ replay reads its inputs from one device buffer the host rewrites before it
 (``DeviceBatch.load``) and leaves the logits and their argmax in the graph's output
 buffers; a step may take its tokens from the previous step's argmaxes on the device
 (``fed``), so that the engine queues it before reading them. As in ``models/decoder.py``,
-a bucket's first step runs eagerly, its second is
-captured; a failed capture falls back to eager steps with a RuntimeWarning; the results
-are the same. ``NEEDLE_DECODE_GRAPH=0`` turns capture off.
+a bucket's first step runs eagerly, its second is captured; a failed capture falls back
+to eager steps with a RuntimeWarning; the results are the same. ``NEEDLE_DECODE_GRAPH=0``
+turns capture off.
 """
 
 from __future__ import annotations

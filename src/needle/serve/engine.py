@@ -290,7 +290,8 @@ class Engine:
         else each row drawn on the host by its request's Sampler."""
         sampling = [w for w in work if w.samples]
         greedy = all(w.request.sampler.greedy for w in sampling)
-        captured = (self.graphs.enabled and len(sampling) == len(work) == sum(w.count for w in work)
+        decode_only = len(sampling) == len(work) == sum(w.count for w in work)
+        captured = (self.graphs.enabled and decode_only
                     and self.graphs.bucket(len(work)) is not None)
         read = self.execute(self._batch(work, self.graphs.max_pages if captured else None),
                             captured, greedy, fed)
