@@ -145,10 +145,18 @@ def test_cancelled_stream_frees_its_pages(running, client):
 def test_models_health_metrics(running, client):
     assert [m.id for m in client.models.list()] == [NAME]
     assert httpx.get(running.url + "/health").json()["status"] == "ok"
+    client.completions.create(model=NAME, prompt="x", max_tokens=2)
     text = httpx.get(running.url + "/metrics").text
     for name in ("needle_requests_running", "needle_requests_waiting", "needle_kv_pages_used",
-                 "needle_generation_tokens_per_second", "needle_generation_tokens_total"):
+                 "needle_generation_tokens_per_second", "needle_generation_tokens_total",
+                 "needle_steps_total", "needle_steps_queued_ahead_total"):
         assert f"# TYPE {name} " in text and f"\n{name} " in text
+    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+             if line and not line.startswith("#")}
+    assert value["needle_steps_total"] >= 1
+    # on the CPU no step is captured, so none is queued ahead (tests/serve/test_engine.py
+    # checks the devices that capture)
+    assert value["needle_steps_queued_ahead_total"] == 0
     assert "<title>needle chat</title>" in httpx.get(running.url + "/").text
 
 

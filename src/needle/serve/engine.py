@@ -367,6 +367,8 @@ class Engine:
                 "prompt_tokens_total": self.metrics.prompt_tokens,
                 "generation_tokens_total": self.metrics.generated,
                 "tokens_per_second": self.metrics.tokens_per_second(),
+                "steps_total": self.metrics.steps,
+                "steps_queued_ahead_total": self.metrics.queued_ahead,
                 "finished": dict(self.metrics.finished)}
 
 

@@ -116,6 +116,10 @@ class Server:
                s["generation_tokens_total"])
         metric("needle_prompt_tokens_total", "counter", "Prompt tokens received.",
                s["prompt_tokens_total"])
+        metric("needle_steps_total", "counter", "Batched steps run.", s["steps_total"])
+        metric("needle_steps_queued_ahead_total", "counter",
+               "Steps queued before the previous step's tokens were read.",
+               s["steps_queued_ahead_total"])
         for reason, n in sorted(s["finished"].items()):
             metric("needle_requests_finished_total", "counter", "Requests ended, by reason.",
                    n, f'{{reason="{reason}"}}')
