@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from .errors import NeedleError
+from .generate_cli import add_tp_option
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30}
@@ -65,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
                    help="sequences decoded together (default 32)")
     p.add_argument("--kv-memory", type=parse_bytes, default=None,
                    help="bytes of the KV page pool, e.g. 4GiB (default: max-seqs sequences "
-                        "of max-seq-len positions)")
+                        "of max-seq-len positions); with --tp, each rank's")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1 requests")
     p.add_argument("--model-name", default=None,
@@ -77,9 +78,7 @@ def parser() -> argparse.ArgumentParser:
                    help="default: the checkpoint's own")
     p.add_argument("--max-seq-len", type=_positive, default=None,
                    help="prompt plus answer positions per sequence")
-    p.add_argument("--tp", type=int, default=1,
-                   help="split the model over this many tensor-parallel ranks (GPUs, or CPU "
-                        "processes with --device cpu); --kv-memory is then each rank's")
+    add_tp_option(p)
     return p
 
 
@@ -102,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status = tp_generate.start(args, argv, "serve")
     except NeedleError as e:
-        print(f"needle serve: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return _failed(e)
     if status is not None:  # the ranks ran (and stopped) in processes of their own
         return status
     if args.tp == 1:
@@ -142,8 +140,7 @@ def _serve(args) -> int:
     try:
         model, engine = _engine(args)
     except NeedleError as e:
-        print(f"needle serve: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return _failed(e)
     pool = engine.cache.pool
     name = args.model_name or Path(args.model_dir).resolve().name
     where = model.device.name if args.tp == 1 else f"{args.tp} ranks ({model.device.kind})"
@@ -164,6 +161,11 @@ def _serve(args) -> int:
     return 0
 
 
+def _failed(e: NeedleError) -> int:
+    print(f"needle serve: {type(e).__name__}: {e}", file=sys.stderr)
+    return 1
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -178,7 +180,6 @@ def _follow(args) -> int:
     try:
         _, engine = _engine(args)
     except NeedleError as e:
-        print(f"needle serve: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return _failed(e)
     follow(engine)
     return 0

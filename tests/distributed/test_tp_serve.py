@@ -16,7 +16,7 @@ from needle.serve import step_message
 from needle.serve.batch import StepBatch
 
 from ..models.hf_models import build_with_tokenizer
-from .serve_job import ServeJob
+from ..serve.serve_job import ServeJob
 
 
 @pytest.fixture(scope="module")

@@ -85,10 +85,8 @@ def test_serve_tp2_on_two_gpus_answers_as_one_and_drains_on_ctrl_c(tmp_path):
     import signal
     import time
 
-    import httpx
-
     from ..models.hf_models import build_with_tokenizer
-    from .serve_job import NAME, ServeJob
+    from ..serve.serve_job import NAME, ServeJob, stream_interrupted
     from .test_tp_serve import answers
 
     build_with_tokenizer(tmp_path, chat=True, max_position_embeddings=2048)
@@ -108,15 +106,9 @@ def test_serve_tp2_on_two_gpus_answers_as_one_and_drains_on_ctrl_c(tmp_path):
         body = {"model": NAME, "prompt": "The quick brown", "max_tokens": 1500,
                 "temperature": 0, "stream": True, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}
-        events = []
-        with httpx.stream("POST", two.url + "/v1/completions", json=body, timeout=120) as r:
-            lines = r.iter_lines()
-            for line in lines:
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    break
-            os.killpg(two.proc.pid, signal.SIGINT)  # Ctrl-C mid-answer (the launcher)
-            events += [line[6:] for line in lines if line.startswith("data: ")]
+        # Ctrl-C mid-answer (to the launcher)
+        events = stream_interrupted(two.url, body,
+                                    lambda: os.killpg(two.proc.pid, signal.SIGINT))
         assert events[-1] == "[DONE]"
         assert json.loads(events[-2])["usage"]["completion_tokens"] == 1500
         assert two.proc.wait(timeout=120) == 130

@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from .serve_job import stream_interrupted
 from .test_server import _free_port  # noqa: E402
 
 
@@ -40,15 +41,8 @@ def test_ctrl_c_drains_the_running_answer_then_exits(model_dir, stop):
         body = {"model": "tiny", "prompt": "The quick brown", "max_tokens": 120,
                 "temperature": 0, "stream": True, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}
-        events = []
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
-            lines = r.iter_lines()
-            for line in lines:
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    break
-            proc.send_signal(stop)  # Ctrl-C (or a SIGTERM) mid-answer
-            events += [line[6:] for line in lines if line.startswith("data: ")]
+        # Ctrl-C (or a SIGTERM) mid-answer
+        events = stream_interrupted(url, body, lambda: proc.send_signal(stop))
         assert events[-1] == "[DONE]"
         usage = json.loads(events[-2])["usage"]
         assert usage["completion_tokens"] == 120  # the answer was finished, not cut

@@ -159,6 +159,19 @@ def broadcast(x: NDArray, src: int = 0) -> NDArray:
     return _in_place(x, lambda a: g.backend.broadcast(a, src))
 
 
+def broadcast_host(values: np.ndarray, src: int = 0, spin: float | None = None) -> np.ndarray:
+    """Rank ``src``'s host array ``values`` on every rank (the other ranks pass an array of
+    the same shape and dtype, whose contents are unused): one broadcast on the group's
+    device. Rank ``src`` gets its own array back without waiting; the others wait with the
+    group's deadline (``synchronize(spin)``)."""
+    g = group()
+    received = broadcast(nd_array(values, device=g.device), src=src)
+    if g.rank == src:
+        return values
+    synchronize(spin)
+    return received.numpy()
+
+
 def barrier() -> None:
     """Return once every rank has called barrier (and, on nccl, the device work queued
     before it has finished); a DistributedError after the group's timeout otherwise."""

@@ -19,7 +19,6 @@ two row-parallel projections replaced by ones that all-reduce.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from ..errors import ModelFormatError
 from ..models import memory
 from ..models.causal_lm import CausalLM
 from ..models.checkpoint import Checkpoint
-from ..models.config import ModelConfig
+from ..models.config import ModelConfig, read_json_object
 from ..models.generation_config import GenerationConfig
 from ..models.gguf import is_gguf
 from ..models.loader import LoadStats, _dtype, _max_seq_len, build
@@ -195,8 +194,8 @@ def _splittable_config(path: Path) -> ModelConfig:
     if not path.is_dir():
         raise ModelFormatError(f"{path} is not a directory; pass the folder holding "
                                "config.json and the safetensors weights")
-    full = ModelConfig.from_file(path / "config.json")
-    raw = json.loads((path / "config.json").read_text())
+    raw = read_json_object(path, "config.json")
+    full = ModelConfig.from_dict(raw, source=str(path / "config.json"))
     if raw.get("quantization_config") is not None:
         raise ModelFormatError(f"{path} holds quantized weights (config.json has a "
                                "quantization_config); tensor parallelism (--tp) splits "

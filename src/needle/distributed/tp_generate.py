@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import ArgumentError, DistributedError
 from . import stdin_relay
+from .collectives import broadcast_host
 from .launch_env import read_launch_env
 from .launcher import GRACE_S
 
@@ -55,7 +56,7 @@ def relaunch_or_join(args, argv: list[str], command: str = "generate") -> int | 
     env = read_launch_env()
     backend, device = _backend_and_device(args.device)
     if env.launcher == "single":
-        from .launcher import launch
+        from .launcher import launch  # looked up at the call (tests replace it)
 
         if backend == "nccl":
             _check_gpus(args.tp)
@@ -93,29 +94,19 @@ def _check_gpus(tp: int) -> None:
                                "CPU ranks)")
 
 
-def _from_rank0(values: np.ndarray) -> np.ndarray:
-    """Rank 0's host array ``values`` on every rank (one broadcast on the group's device;
-    every rank passes an array of the same shape and dtype)."""
-    from .. import backend_ndarray as nd
-    from .collectives import broadcast
-    from .group import group
-
-    return broadcast(nd.array(values, device=group().device), src=0).numpy()
-
-
 def shared_seed(seed: int | None) -> int:
     """The sampler's seed, the same on every rank (rank 0 draws one when none is given):
     ranks that sampled different tokens would feed their decoders different inputs."""
     value = seed if seed is not None else int(np.random.default_rng().integers(2**31))
-    return int(_from_rank0(np.array([value], np.int64))[0])
+    return int(broadcast_host(np.array([value], np.int64))[0])
 
 
 def shared_line(line: str | None) -> str | None:
     """Rank 0's ``line`` (None: the end of its input) on every rank: a chat's turn, read by
     rank 0 alone, which every rank's model must see. The other ranks' ``line`` is unused."""
     data = b"" if line is None else line.encode()
-    n = int(_from_rank0(np.array([-1 if line is None else len(data)], np.int64))[0])
+    n = int(broadcast_host(np.array([-1 if line is None else len(data)], np.int64))[0])
     if n <= 0:
         return None if n < 0 else ""
     payload = np.frombuffer(data, np.uint8) if len(data) == n else np.zeros(n, np.uint8)
-    return _from_rank0(payload).tobytes().decode()
+    return broadcast_host(payload).tobytes().decode()

@@ -16,20 +16,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import backend_ndarray as nd
-from ..distributed.collectives import broadcast, synchronize
+from ..distributed.collectives import broadcast_host
 from ..distributed.doorbell import Doorbell
-from ..distributed.group import group
 from . import step_message as msg
 from .batch import StepBatch
 from .engine import Engine
 
 BELL = "needle-serve/bell"
 RUN, STOP = b"run", b"stop"
-
-
-def _send(words: np.ndarray) -> None:
-    broadcast(nd.array(words, device=group().device), src=0)
 
 
 # A rank waiting for the next step's message waits through its current step first: a
@@ -40,10 +34,12 @@ def _send(words: np.ndarray) -> None:
 STEP_SPIN_S = 0.05
 
 
+def _send(words: np.ndarray) -> None:
+    broadcast_host(words)
+
+
 def _receive(n: int) -> np.ndarray:
-    out = broadcast(nd.zeros((n,), "int64", group().device), src=0)
-    synchronize(STEP_SPIN_S)  # with the group's deadline, not a plain device wait
-    return out.numpy()
+    return broadcast_host(np.zeros(n, np.int64), spin=STEP_SPIN_S)
 
 
 class StepLink:

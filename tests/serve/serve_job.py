@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,14 +13,25 @@ import time
 import httpx
 import openai
 
+from .test_server import _free_port
+
 NAME = "tiny"
 MESSAGES = [{"role": "user", "content": "Hello there"}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def stream_interrupted(url: str, body: dict, interrupt) -> list[str]:
+    """The data events of a streamed ``body`` posted to url/v1/completions, ``interrupt()``
+    called once the first has arrived (a Ctrl-C mid-answer)."""
+    events = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(line[6:])
+                break
+        interrupt()
+        events += [line[6:] for line in lines if line.startswith("data: ")]
+    return events
 
 
 class ServeJob:
