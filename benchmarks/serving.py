@@ -6,8 +6,9 @@
 
 The model is TinyLlama-1.1B-shaped (hidden 2048, 22 layers, 32 heads, 4 KV heads, vocab
 32000) with random bfloat16 weights made in memory, on a GPU; with ``--quick`` (or on a
-CPU) a tiny one of the same family. Greedy decoding, end-of-sequence ignored, prompts of
-128 random tokens.
+CPU) a tiny one of the same family. Greedy decoding (``--temperature T --top-p P``: every
+request samples, each with its own seed), end-of-sequence ignored, prompts of 128 random
+tokens.
 
 * **decode at N streams** (N = 1, 8, 32, 64): N requests decode together; after each has
   made ``--warmup`` tokens, the next ``--tokens`` steps are timed: aggregate tokens/s, and
@@ -75,7 +76,22 @@ def prompt(rng, n: int, vocab: int) -> list[int]:
     return [int(t) for t in rng.integers(0, vocab, n)]
 
 
-def decode_at(engine, streams: int, warmup: int, tokens: int, rng) -> dict:
+def add_sampling_options(parser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample every request at this temperature (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=None, help="with --temperature")
+
+
+def sampling(args, seed: int):
+    """Each request's settings: greedy, or the command's temperature and top-p."""
+    from needle.serve import SamplingParams
+
+    if not args.temperature:
+        return SamplingParams()
+    return SamplingParams(args.temperature, top_p=args.top_p, seed=seed)
+
+
+def decode_at(engine, streams: int, warmup: int, tokens: int, rng, args) -> dict:
     """Aggregate tokens/s and inter-token latencies of ``streams`` decoding together."""
     from needle.serve import RequestParams
 
@@ -85,11 +101,12 @@ def decode_at(engine, streams: int, warmup: int, tokens: int, rng) -> dict:
     # steps for 64 streams); room for that lag keeps every stream running through the
     # timed steps, so that no stream finishes early and no smaller batch is captured
     # mid-measurement.
-    params = RequestParams(max_tokens=warmup + tokens + LAG, ignore_eos=True)
     reqs = []
-    for _ in range(streams):
-        r = engine.make_request(prompt(rng, PROMPT, vocab), params)
-        reqs.append(engine.submit(r.prompt, params, listener=clock.listener(len(reqs))))
+    for i in range(streams):
+        params = RequestParams(sampling(args, i), max_tokens=warmup + tokens + LAG,
+                               ignore_eos=True)
+        reqs.append(engine.submit(prompt(rng, PROMPT, vocab), params,
+                                  listener=clock.listener(len(reqs))))
     while min(len(r.output) for r in reqs) < warmup:
         engine.step()
     made, start = engine.metrics.generated, time.perf_counter()
@@ -112,14 +129,17 @@ def decode_at(engine, streams: int, warmup: int, tokens: int, rng) -> dict:
             "itl_p99_ms": float(np.percentile(gaps, 99) * 1e3)}
 
 
-def single_generate(model, tokens: int, rng) -> float:
-    """model.generate's decode tokens/s for one sequence (the captured step)."""
+def single_generate(model, tokens: int, rng, args) -> float:
+    """model.generate's decode tokens/s for one sequence (the captured step), sampling as
+    the streams do."""
     from needle.models.generate import GenerationStats
 
     ids = prompt(rng, PROMPT, model.config.vocab_size)
-    model.generate(ids, 8, temperature=0, stop=())  # warm-up: compile and capture
+    s = sampling(args, 0)
+    options = dict(temperature=s.temperature, top_p=s.top_p, seed=s.seed, stop=())
+    model.generate(ids, 8, **options)  # warm-up: compile and capture
     stats = GenerationStats()
-    model.generate(ids, tokens, temperature=0, stop=(), stats=stats)
+    model.generate(ids, tokens, stats=stats, **options)
     return stats.decode_tokens_per_s
 
 
@@ -161,6 +181,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=8, help="tokens before timing")
     p.add_argument("--tokens", type=int, default=64, help="timed steps per case")
     p.add_argument("--streams", default=",".join(map(str, STREAMS)))
+    add_sampling_options(p)
     p.add_argument("--no-ttft", action="store_true",
                    help="skip the time-to-first-token cases (long prompts: slow on a CPU)")
     p.add_argument("--json", default=None)
@@ -185,13 +206,15 @@ def main(argv=None) -> int:
     page_bytes = PagedKVCache.page_bytes(model.config, 16, model.dtype)
     engine = Engine(model, max_seqs=max(streams + [33]),
                     kv_memory=(budget // 16 + 64 * 4) * page_bytes, max_batch_tokens=512)
-    decode_at(engine, min(streams), 2, 2, rng)  # warm-up: compile the kernels
+    decode_at(engine, min(streams), 2, 2, rng, args)  # warm-up: compile the kernels
     results = {"model": size, "device": device.name, "dtype": model.dtype, "decode": [],
-               "single_generate_tokens_per_s": single_generate(model, args.tokens, rng)}
+               "sampling": (f"temperature {args.temperature}, top-p {args.top_p}"
+                            if args.temperature else "greedy"),
+               "single_generate_tokens_per_s": single_generate(model, args.tokens, rng, args)}
     print(f"  generate: {results['single_generate_tokens_per_s']:.0f} tok/s", file=sys.stderr,
           flush=True)
     for n in streams:
-        results["decode"].append(decode_at(engine, n, args.warmup, args.tokens, rng))
+        results["decode"].append(decode_at(engine, n, args.warmup, args.tokens, rng, args))
         print(f"  {results['decode'][-1]}", file=sys.stderr, flush=True)
     if not args.no_ttft:
         results["ttft_alone"] = ttft(engine, 0, args.warmup, rng)
@@ -205,8 +228,8 @@ def main(argv=None) -> int:
 
 def report(r: dict) -> None:
     single = r["single_generate_tokens_per_s"]
-    print(f"\nserving: {r['model']} {r['dtype']} on {r['device']}; model.generate (one "
-          f"sequence, captured step): {single:.0f} tok/s")
+    print(f"\nserving: {r['model']} {r['dtype']} on {r['device']}, {r['sampling']}; "
+          f"model.generate (one sequence, captured step): {single:.0f} tok/s")
     print(f"{'streams':>8} {'tok/s':>10} {'x single':>9} {'ITL p50 ms':>11} {'ITL p99 ms':>11}")
     for d in r["decode"]:
         print(f"{d['streams']:>8} {d['tokens_per_s']:>10.0f} {d['tokens_per_s'] / single:>9.1f}"

@@ -216,5 +216,9 @@ def test_serving_benchmark_runs_quick_on_cpu(tmp_path, capsys):
     assert result["ttft_under_load"]["ttft_ms"] > 0
     assert "x single" in capsys.readouterr().out
     assert serving.main(["--device", "cpu", "--size", "tiny", "--no-ttft", "--warmup", "1",
-                         "--tokens", "2", "--streams", "2", "--json", str(out)]) == 0
-    assert "ttft_alone" not in json.loads(out.read_text())
+                         "--tokens", "2", "--streams", "2", "--json", str(out),
+                         "--temperature", "0.8", "--top-p", "0.9"]) == 0
+    result = json.loads(out.read_text())
+    assert "ttft_alone" not in result
+    assert result["sampling"] == "temperature 0.8, top-p 0.9"
+    assert result["decode"][0]["tokens_per_s"] > 0

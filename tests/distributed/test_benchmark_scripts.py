@@ -25,7 +25,11 @@ BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
     ("distributed_dp_step.py", ("--preset", "tiny", "--steps", "2"),
      "DP=2 tiny on cpu (mpi): step"),
     ("distributed_tp_serve.py", ("--shapes", "tiny", "--dtype", "float32", "--streams", "1,4",
-                                 "--tokens", "4"), "TP=2 serving tiny float32 on cpu (mpi)"),
+                                 "--tokens", "4"),
+     "TP=2 serving tiny float32 on cpu (mpi), greedy"),
+    ("distributed_tp_serve.py", ("--shapes", "tiny", "--dtype", "float32", "--streams", "1,4",
+                                 "--tokens", "4", "--temperature", "0.8", "--top-p", "0.9"),
+     "TP=2 serving tiny float32 on cpu (mpi), temperature 0.8, top-p 0.9"),
 ])
 def test_benchmark_runs(script, args, expect):
     job = run_job(str(BENCHMARKS / script), *args)

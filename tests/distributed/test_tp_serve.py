@@ -14,6 +14,7 @@ import pytest
 
 from needle.serve import step_message
 from needle.serve.batch import StepBatch
+from needle.serve.choice import SamplingRows
 
 from ..models.hf_models import build_with_tokenizer
 from ..serve.serve_job import ServeJob
@@ -76,8 +77,12 @@ def test_a_step_crosses_as_words_unchanged():
                       block_tables=rng.integers(-1, 9, (3, 4)).astype(np.int32),
                       logit_rows=np.array([0, 1, 6]),
                       chunks=[(2, 5, np.arange(11))])
+    batch.sampling = SamplingRows(rng.random((3, 5)).astype(np.float32),
+                                  rng.integers(-2**31, 2**31, 3).astype(np.int32),
+                                  np.array([1, 2, 7], np.int32),
+                                  seen=np.ones((3, 300), bool))
     for captured, greedy, fed in ((False, True, False), (True, False, False),
-                                  (True, True, True)):
+                                  (True, True, True), (True, False, True)):
         head, payload = step_message.pack(batch, captured, greedy, fed)
         assert head.shape == (step_message.HEADER,)
         assert payload.size == step_message.payload_size(head)
@@ -87,6 +92,15 @@ def test_a_step_crosses_as_words_unchanged():
             np.testing.assert_array_equal(getattr(got, name), getattr(batch, name), name)
         assert got.block_tables.dtype == np.int32
         assert [(f, c, s.tolist()) for f, c, s in got.chunks] == [(2, 5, list(range(11)))]
+        if greedy:
+            assert got.sampling is None
+        else:  # the settings bit for bit, seeds and positions; not the seen mask
+            rows = got.sampling
+            assert rows.params.dtype == np.float32 and rows.seeds.dtype == np.int32
+            np.testing.assert_array_equal(rows.params, batch.sampling.params)
+            np.testing.assert_array_equal(rows.seeds, batch.sampling.seeds)
+            np.testing.assert_array_equal(rows.positions, batch.sampling.positions)
+            assert rows.seen is None
     empty = StepBatch(*(np.zeros(1, np.int64) for _ in range(4)),
                       np.zeros((1, 1), np.int32), np.zeros(1, np.int64))
     head, payload = step_message.pack(empty, False, True)

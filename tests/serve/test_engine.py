@@ -190,12 +190,26 @@ def test_steps_queued_ahead_end_as_one_at_a_time(device, model_dir):
     prompts = _prompts(4, seed=11)
     single = [m.generate(p, 12, temperature=0, stop=()) for p in prompts]
     engine = Engine(m, max_seqs=4, page_size=8)
+    end_as_one_at_a_time(engine, prompts, single, lambda i: SamplingParams())
+    if engine.graphs.enabled:
+        assert engine.metrics.queued_ahead > 5
+    else:
+        assert engine.metrics.queued_ahead == 0
+
+
+def end_as_one_at_a_time(engine, prompts, single, sampling) -> None:
+    """Four requests (``sampling(i)`` each) whose answers alone are ``single``: the first
+    stops at a stop token, the second at its max_tokens, the fourth is cancelled mid-answer.
+    Each answer is ``single``'s, cut where it should be, and every page comes back."""
     stop_at = single[0][4]  # request 0 stops at its fifth token (or earlier, if repeated)
-    reqs = [engine.submit(prompts[0], RequestParams(max_tokens=12, stop_token_ids=(stop_at,),
-                                                    ignore_eos=True)),
-            engine.submit(prompts[1], RequestParams(max_tokens=7, ignore_eos=True)),
-            engine.submit(prompts[2], RequestParams(max_tokens=12, ignore_eos=True)),
-            engine.submit(prompts[3], RequestParams(max_tokens=12, ignore_eos=True))]
+
+    def params(i, n, **more):
+        return RequestParams(sampling(i), n, ignore_eos=True, **more)
+
+    reqs = [engine.submit(prompts[0], params(0, 12, stop_token_ids=(stop_at,))),
+            engine.submit(prompts[1], params(1, 7)),
+            engine.submit(prompts[2], params(2, 12)),
+            engine.submit(prompts[3], params(3, 12))]
     while len(reqs[3].output) < 5:
         engine.step()
     engine.cancel(reqs[3])
@@ -208,7 +222,3 @@ def test_steps_queued_ahead_end_as_one_at_a_time(device, model_dir):
     assert reqs[3].output == single[3][:len(reqs[3].output)] and len(reqs[3].output) >= 5
     stats = engine.cache.pool.stats()
     assert stats.used == 0 and stats.reserved == 0 and not engine.has_work()
-    if engine.graphs.enabled:
-        assert engine.metrics.queued_ahead > 5
-    else:
-        assert engine.metrics.queued_ahead == 0

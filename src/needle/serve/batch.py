@@ -19,6 +19,7 @@ from .. import backend_ndarray as nd
 from ..backend_ndarray import NDArray
 from ..errors import NeedleError
 from ..models.transformer import _add_norm
+from .choice import SamplingRows
 from .pages import PagedKVCache
 
 
@@ -42,6 +43,8 @@ class StepBatch:
     # the sequence's keys gathered from the pool (the fused, tensor-core kernel), not as a
     # paged walk per token; an empty list sends every token through paged_attention.
     chunks: list = dataclasses.field(default_factory=list)
+    # how each logits row chooses its token (choice.py); None: every row takes its argmax
+    sampling: SamplingRows | None = None
 
 
 def check_supported(model) -> None:

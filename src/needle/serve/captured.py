@@ -7,12 +7,15 @@ sequences, so it is captured (a CUDA graph, a recorded Metal command buffer) for
 of sizes (1, 2, 4, ... 256; a step of 5 sequences runs the 8 bucket with 3 padding tokens
 that write nowhere) and the block tables as wide as the longest sequence can be. Each
 replay reads its inputs from one device buffer the host rewrites before it
-(``DeviceBatch.load``) and leaves the logits and their argmax in the graph's output
-buffers; a step may take its tokens from the previous step's argmaxes on the device
-(``fed``), so that the engine queues it before reading them. As in ``models/decoder.py``,
-a bucket's first step runs eagerly, its second is captured; a failed capture falls back
-to eager steps with a RuntimeWarning; the results are the same. ``NEEDLE_DECODE_GRAPH=0``
-turns capture off.
+(``DeviceBatch.load``) and leaves the logits and the tokens chosen in the graph's output
+buffers. A bucket has two recorded steps: one ending in the argmax (every sequence
+greedy), one ending in ``nd.sample`` over sampling inputs rewritten before each replay
+(``choice.DeviceRows``), where the device samples; elsewhere a sampled step's logits come
+to the host (``choice.choose_on_host``). A step may take its tokens from the previous
+step's choices on the device (``fed``), so that the engine queues it before reading them.
+As in ``models/decoder.py``, a bucket's first step runs eagerly, its second is captured; a
+failed capture falls back to eager steps with a RuntimeWarning; the results are the same.
+``NEEDLE_DECODE_GRAPH=0`` turns capture off.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 from ..backends.api import has
 from ..errors import GenerationError
 from . import batch as batch_step
+from . import choice
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -38,9 +42,12 @@ class DecodeGraphs:
         if os.environ.get("NEEDLE_DECODE_GRAPH", "1") == "0":
             self._capture = None
         self._inputs: dict[int, batch_step.DeviceBatch] = {}
-        self._recorded: dict[int, tuple] = {}  # bucket -> (graph, (logits, argmax))
-        self._eager: dict[int, int] = {}
-        self._last: tuple | None = None  # (bucket, argmaxes) of the last step run
+        self._rows: dict[int, choice.DeviceRows] = {}  # bucket -> sampling inputs
+        self._sample_here = choice.on_device(model.device)
+        # (bucket, sampled) -> (graph, (logits, tokens chosen))
+        self._recorded: dict[tuple[int, bool], tuple] = {}
+        self._eager: dict[tuple[int, bool], int] = {}
+        self._last: tuple | None = None  # (bucket, tokens chosen) of the last step run
 
     @property
     def enabled(self) -> bool:
@@ -51,11 +58,12 @@ class DecodeGraphs:
 
     def run(self, batch: batch_step.StepBatch, greedy: bool,
             fed: bool = False) -> Callable[[], np.ndarray]:
-        """Queue a decode-only ``batch``; returns a function that gives its next-token
-        argmaxes (greedy) or logits rows, one per sequence, on the host (the argmaxes read
-        asynchronously: more steps may be queued before it is called). ``fed``: the
-        batch's tokens are the argmaxes of the step run just before, of the same sequences,
-        copied on the device (the host has not read them)."""
+        """Queue a decode-only ``batch``; returns a function that gives the token chosen
+        for each sequence, on the host (read asynchronously where the device chose them:
+        more steps may be queued before it is called). ``greedy``: every sequence takes
+        its argmax; else ``batch.sampling`` says how each chooses. ``fed``: the batch's
+        tokens are the ones the step run just before chose, for the same sequences, copied
+        on the device (the host has not read them)."""
         n = len(batch.tokens)
         size = self.bucket(n)
         inputs = self._inputs.get(size)
@@ -67,20 +75,31 @@ class DecodeGraphs:
             if self._last is None or self._last[0] != size:
                 raise GenerationError("a fed decode step must follow a step of its size")
             inputs.tokens[0, :n] = self._last[1][:n]
-        logits, chosen = self._step(size, inputs)
+        sampled = not greedy and self._sample_here
+        rows = None
+        if sampled:
+            rows = self._rows.get(size)
+            if rows is None:
+                rows = self._rows[size] = choice.DeviceRows(
+                    size, self.model.config.vocab_size, self.model.device)
+            rows.load(batch.sampling, mask=not fed)
+        logits, chosen = self._step(size, inputs, rows)
         self._last = (size, chosen)
-        if greedy:
+        if greedy or sampled:
             return chosen[:n].numpy_later()
-        rows = logits.numpy()[:n]
-        return lambda: rows
+        logits_rows = logits.numpy()[:n]  # before a later replay rewrites them
+        return lambda: choice.choose_on_host(logits_rows, batch.sampling)
 
-    def _step(self, size: int, inputs: batch_step.DeviceBatch):
+    def _step(self, size: int, inputs: batch_step.DeviceBatch,
+              rows: choice.DeviceRows | None):
+        """Run (record, replay) the bucket's step: its argmax, or (``rows``) its draw."""
         def body():
             logits = batch_step.forward(self.model, self.cache, inputs, size)
-            return logits, logits.argmax(axis=-1)
+            return logits, (logits.argmax(axis=-1) if rows is None else rows.choose(logits))
 
-        recorded = self._recorded.get(size)
-        if recorded is None and self._capture is not None and self._eager.get(size, 0) >= 1:
+        key = (size, rows is not None)
+        recorded = self._recorded.get(key)
+        if recorded is None and self._capture is not None and self._eager.get(key, 0) >= 1:
             try:
                 with self._capture() as graph:
                     out = body()
@@ -90,9 +109,9 @@ class DecodeGraphs:
                               RuntimeWarning, stacklevel=3)
                 self._capture = None
             else:
-                recorded = self._recorded[size] = (graph, out)
+                recorded = self._recorded[key] = (graph, out)
         if recorded is not None:
             recorded[0].replay()
             return recorded[1]
-        self._eager[size] = self._eager.get(size, 0) + 1
+        self._eager[key] = self._eager.get(key, 0) + 1
         return body()

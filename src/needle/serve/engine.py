@@ -24,6 +24,7 @@ from ..models.generate import prompt_ids
 from ..models.sampling import Sampler
 from ..models.tokenizer import StreamDecoder
 from . import batch as batch_step
+from . import choice
 from .captured import DecodeGraphs
 from .pages import PagedKVCache
 from .request import Request, RequestParams, TokenEvent
@@ -137,10 +138,10 @@ class Engine:
     def step(self) -> int:
         """Admit, run one batched step, hand out the tokens; returns tokens produced.
 
-        A decode-only greedy step whose batch cannot change before the next one (nothing
+        A captured decode step whose batch cannot change before the next one (nothing
         waiting or cancelled, no sequence at its last token) has the next step queued on
-        the device, its tokens the argmaxes still there, before its own tokens are read:
-        the device runs a step while the host reads, checks and hands out the last one's."""
+        the device, its tokens the ones chosen there, before its own tokens are read: the
+        device runs a step while the host reads, checks and hands out the last one's."""
         start = time.perf_counter()
         queued, self._queued = self._queued, None
         work = queued.work if queued is not None else None
@@ -284,33 +285,48 @@ class Engine:
                                     np.array(slots), tables, np.array(rows), chunks)
 
     def _launch(self, work: list[Work], fed: bool = False) -> _Queued:
-        """Queue one batched step (``fed``: a decode step whose tokens are the previous
-        step's argmaxes, on the device). Decode-only steps replay a captured step where the
-        backend can; the next tokens: the argmax (on the device) when every row is greedy,
-        else each row drawn on the host by its request's Sampler."""
+        """Queue one batched step (``fed``: a decode step whose tokens are the ones the
+        previous step chose, on the device). Decode-only steps replay a captured step where
+        the backend can; each sequence's next token is its argmax when every one is greedy,
+        else ``nd.sample`` with its request's settings (``choice.py``)."""
         sampling = [w for w in work if w.samples]
         greedy = all(w.request.sampler.greedy for w in sampling)
         decode_only = len(sampling) == len(work) == sum(w.count for w in work)
         captured = (self.graphs.enabled and decode_only
                     and self.graphs.bucket(len(work)) is not None)
-        read = self.execute(self._batch(work, self.graphs.max_pages if captured else None),
-                            captured, greedy, fed)
-        return _Queued(work, sampling, read, greedy, captured and greedy)
+        batch = self._batch(work, self.graphs.max_pages if captured else None)
+        if not greedy:
+            batch.sampling = choice.sampling_rows([w.request.sampler for w in sampling],
+                                                  [w.start + w.count for w in sampling],
+                                                  self.model.config.vocab_size)
+        read = self.execute(batch, captured, greedy, fed)
+        # the next step may be fed this one's choices on the device unless a sequence's
+        # repetition penalty needs its seen tokens, which the host has not updated yet
+        chains = captured and (greedy or (choice.on_device(self.model.device)
+                                          and batch.sampling.seen is None))
+        return _Queued(work, sampling, read, chains)
 
     def execute(self, batch: batch_step.StepBatch, captured: bool, greedy: bool,
                 fed: bool = False) -> Callable[[], np.ndarray]:
         """Queue one step: ``batch`` through the recorded decode step (``captured``: every
-        token decodes, padded to a bucket; ``fed``: its tokens are the argmaxes of the step
-        queued just before) or eagerly. Returns a function that gives the argmax of each
-        logits row (``greedy``) or the rows, on the host. Tensor-parallel ranks other than
-        0 run the steps rank 0 decides through this alone (``tp_engine.py``)."""
+        token decodes, padded to a bucket; ``fed``: its tokens are the ones the step queued
+        just before chose) or eagerly. Returns a function that gives the token chosen for
+        each logits row (the argmax where ``greedy``), on the host. Tensor-parallel ranks
+        other than 0 run the steps rank 0 decides through this alone (``tp_engine.py``)."""
         if captured:
             return self.graphs.run(batch, greedy, fed)
         logits = batch_step.forward(self.model, self.cache,
                                     batch_step.upload(batch, self.model.device),
                                     len(batch.logit_rows))
-        out = logits.argmax(axis=-1).numpy().reshape(-1) if greedy else logits.numpy()
-        return lambda: out
+        if greedy:
+            out = logits.argmax(axis=-1).numpy().reshape(-1)
+            return lambda: out
+        if choice.on_device(self.model.device):
+            rows = choice.DeviceRows(len(batch.logit_rows), self.model.config.vocab_size,
+                                     self.model.device)
+            rows.load(batch.sampling)
+            return rows.choose(logits).numpy_later()
+        return lambda: choice.choose_on_host(logits.numpy(), batch.sampling)
 
     def _following(self, step: _Queued) -> list[Work] | None:
         """(Lock held.) The step after ``step`` if it can be queued before ``step``'s tokens
@@ -375,20 +391,15 @@ class Engine:
 @dataclass
 class _Queued:
     """A step queued on the device: its work, the rows that choose a token, and the read of
-    their tokens (argmaxes, or logits rows to sample on the host)."""
+    their tokens."""
 
     work: list[Work]
     sampling: list[Work]
     read: Callable[[], np.ndarray]
-    greedy: bool
-    chains: bool  # a captured greedy decode step: the next may be fed from its argmaxes
+    chains: bool  # a captured step whose successor may be fed its tokens on the device
 
     def tokens(self) -> list[int]:
-        out = self.read()
-        if self.greedy:
-            return [int(t) for t in out.reshape(-1)]
-        return [w.request.sampler(out[i], w.request.length)
-                for i, w in enumerate(self.sampling)]
+        return [int(t) for t in self.read().reshape(-1)]
 
 
 class EngineMetrics:

@@ -33,7 +33,7 @@ class Work:
     request: Request
     start: int
     count: int
-    fed: bool = False  # a decode token not yet read: the previous step's argmax, on the device
+    fed: bool = False  # a decode token not yet read: the previous step's choice, on the device
 
     @property
     def samples(self) -> bool:

@@ -3,22 +3,27 @@ ranks before each step (``tp_engine.py``), so that they run the same step.
 
 A message is a fixed header (``HEADER`` words: its kind, then the sizes of a step's
 arrays and how to run it) and, for a step, one payload holding the ``StepBatch``'s arrays
-end to end. Two broadcasts carry it: the header first, since the payload's length depends
-on it.
+end to end, and for a step that samples its rows' settings, seeds and positions (the
+float32 settings as their bits). Not the seen-token masks of a repetition penalty: the other
+ranks' draws are not read, and a step whose rows have a penalty is never fed the previous
+step's tokens on the device (where rank 0's draws would have to be theirs). Two broadcasts
+carry it: the header first, since the payload's length depends on it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..backend_ndarray.sampling import PARAMS
 from ..errors import DistributedError
 from .batch import StepBatch
+from .choice import SamplingRows
 
 STEP, IDLE, STOP = 1, 2, 3  # a step follows; wait on the host for the next; leave
 HEADER = 10
 # header words: kind, tokens T, sequences S, block-table width P, logit rows R,
 # prompt chunks C, their slots in all, captured (0/1), greedy (0/1), fed (0/1: the tokens
-# are the previous step's argmaxes, on the device)
+# are the previous step's choices, on the device)
 
 
 def header(kind: int) -> np.ndarray:
@@ -39,13 +44,17 @@ def pack(batch: StepBatch, captured: bool, greedy: bool,
                        in zip(batch.chunks, chunk_slots)], np.int64).reshape(-1)
     parts = [batch.tokens, batch.positions, batch.seq_of, batch.slots,
              batch.block_tables.reshape(-1), batch.logit_rows, chunks, *chunk_slots]
+    if not greedy:
+        rows = batch.sampling
+        parts += [rows.params.astype(np.float32).view(np.int32), rows.seeds, rows.positions]
     return head, np.concatenate([np.asarray(a, np.int64).reshape(-1) for a in parts])
 
 
 def payload_size(head: np.ndarray) -> int:
     """Words of the payload that follows a STEP header."""
     _, t, s, p, r, c, slots = (int(v) for v in head[:7])
-    return 4 * t + s * p + r + 3 * c + slots
+    sampling = 0 if head[8] else (PARAMS + 2) * r
+    return 4 * t + s * p + r + 3 * c + slots + sampling
 
 
 def unpack(head: np.ndarray, payload: np.ndarray) -> tuple[StepBatch, bool, bool, bool]:
@@ -66,5 +75,9 @@ def unpack(head: np.ndarray, payload: np.ndarray) -> tuple[StepBatch, bool, bool
     rows = take(r)
     meta = take(3 * c).reshape(c, 3)
     chunks = [(int(first), int(count), take(int(n))) for first, count, n in meta]
-    return (StepBatch(tokens, positions, seq_of, slots, tables, rows, chunks),
-            bool(head[7]), bool(head[8]), bool(head[9]))
+    batch = StepBatch(tokens, positions, seq_of, slots, tables, rows, chunks)
+    if not head[8]:
+        params = take(PARAMS * r).astype(np.int32).view(np.float32).reshape(r, PARAMS)
+        batch.sampling = SamplingRows(params, take(r).astype(np.int32),
+                                      take(r).astype(np.int32))
+    return batch, bool(head[7]), bool(head[8]), bool(head[9])

@@ -2,8 +2,8 @@
 
 Every rank holds its share of the model (``load_tensor_parallel``) and an ``Engine`` of its
 own (its share of the heads' KV pages, its recorded decode steps). Rank 0 runs the HTTP
-server, the scheduler and the sampling: before each step it sends the step (the
-``StepBatch``, recorded or eager, greedy or not; ``step_message.py``) to the other ranks,
+server and the scheduler: before each step it sends the step (the ``StepBatch`` with its
+rows' sampling, recorded or eager, greedy or not; ``step_message.py``) to the other ranks,
 which run the same ``Engine.execute`` beside it, since every step all-reduces. The step
 crosses as two broadcasts on the group (NCCL on GPUs). When rank 0 runs out of work it tells
 the others to wait on the host (``Doorbell``) instead of in a collective, which would
