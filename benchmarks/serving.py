@@ -18,6 +18,9 @@ tokens.
 * **TTFT under load**: a 2,000-token prompt arrives while 32 streams decode; its time to
   first token, and the longest gap the 32 streams saw meanwhile (chunked prefill keeps
   them going), against the same prompt alone.
+* **a follow-up turn**: a 2,000-token prompt answered with 64 tokens, then that history and
+  32 new tokens as the next prompt: the next turn's time to first token with the prefix
+  cache (the first turn's pages kept) and without it.
 
 Prints a table; ``--json PATH`` writes the numbers.
 """
@@ -33,6 +36,7 @@ import numpy as np
 
 PROMPT = 128
 LONG_PROMPT = 2000
+FIRST_ANSWER, FOLLOW_UP = 64, 32  # the follow-up turn case
 LAG = 32  # decode steps the first stream may be ahead of the last one (prompts read 512/step)
 STREAMS = (1, 8, 32, 64)
 
@@ -172,6 +176,29 @@ def ttft(engine, background: int, warmup: int, rng) -> dict:
             "longest_background_gap_ms": longest * 1e3}
 
 
+def follow_up(engine, rng, cache: bool) -> dict:
+    """A conversation's next turn: a LONG_PROMPT prompt answered with FIRST_ANSWER tokens,
+    then that history and FOLLOW_UP new tokens as the next prompt; the next turn's time to
+    first token with the prefix cache on or off (the first turn alone as a reference)."""
+    from needle.serve import RequestParams
+
+    vocab = engine.model.config.vocab_size
+    pool = engine.cache.pool
+    kept, pool.cache_prefixes = pool.cache_prefixes, cache
+    try:
+        first = engine.submit(prompt(rng, LONG_PROMPT, vocab),
+                              RequestParams(max_tokens=FIRST_ANSWER, ignore_eos=True))
+        engine.run_until_idle()
+        history = first.prompt + first.output + prompt(rng, FOLLOW_UP, vocab)
+        nxt = engine.submit(history, RequestParams(max_tokens=1))
+        engine.run_until_idle()
+    finally:
+        pool.cache_prefixes = kept
+    return {"cache": cache, "prompt_tokens": len(history), "cached_tokens": nxt.cached_tokens,
+            "first_turn_ttft_ms": (first.first_token_at - first.arrived) * 1e3,
+            "ttft_ms": (nxt.first_token_at - nxt.arrived) * 1e3}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__)
     p.add_argument("--device", default="auto")
@@ -219,6 +246,7 @@ def main(argv=None) -> int:
     if not args.no_ttft:
         results["ttft_alone"] = ttft(engine, 0, args.warmup, rng)
         results["ttft_under_load"] = ttft(engine, 32, args.warmup, rng)
+        results["follow_up"] = [follow_up(engine, rng, cache) for cache in (True, False)]
     report(results)
     if args.json:
         with open(args.json, "w") as f:
@@ -241,6 +269,11 @@ def report(r: dict) -> None:
         print(f"TTFT of a {LONG_PROMPT}-token prompt with {t['background_streams']} streams "
               f"decoding: {t['ttft_ms']:.1f} ms (longest gap of those streams: "
               f"{t['longest_background_gap_ms']:.1f} ms)")
+    for f in r.get("follow_up", ()):
+        print(f"TTFT of a follow-up turn ({LONG_PROMPT} + {FIRST_ANSWER} + {FOLLOW_UP} "
+              f"tokens), prefix cache {'on' if f['cache'] else 'off'}: {f['ttft_ms']:.1f} ms "
+              f"({f['cached_tokens']} of {f['prompt_tokens']} prompt tokens cached; the first "
+              f"turn's {f['first_turn_ttft_ms']:.1f} ms)")
 
 
 if __name__ == "__main__":

@@ -214,6 +214,10 @@ def test_serving_benchmark_runs_quick_on_cpu(tmp_path, capsys):
     assert all(d["tokens_per_s"] > 0 and d["itl_p50_ms"] > 0 for d in result["decode"])
     assert result["ttft_under_load"]["background_streams"] == 32
     assert result["ttft_under_load"]["ttft_ms"] > 0
+    on, off = result["follow_up"]
+    assert on["cache"] and not off["cache"] and on["prompt_tokens"] == 2000 + 64 + 32
+    assert on["cached_tokens"] >= 2048 and off["cached_tokens"] == 0
+    assert on["ttft_ms"] > 0 and off["ttft_ms"] > 0
     assert "x single" in capsys.readouterr().out
     assert serving.main(["--device", "cpu", "--size", "tiny", "--no-ttft", "--warmup", "1",
                          "--tokens", "2", "--streams", "2", "--json", str(out),

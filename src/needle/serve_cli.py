@@ -78,6 +78,10 @@ def parser() -> argparse.ArgumentParser:
                    help="default: the checkpoint's own")
     p.add_argument("--max-seq-len", type=_positive, default=None,
                    help="prompt plus answer positions per sequence")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="forget a finished request's KV pages at once (default: keep them "
+                        "for prompts that begin alike, such as a conversation's next turn, "
+                        "until the pages are needed)")
     add_tp_option(p)
     return p
 
@@ -118,7 +122,8 @@ def _engine(args):
     """The model and the engine of this process (its share of the model with --tp)."""
     from .serve import Engine
 
-    options = dict(max_seqs=args.max_seqs, kv_memory=args.kv_memory, max_queue=args.max_queue)
+    options = dict(max_seqs=args.max_seqs, kv_memory=args.kv_memory, max_queue=args.max_queue,
+                   prefix_cache=args.prefix_cache)
     if args.tp == 1:
         from .models import load_pretrained
 

@@ -102,6 +102,26 @@ def test_chat_and_stream_equal_generate(model, client):
     assert "".join(c.choices[0].delta.content or "" for c in stream) == want
 
 
+def test_a_conversations_next_turn_reports_its_cached_prompt_tokens(model, client):
+    """Turn two sends turn one's messages again: their pages, kept after turn one ended,
+    are read from the prefix cache; the usage says how many tokens (OpenAI's
+    prompt_tokens_details.cached_tokens) and the answer is generate's."""
+    messages = [{"role": "system", "content": "You answer in one short sentence. " * 6},
+                {"role": "user", "content": "Where do tokens go?"}]
+    first = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8,
+                                           temperature=0)
+    turn_one = len(model.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                       return_dict=False))
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And then?"}]
+    second = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8,
+                                            temperature=0)
+    assert second.choices[0].message.content == _expected_chat(model, messages, 8)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= (turn_one - 1) // 16 * 16 > 0  # at least turn one's full prompt pages
+    assert cached % 16 == 0 and cached < second.usage.prompt_tokens
+
+
 def test_sixteen_concurrent_clients_get_their_greedy_answers(model, client):
     prompts = [f"{w} tokens {i}" for i, w in enumerate(
         ["The", "needle", "Naïve", "Tokens", "byte", "quick", "small", "every"] * 2)]
@@ -149,7 +169,8 @@ def test_models_health_metrics(running, client):
     text = httpx.get(running.url + "/metrics").text
     for name in ("needle_requests_running", "needle_requests_waiting", "needle_kv_pages_used",
                  "needle_generation_tokens_per_second", "needle_generation_tokens_total",
-                 "needle_steps_total", "needle_steps_queued_ahead_total"):
+                 "needle_steps_total", "needle_steps_queued_ahead_total",
+                 "needle_kv_pages_cached", "needle_prompt_tokens_cached_total"):
         assert f"# TYPE {name} " in text and f"\n{name} " in text
     value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
              if line and not line.startswith("#")}

@@ -44,11 +44,13 @@ class Engine:
     (default: room for ``max_seqs`` sequences of ``model.max_seq_len`` positions).
     ``max_batch_tokens``: tokens per step (decode tokens plus prompt chunks).
     ``max_queue``: waiting requests beyond which ``submit`` raises ``QueueFullError``.
+    ``prefix_cache``: keep finished sequences' full pages for prompts that begin with their
+    tokens, until the pages are needed (``pages.py``); off, only running sequences share.
     """
 
     def __init__(self, model, max_seqs: int = 32, kv_memory: int | None = None,
                  page_size: int = DEFAULT_PAGE_SIZE, max_batch_tokens: int | None = None,
-                 max_queue: int = 1024):
+                 max_queue: int = 1024, prefix_cache: bool = True):
         if not isinstance(model, CausalLM):
             raise GenerationError(f"Engine: model must be a CausalLM (from load_pretrained), got "
                                   f"{type(model).__name__}")
@@ -65,6 +67,7 @@ class Engine:
             kv_memory = pages * PagedKVCache.page_bytes(model.config, page_size, model.dtype)
         self.cache = PagedKVCache.from_budget(model.config, kv_memory, page_size,
                                               model.device, model.dtype)
+        self.cache.pool.cache_prefixes = bool(prefix_cache)
         max_batch_tokens = max_batch_tokens or max(512, 2 * max_seqs)
         if max_batch_tokens <= max_seqs:
             raise GenerationError(f"max_batch_tokens ({max_batch_tokens}) must exceed max_seqs "
@@ -149,7 +152,8 @@ class Engine:
             if queued is None:
                 with self._lock:
                     self._apply_cancels()
-                    self.scheduler.admit()
+                    for r in self.scheduler.admit():
+                        self.metrics.cached_prompt_tokens += r.cached_tokens
                     work = self.scheduler.plan()
                 if not work:
                     return 0
@@ -249,7 +253,8 @@ class Engine:
         self._cancelled.clear()
 
     def _finish(self, request: Request, event: TokenEvent) -> None:
-        self.scheduler.finish(request)
+        # after a failed step the request's pages may hold anything: not cached
+        self.scheduler.finish(request, keep=event.finish_reason != "error")
         request.finish_reason, request.error = event.finish_reason, event.error
         self.metrics.finished[event.finish_reason] = \
             self.metrics.finished.get(event.finish_reason, 0) + 1
@@ -381,6 +386,8 @@ class Engine:
                 "pages_total": pool.total, "pages_used": pool.used,
                 "pages_reserved": pool.reserved, "page_size": pool.page_size,
                 "prompt_tokens_total": self.metrics.prompt_tokens,
+                "prompt_tokens_cached_total": self.metrics.cached_prompt_tokens,
+                "pages_cached": pool.cached,
                 "generation_tokens_total": self.metrics.generated,
                 "tokens_per_second": self.metrics.tokens_per_second(),
                 "steps_total": self.metrics.steps,
@@ -410,6 +417,7 @@ class EngineMetrics:
     def __init__(self):
         self.generated = 0
         self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0  # prompt tokens whose keys were found cached
         self.steps = 0
         self.queued_ahead = 0  # steps queued before the previous step's tokens were read
         self.finished: dict[str, int] = {}

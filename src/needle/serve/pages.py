@@ -7,11 +7,20 @@ page ids. A sequence is admitted only when the pool can promise it every page it
 (prompt + max_tokens), so a running sequence never waits for memory and nothing is ever
 preempted; its pages are taken as its positions reach them and all returned when it
 finishes or is cancelled.
+
+Prefix sharing and caching: a full page is named by a chained hash of every token up to
+its end (``prefix_keys``). A sequence whose prompt begins with named pages takes them
+instead of computing them again, whether another sequence holds them or they are the
+cached pages of a finished one: a page named and no longer held stays in the pool as a
+cached page, counted free, and is handed out again (least recently used first) only when
+no never-used page is left. A conversation's next turn, which sends the whole history
+again, then reads only its new tokens.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,12 +37,14 @@ class PagePoolError(NeedleError):
 @dataclass(frozen=True)
 class PoolStats:
     """Pages of the pool: in use (holding keys; a shared page counts once), reserved (in
-    use, or promised to admitted sequences) and free to promise."""
+    use, or promised to admitted sequences) and free to promise; of the free ones,
+    ``cached`` hold a finished sequence's named prefix."""
 
     total: int
     used: int
     reserved: int
     page_size: int
+    cached: int = 0
 
     @property
     def free(self) -> int:
@@ -42,34 +53,42 @@ class PoolStats:
 
 class PagePool:
     """Free page ids, a reference count per page in use (a full page of prompt may be
-    shared by sequences whose prompts begin alike), and the pages promised to admitted
-    sequences but not yet taken. Invariant: free pages >= promised pages, so every
+    shared by sequences whose prompts begin alike), the named pages no sequence holds
+    (cached, free to hand out), and the pages promised to admitted sequences but not yet
+    taken. Invariant: free pages (never used or cached) >= promised pages, so every
     ``take`` of a promised page succeeds. Not thread-safe: the engine's step loop is its
     only user."""
 
-    def __init__(self, num_pages: int, page_size: int):
+    def __init__(self, num_pages: int, page_size: int, cache_prefixes: bool = True):
         if num_pages < 1 or page_size < 1:
             raise OutOfMemoryError(f"a KV pool needs at least one page of at least one "
                                    f"position, got {num_pages} pages of {page_size}")
         self.num_pages, self.page_size = num_pages, page_size
+        self.cache_prefixes = cache_prefixes
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low ids first
         self._refs = [0] * num_pages
         self._promised = 0
-        # prefix sharing: hash of the tokens of positions 0..end of a full prompt page ->
-        # that page, while some sequence holds it
+        # prefix sharing: hash of the tokens of positions 0..end of a full page -> that
+        # page, while some sequence holds it or it is cached
         self._prefix: dict[bytes, int] = {}
         self._key_of: dict[int, bytes] = {}
+        self._cached: OrderedDict[int, None] = OrderedDict()  # least recently used first
 
     def pages_for(self, positions: int) -> int:
         return -(-positions // self.page_size)
 
-    def can_reserve(self, pages: int) -> bool:
-        return self._promised + pages <= len(self._free)
+    def _available(self) -> int:
+        return len(self._free) + len(self._cached)
+
+    def can_reserve(self, pages: int, reviving: int = 0) -> bool:
+        """Whether ``pages`` more can be promised while ``reviving`` cached pages are
+        taken back into use (they stop counting as free)."""
+        return self._promised + pages <= self._available() - reviving
 
     def reserve(self, pages: int) -> None:
         if not self.can_reserve(pages):
             raise PagePoolError(f"cannot reserve {pages} pages: "
-                                f"{len(self._free) - self._promised} are free")
+                                f"{self._available() - self._promised} are free")
         self._promised += pages
 
     def unreserve(self, pages: int) -> None:
@@ -79,34 +98,52 @@ class PagePool:
         self._promised -= pages
 
     def take(self) -> int:
-        """One page id, from what a sequence reserved."""
-        if not self._free or not self._promised:
+        """One page id, from what a sequence reserved: a never-used page while there is
+        one, else the least recently used cached page (its name forgotten)."""
+        if not self._available() or not self._promised:
             raise PagePoolError("no reserved page to take: take() beyond the reservations")
         self._promised -= 1
-        page = self._free.pop()
+        if self._free:
+            page = self._free.pop()
+        else:
+            page, _ = self._cached.popitem(last=False)
+            del self._prefix[self._key_of.pop(page)]
         self._refs[page] = 1
         return page
 
+    def is_cached(self, page: int) -> bool:
+        return page in self._cached
+
     def share(self, page: int) -> None:
-        """One more sequence holds ``page`` (a shared prompt page)."""
-        if self._refs[page] < 1:
+        """One more sequence holds ``page`` (a named prefix page, held or cached)."""
+        if page in self._cached:
+            del self._cached[page]
+        elif self._refs[page] < 1:
             raise PagePoolError(f"page {page} is not in use; it cannot be shared")
         self._refs[page] += 1
 
     def give_back(self, pages: list[int]) -> None:
+        """Pages a sequence no longer holds, in position order: a named one no one else
+        holds is cached (the later pages of a prefix first, so that eviction takes a
+        prefix from its end), the rest are free again."""
         for page in pages:
             if not 0 <= page < self.num_pages or self._refs[page] < 1:
                 raise PagePoolError(f"page {page} was not taken from this pool")
+        for page in reversed(pages):
             self._refs[page] -= 1
-            if self._refs[page] == 0:
-                key = self._key_of.pop(page, None)
-                if key is not None:
-                    del self._prefix[key]
-                self._free.append(page)
+            if self._refs[page]:
+                continue
+            if page in self._key_of and self.cache_prefixes:
+                self._cached[page] = None
+                continue
+            key = self._key_of.pop(page, None)
+            if key is not None:
+                del self._prefix[key]
+            self._free.append(page)
 
     # --- prefix sharing ----------------------------------------------------------------
     def remember(self, key: bytes, page: int) -> None:
-        """``page`` now holds the keys and values of the prompt prefix ``key`` names."""
+        """``page`` now holds the keys and values of the prefix ``key`` names."""
         if key not in self._prefix and page not in self._key_of:
             self._prefix[key], self._key_of[page] = page, key
 
@@ -114,22 +151,27 @@ class PagePool:
         return self._prefix.get(key)
 
     def stats(self) -> PoolStats:
-        used = self.num_pages - len(self._free)
-        return PoolStats(self.num_pages, used, used + self._promised, self.page_size)
+        used = self.num_pages - self._available()
+        return PoolStats(self.num_pages, used, used + self._promised, self.page_size,
+                         len(self._cached))
 
 
 class BlockTable:
     """One sequence's pages, in position order, and how many more it may take."""
 
     def __init__(self, pool: PagePool, reserved_pages: int, shared: list[int] = ()):
-        """``shared``: pages of a prompt prefix other sequences already hold (they count
-        against ``reserved_pages`` without being taken)."""
+        """``shared``: named pages of a prompt prefix, held by other sequences or cached
+        (they count against ``reserved_pages`` without being taken). The pool must have
+        room (``can_reserve(reserved_pages - len(shared), reviving=cached ones)``)."""
         self.pool, self.pages = pool, []
         self.left = reserved_pages - len(shared)
-        pool.reserve(self.left)
-        for page in shared:
+        if not pool.can_reserve(self.left, sum(map(pool.is_cached, shared))):
+            raise PagePoolError(f"cannot reserve {self.left} pages beside {len(shared)} "
+                                "shared ones")
+        for page in shared:  # cached ones first leave the free pages, then the promise
             pool.share(page)
             self.pages.append(page)
+        pool.reserve(self.left)
 
     def ensure(self, positions: int) -> None:
         """Take pages until positions 0..positions-1 have slots."""

@@ -78,6 +78,7 @@ class Request:
     arrived: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     prefilled: int = 0  # prompt positions already in the cache
+    cached_tokens: int = 0  # prompt positions found cached (shared pages) at admission
     prefix_keys: list | None = None  # keys of its full prompt pages (pages.prefix_keys)
     remembered: int = 0  # full prompt pages offered for sharing so far
     table: object | None = None  # BlockTable once admitted

@@ -72,18 +72,19 @@ class Scheduler:
             request = self.waiting[0]
             need = self.pages_needed(request)
             shared = self._shared_prefix(request)
-            if not self.pool.can_reserve(need - len(shared)):
+            reviving = sum(map(self.pool.is_cached, shared))
+            if not self.pool.can_reserve(need - len(shared), reviving):
                 break  # first come, first served: later requests wait behind it
             self.waiting.popleft()
             request.table = BlockTable(self.pool, need, shared)
-            request.prefilled = len(shared) * self.pool.page_size
+            request.prefilled = request.cached_tokens = len(shared) * self.pool.page_size
             self.running.append(request)
             admitted.append(request)
         return admitted
 
     def _shared_prefix(self, request: Request) -> list[int]:
-        """Pages other sequences hold with the same leading prompt tokens (whole pages; the
-        last prompt token is always computed, for its logits)."""
+        """Named pages (held by other sequences, or cached) with the same leading prompt
+        tokens (whole pages; the last prompt token is always computed, for its logits)."""
         size = self.pool.page_size
         if request.prefix_keys is None:
             request.prefix_keys = prefix_keys(request.prompt, size,
@@ -118,11 +119,29 @@ class Scheduler:
             w.request.table.ensure(w.start + w.count)
         return work
 
-    def finish(self, request: Request) -> None:
-        """Take a request out (finished or cancelled) and return its pages."""
+    def finish(self, request: Request, keep: bool = True) -> None:
+        """Take a request out (finished or cancelled) and return its pages; with ``keep``
+        (its cache holds what it wrote: not after a failed step) its full pages stay
+        cached under their prefix names for later prompts that begin with its tokens."""
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         if request.table is not None:
+            if keep and self.pool.cache_prefixes:
+                self._remember_written(request)
             request.table.release()
+
+    def _remember_written(self, request: Request) -> None:
+        """Name every full page whose positions' keys and values are written: the prompt
+        read so far, and the answer but its last token (whose keys are written by a
+        step that may not have run)."""
+        size, pages = self.pool.page_size, request.table.pages
+        written = (request.prefilled if request.prefilled < len(request.prompt)
+                   else request.length - 1)
+        full = min(written // size, len(pages))
+        if full <= request.remembered:
+            return
+        tokens = list(request.prompt) + list(request.output)
+        for k, key in enumerate(prefix_keys(tokens, size, full)):
+            self.pool.remember(key, pages[k])

@@ -109,6 +109,8 @@ class Server:
                s["pages_reserved"])
         metric("needle_kv_pages_total", "gauge", "KV cache pages in the pool.",
                s["pages_total"])
+        metric("needle_kv_pages_cached", "gauge",
+               "Free KV cache pages holding a finished request's prefix.", s["pages_cached"])
         metric("needle_generation_tokens_per_second", "gauge",
                "Tokens generated per second over the last 10 s.",
                f"{s['tokens_per_second']:.3f}")
@@ -116,6 +118,9 @@ class Server:
                s["generation_tokens_total"])
         metric("needle_prompt_tokens_total", "counter", "Prompt tokens received.",
                s["prompt_tokens_total"])
+        metric("needle_prompt_tokens_cached_total", "counter",
+               "Prompt tokens whose keys and values were found cached.",
+               s["prompt_tokens_cached_total"])
         metric("needle_steps_total", "counter", "Batched steps run.", s["steps_total"])
         metric("needle_steps_queued_ahead_total", "counter",
                "Steps queued before the previous step's tokens were read.",
@@ -202,7 +207,7 @@ class Server:
         if event.finish_reason == "error":
             return _error(api.ApiError(500, f"generation failed: {event.error}",
                                        kind="server_error"))
-        u = api.usage(len(submitted.prompt), len(submitted.output))
+        u = api.usage(len(submitted.prompt), len(submitted.output), submitted.cached_tokens)
         reason = api.finish_reason(event.finish_reason)
         make = api.chat_completion if chat else api.completion
         return JSONResponse(make(rid, self.model_name, submitted.text, reason, u))
@@ -248,7 +253,8 @@ class Server:
                               else api.completion_chunk(rid, name, "", reason))
                     if include_usage:
                         obj = "chat.completion.chunk" if chat else "text_completion"
-                        u = api.usage(len(submitted.prompt), len(submitted.output))
+                        u = api.usage(len(submitted.prompt), len(submitted.output),
+                                      submitted.cached_tokens)
                         yield sse(api.usage_chunk(rid, name, obj, u))
                     break
             yield "data: [DONE]\n\n"
