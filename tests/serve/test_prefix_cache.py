@@ -117,3 +117,20 @@ def test_cached_pages_give_way_to_new_prompts(model):
         assert r.output == model.generate(p, 6, temperature=0, stop=())
     assert engine.cache.pool.stats().cached <= 12
     assert r.cached_tokens == 0  # the first prompt's pages were taken by later ones
+
+
+def test_every_device_follows_up_from_the_cache(device, model_dir):
+    """The same on each enabled device (metal through the emulator; cuda's captured steps
+    read the revived pages through the paged attention)."""
+    from needle.models import load_pretrained
+
+    m = load_pretrained(model_dir, device=device, dtype="float32", max_seq_len=128)
+    engine = Engine(m, max_seqs=2, page_size=8)
+    first = _prompt(30, seed=5)
+    a = engine.submit(first, RequestParams(max_tokens=12, ignore_eos=True))
+    engine.run_until_idle()
+    second = first + a.output + _prompt(5, seed=6)
+    b = engine.submit(second, RequestParams(max_tokens=8, ignore_eos=True))
+    engine.run_until_idle()
+    assert b.cached_tokens == (30 + 12 - 1) // 8 * 8
+    assert b.output == m.generate(second, 8, temperature=0, stop=())
