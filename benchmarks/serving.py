@@ -209,6 +209,9 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=64, help="timed steps per case")
     p.add_argument("--streams", default=",".join(map(str, STREAMS)))
     add_sampling_options(p)
+    p.add_argument("--max-batch-tokens", type=int, default=None,
+                   help="the engine's tokens a step (prompt chunks are cut to fit; default: "
+                        "the engine's)")
     p.add_argument("--no-ttft", action="store_true",
                    help="skip the time-to-first-token cases (long prompts: slow on a CPU)")
     p.add_argument("--json", default=None)
@@ -232,9 +235,11 @@ def main(argv=None) -> int:
 
     page_bytes = PagedKVCache.page_bytes(model.config, 16, model.dtype)
     engine = Engine(model, max_seqs=max(streams + [33]),
-                    kv_memory=(budget // 16 + 64 * 4) * page_bytes, max_batch_tokens=512)
+                    kv_memory=(budget // 16 + 64 * 4) * page_bytes,
+                    max_batch_tokens=args.max_batch_tokens)
     decode_at(engine, min(streams), 2, 2, rng, args)  # warm-up: compile the kernels
     results = {"model": size, "device": device.name, "dtype": model.dtype, "decode": [],
+               "max_batch_tokens": engine.scheduler.max_batch_tokens,
                "sampling": (f"temperature {args.temperature}, top-p {args.top_p}"
                             if args.temperature else "greedy"),
                "single_generate_tokens_per_s": single_generate(model, args.tokens, rng, args)}
@@ -256,7 +261,8 @@ def main(argv=None) -> int:
 
 def report(r: dict) -> None:
     single = r["single_generate_tokens_per_s"]
-    print(f"\nserving: {r['model']} {r['dtype']} on {r['device']}, {r['sampling']}; "
+    print(f"\nserving: {r['model']} {r['dtype']} on {r['device']}, {r['sampling']}, "
+          f"{r['max_batch_tokens']} tokens a step; "
           f"model.generate (one sequence, captured step): {single:.0f} tok/s")
     print(f"{'streams':>8} {'tok/s':>10} {'x single':>9} {'ITL p50 ms':>11} {'ITL p99 ms':>11}")
     for d in r["decode"]:

@@ -78,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
                    help="default: the checkpoint's own")
     p.add_argument("--max-seq-len", type=_positive, default=None,
                    help="prompt plus answer positions per sequence")
+    p.add_argument("--max-batch-tokens", type=_positive, default=None,
+                   help="tokens a step: decode tokens plus prompt chunks (default 2048, or "
+                        "twice --max-seqs); smaller cuts long prompts into more steps")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="forget a finished request's KV pages at once (default: keep them "
                         "for prompts that begin alike, such as a conversation's next turn, "
@@ -123,7 +126,7 @@ def _engine(args):
     from .serve import Engine
 
     options = dict(max_seqs=args.max_seqs, kv_memory=args.kv_memory, max_queue=args.max_queue,
-                   prefix_cache=args.prefix_cache)
+                   max_batch_tokens=args.max_batch_tokens, prefix_cache=args.prefix_cache)
     if args.tp == 1:
         from .models import load_pretrained
 
@@ -150,8 +153,10 @@ def _serve(args) -> int:
     name = args.model_name or Path(args.model_dir).resolve().name
     where = model.device.name if args.tp == 1 else f"{args.tp} ranks ({model.device.kind})"
     print(f"needle serve: {name} on {where} ({model.dtype}); KV pool "
-          f"{pool.num_pages} pages of {pool.page_size} positions; up to {args.max_seqs} "
-          f"sequences; http://{args.host}:{args.port}/", file=sys.stderr)
+          f"{pool.num_pages} pages of {pool.page_size} positions, prefix cache "
+          f"{'on' if pool.cache_prefixes else 'off'}; up to {args.max_seqs} sequences, "
+          f"{engine.scheduler.max_batch_tokens} tokens a step; "
+          f"http://{args.host}:{args.port}/", file=sys.stderr)
     # uvicorn drains on SIGINT and SIGTERM alike, then raises the signal again: a SIGTERM
     # (a service manager, or `needle serve --tp`'s launcher) then ends here as Ctrl-C does,
     # instead of killing the process before it lets the other ranks go

@@ -24,7 +24,8 @@ def test_ctrl_c_drains_the_running_answer_then_exits(model_dir, stop):
     env = {**os.environ, "NEEDLE_CPU_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "needle.cli", "serve", str(model_dir),
                              "--port", str(port), "--device", "cpu", "--max-seqs", "2",
-                             "--model-name", "tiny"], env=env, stderr=subprocess.PIPE,
+                             "--model-name", "tiny", "--max-batch-tokens", "64",
+                             "--no-prefix-cache"], env=env, stderr=subprocess.PIPE,
                             text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -49,6 +50,7 @@ def test_ctrl_c_drains_the_running_answer_then_exits(model_dir, stop):
         assert proc.wait(timeout=30) == 0
         err = proc.stderr.read()
         assert "needle serve: tiny on cpu" in err and "stopped (running answers" in err
+        assert "prefix cache off; up to 2 sequences, 64 tokens a step" in err
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -64,3 +66,11 @@ def test_bad_options_exit_2(model_dir, capsys):
     with pytest.raises(SystemExit):
         main(["serve", str(model_dir), "--port", "70000"])
     assert "is not a port" in capsys.readouterr().err
+
+
+def test_a_step_too_small_for_the_sequences_exits_1(model_dir, capsys):
+    from needle.cli import main
+
+    assert main(["serve", str(model_dir), "--device", "cpu", "--max-seqs", "8",
+                 "--max-batch-tokens", "8"]) == 1
+    assert "max_batch_tokens (8) must exceed max_seqs (8)" in capsys.readouterr().err

@@ -181,9 +181,11 @@ class BlockTable:
             self.pages.append(self.pool.take())
             self.left -= 1
 
-    def slot(self, position: int) -> int:
+    def slots(self, start: int, stop: int) -> np.ndarray:
+        """The pool slots of positions start..stop-1 (int64)."""
         size = self.pool.page_size
-        return self.pages[position // size] * size + position % size
+        positions = np.arange(start, stop)
+        return np.asarray(self.pages, np.int64)[positions // size] * size + positions % size
 
     def release(self) -> None:
         """Every page back to the pool (shared ones once no one holds them), and the pages
