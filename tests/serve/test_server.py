@@ -186,6 +186,20 @@ def test_bad_requests_get_openai_errors(running, client):
         client.completions.create(model=NAME, prompt="x", temperature=5)
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         client.completions.create(model=NAME, prompt="x", n=2)
+    chat = [{"role": "user", "content": "x"}]
+    # what needle cannot honour is refused, not ignored
+    with pytest.raises(openai.BadRequestError, match="response_format is not supported"):
+        client.chat.completions.create(model=NAME, messages=chat,
+                                       response_format={"type": "json_object"})
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.chat.completions.create(model=NAME, messages=chat, logit_bias={"5": 10})
+    with pytest.raises(openai.BadRequestError, match="only text output"):
+        client.chat.completions.create(model=NAME, messages=chat, modalities=["audio"],
+                                       audio={"voice": "alloy", "format": "wav"})
+    ok = client.chat.completions.create(model=NAME, messages=chat, max_tokens=2,
+                                        response_format={"type": "text"}, logit_bias={},
+                                        modalities=["text"])
+    assert ok.choices[0].finish_reason in ("stop", "length")
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=NAME, messages=[])
     with pytest.raises(openai.BadRequestError, match="max_seq_len"):

@@ -3,9 +3,9 @@ engine request, and the JSON of responses, stream chunks and errors.
 
 Only the HTTP layer (``server.py``) uses this module; it has no HTTP in it, so the
 validation is testable on its own. Fields OpenAI defines that needle cannot honour (n > 1,
-logprobs, non-zero presence/frequency penalties, tools) are refused with a 400 that says
-so, never silently ignored. Extensions accepted as vLLM does: top_k, min_p,
-repetition_penalty, stop_token_ids, ignore_eos.
+logprobs, non-zero presence/frequency penalties, tools, a JSON response_format, logit_bias,
+audio) are refused with a 400 that says so, never silently ignored. Extensions accepted as
+vLLM does: top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos.
 """
 
 from __future__ import annotations
@@ -84,6 +84,16 @@ def _refuse_unsupported(body: dict) -> None:
         raise _bad("tools are not supported", "tools")
     if body.get("suffix"):
         raise _bad("suffix is not supported", "suffix")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise _bad("response_format is not supported (only {\"type\": \"text\"}): needle "
+                   "does not constrain its output to JSON; ask for JSON in the prompt and "
+                   "check it yourself", "response_format")
+    if body.get("logit_bias"):
+        raise _bad("logit_bias is not supported", "logit_bias")
+    modalities = body.get("modalities")
+    if modalities not in (None, ["text"]) or body.get("audio"):
+        raise _bad("only text output is supported", "modalities")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
