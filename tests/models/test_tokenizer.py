@@ -86,3 +86,22 @@ def test_stream_decoder_joins_byte_fallback_tokens(text):
     assert "".join(pieces) == text
     assert not any("\ufffd" in p for p in pieces)
     assert all(p.encode("utf-8").decode("utf-8") == p for p in pieces)
+
+
+@pytest.mark.parametrize("text", TEXTS[:3])
+def test_token_bytes_add_up_to_the_text(tokenizer, text):
+    """Byte-level BPE: each token's bytes (``token_bytes``) joined are the text's UTF-8,
+    though a token alone may hold part of a character (which ``decode`` shows as U+FFFD)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert b"".join(tokenizer.token_bytes(i) for i in ids) == text.encode()
+    assert tokenizer.token_bytes(tokenizer.token_id("<s>")) == b"<s>"
+
+
+@pytest.mark.parametrize("text", ["héllo 東京 🙂 ok", "the café ✓ 你好"])
+def test_token_bytes_of_sentencepiece_byte_fallback(text):
+    """A Llama-2-style tokenizer: byte tokens <0xNN> are their byte, ▁ a space (the first
+    word's space is the one SentencePiece prepends)."""
+    tok = _sentencepiece_with_byte_fallback()
+    ids = tok.encode(text, add_special_tokens=False)
+    assert b"".join(tok.token_bytes(i) for i in ids) == (" " + text).encode()
+    assert tok.token_bytes(3 + 0xE6) == b"\xe6"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from needle.backends.api import has
+from needle.errors import GenerationError
 from needle.models.sampling import Sampler
 from needle.serve import Engine, RequestParams, SamplingParams
 from needle.serve.choice import choose_on_host, sampling_rows
@@ -66,11 +67,15 @@ def test_every_device_samples_each_request_as_generate_does(device, model_dir):
     single = [m.generate(p, 10, stop=(), **_settings(kw)) for p, kw in zip(prompts, SETTINGS)]
     engine = Engine(m, max_seqs=len(SETTINGS), page_size=8)
     reqs = [engine.submit(p, RequestParams(SamplingParams(**_settings(kw)), 10,
-                                           ignore_eos=True))
-            for p, kw in zip(prompts, SETTINGS)]
+                                           ignore_eos=True, logprobs=2 if i in (0, 5) else None))
+            for i, (p, kw) in enumerate(zip(prompts, SETTINGS))]
     engine.run_until_idle()
     assert [r.output for r in reqs] == single
     assert single[0] != single[5]  # the draws did draw
+    for r in reqs[0], reqs[5]:  # a sampled and a greedy request's logprobs, on the device too
+        assert [t.token for t in r.logprobs] == r.output
+        assert all(len(t.top) == 2 and t.logprob <= t.top[0][1] for t in r.logprobs)
+    assert reqs[5].logprobs[0].top[0][0] == reqs[5].output[0]
     if engine.graphs.enabled and has(device.backend, "sampling"):
         assert (8, True) in engine.graphs._recorded  # the bucket's sampled step, captured
 
@@ -109,3 +114,28 @@ def test_a_penalty_keeps_its_steps_one_at_a_time(device, model_dir):
     engine.run_until_idle()
     assert req.output == m.generate(prompt, 12, stop=(), **kw)
     assert engine.metrics.queued_ahead == 0
+
+
+def test_logprobs_are_the_models_log_softmax(model):
+    """A request asking for logprobs gets, for each token, its log-probability under the
+    model's logits and the likeliest alternatives; its tokens are those of a request that
+    did not ask, and one that did not ask gets none."""
+    from needle.serve import RequestParams as Params
+
+    prompt = [4, 5, 6, 7, 8]
+    engine = Engine(model, max_seqs=2)
+    scored = engine.submit(prompt, Params(max_tokens=6, ignore_eos=True, logprobs=3))
+    plain = engine.submit(prompt, Params(max_tokens=6, ignore_eos=True))
+    engine.run_until_idle()
+    assert scored.output == plain.output and plain.logprobs == []
+    assert [t.token for t in scored.logprobs] == scored.output
+    z = model.decoder().prefill(prompt).numpy().reshape(-1).astype(np.float64)
+    reference = z - z.max() - np.log(np.exp(z - z.max()).sum())
+    first = scored.logprobs[0]
+    assert abs(first.logprob - reference[first.token]) < 1e-4
+    assert [t for t, _ in first.top] == np.argsort(-reference, kind="stable")[:3].tolist()
+    for t in scored.logprobs:  # greedy: the chosen token is the likeliest
+        assert len(t.top) == 3 and t.top[0] == (t.token, t.logprob)
+        assert all(a[1] >= b[1] for a, b in zip(t.top, t.top[1:])) and t.logprob <= 0
+    with pytest.raises(GenerationError, match="logprobs must be an int in"):
+        Params(logprobs=21)

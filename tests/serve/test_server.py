@@ -66,6 +66,12 @@ def _expected_completion(model, prompt: str, n: int) -> str:
     return model.tokenizer.decode(model.generate(ids, n, temperature=0))
 
 
+def _greedy_ids(model, messages, n: int) -> list[int]:
+    ids = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                              return_dict=False)
+    return model.generate(ids, n, temperature=0, stop=())
+
+
 def _expected_chat(model, messages, n: int) -> str:
     ids = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                               return_dict=False)
@@ -120,6 +126,44 @@ def test_a_conversations_next_turn_reports_its_cached_prompt_tokens(model, clien
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= (turn_one - 1) // 16 * 16 > 0  # at least turn one's full prompt pages
     assert cached % 16 == 0 and cached < second.usage.prompt_tokens
+
+
+def test_logprobs_through_the_openai_client(model, client):
+    """Chat's logprobs (content entries with top_logprobs) and completions' (tokens,
+    token_logprobs, top_logprobs, text_offset), whole and streamed; a greedy token is its
+    own likeliest alternative."""
+    messages = [{"role": "user", "content": "Tokens, tokens everywhere"}]
+    options = dict(model=NAME, messages=messages, max_tokens=8, temperature=0,
+                   extra_body={"ignore_eos": True}, logprobs=True, top_logprobs=2)
+    r = client.chat.completions.create(**options)
+    content = r.choices[0].logprobs.content
+    # the tokens' bytes add up to the answer (a token inside a multi-byte character shows as
+    # U+FFFD alone: this random-weight model writes any bytes)
+    assert len(content) == r.usage.completion_tokens == 8
+    answer = b"".join(bytes(c.bytes) for c in content)
+    assert answer.decode("utf-8", errors="replace") == r.choices[0].message.content
+    assert answer == b"".join(model.tokenizer.token_bytes(t)
+                              for t in _greedy_ids(model, messages, 8))
+    for c in content:
+        assert c.logprob <= 0 and len(c.top_logprobs) == 2
+        assert c.top_logprobs[0].token == c.token and c.top_logprobs[0].logprob == c.logprob
+        assert bytes(c.bytes).decode("utf-8", errors="replace") == c.token
+    streamed = [e for chunk in client.chat.completions.create(**options, stream=True)
+                if chunk.choices and chunk.choices[0].logprobs
+                for e in chunk.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(c.token, c.logprob) for c in content]
+    plain = client.chat.completions.create(model=NAME, messages=messages, max_tokens=2)
+    assert plain.choices[0].logprobs is None
+    c = client.completions.create(model=NAME, prompt="The quick brown", max_tokens=6,
+                                  temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(6)]
+    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs"):
+        client.chat.completions.create(model=NAME, messages=messages, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="logprobs must be an integer in"):
+        client.completions.create(model=NAME, prompt="x", logprobs=9)
 
 
 def test_sixteen_concurrent_clients_get_their_greedy_answers(model, client):

@@ -8,6 +8,7 @@ without it, and only turning text into ids (or back) needs it.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -30,6 +31,7 @@ class Tokenizer:
         self.special_tokens = dict(special_tokens or {})
         self.chat_template = chat_template
         self._compiled: dict[str, ChatTemplate] = {}
+        self._byte_level: bool | None = None  # a ByteLevel pre-tokenizer or decoder
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
@@ -76,6 +78,26 @@ class Tokenizer:
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (a byte-level BPE piece through its byte alphabet,
+        a byte-fallback piece ``<0xHH>`` as its byte, a SentencePiece ``▁`` as a space):
+        exact where ``decode([token])`` alone shows part of a character as U+FFFD."""
+        piece = self._tok.id_to_token(int(token))
+        if piece is None:
+            return b""
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        if self._byte_level is None:
+            self._byte_level = '"ByteLevel"' in self._tok.to_str()
+        if self._byte_level:
+            table = _byte_alphabet()
+            if all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+        return piece.replace("\u2581", " ").encode()
+
     def stream_decoder(self) -> StreamDecoder:
         return StreamDecoder(self)
 
@@ -120,6 +142,18 @@ class Tokenizer:
         if compiled is None:
             compiled = self._compiled[source] = ChatTemplate(source, self.special_tokens)
         return compiled
+
+
+@functools.cache
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's): each byte is one printable character, the
+    printable Latin-1 bytes themselves, the others shifted past 255 in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + i): b for i, b in enumerate(shifted)})
+    return table
 
 
 def load_tokenizer(directory: Path) -> Tokenizer | None:

@@ -48,6 +48,7 @@ class DecodeGraphs:
         self._recorded: dict[tuple[int, bool], tuple] = {}
         self._eager: dict[tuple[int, bool], int] = {}
         self._last: tuple | None = None  # (bucket, tokens chosen) of the last step run
+        self.logits = None  # the last step's logits (bucket, vocab), on the device
 
     @property
     def enabled(self) -> bool:
@@ -84,7 +85,7 @@ class DecodeGraphs:
                     size, self.model.config.vocab_size, self.model.device)
             rows.load(batch.sampling, mask=not fed)
         logits, chosen = self._step(size, inputs, rows)
-        self._last = (size, chosen)
+        self._last, self.logits = (size, chosen), logits
         if greedy or sampled:
             return chosen[:n].numpy_later()
         logits_rows = logits.numpy()[:n]  # before a later replay rewrites them

@@ -19,6 +19,7 @@ import numpy as np
 from .. import backend_ndarray as nd
 from ..backend_ndarray.sampling import PARAMS
 from ..backends.api import has
+from .request import TokenLogprob
 
 
 @dataclass
@@ -98,3 +99,25 @@ class DeviceRows:
         """``nd.sample`` of ``logits`` (rows, vocab) into ``tokens``."""
         return nd.sample(logits, self.params, self.seeds, self.positions, self.seen,
                          out=self.tokens)
+
+
+def log_softmax_rows(logits, rows: list[int]) -> dict[int, np.ndarray]:
+    """float64 log-softmax of the given rows of device ``logits`` (rows, vocab), on the
+    host: what a request asking for logprobs is told (the model's distribution, before
+    temperature and filters, as OpenAI and vLLM report it)."""
+    host = logits.numpy()
+    out = {}
+    for r in rows:
+        z = host[r].astype(np.float64)
+        z = z - z.max()
+        out[r] = z - np.log(np.exp(z).sum())
+    return out
+
+
+def token_logprob(scores: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """``token``'s log-probability and the ``top`` likeliest tokens' in ``scores``."""
+    best = np.argpartition(-scores, top)[:top] if 0 < top < scores.size else (
+        np.arange(scores.size) if top else np.zeros(0, np.int64))
+    best = best[np.argsort(-scores[best], kind="stable")]
+    return TokenLogprob(int(token), float(scores[token]),
+                        tuple((int(t), float(scores[t])) for t in best))

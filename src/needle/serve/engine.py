@@ -27,7 +27,7 @@ from . import batch as batch_step
 from . import choice
 from .captured import DecodeGraphs
 from .pages import PagedKVCache
-from .request import Request, RequestParams, TokenEvent
+from .request import Request, RequestParams, TokenEvent, TokenLogprob
 from .scheduler import Scheduler, Work
 
 DEFAULT_PAGE_SIZE = 16
@@ -88,6 +88,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._queued: _Queued | None = None  # a step on the device whose tokens are unread
+        self._logits = None  # the last eager step's logits (device)
         self._queue_ahead = os.environ.get("NEEDLE_SERVE_AHEAD", "1") != "0"
 
     # --- submitting ------------------------------------------------------------------------
@@ -179,6 +180,7 @@ class Engine:
             raise
         produced = 0
         with self._lock:
+            j = 0  # the sampling row of w
             for w in work:
                 r = w.request
                 if w.start < len(r.prompt):  # a prompt chunk: its pages may be shared now
@@ -186,10 +188,11 @@ class Engine:
                     self.scheduler.remember_prefix(r)
                 if not w.samples:
                     continue
-                token = tokens.pop(0)
+                token = tokens[j]
                 if not r.finished:  # else it ended after this step was queued: dropped
-                    self._append(r, token)
+                    self._append(r, token, queued.logprob(j, token, r.params.logprobs))
                     produced += 1
+                j += 1
         self.metrics.record_step(produced, time.perf_counter() - start)
         return produced
 
@@ -315,11 +318,18 @@ class Engine:
                                                   [w.start + w.count for w in sampling],
                                                   self.model.config.vocab_size)
         read = self.execute(batch, captured, greedy, fed)
+        scored = {j: w.request.params.logprobs for j, w in enumerate(sampling)
+                  if w.request.params.logprobs is not None}
         # the next step may be fed this one's choices on the device unless a sequence's
-        # repetition penalty needs its seen tokens, which the host has not updated yet
-        chains = captured and (greedy or (choice.on_device(self.model.device)
-                                          and batch.sampling.seen is None))
-        return _Queued(work, sampling, read, chains)
+        # repetition penalty needs its seen tokens, which the host has not updated yet, or
+        # a sequence's logprobs need this step's logits before the next step rewrites them
+        chains = captured and not scored and (
+            greedy or (choice.on_device(self.model.device) and batch.sampling.seen is None))
+        queued = _Queued(work, sampling, read, chains)
+        if scored:
+            logits = self.graphs.logits if captured else self._logits
+            queued.scores = choice.log_softmax_rows(logits, sorted(scored))
+        return queued
 
     def execute(self, batch: batch_step.StepBatch, captured: bool, greedy: bool,
                 fed: bool = False) -> Callable[[], np.ndarray]:
@@ -330,9 +340,9 @@ class Engine:
         other than 0 run the steps rank 0 decides through this alone (``tp_engine.py``)."""
         if captured:
             return self.graphs.run(batch, greedy, fed)
-        logits = batch_step.forward(self.model, self.cache,
-                                    batch_step.upload(batch, self.model.device),
-                                    len(batch.logit_rows))
+        logits = self._logits = batch_step.forward(self.model, self.cache,
+                                                   batch_step.upload(batch, self.model.device),
+                                                   len(batch.logit_rows))
         if greedy:
             out = logits.argmax(axis=-1).numpy().reshape(-1)
             return lambda: out
@@ -359,11 +369,13 @@ class Engine:
             w.request.table.ensure(w.start + 1)
         return work
 
-    def _append(self, r: Request, token: int) -> None:
+    def _append(self, r: Request, token: int, logprob: TokenLogprob | None = None) -> None:
         """Add a chosen token; emit it with its text; finish the request if it stops."""
         if r.first_token_at is None:
             r.first_token_at = time.perf_counter()
         r.output.append(token)
+        if logprob is not None:
+            r.logprobs.append(logprob)
         r.sampler.observe((token,))
         piece = r.detokenizer.push(token) if r.detokenizer is not None else ""
         reason = None
@@ -383,7 +395,7 @@ class Engine:
         emitted = len(r.text) - r.held
         visible = max(emitted, len(text) - keep)
         r.text, r.held = text, len(text) - visible
-        event = TokenEvent(token, text[emitted:visible], reason)
+        event = TokenEvent(token, text[emitted:visible], reason, logprob=logprob)
         if reason is not None:
             self._finish(r, event)
         else:
@@ -414,9 +426,17 @@ class _Queued:
     sampling: list[Work]
     read: Callable[[], np.ndarray]
     chains: bool  # a captured step whose successor may be fed its tokens on the device
+    scores: dict | None = None  # sampling row -> its log-softmax (host), where asked for
 
     def tokens(self) -> list[int]:
         return [int(t) for t in self.read().reshape(-1)]
+
+    def logprob(self, row: int, token: int, top: int | None) -> TokenLogprob | None:
+        """The chosen token's log-probability and the ``top`` likeliest, for a sampling row
+        whose request asked for them."""
+        if top is None or not self.scores or row not in self.scores:
+            return None
+        return choice.token_logprob(self.scores[row], token, top)
 
 
 class EngineMetrics:

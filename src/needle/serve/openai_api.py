@@ -3,7 +3,7 @@ engine request, and the JSON of responses, stream chunks and errors.
 
 Only the HTTP layer (``server.py``) uses this module; it has no HTTP in it, so the
 validation is testable on its own. Fields OpenAI defines that needle cannot honour (n > 1,
-logprobs, non-zero presence/frequency penalties, tools, a JSON response_format, logit_bias,
+echo, non-zero presence/frequency penalties, tools, a JSON response_format, logit_bias,
 audio) are refused with a 400 that says so, never silently ignored. Extensions accepted as
 vLLM does: top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..errors import NeedleError
 from ..models.sampling import SamplingParams
-from .request import RequestParams
+from .request import MAX_LOGPROBS, RequestParams, TokenLogprob
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -76,8 +76,6 @@ def _refuse_unsupported(body: dict) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) not in (None, 0, 0.0):
             raise _bad(f"{name} is not supported (use repetition_penalty)", name)
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs"):
-        raise _bad("logprobs are not supported", "logprobs")
     if body.get("echo"):
         raise _bad("echo is not supported", "echo")
     if body.get("tools") or body.get("functions"):
@@ -108,10 +106,33 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def request_params(body: dict, default_max_tokens: int | None, generation_config) -> RequestParams:
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives a token's logprobs list (None: no logprobs): completions'
+    ``logprobs`` (0-5), chat's ``logprobs`` (true/false) with ``top_logprobs`` (0-20)."""
+    if not chat:
+        return _int_in(body, "logprobs", 0, 5)
+    wanted = body.get("logprobs")
+    if wanted not in (None, True, False):
+        raise _bad(f"logprobs must be true or false, got {wanted!r}", "logprobs")
+    top = _int_in(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _int_in(body: dict, name: str, lo: int, hi: int) -> int | None:
+    value = _int(body, name, lo)
+    if value is not None and value > hi:
+        raise _bad(f"{name} must be an integer in [{lo}, {hi}], got {value!r}", name)
+    return value
+
+
+def request_params(body: dict, default_max_tokens: int | None, generation_config,
+                   chat: bool = False) -> RequestParams:
     """The engine settings of a completions or chat body; None fields take the model's
     generation_config.json values, as ``needle generate`` does."""
     _refuse_unsupported(body)
+    logprobs = _logprobs(body, chat)
     max_tokens = _int(body, "max_completion_tokens", 1)
     max_tokens = _int(body, "max_tokens", 1, max_tokens)
     if max_tokens is None:
@@ -134,7 +155,7 @@ def request_params(body: dict, default_max_tokens: int | None, generation_config
         raise _bad("ignore_eos must be true or false", "ignore_eos")
     sampling: SamplingParams = generation_config.sampling(temperature, top_k, top_p, min_p,
                                                           penalty, seed)
-    return RequestParams(sampling, max_tokens, _stop(body), tuple(ids), ignore_eos)
+    return RequestParams(sampling, max_tokens, _stop(body), tuple(ids), ignore_eos, logprobs)
 
 
 def _stream_flags(body: dict) -> tuple[bool, bool]:
@@ -198,7 +219,7 @@ def parse_chat(body: dict, tokenizer, generation_config) -> ParsedRequest:
                                             return_dict=False)
     except NeedleError as e:
         raise _bad(f"the chat template failed: {e}", "messages") from e
-    params = request_params(body, None, generation_config)
+    params = request_params(body, None, generation_config, chat=True)
     return ParsedRequest(list(ids), params, *_stream_flags(body))
 
 
@@ -214,30 +235,73 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def completion(rid: str, model: str, text: str, reason: str | None, u: dict) -> dict:
+def completion(rid: str, model: str, text: str, reason: str | None, u: dict,
+               logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "text": text, "logprobs": None,
+            "model": model, "choices": [{"index": 0, "text": text, "logprobs": logprobs,
                                          "finish_reason": reason}], "usage": u}
 
 
-def completion_chunk(rid: str, model: str, text: str, reason: str | None) -> dict:
+def completion_chunk(rid: str, model: str, text: str, reason: str | None,
+                     logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "text": text, "logprobs": None,
+            "model": model, "choices": [{"index": 0, "text": text, "logprobs": logprobs,
                                          "finish_reason": reason}]}
 
 
-def chat_completion(rid: str, model: str, text: str, reason: str | None, u: dict) -> dict:
+def chat_completion(rid: str, model: str, text: str, reason: str | None, u: dict,
+                    logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion", "created": int(time.time()),
             "model": model, "choices": [{"index": 0, "message": {"role": "assistant",
                                                                  "content": text},
-                                         "logprobs": None, "finish_reason": reason}],
+                                         "logprobs": logprobs, "finish_reason": reason}],
             "usage": u}
 
 
-def chat_chunk(rid: str, model: str, delta: dict, reason: str | None) -> dict:
+def chat_chunk(rid: str, model: str, delta: dict, reason: str | None,
+               logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+            "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
                                          "finish_reason": reason}]}
+
+
+def token_bytes(tokenizer, token: int) -> bytes:
+    """The bytes a token stands for (``token_id:N`` without a tokenizer)."""
+    if tokenizer is None:
+        return f"token_id:{token}".encode()
+    return tokenizer.token_bytes(token)
+
+
+def token_text(tokenizer, token: int) -> str:
+    """A token as the logprobs show it: its bytes as text, a part of a character as
+    U+FFFD (the ``bytes`` field of chat's logprobs has them exactly)."""
+    return token_bytes(tokenizer, token).decode("utf-8", errors="replace")
+
+
+def chat_logprobs(items: list[TokenLogprob], tokenizer) -> dict:
+    """Chat's logprobs object: each token's text, log-probability and bytes, with its
+    alternatives."""
+    def entry(token: int, logprob: float) -> dict:
+        raw = token_bytes(tokenizer, token)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(raw)}
+
+    return {"content": [{**entry(t.token, t.logprob),
+                         "top_logprobs": [entry(a, lp) for a, lp in t.top]} for t in items],
+            "refusal": None}
+
+
+def completion_logprobs(items: list[TokenLogprob], tokenizer, offset: int = 0) -> dict:
+    """Completions' logprobs object: tokens, their log-probabilities, each token's
+    alternatives (a dict text -> log-probability) and its offset in the text."""
+    tokens = [token_text(tokenizer, t.token) for t in items]
+    offsets, at = [], offset
+    for text in tokens:
+        offsets.append(at)
+        at += len(text)
+    return {"tokens": tokens, "token_logprobs": [t.logprob for t in items],
+            "top_logprobs": [{token_text(tokenizer, a): lp for a, lp in t.top} for t in items],
+            "text_offset": offsets}
 
 
 def usage_chunk(rid: str, model: str, obj: str, u: dict) -> dict:

@@ -18,6 +18,18 @@ from ..errors import GenerationError
 from ..models.sampling import Sampler, SamplingParams
 
 _ids = itertools.count()
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A chosen token's log-probability under the model (its raw logits, before sampling's
+    temperature and filters) and the ``top`` likeliest tokens' (id, log-probability),
+    likeliest first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -29,8 +41,15 @@ class RequestParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # each token's log-probability and that of the ``logprobs`` likeliest tokens (None: off)
+    logprobs: int | None = None
 
     def __post_init__(self):
+        k = self.logprobs
+        if k is not None and (not isinstance(k, numbers.Integral) or isinstance(k, bool)
+                              or not 0 <= k <= MAX_LOGPROBS):
+            raise GenerationError(f"logprobs must be an int in [0, {MAX_LOGPROBS}] or None, "
+                                  f"got {k!r}")
         m = self.max_tokens
         if m is not None and (not isinstance(m, numbers.Integral) or isinstance(m, bool)
                               or m < 1):
@@ -59,6 +78,7 @@ class TokenEvent:
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None
+    logprob: TokenLogprob | None = None  # where the request asked for logprobs
 
 
 @dataclass
@@ -70,6 +90,7 @@ class Request:
     detokenizer: object | None = None
     id: int = field(default_factory=lambda: next(_ids))
     output: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one an output token
     text: str = ""
     held: int = 0  # characters of text not yet emitted (a possible start of a stop string)
     finish_reason: str | None = None

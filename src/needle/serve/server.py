@@ -210,7 +210,17 @@ class Server:
         u = api.usage(len(submitted.prompt), len(submitted.output), submitted.cached_tokens)
         reason = api.finish_reason(event.finish_reason)
         make = api.chat_completion if chat else api.completion
-        return JSONResponse(make(rid, self.model_name, submitted.text, reason, u))
+        return JSONResponse(make(rid, self.model_name, submitted.text, reason, u,
+                                 self._logprobs(submitted, submitted.logprobs, chat)))
+
+    def _logprobs(self, submitted: Request, items: list, chat: bool,
+                  offset: int = 0) -> dict | None:
+        """The response's logprobs object for ``items`` (None unless the request asked)."""
+        if submitted.params.logprobs is None:
+            return None
+        tokenizer = self.engine.model.tokenizer
+        return (api.chat_logprobs(items, tokenizer) if chat
+                else api.completion_logprobs(items, tokenizer, offset))
 
     @staticmethod
     async def _final_event(request: HttpRequest, events: asyncio.Queue) -> TokenEvent | None:
@@ -235,6 +245,16 @@ class Server:
         def sse(obj) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
+        pending, offset = [], 0  # logprobs of tokens whose text is held back; text sent
+
+        def logprobs() -> dict | None:
+            nonlocal pending, offset
+            out = self._logprobs(submitted, pending, chat, offset)
+            tokenizer = self.engine.model.tokenizer
+            offset += sum(len(api.token_text(tokenizer, t.token)) for t in pending)
+            pending = []
+            return out
+
         try:
             if chat:
                 yield sse(api.chat_chunk(rid, name, {"role": "assistant", "content": ""}, None))
@@ -244,13 +264,19 @@ class Server:
                     yield sse(api.ApiError(500, f"generation failed: {event.error}",
                                            kind="server_error").body())
                     break
+                if event.logprob is not None:
+                    pending.append(event.logprob)
                 reason = api.finish_reason(event.finish_reason)
                 if event.text:
-                    yield sse(api.chat_chunk(rid, name, {"content": event.text}, None) if chat
-                              else api.completion_chunk(rid, name, event.text, None))
+                    yield sse(api.chat_chunk(rid, name, {"content": event.text}, None,
+                                             logprobs()) if chat
+                              else api.completion_chunk(rid, name, event.text, None,
+                                                        logprobs()))
                 if reason is not None:
-                    yield sse(api.chat_chunk(rid, name, {}, reason) if chat
-                              else api.completion_chunk(rid, name, "", reason))
+                    yield sse(api.chat_chunk(rid, name, {}, reason, logprobs() if pending
+                                             else None) if chat
+                              else api.completion_chunk(rid, name, "", reason,
+                                                        logprobs() if pending else None))
                     if include_usage:
                         obj = "chat.completion.chunk" if chat else "text_completion"
                         u = api.usage(len(submitted.prompt), len(submitted.output),
