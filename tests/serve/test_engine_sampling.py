@@ -123,7 +123,9 @@ def test_logprobs_are_the_models_log_softmax(model):
     from needle.serve import RequestParams as Params
 
     prompt = [4, 5, 6, 7, 8]
-    engine = Engine(model, max_seqs=2)
+    engine = Engine(model, max_seqs=3)
+    # another sequence first in the step: the scored one's row is not row 0
+    engine.submit([9, 10, 11], Params(max_tokens=6, ignore_eos=True))
     scored = engine.submit(prompt, Params(max_tokens=6, ignore_eos=True, logprobs=3))
     plain = engine.submit(prompt, Params(max_tokens=6, ignore_eos=True))
     engine.run_until_idle()
