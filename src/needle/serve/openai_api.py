@@ -115,7 +115,7 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     if wanted not in (None, True, False):
         raise _bad(f"logprobs must be true or false, got {wanted!r}", "logprobs")
     top = _int_in(body, "top_logprobs", 0, MAX_LOGPROBS)
-    if top is not None and not wanted:
+    if top and not wanted:
         raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
     return (top or 0) if wanted else None
 
