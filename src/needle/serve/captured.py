@@ -43,7 +43,7 @@ class DecodeGraphs:
             self._capture = None
         self._inputs: dict[int, batch_step.DeviceBatch] = {}
         self._rows: dict[int, choice.DeviceRows] = {}  # bucket -> sampling inputs
-        self._sample_here = choice.on_device(model.device)
+        self.samples_on_device = choice.on_device(model.device)
         # (bucket, sampled) -> (graph, (logits, tokens chosen))
         self._recorded: dict[tuple[int, bool], tuple] = {}
         self._eager: dict[tuple[int, bool], int] = {}
@@ -76,7 +76,7 @@ class DecodeGraphs:
             if self._last is None or self._last[0] != size:
                 raise GenerationError("a fed decode step must follow a step of its size")
             inputs.tokens[0, :n] = self._last[1][:n]
-        sampled = not greedy and self._sample_here
+        sampled = not greedy and self.samples_on_device
         rows = None
         if sampled:
             rows = self._rows.get(size)

@@ -39,8 +39,7 @@ class SamplingRows:
 
 def sampling_rows(samplers, positions, vocab: int) -> SamplingRows:
     """The rows for requests' ``Sampler``s choosing tokens at ``positions``."""
-    params = np.stack([s.params.row() for s in samplers]).astype(np.float32)
-    params = params.reshape(len(samplers), PARAMS)
+    params = np.stack([s.params.row() for s in samplers]).astype(np.float32)  # (R, 5)
     penalized = bool((params[:, 4] != 1.0).any())
     seen = np.stack([s.seen_mask(vocab) for s in samplers]) if penalized else None
     return SamplingRows(params, np.array([s.seed for s in samplers], np.int32),

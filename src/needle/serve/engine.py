@@ -68,8 +68,7 @@ class Engine:
             pages = max_seqs * -(-model.max_seq_len // page_size)
             kv_memory = pages * PagedKVCache.page_bytes(model.config, page_size, model.dtype)
         self.cache = PagedKVCache.from_budget(model.config, kv_memory, page_size,
-                                              model.device, model.dtype)
-        self.cache.pool.cache_prefixes = bool(prefix_cache)
+                                              model.device, model.dtype, bool(prefix_cache))
         # A step's host work (~15-25 ms for an eager step of a 1.1B model on an H200) hardly
         # grows with its tokens, so one chunk of 2,048 reads a long prompt in one step:
         # 2,000-token TTFT 17 ms against 60-95 ms in 512-token chunks, and decoding streams'
@@ -88,7 +87,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._queued: _Queued | None = None  # a step on the device whose tokens are unread
-        self._logits = None  # the last eager step's logits (device)
+        self._logits = None  # the last step's logits (device), for logprobs
         self._queue_ahead = os.environ.get("NEEDLE_SERVE_AHEAD", "1") != "0"
 
     # --- submitting ------------------------------------------------------------------------
@@ -289,11 +288,14 @@ class Engine:
             table, stop = w.request.table, w.start + w.count
             tables[i, :len(table.pages)] = table.pages
             if w.start < len(w.request.prompt) and dense_prompts:  # a chunk of the prompt
-                chunks.append((at, w.count, table.slots(0, stop)))
+                sequence = table.slots(0, stop)  # the chunk attends to all of it
+                chunks.append((at, w.count, sequence))
+                slots.append(sequence[w.start:])
+            else:
+                slots.append(table.slots(w.start, stop))
             tokens.append([0] * w.count if w.fed else self._tokens_at(w.request, w.start, stop))
             positions.append(np.arange(w.start, stop))
             seq_of.append(np.full(w.count, i))
-            slots.append(table.slots(w.start, stop))
             at += w.count
             if w.samples:
                 rows.append(at - 1)
@@ -318,17 +320,15 @@ class Engine:
                                                   [w.start + w.count for w in sampling],
                                                   self.model.config.vocab_size)
         read = self.execute(batch, captured, greedy, fed)
-        scored = {j: w.request.params.logprobs for j, w in enumerate(sampling)
-                  if w.request.params.logprobs is not None}
+        scored = [j for j, w in enumerate(sampling) if w.request.params.logprobs is not None]
         # the next step may be fed this one's choices on the device unless a sequence's
         # repetition penalty needs its seen tokens, which the host has not updated yet, or
         # a sequence's logprobs need this step's logits before the next step rewrites them
         chains = captured and not scored and (
-            greedy or (choice.on_device(self.model.device) and batch.sampling.seen is None))
+            greedy or (self.graphs.samples_on_device and batch.sampling.seen is None))
         queued = _Queued(work, sampling, read, chains)
         if scored:
-            logits = self.graphs.logits if captured else self._logits
-            queued.scores = choice.log_softmax_rows(logits, sorted(scored))
+            queued.scores = choice.log_softmax_rows(self._logits, scored)
         return queued
 
     def execute(self, batch: batch_step.StepBatch, captured: bool, greedy: bool,
@@ -339,14 +339,16 @@ class Engine:
         each logits row (the argmax where ``greedy``), on the host. Tensor-parallel ranks
         other than 0 run the steps rank 0 decides through this alone (``tp_engine.py``)."""
         if captured:
-            return self.graphs.run(batch, greedy, fed)
+            read = self.graphs.run(batch, greedy, fed)
+            self._logits = self.graphs.logits
+            return read
         logits = self._logits = batch_step.forward(self.model, self.cache,
                                                    batch_step.upload(batch, self.model.device),
                                                    len(batch.logit_rows))
         if greedy:
             out = logits.argmax(axis=-1).numpy().reshape(-1)
             return lambda: out
-        if choice.on_device(self.model.device):
+        if self.graphs.samples_on_device:
             rows = choice.DeviceRows(len(batch.logit_rows), self.model.config.vocab_size,
                                      self.model.device)
             rows.load(batch.sampling)
@@ -434,7 +436,7 @@ class _Queued:
     def logprob(self, row: int, token: int, top: int | None) -> TokenLogprob | None:
         """The chosen token's log-probability and the ``top`` likeliest, for a sampling row
         whose request asked for them."""
-        if top is None or not self.scores or row not in self.scores:
+        if top is None or not self.scores:
             return None
         return choice.token_logprob(self.scores[row], token, top)
 

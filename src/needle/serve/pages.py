@@ -195,12 +195,15 @@ class BlockTable:
         self.pages, self.left = [], 0
 
 
-def prefix_keys(tokens: list[int], page_size: int, pages: int) -> list[bytes]:
+def prefix_keys(tokens: list[int], page_size: int, pages: int,
+                known: list[bytes] = ()) -> list[bytes]:
     """Keys naming the first ``pages`` full pages of ``tokens``: page k's key is a chained
     SHA-256 over every token of positions 0..(k+1)*page_size-1 (a page's keys and values
-    depend on all of them)."""
-    keys, digest = [], b""
-    for k in range(pages):
+    depend on all of them). ``known``: the first pages' keys, worked out before (the chain
+    goes on from them)."""
+    keys = list(known[:pages])
+    digest = keys[-1] if keys else b""
+    for k in range(len(keys), pages):
         page = np.asarray(tokens[k * page_size:(k + 1) * page_size], np.int64).tobytes()
         digest = hashlib.sha256(digest + page).digest()
         keys.append(digest)
@@ -211,11 +214,12 @@ class PagedKVCache:
     """Per layer, a key pool and a value pool (num_pages, page_size, kv_heads, head_dim) on
     the model's device, in the model's dtype."""
 
-    def __init__(self, cfg, num_pages: int, page_size: int, device, dtype: str):
+    def __init__(self, cfg, num_pages: int, page_size: int, device, dtype: str,
+                 cache_prefixes: bool = True):
         shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
         self.keys = [nd.empty(shape, dtype, device) for _ in range(cfg.num_layers)]
         self.values = [nd.empty(shape, dtype, device) for _ in range(cfg.num_layers)]
-        self.pool = PagePool(num_pages, page_size)
+        self.pool = PagePool(num_pages, page_size, cache_prefixes)
 
     @staticmethod
     def page_bytes(cfg, page_size: int, dtype: str) -> int:
@@ -223,11 +227,12 @@ class PagedKVCache:
         return 2 * cfg.num_layers * page_size * cfg.num_kv_heads * cfg.head_dim * ITEMSIZE[dtype]
 
     @classmethod
-    def from_budget(cls, cfg, budget_bytes: int, page_size: int, device, dtype: str):
+    def from_budget(cls, cfg, budget_bytes: int, page_size: int, device, dtype: str,
+                    cache_prefixes: bool = True):
         """As many pages as fit in ``budget_bytes``."""
         pages = int(budget_bytes) // cls.page_bytes(cfg, page_size, dtype)
         if pages < 1:
             raise OutOfMemoryError(
                 f"a KV budget of {budget_bytes} bytes holds no page of {page_size} positions "
                 f"({cls.page_bytes(cfg, page_size, dtype)} bytes); give a larger --kv-memory")
-        return cls(cfg, pages, page_size, device, dtype)
+        return cls(cfg, pages, page_size, device, dtype, cache_prefixes)

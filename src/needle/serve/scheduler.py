@@ -143,5 +143,5 @@ class Scheduler:
         if full <= request.remembered:
             return
         tokens = list(request.prompt) + list(request.output)
-        for k, key in enumerate(prefix_keys(tokens, size, full)):
+        for k, key in enumerate(prefix_keys(tokens, size, full, request.prefix_keys or ())):
             self.pool.remember(key, pages[k])

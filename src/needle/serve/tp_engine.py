@@ -34,10 +34,6 @@ RUN, STOP = b"run", b"stop"
 STEP_SPIN_S = 0.05
 
 
-def _send(words: np.ndarray) -> None:
-    broadcast_host(words)
-
-
 def _receive(n: int) -> np.ndarray:
     return broadcast_host(np.zeros(n, np.int64), spin=STEP_SPIN_S)
 
@@ -56,13 +52,13 @@ class StepLink:
             self.bell.ring(RUN)
             self.awake = True
         head, payload = msg.pack(batch, captured, greedy, fed)
-        _send(head)
-        _send(payload)
+        broadcast_host(head)
+        broadcast_host(payload)
 
     def pause(self) -> None:
         """No work for now: the others go back to the bell."""
         if self.awake and not self.stopped:
-            _send(msg.header(msg.IDLE))
+            broadcast_host(msg.header(msg.IDLE))
             self.awake = False
             self.bell.taken()  # the others ran the steps since the last ring
 
@@ -71,7 +67,7 @@ class StepLink:
         if self.stopped:
             return
         if self.awake:
-            _send(msg.header(msg.STOP))
+            broadcast_host(msg.header(msg.STOP))
         else:
             self.bell.ring(STOP)
         self.stopped = True
