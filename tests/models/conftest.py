@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 VARIANT_NAMES = ("llama", "llama3_rope_tied", "mistral", "qwen2", "mistral_window", "qwen3",
-                 "gemma2", "phi3")
+                 "gemma2", "phi3", "gemma3")
 
 
 @pytest.fixture(scope="session")

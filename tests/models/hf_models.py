@@ -33,6 +33,14 @@ VARIANTS = {
         "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 6,
         "attn_logit_softcapping": 5.0, "final_logit_softcapping": 4.0, "pad_token_id": 0}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "sliding_window": 7}),
+    # 3 layers, the last global (pattern 3); two rotary bases, the global one scaled
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 6, "pad_token_id": 0,
+        "num_hidden_layers": 3, "sliding_window_pattern": 3,
+        "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0,
+                                               "rope_theta": 1e6},
+                            "sliding_attention": {"rope_type": "default",
+                                                  "rope_theta": 500.0}}}),
 }
 
 
@@ -104,3 +112,29 @@ def build_with_tokenizer(directory: Path, chat: bool = False, **overrides):
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
          "chat_template": CHATML}))
     return model
+
+
+def build_gemma3_vision(directory: Path, dtype: str = "bfloat16", seed: int = 0):
+    """A tiny Gemma3ForConditionalGeneration (Gemma 3 4B-27B's class: a SigLIP vision tower
+    beside the language model), saved by ``save_pretrained`` in ``dtype``; returns the
+    reference read back from the file in float32. Its config.json keeps the language model
+    in ``text_config``, and its tensors are named ``language_model.model.*``."""
+    text = transformers.Gemma3TextConfig(**{**TINY, **VARIANTS["gemma3"][2]})
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=2,
+                                             image_size=28, patch_size=14)
+    config = transformers.Gemma3Config(text_config=text.to_dict(),
+                                       vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                                       image_token_index=255, boi_token_index=253,
+                                       eoi_token_index=254)
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():  # as build(): larger weights and random norms
+        for name, p in model.named_parameters():
+            if "language_model" in name:
+                p.copy_(torch.rand_like(p) + 0.5 if name.endswith("norm.weight")
+                        else torch.randn_like(p) * 0.2)
+    model.to(getattr(torch, dtype)).save_pretrained(directory, safe_serialization=True)
+    reference = transformers.Gemma3ForConditionalGeneration.from_pretrained(
+        directory, dtype=torch.float32, attn_implementation="eager")
+    return reference.eval()

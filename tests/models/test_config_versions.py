@@ -20,6 +20,9 @@ def as_transformers_4(raw: dict) -> dict:
     """A transformers-5 config dict in the layout transformers 4 wrote."""
     old = {k: v for k, v in raw.items() if k not in ("layer_types", "rope_parameters", "dtype")}
     rope = dict(raw.get("rope_parameters") or {})
+    if "sliding_attention" in rope:  # Gemma 3: rope_local_base_freq for the sliding layers
+        old["rope_local_base_freq"] = rope.pop("sliding_attention")["rope_theta"]
+        rope = dict(rope.pop("full_attention"))
     old["rope_theta"] = rope.pop("rope_theta", 10000.0)
     if rope.get("rope_type", "default") != "default":
         old["rope_scaling"] = rope
@@ -45,12 +48,15 @@ def test_both_layouts_give_one_config(checkpoints, variant):
     ("Gemma2Config", dict(sliding_window=8, num_hidden_layers=5)),
     ("MistralConfig", dict(sliding_window=8)),
     ("Phi3Config", dict(sliding_window=8, pad_token_id=0)),
+    ("Gemma3TextConfig", dict(sliding_window=8, num_hidden_layers=13, pad_token_id=0)),
+    ("Gemma3TextConfig", dict(sliding_window=8, num_hidden_layers=7, pad_token_id=0,
+                              sliding_window_pattern=2)),
 ])
 def test_derived_windows_are_transformers_layer_types(cls, kwargs):
     """Without layer_types, each family's rule gives the layers transformers makes sliding."""
     config = getattr(transformers, cls)(**{**TINY, **kwargs})
     raw = config.to_dict()
-    raw["architectures"] = [cls.replace("Config", "ForCausalLM")]
+    raw["architectures"] = [cls.replace("TextConfig", "Config").replace("Config", "ForCausalLM")]
     types = raw.pop("layer_types", None) or ["sliding_attention"] * raw["num_hidden_layers"]
     expected = tuple(8 if t == "sliding_attention" else None for t in types)
     assert ModelConfig.from_dict(raw).layer_windows == expected

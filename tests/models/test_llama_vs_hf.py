@@ -37,11 +37,12 @@ def test_greedy_tokens_match(checkpoints, greedy_reference, variant, device):
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("name", ["qwen2", "gemma2", "qwen3"])
+@pytest.mark.parametrize("name", ["qwen2", "gemma2", "qwen3", "gemma3"])
 def test_cached_decode_matches_full_forward(checkpoints, device, name):
     """Prefill + per-token decode steps (the captured path on GPUs) give the logits of a
     full forward pass at every position: fused attention (qwen2), soft-capped windowed
-    attention composed from array ops (gemma2), per-head q/k norms (qwen3)."""
+    attention composed from array ops (gemma2), per-head q/k norms (qwen3), two rotary
+    tables and windowed layers beside a global one (gemma3)."""
     directory, _ = checkpoints(name)
     model = load_pretrained(directory, device=device, dtype="float32", max_seq_len=40)
     seq = PROMPT + [5, 6, 7, 200, 201, 33]

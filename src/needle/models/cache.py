@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import backend_ndarray as nd
 from ..backend_ndarray import NDArray
-from .config import ModelConfig
+from .config import ModelConfig, RopeConfig
 
 
 class KVCache:
@@ -49,11 +49,26 @@ class KVCache:
 
 
 class RotaryTables:
-    """cos and sin of every position up to ``length``, (length, head_dim/2), on the device."""
+    """cos and sin of every position up to ``length``, (length, head_dim/2), on the device;
+    ``for_layer(i)``: the tables layer i rotates with (Gemma 3's sliding layers have their
+    own, made once and shared)."""
 
-    def __init__(self, cfg: ModelConfig, length: int, device, dtype: str):
-        cos, sin = cfg.rope.tables(cfg.head_dim, length)
+    def __init__(self, cfg: ModelConfig, length: int, device, dtype: str,
+                 rope: RopeConfig | None = None):
+        cos, sin = (rope or cfg.rope).tables(cfg.head_dim, length)
         self.cos, self.sin = (nd.array(t, dtype=dtype, device=device) for t in (cos, sin))
+        self._layers: list[RotaryTables] | None = None
+        if rope is None and cfg.rope_local is not None:
+            local = RotaryTables(cfg, length, device, dtype, cfg.rope_local)
+            self._layers = [local if cfg.layer_rope(i) is cfg.rope_local else self
+                            for i in range(cfg.num_layers)]
+
+    def for_layer(self, layer: int) -> RotaryTables:
+        return self if self._layers is None else self._layers[layer]
+
+    def distinct(self) -> list[RotaryTables]:
+        """Every table set, once (one, or the global and the local)."""
+        return [self] if self._layers is None else list({id(t): t for t in self._layers}.values())
 
 
 class DecodeState:

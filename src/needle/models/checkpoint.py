@@ -75,13 +75,22 @@ class Checkpoint:
             raise ModelFormatError(f"{self.directory} holds neither {SINGLE_FILE} nor "
                                    f"{INDEX_FILE}; only safetensors checkpoints are read "
                                    "(never pickle .bin files)")
+        # a vision-language checkpoint's language model under text-model names (alias -> name)
+        self.aliases = _text_model_names(self.tensors)
+
+    def model_tensors(self) -> dict[str, TensorInfo]:
+        """The tensors of the language model under the names its config implies: every
+        tensor, or a vision-language checkpoint's language-model tensors (no vision tower)."""
+        if not self.aliases:
+            return self.tensors
+        return {alias: self.tensors[name] for alias, name in self.aliases.items()}
 
     def __contains__(self, name: str) -> bool:
-        return name in self.tensors
+        return self.aliases.get(name, name) in self.tensors
 
     def info(self, name: str, shape: tuple[int, ...] | None = None) -> TensorInfo:
         """The tensor's TensorInfo; ModelFormatError if it is missing or not of ``shape``."""
-        info = self.tensors.get(name)
+        info = self.tensors.get(self.aliases.get(name, name))
         if info is None:
             raise ModelFormatError(f"{self.source} has no tensor {name!r}; the checkpoint does "
                                    "not match its config.json")
@@ -108,6 +117,32 @@ class Checkpoint:
     def close(self) -> None:
         """Drop the file mappings (arrays returned by ``read`` must not be used after)."""
         self._maps.clear()
+
+
+# where a vision-language checkpoint keeps its language model's tensors (transformers'
+# saved layout, and its in-memory layout of 5.x), as the prefixes that stand for "model."
+# and "lm_head."
+_TEXT_MODEL_PREFIXES = (("language_model.model.", "language_model.lm_head."),
+                        ("model.language_model.", "lm_head."))
+
+
+def _text_model_names(tensors: dict[str, TensorInfo]) -> dict[str, str]:
+    """For a vision-language checkpoint, the names a text model's checkpoint gives its
+    language model's tensors (``model.*``, ``lm_head.*``) -> the names stored, so that a
+    Gemma3ForConditionalGeneration directory loads as its Gemma3ForCausalLM; empty when the
+    checkpoint has text-model names already."""
+    if "model.embed_tokens.weight" in tensors:
+        return {}
+    for body, head in _TEXT_MODEL_PREFIXES:
+        if f"{body}embed_tokens.weight" in tensors:
+            aliases = {}
+            for name in tensors:
+                if name.startswith(body):
+                    aliases["model." + name[len(body):]] = name
+                elif name.startswith(head):
+                    aliases["lm_head." + name[len(head):]] = name
+            return aliases
+    return {}
 
 
 def _read_index(index: Path) -> dict[Path, list[str]]:

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelFormatError
-from .architectures import ACTIVATION_NAMES, ARCHITECTURES, MODEL_TYPES, Architecture
+from .architectures import (
+    ACTIVATION_NAMES,
+    ARCHITECTURES,
+    CONFIG_DEFAULTS,
+    MODEL_TYPES,
+    TEXT_MODELS,
+    Architecture,
+)
 from .rope import RopeConfig, read_rope
 
 __all__ = ["ModelConfig", "LlamaConfig", "RopeConfig"]
@@ -27,6 +34,8 @@ class ModelConfig:
 
     ``layer_windows``: per layer, the sliding attention window (a position sees itself and
     the window - 1 before it) or None for full causal attention.
+    ``rope_local``: the rotary embedding of sliding layers where it differs (Gemma 3), else
+    None; ``layer_rope(i)`` gives layer i's.
     ``attn_scale``: the factor of query·key scores. ``attn_softcap``/``final_softcap``:
     cap * tanh(x / cap) on attention scores / output logits, or None.
     """
@@ -54,6 +63,13 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "float32"
+    rope_local: RopeConfig | None = None
+
+    def layer_rope(self, layer: int) -> RopeConfig:
+        """The rotary embedding layer ``layer`` uses."""
+        if self.rope_local is not None and self.layer_windows[layer] is not None:
+            return self.rope_local
+        return self.rope
 
     @property
     def arch(self) -> Architecture:
@@ -61,7 +77,7 @@ class ModelConfig:
 
     @property
     def family(self) -> str:
-        """llama, mistral, qwen2, qwen3, gemma2 or phi3."""
+        """llama, mistral, qwen2, qwen3, gemma2, gemma3_text or phi3."""
         return self.arch.family
 
     @classmethod
@@ -73,8 +89,11 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> ModelConfig:
         """Build from a parsed config dict; ``source`` names the file in error messages."""
-        f = _Fields(raw, source)
         name = _architecture(raw, source)
+        if name in TEXT_MODELS:
+            raw, name = _text_config(raw, name, source), TEXT_MODELS[name]
+        raw = {**CONFIG_DEFAULTS.get(name, {}), **raw}
+        f = _Fields(raw, source)
         arch = ARCHITECTURES[name]
         _check_activation(raw, arch, source)
         hidden = f.positive("hidden_size")
@@ -92,16 +111,20 @@ class ModelConfig:
         window = f.get("sliding_window", int, None)
         if window is not None and window <= 0:
             raise ModelFormatError(f"{source}: sliding_window must be positive, got {window}")
+        if f.get("use_bidirectional_attention", bool, False):
+            raise ModelFormatError(f"{source}: use_bidirectional_attention (an embedding model "
+                                   "such as EmbeddingGemma) is not a causal language model; "
+                                   "needle runs decoders that generate text")
+        rope, rope_local = _ropes(raw, arch, head_dim, source)
         return cls(
             architecture=name, vocab_size=f.positive("vocab_size"), hidden_size=hidden,
             intermediate_size=f.positive("intermediate_size"), num_layers=layers,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
             rms_norm_eps=_positive_float(f.get("rms_norm_eps", float, 1e-6), "rms_norm_eps",
                                          source),
-            rope=read_rope(raw, 10000.0, head_dim, source),
+            rope=rope, rope_local=rope_local,
             max_position_embeddings=f.positive("max_position_embeddings", 2048),
-            tie_word_embeddings=f.get("tie_word_embeddings", bool,
-                                      arch.family == "gemma2"),
+            tie_word_embeddings=f.get("tie_word_embeddings", bool, arch.ties_embeddings),
             qkv_bias=arch.qkv_bias or attention_bias,
             o_bias=attention_bias and not arch.qkv_bias,
             mlp_bias=f.get("mlp_bias", bool, False),
@@ -223,10 +246,23 @@ def _architecture(raw: dict, source: str) -> str:
         name = archs[0]
     else:
         name = MODEL_TYPES.get(raw.get("model_type"), raw.get("model_type"))
-    if name not in ARCHITECTURES:
+    if name not in ARCHITECTURES and name not in TEXT_MODELS:
         raise ModelFormatError(f"{source}: architecture {name!r} is not supported; needle "
-                               f"runs {', '.join(ARCHITECTURES)}")
+                               f"runs {', '.join([*ARCHITECTURES, *TEXT_MODELS])}")
     return name
+
+
+def _text_config(raw: dict, name: str, source: str) -> dict:
+    """The language model's entries of a vision-language config: its ``text_config``, with
+    the token ids, dtype and tying of the outer config where the inner one has none."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        raise ModelFormatError(f"{source}: a {name} config needs a text_config object (the "
+                               "language model's settings)")
+    outer = {k: raw[k] for k in ("bos_token_id", "eos_token_id", "dtype", "torch_dtype",
+                                 "tie_word_embeddings") if raw.get(k) is not None}
+    return {**outer, **{k: v for k, v in text.items() if v is not None or k not in outer},
+            "architectures": [TEXT_MODELS[name]]}
 
 
 def _check_activation(raw: dict, arch: Architecture, source: str) -> None:
@@ -257,10 +293,33 @@ def _layer_windows(raw: dict, f: _Fields, arch: Architecture, layers: int,
         return (window,) * layers
     if arch.windows == "even":
         return tuple(window if i % 2 == 0 else None for i in range(layers))
+    if arch.windows == "pattern":
+        every = f.positive("sliding_window_pattern", 6)
+        return tuple(window if (i + 1) % every else None for i in range(layers))
     if not f.get("use_sliding_window", bool, False):
         return (None,) * layers
     first = f.get("max_window_layers", int, layers)
     return tuple(window if i >= first else None for i in range(layers))
+
+
+def _ropes(raw: dict, arch: Architecture, head_dim: int,
+           source: str) -> tuple[RopeConfig, RopeConfig | None]:
+    """The rotary embedding of full-attention layers, and with ``arch.local_rope`` the one of
+    sliding layers. transformers 5 writes Gemma 3's as ``rope_parameters`` keyed by layer
+    type; transformers 4 wrote ``rope_theta`` (global, 1e6 by default), ``rope_scaling``
+    (global only) and ``rope_local_base_freq`` (10,000 by default)."""
+    if not arch.local_rope:
+        return read_rope(raw, 10000.0, head_dim, source), None
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and ("full_attention" in params
+                                     or "sliding_attention" in params):
+        full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+        return (read_rope({**raw, "rope_parameters": full}, 1e6, head_dim, source),
+                read_rope({**raw, "rope_parameters": local}, 10000.0, head_dim, source))
+    local_theta = raw.get("rope_local_base_freq", 10000.0)
+    plain = {k: v for k, v in raw.items() if k not in ("rope_scaling", "rope_parameters")}
+    return (read_rope(raw, 1e6, head_dim, source),
+            read_rope({**plain, "rope_theta": local_theta}, 10000.0, head_dim, source))
 
 
 def _attn_scale(f: _Fields, arch: Architecture, head_dim: int) -> float:

@@ -56,7 +56,7 @@ def workspace_bytes(cfg: LlamaConfig, dtype: str, seq_len: int, batch: int = 1) 
     d = cfg.head_dim
     per_token = (4 * cfg.hidden_size + 3 * cfg.intermediate_size
                  + 2 * (cfg.num_heads + 2 * cfg.num_kv_heads) * d)
-    rope_tables = 2 * seq_len * d
+    rope_tables = 2 * seq_len * d * (2 if cfg.rope_local is not None else 1)
     return (batch * seq_len * per_token + rope_tables + batch * cfg.vocab_size) * \
         dtypes.ITEMSIZE[dtype]
 

@@ -167,7 +167,7 @@ def quantize_checkpoint(source: str | Path, target: str | Path, bits: int,
     checkpoint = Checkpoint(source)
     chosen = quantizable(cfg, quantize_head)
     plan = []  # (name, code, shape, producer) in file order
-    for name, info in checkpoint.tensors.items():
+    for name, info in checkpoint.model_tensors().items():  # a vision tower is left out
         if name in chosen:
             plan += _quantized_entries(checkpoint, name, info, qcfg)
         else:

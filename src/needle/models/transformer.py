@@ -119,8 +119,8 @@ class Transformer:
         cfg = self.cfg
         b, s, _ = h.shape
         hq, d = cfg.num_heads, cfg.head_dim
-        q, k, v = self._roped_heads(layer, layer.qkv(h), self.rope.cos[:s],
-                                    self.rope.sin[:s])
+        rope = self.rope.for_layer(i)
+        q, k, v = self._roped_heads(layer, layer.qkv(h), rope.cos[:s], rope.sin[:s])
         heads_first = (0, 2, 1, 3)
         q, k, v = q.permute(heads_first), k.permute(heads_first), v.permute(heads_first)
         if cache is not None:
@@ -204,8 +204,9 @@ class Transformer:
         qkv = nd.rmsnorm_matvec(x, None if folded else layer.attn_norm, layer.qkv.weight, eps)
         if layer.qkv.bias is not None:  # Qwen2
             qkv = qkv + layer.qkv.bias
-        a = nd.attention_decode(qkv, self.rope.cos, self.rope.sin, state.position,
-                                cache.keys[i], cache.values[i], cfg.num_heads, cfg.attn_scale,
+        rope = self.rope.for_layer(i)
+        a = nd.attention_decode(qkv, rope.cos, rope.sin, state.position, cache.keys[i],
+                                cache.values[i], cfg.num_heads, cfg.attn_scale,
                                 state.max_positions)
         layer.o.add_into(a.reshape(x.shape[:-1] + (a.size,)), x)
         gated = nd.rmsnorm_matvec(x, None if folded else layer.mlp_norm,
@@ -219,12 +220,13 @@ class Transformer:
         qkv = layer.qkv(h)
         if layer.q_norm is not None:
             qkv = self._qk_norm(qkv, layer)
+        rope = self.rope.for_layer(i)
         if self.fused[i]:
-            out = nd.attention_decode(qkv, self.rope.cos, self.rope.sin, state.position,
+            out = nd.attention_decode(qkv, rope.cos, rope.sin, state.position,
                                       cache.keys[i], cache.values[i], cfg.num_heads,
                                       cfg.attn_scale, state.max_positions)
         else:
-            out = attention.decode(cfg, qkv, cache.keys[i], cache.values[i], self.rope, state,
+            out = attention.decode(cfg, qkv, cache.keys[i], cache.values[i], rope, state,
                                    cfg.layer_windows[i])
         return out.reshape((1, 1, out.size))
 

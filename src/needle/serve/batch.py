@@ -116,13 +116,15 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
     t = batch.t
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     ids, positions, slots = batch.tokens, batch.positions, batch.slots
-    cos, sin = tr.rope.cos.take(positions), tr.rope.sin.take(positions)  # (T, d / 2)
+    # each table set's rows at the tokens' positions (T, d / 2), once for all its layers
+    rotary = {id(r): (r.cos.take(positions), r.sin.take(positions))
+              for r in tr.rope.distinct()}
     x = tr._embed(ids)  # (1, T, hidden)
     eps = cfg.rms_norm_eps
     delta = None  # the last sublayer's output, added to x by the next norm (add_rmsnorm)
     for i, layer in enumerate(w.layers):
         x, h = _add_norm(x, delta, layer.attn_norm, cfg)
-        q, k, v = tr._roped_heads(layer, layer.qkv(h), cos, sin)
+        q, k, v = tr._roped_heads(layer, layer.qkv(h), *rotary[id(tr.rope.for_layer(i))])
         nd.paged_write(k.reshape((t, hkv, d)), v.reshape((t, hkv, d)), slots, cache.keys[i],
                        cache.values[i])
         a = _attention(cfg, q.reshape((t, hq, d)), cache.keys[i], cache.values[i], batch)
