@@ -136,6 +136,42 @@ def test_swiglu_views_and_errors(device, rng):
         on(device, np.ones((2, 4), np.int32)).swiglu()
 
 
+# --- geglu ------------------------------------------------------------------------------------
+
+def _geglu(x):
+    """float64 GeGLU: PyTorch's gelu(approximate="tanh") of the gate half times the up half."""
+    h = x.shape[-1] // 2
+    a = x[..., :h]
+    return 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3))) * x[..., h:]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(2,), (1, 14), (3, 66), (2, 3, 256), (1, 2 * 4099)],
+                         ids=str)
+def test_geglu(device, dtype, shape, rng):
+    if check_unsupported_dtype(device, dtype):
+        return
+    x = random(rng, shape, dtype, -6, 6)
+    got = on(device, x).geglu()
+    assert (got.shape, got.dtype, got.device) == (shape[:-1] + (shape[-1] // 2,), dtype, device)
+    assert_close(got, _geglu(_wide(x)), dtype)
+
+
+def test_geglu_matches_torch_and_checks_its_input(device, rng):
+    torch = pytest.importorskip("torch")
+    x = np.concatenate([random(rng, (3, 500), "float32", -12, 12),  # tails of both signs
+                        random(rng, (3, 500), "float32")], axis=1)
+    t = torch.as_tensor(x)
+    expected = torch.nn.functional.gelu(t[:, :500], approximate="tanh") * t[:, 500:]
+    assert_close(on(device, x).geglu(), expected.numpy().astype(np.float64), "float32")
+    v = on(device, x).transpose((1, 0)).transpose((1, 0))[:, 250:750]  # a strided view
+    assert_close(v.geglu(), _geglu(_wide(x[:, 250:750])), "float32")
+    with pytest.raises(ShapeError, match="even"):
+        on(device, random(rng, (2, 7), "float32")).geglu()
+    with pytest.raises(DTypeError):
+        on(device, np.ones((2, 4), np.int32)).geglu()
+
+
 # --- attention_decode --------------------------------------------------------------------------
 
 def _rope_tables(rows, head_dim, base=10000.0):

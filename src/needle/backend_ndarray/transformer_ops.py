@@ -1,5 +1,5 @@
 """NDArray's transformer and indexing functions: softmax, log_softmax, rmsnorm, layernorm,
-rope, silu_mul, swiglu and take (a mixin of NDArray, split from ndarray.py for its length).
+rope, silu_mul, swiglu, geglu and take (a mixin of NDArray, split from ndarray.py for its length).
 Each checks its operands and calls the backend function of the same name
 (``numpy_ref/nn.py`` defines them)."""
 
@@ -108,6 +108,18 @@ class TransformerOps:
         out = type(self).make(a.shape[:-1] + (two // 2,), device=self.device, dtype=a.dtype)
         if out.size:
             self._be.swiglu(a._handle, out._handle, two // 2)
+        return out
+
+    def geglu(self) -> NDArray:
+        """gelu_tanh(first half) * second half along the last axis: GeGLU (Gemma) of a fused
+        gate-and-up projection (..., 2 * dim) -> (..., dim), in one pass."""
+        a, two = self._rows("geglu")
+        if two % 2:
+            raise ShapeError(f"geglu needs an even last axis (gate and up halves), got "
+                             f"{self.shape}")
+        out = type(self).make(a.shape[:-1] + (two // 2,), device=self.device, dtype=a.dtype)
+        if out.size:
+            self._be.geglu(a._handle, out._handle, two // 2)
         return out
 
     def take(self, indices: NDArray) -> NDArray:

@@ -258,9 +258,7 @@ class Transformer:
         """The gated activation of a fused gate/up projection (..., 2 * intermediate)."""
         if self.cfg.arch.activation == "silu":
             return gate_up.swiglu()
-        n = gate_up.shape[-1] // 2
-        gate, up = gate_up[..., :n], gate_up[..., n:]
-        return _gelu_tanh(gate) * up
+        return gate_up.geglu()  # GELU's tanh form, computed in float32 as PyTorch's
 
     def _logits(self, h: NDArray) -> NDArray:
         return attention.softcap(self.weights.lm_head(h), self.cfg.final_softcap)
@@ -313,9 +311,3 @@ def _row(x: NDArray, index: NDArray) -> NDArray:
     (1, hidden): a gather, so the row is chosen on the device."""
     return x.compact().reshape(x.shape[1:]).take(index)
 
-
-def _gelu_tanh(x: NDArray) -> NDArray:
-    """GELU's tanh form (PyTorch's approximate='tanh'), computed in float32."""
-    f = x.astype("float32")
-    inner = (f + f * f * f * 0.044715) * math.sqrt(2 / math.pi)
-    return (f * (inner.tanh() + 1.0) * 0.5).astype(x.dtype)

@@ -93,3 +93,10 @@ class ElementwiseOps(GpuBase):
         if out.size:
             self._launch_1d(f"swiglu_{SUFFIX[x.dtype]}", out.size, (x.buffer, out.buffer),
                             ROW.pack(out.size, dim), "nn")
+
+    def geglu(self, x: GpuArray, out: GpuArray, dim: int) -> None:
+        """out = gelu_tanh(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)."""
+        self._need(x.dtype, FLOATS, "geglu")
+        if out.size:
+            self._launch_1d(f"geglu_{SUFFIX[x.dtype]}", out.size, (x.buffer, out.buffer),
+                            ROW.pack(out.size, dim), "nn")

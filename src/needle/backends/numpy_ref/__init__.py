@@ -86,6 +86,7 @@ from .nn import (
     attention_decode,
     attention_token_major,
     attention_with_stats,
+    geglu,
     layernorm,
     log_softmax,
     matmul_swiglu,

@@ -82,6 +82,17 @@ def swiglu(x: Array, out: Array, dim: int) -> None:
     _store(out, (a * _sigmoid(a) * v[:, dim:]).reshape(-1))
 
 
+def geglu(x: Array, out: Array, dim: int) -> None:
+    """out = gelu_tanh(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim): the GeGLU of
+    a fused gate-and-up projection (Gemma), GELU in PyTorch's tanh form
+    0.5 a (1 + tanh(sqrt(2 / pi) (a + 0.044715 a^3))), computed in float32 (float64 for
+    float64) and rounded once."""
+    v = _f(x.array).reshape(-1, 2 * dim)
+    a = v[:, :dim]
+    inner = (a + a * a * a * 0.044715) * np.sqrt(2 / np.pi).astype(a.dtype)
+    _store(out, (a * (np.tanh(inner) + 1) * 0.5 * v[:, dim:]).reshape(-1))
+
+
 def matmul_swiglu(a: Array, w: Array, out: Array, m: int, n: int, p: int) -> None:
     """out (m, p) = swiglu(a @ wᵀ) for a (m, n) and a fused gate/up weight w (2p, n), gate
     rows first (capability ``matmul_swiglu``): the product is rounded to the dtype before

@@ -159,6 +159,28 @@ template <class S> void swiglu_kernel(const void* x_, void* out_, int64_t n, int
   });
 }
 
+// out[r, j] = gelu_tanh(x[r, j]) * x[r, dim + j]: GeGLU (Gemma), laid out as swiglu_kernel
+template <class S> void geglu_kernel(const void* x_, void* out_, int64_t n, int64_t dim) {
+  const S* x = (const S*)x_;
+  S* out = (S*)out_;
+  produce(out, n, int64_t(1) << 13, [=](int64_t lo, int64_t hi, S* __restrict dst) {
+    int64_t r = lo / dim, j = lo - r * dim;
+    for (int64_t i = lo; i < hi; ++r, j = 0) {
+      const int64_t len = std::min(hi - i, dim - j);
+      const S* g = x + r * 2 * dim + j;
+      const S* u = g + dim;
+      S* o = dst + (i - lo);
+      for (int64_t k = 0; k < len; ++k) {
+        const auto a = load(g[k]);
+        using C = decltype(a);
+        const C inner = (a + a * a * a * C(0.044715)) * C(0.7978845608028654);
+        o[k] = store<S>(a * (std::tanh(inner) + C(1)) * C(0.5) * load(u[k]));
+      }
+      i += len;
+    }
+  });
+}
+
 // --- tables and bindings ------------------------------------------------------------------------
 
 using RowFn = void (*)(const void*, void*, int64_t, int64_t, bool);
@@ -179,6 +201,7 @@ const KernelTable<BinFn> kSiluMul = NEEDLE_FLOAT_TABLE(BinFn, "silu_mul", silu_m
 const KernelTable<AddRmsFn> kAddRmsnorm =
     NEEDLE_FLOAT_TABLE(AddRmsFn, "add_rmsnorm", add_rmsnorm_kernel);
 const KernelTable<SwigluFn> kSwiglu = NEEDLE_FLOAT_TABLE(SwigluFn, "swiglu", swiglu_kernel);
+const KernelTable<SwigluFn> kGeglu = NEEDLE_FLOAT_TABLE(SwigluFn, "geglu", geglu_kernel);
 
 int64_t rows_of(const Array& a, int64_t dim, const char* fn) {
   if (dim <= 0 || a.size % dim)
@@ -266,6 +289,15 @@ void swiglu(const Array& x, Array& out, int64_t dim) {
   without_gil([&] { f(x.data, out.data, out.size, dim); });
 }
 
+void geglu(const Array& x, Array& out, int64_t dim) {
+  const int64_t rows = rows_of(out, dim, "geglu");
+  check_same_dtype(x, out, "geglu");
+  check_size(x, rows * 2 * dim, "geglu", "x");
+  const SwigluFn f = kGeglu[x.dtype];
+  if (out.size == 0) return;
+  without_gil([&] { f(x.data, out.data, out.size, dim); });
+}
+
 }  // namespace
 
 void bind_nn(nb::module_& m) {
@@ -287,6 +319,8 @@ void bind_nn(nb::module_& m) {
         "total = x + delta (rounded), out = rmsnorm(total) * w, per row; total may be x");
   m.def("swiglu", &swiglu, nb::arg("x"), nb::arg("out"), nb::arg("dim"),
         "out = silu(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)");
+  m.def("geglu", &geglu, nb::arg("x"), nb::arg("out"), nb::arg("dim"),
+        "out = gelu_tanh(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)");
 }
 
 }  // namespace needle

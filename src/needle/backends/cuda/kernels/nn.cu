@@ -342,6 +342,20 @@ __device__ __forceinline__ void swiglu(const T* __restrict__ x, T* __restrict__ 
   }
 }
 
+// ---- geglu: out[r, c] = gelu_tanh(x[r, c]) * x[r, dim + c] (Gemma's GeGLU) -----------------
+template <class T>
+__device__ __forceinline__ void geglu(const T* __restrict__ x, T* __restrict__ out,
+                                      const RowParams& p) {
+  typedef typename Acc<T>::type C;
+  const i64 n = p.rows, dim = p.dim;
+  for (i64 i = global_thread(); i < n; i += grid_threads()) {
+    const i64 r = i / dim, c = i - r * dim;
+    const C a = load(x[2 * dim * r + c]), b = load(x[2 * dim * r + dim + c]);
+    const C inner = (a + a * a * a * C(0.044715)) * C(0.7978845608028654);
+    out[i] = store<T>(a * (tanh(inner) + C(1)) * C(0.5) * b);
+  }
+}
+
 // ---- rope: x (batch, seq, heads, head_dim), cos/sin (seq, head_dim/2), half-split ------
 template <class T>
 __device__ __forceinline__ void rope(const T* __restrict__ x, const T* __restrict__ cs,
@@ -419,6 +433,10 @@ ONLY(bf16, FA(bf16, bf16_t, 128))
   extern "C" __global__ void swiglu_##SFX(const T* __restrict__ x, T* __restrict__ out, RowParams p) { \
     pdl_entry();                                                                               \
     swiglu<T>(x, out, p);                                                                      \
+  }                                                                                            \
+  extern "C" __global__ void geglu_##SFX(const T* __restrict__ x, T* __restrict__ out, RowParams p) { \
+    pdl_entry();                                                                               \
+    geglu<T>(x, out, p);                                                                       \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(128)                                            \
       attention_decode_fused_##SFX(const T* __restrict__ qkv, const T* __restrict__ cs,        \

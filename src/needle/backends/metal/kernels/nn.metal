@@ -477,6 +477,18 @@ kernel void attention_decode_combine(device const int* position [[buffer(0)]],
   }
   *o = store<T>(acc / total);
 }
+// ---- geglu: out (rows, dim) = gelu_tanh(x[:, :dim]) * x[:, dim:] (Gemma's GeGLU) ------------
+template <class T>
+kernel void geglu(device const T* x [[buffer(0)]], device T* out [[buffer(1)]],
+                  constant SwigluParams& p [[buffer(2)]], GRID_ARGS) {
+  GRID_STRIDE(i, p.n) {
+    const long r = i / p.dim, j = i - r * p.dim;
+    const long g = r * 2 * p.dim + j;
+    const float a = load(x[g]);
+    const float inner = (a + a * a * a * 0.044715f) * 0.7978845608028654f;
+    out[i] = store<T>(a * (tanh(inner) + 1.0f) * 0.5f * load(x[g + p.dim]));
+  }
+}
 
 #define NN(unused, SFX, T)                                                       \
   INSTANTIATE(NAME(softmax_##SFX), softmax_rows<T, false>)                       \
@@ -486,6 +498,7 @@ kernel void attention_decode_combine(device const int* position [[buffer(0)]],
   INSTANTIATE(NAME(layernorm_##SFX), layernorm<T>)                               \
   INSTANTIATE(NAME(rope_##SFX), rope<T>)                                         \
   INSTANTIATE(NAME(swiglu_##SFX), swiglu<T>)                                     \
+  INSTANTIATE(NAME(geglu_##SFX), geglu<T>)                                       \
   INSTANTIATE(NAME(attention_##SFX), attention<T>)                               \
   INSTANTIATE(NAME(attention_combine_##SFX), attention_combine<T>)                \
   INSTANTIATE(NAME(attention_decode_##SFX), attention_decode<T>)                 \
