@@ -204,16 +204,18 @@ class DecodeState:
         return random(self.rng, ((self.q_heads + 2 * self.kv_heads) * self.d,), self.dtype,
                       -1, 1)
 
-    def run(self, qkv: np.ndarray, p: int, max_positions: int | None = None) -> nd.NDArray:
+    def run(self, qkv: np.ndarray, p: int, max_positions: int | None = None,
+            window: int | None = None) -> nd.NDArray:
         """The device step at position p (written into the position array on the device),
         its kernel chosen for ``max_positions`` where the backend chooses by it."""
         self.pos_dev.fill(p)
         return nd.attention_decode(on(self.device, qkv), self.cos_dev, self.sin_dev,
                                    self.pos_dev, self.k_dev, self.v_dev, self.q_heads,
-                                   self.scale, max_positions)
+                                   self.scale, max_positions, window)
 
-    def expected(self, qkv: np.ndarray, p: int) -> np.ndarray:
-        """The float64 step: updates the numpy caches and returns the output."""
+    def expected(self, qkv: np.ndarray, p: int, window: int | None = None) -> np.ndarray:
+        """The float64 step: updates the numpy caches and returns the output (attending to
+        positions p - window + 1..p with a window)."""
         hq, hkv, d, h = self.q_heads, self.kv_heads, self.d, self.d // 2
         v = _wide(qkv).reshape(hq + 2 * hkv, d)
         c, s = _wide(self.cos[p]), _wide(self.sin[p])
@@ -223,8 +225,9 @@ class DecodeState:
         self.keys[:, p] = roped[hq:].astype(self.keys.dtype)
         self.values[:, p] = v[hq + hkv:].astype(self.values.dtype)
         group = hq // hkv
-        k = np.repeat(_wide(self.keys[:, :p + 1]), group, axis=0)  # (hq, p + 1, d)
-        vv = np.repeat(_wide(self.values[:, :p + 1]), group, axis=0)
+        lo = max(0, p - window + 1) if window else 0
+        k = np.repeat(_wide(self.keys[:, lo:p + 1]), group, axis=0)  # (hq, p + 1 - lo, d)
+        vv = np.repeat(_wide(self.values[:, lo:p + 1]), group, axis=0)
         scale = 1 / math.sqrt(d) if self.scale is None else self.scale
         scores = np.einsum("hd,htd->ht", roped[:hq], k) * scale
         e = np.exp(scores - scores.max(axis=1, keepdims=True))
@@ -294,6 +297,49 @@ def test_attention_decode_long_cache_grouped(device, dtype, rng):
         qkv = st.qkv()
         assert_close(st.run(qkv, p), st.expected(qkv, p), dtype, "reduction")
         st.check_caches(p)
+
+
+# name: (q_heads, kv_heads, head_dim, capacity, window, positions); head sizes of each CUDA
+# kernel (64 / 128: flash or tensor-core ranges, the cluster kernel at short caches; 256 and
+# 96: the split kernel of 128-position chunks), windows shorter than a tile, than a chunk, and
+# over many of either, positions before, at and past the window's length
+WINDOW_CASES = {
+    "gemma3_d256_w5": (4, 1, 256, 40, 5, [0, 3, 4, 5, 6, 39]),
+    "gemma3_d256_w512": (8, 2, 256, 1500, 512, [100, 511, 512, 513, 640, 1499]),
+    "phi3_d96_w200": (8, 8, 96, 700, 200, [199, 200, 256, 385, 699]),
+    "mistral_d128_w300": (8, 2, 128, 2100, 300, [299, 300, 301, 1000, 2099]),
+    "d64_w70_long": (16, 2, 64, 9000, 70, [69, 70, 2047, 2048, 8999]),
+    "d64_w2500": (8, 2, 64, 4000, 2500, [2499, 2500, 3999]),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_attention_decode_sliding_window(device, dtype, case, rng):
+    """A sliding window: the step at p attends to p - window + 1..p only (the cache before
+    it holds random history, which must not count), with the bound of each band too."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    hq, hkv, d, cap, window, positions = WINDOW_CASES[case]
+    st = DecodeState(device, dtype, hq, hkv, d, cap, rng)
+    for p in positions:
+        for bound in (None, min(cap, 2048)) if cap > 2048 else (None,):
+            if bound is not None and p >= bound:
+                continue
+            qkv = st.qkv()
+            got = st.run(qkv, p, bound, window)
+            assert_close(got, st.expected(qkv, p, window), dtype, "reduction")
+            st.check_caches(p)
+
+
+def test_attention_decode_window_errors(device, rng):
+    st = DecodeState(device, "float32", 2, 1, 8, 10, rng)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ArgumentError, match="window"):
+            st.run(st.qkv(), 3, None, bad)
+    # a window at least the cache's length binds nowhere: the plain step's numbers
+    qkv = st.qkv()
+    assert_close(st.run(qkv, 9, None, 10), st.expected(qkv, 9), "float32", "reduction")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

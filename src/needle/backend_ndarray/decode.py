@@ -26,7 +26,8 @@ from .quant import QuantizedMatrix, _activation_dtype, _h, quant_matmul
 
 def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray,
                      keys: NDArray, values: NDArray, q_heads: int,
-                     scale: float | None = None, max_positions: int | None = None) -> NDArray:
+                     scale: float | None = None, max_positions: int | None = None,
+                     window: int | None = None) -> NDArray:
     """One token's attention step against a KV cache, at a position held on the device.
 
     ``qkv``: the token's fused query/key/value projection, (q_heads + 2 * kv_heads) *
@@ -42,6 +43,8 @@ def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray
     caller expects to read, for a backend that chooses its kernel by it (capability
     ``decode_bands``; ``attention_decode_bands`` says where the choice changes): the result
     is the same at any position, also past the bound.
+    ``window`` (a positive int; None: every position): a sliding window, the step at p
+    attending to positions p - window + 1..p only (Mistral, Gemma 3's local layers).
     See ``numpy_ref.attention_decode``.
     """
     for t in (cos, sin, position, keys, values):
@@ -72,13 +75,17 @@ def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray
             raise ShapeError(f"attention_decode: {nm} must be (rows, {d // 2}) like cos, got "
                              f"{t.shape}")
     bound = _positions_bound(max_positions, capacity)
+    if window is not None and (not _is_int(window) or window < 1):
+        raise ArgumentError(f"attention_decode: window must be a positive int or None, got "
+                            f"{window!r}")
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
     c, s = cos.astype(qkv.dtype).compact(), sin.astype(qkv.dtype).compact()
     a = qkv.compact()
     out = NDArray.make((q_heads * d,), device=qkv.device, dtype=qkv.dtype)
     be = qkv.device.backend
     handles = (a._handle, c._handle, s._handle, position.compact()._handle, keys._handle,
-               values._handle, out._handle, q_heads, kv_heads, d, capacity, cos.shape[0], scale)
+               values._handle, out._handle, q_heads, kv_heads, d, capacity, cos.shape[0], scale,
+               0 if window is None or window >= capacity else int(window))
     if bound < capacity and has(be, "decode_bands"):
         be.attention_decode_within(*handles, bound)
     else:

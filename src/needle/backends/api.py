@@ -140,7 +140,7 @@ class ArrayBackend(Protocol):
     def attention_decode(self, qkv: Array, cos: Array, sin: Array, position: Array,
                          keys: Array, values: Array, out: Array, q_heads: int, kv_heads: int,
                          head_dim: int, capacity: int, table_rows: int,
-                         scale: float) -> None: ...
+                         scale: float, window: int) -> None: ...
 
     # the decode step's fused projections (numpy_ref/decode.py)
     def rmsnorm_matvec(self, x: Array, w: Array, weight: Array, out: Array, rows: int,
@@ -218,7 +218,7 @@ class DecodeBands(Protocol):
     def attention_decode_within(self, qkv: Array, cos: Array, sin: Array, position: Array,
                                 keys: Array, values: Array, out: Array, q_heads: int,
                                 kv_heads: int, head_dim: int, capacity: int, table_rows: int,
-                                scale: float, max_positions: int) -> None: ...
+                                scale: float, window: int, max_positions: int) -> None: ...
 
 
 class PagedAttention(Protocol):

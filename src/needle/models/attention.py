@@ -1,9 +1,9 @@
 """Attention that the fused kernels do not cover, composed from array ops.
 
-The fused kernels (``nd.attention`` for a sequence, ``nd.attention_decode`` for one token)
-compute plain causal attention. Layers whose scores are soft-capped (Gemma 2) or whose
-sliding window is shorter than the KV cache (so that it can bind) take these paths
-instead: scores = Q Kᵀ · scale, cap · tanh(scores / cap), the causal-and-window mask,
+The fused kernels (``nd.attention`` for a sequence, ``nd.attention_decode`` for one token,
+the latter within a sliding window too) compute plain causal attention. Layers whose scores
+are soft-capped (Gemma 2), and the prompt pass of layers whose sliding window is shorter
+than the KV cache (so that it can bind), take these paths instead: scores = Q Kᵀ · scale, cap · tanh(scores / cap), the causal-and-window mask,
 softmax, times V. They move the scores through memory (an S × S matrix for a prompt of S
 tokens), which is why layers that need neither use the fused kernels.
 
@@ -22,10 +22,16 @@ from .config import ModelConfig
 
 
 def is_fused(cfg: ModelConfig, layer: int, max_seq_len: int) -> bool:
-    """Whether layer ``layer`` can use the fused kernels: no soft-capping, and no window
-    that a sequence of ``max_seq_len`` positions could outgrow."""
+    """Whether layer ``layer``'s prompt pass can use the fused kernel (``nd.attention``): no
+    soft-capping, and no window that a sequence of ``max_seq_len`` positions could outgrow."""
     window = cfg.layer_windows[layer]
     return cfg.attn_softcap is None and (window is None or window >= max_seq_len)
+
+
+def decode_is_fused(cfg: ModelConfig, layer: int) -> bool:
+    """Whether layer ``layer``'s decode step can use the fused kernel
+    (``nd.attention_decode``, which takes a sliding window): no soft-capping."""
+    return cfg.attn_softcap is None
 
 
 def softcap(x: NDArray, cap: float | None) -> NDArray:

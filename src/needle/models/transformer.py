@@ -38,10 +38,14 @@ class Transformer:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, rope: RotaryTables,
                  max_seq_len: int):
         self.cfg, self.weights, self.rope, self.max_seq_len = cfg, weights, rope, max_seq_len
+        # per layer, whether its prompt pass / its decode step takes the fused attention
+        # kernel (a decode step's takes a sliding window; the prompt pass's does not yet)
         self.fused = [attention.is_fused(cfg, i, max_seq_len) for i in range(cfg.num_layers)]
-        # no layer on the composed attention path (which adds a step's key and value into
-        # zeroed cache rows, and uploads its masks from the host)
+        self.fused_decode = [attention.decode_is_fused(cfg, i) for i in range(cfg.num_layers)]
+        # no layer on the composed prompt path (which uploads its masks from the host) /
+        # decode path (which adds a step's key and value into zeroed cache rows)
         self.all_fused = all(self.fused)
+        self.all_fused_decode = all(self.fused_decode)
         backend = weights.embed.device.backend
         self.packed_fused = has(backend, "fused_quant_matvec")
         # where a decode step keeps its residual stream: a fresh array (None), or one the
@@ -62,7 +66,7 @@ class Transformer:
         parallelism's all-reducing ones are not plain)."""
         choice = os.environ.get("NEEDLE_FUSED_DECODE", "auto")
         backend = self.weights.embed.device.backend
-        self.five_ops = [self.fused[i] and _fusable(self.cfg, layer, self.packed_fused)
+        self.five_ops = [self.fused_decode[i] and _fusable(self.cfg, layer, self.packed_fused)
                          and _fuse(choice, backend, layer)
                          for i, layer in enumerate(self.weights.layers)]
 
@@ -160,7 +164,7 @@ class Transformer:
         """Where the fused decode attention over ``cache`` changes kernel
         (``nd.attention_decode_bands``; every fused layer's cache has one shape):
         ``(capacity,)`` when no layer is fused."""
-        first = next((i for i, f in enumerate(self.fused) if f), None)
+        first = next((i for i, f in enumerate(self.fused_decode) if f), None)
         if first is None:
             return (cache.capacity,)
         return nd.attention_decode_bands(cache.keys[first], self.cfg.num_heads)
@@ -207,7 +211,7 @@ class Transformer:
         rope = self.rope.for_layer(i)
         a = nd.attention_decode(qkv, rope.cos, rope.sin, state.position, cache.keys[i],
                                 cache.values[i], cfg.num_heads, cfg.attn_scale,
-                                state.max_positions)
+                                state.max_positions, cfg.layer_windows[i])
         layer.o.add_into(a.reshape(x.shape[:-1] + (a.size,)), x)
         gated = nd.rmsnorm_matvec(x, None if folded else layer.mlp_norm,
                                   layer.gate_up.weight, eps, activation="swiglu")
@@ -221,10 +225,11 @@ class Transformer:
         if layer.q_norm is not None:
             qkv = self._qk_norm(qkv, layer)
         rope = self.rope.for_layer(i)
-        if self.fused[i]:
+        if self.fused_decode[i]:
             out = nd.attention_decode(qkv, rope.cos, rope.sin, state.position,
                                       cache.keys[i], cache.values[i], cfg.num_heads,
-                                      cfg.attn_scale, state.max_positions)
+                                      cfg.attn_scale, state.max_positions,
+                                      cfg.layer_windows[i])
         else:
             out = attention.decode(cfg, qkv, cache.keys[i], cache.values[i], rope, state,
                                    cfg.layer_windows[i])

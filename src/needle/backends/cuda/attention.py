@@ -205,12 +205,12 @@ class AttentionOps(NNOps):
     def _launch_decode(self, kern, threads: int, shared: int, splits: int, chunk: int, dt,
                        qkv, cos, sin, position, keys, values, out, q_heads: int,
                        kv_heads: int, head_dim: int, capacity: int, table_rows: int,
-                       scale: float) -> None:
+                       scale: float, window: int) -> None:
         """One launch of a one-kernel attention_decode (the ABI of docs/kernels.md's
         attention_decode_fused): groups (KV head, split), partials, one counter per KV
         head for the merging group."""
         part_o, part_ml, params = self._decode_launch_state(
-            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk, scale)
+            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk, scale, window)
         height = kern.cluster_height  # decode_tc on sm_90: clusters of a KV head's ranges
         self.queue.dispatch(kern, (kv_heads, cdiv(splits, height) * height, 1), (threads, 1, 1),
                             (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
@@ -219,7 +219,7 @@ class AttentionOps(NNOps):
 
     def attention_decode(self, qkv, cos, sin, position, keys, values, out, q_heads: int,
                          kv_heads: int, head_dim: int, capacity: int, table_rows: int,
-                         scale: float) -> None:
+                         scale: float, window: int = 0) -> None:
         """One launch. Flash decoding where it applies (tuning ``decode_attention``): the
         cache up to the position cut into at most 32 (or 64) ranges per KV head, 64-position
         tiles of keys and values staged in shared memory with an online softmax, the last
@@ -230,17 +230,18 @@ class AttentionOps(NNOps):
         chunk's keys and values (padded rows) and the merge weights in shared memory, and
         the last group of each KV head to finish merges."""
         self._attention_decode(capacity, qkv, cos, sin, position, keys, values, out, q_heads,
-                               kv_heads, head_dim, capacity, table_rows, scale)
+                               kv_heads, head_dim, capacity, table_rows, scale, window)
 
     def attention_decode_within(self, qkv, cos, sin, position, keys, values, out,
                                 q_heads: int, kv_heads: int, head_dim: int, capacity: int,
-                                table_rows: int, scale: float, max_positions: int) -> None:
+                                table_rows: int, scale: float, window: int,
+                                max_positions: int) -> None:
         """Capability ``decode_bands``: ``attention_decode`` with the kernel and its ranges
         chosen for a cache read up to ``max_positions``. Exact past it too: the kernels cut
         the positions up to the one on the device into their ranges, whatever the bound."""
         self._attention_decode(min(capacity, max(1, max_positions)), qkv, cos, sin, position,
                                keys, values, out, q_heads, kv_heads, head_dim, capacity,
-                               table_rows, scale)
+                               table_rows, scale, window)
 
     def attention_decode_bands(self, dtype: str, q_heads: int, kv_heads: int,
                                head_dim: int, capacity: int) -> tuple[int, ...]:
@@ -258,12 +259,15 @@ class AttentionOps(NNOps):
 
     def _attention_decode(self, span: int, qkv, cos, sin, position, keys, values, out,
                           q_heads: int, kv_heads: int, head_dim: int, capacity: int,
-                          table_rows: int, scale: float) -> None:
-        """attention_decode with the kernel chosen for a cache read up to ``span``."""
+                          table_rows: int, scale: float, window: int = 0) -> None:
+        """attention_decode with the kernel chosen for a cache read up to ``span`` (at most
+        ``window`` positions, where a sliding window is given)."""
         dt = self._need(qkv.dtype, ("float16", "bfloat16", "float32", "float64"),
                         "attention_decode")
         args = (dt, qkv, cos, sin, position, keys, values, out, q_heads, kv_heads, head_dim,
-                capacity, table_rows, scale)
+                capacity, table_rows, scale, window)
+        if window:
+            span = min(span, window)
         group, item = q_heads // kv_heads, ITEMSIZE[dt]
         plan = self._flash_plan(dt, q_heads, kv_heads, head_dim, span)
         if plan is not None and aligned16(keys.buffer) and aligned16(values.buffer):

@@ -235,7 +235,7 @@ def attention_backward_supported(dtype: str, head_dim: int, rows: tuple[int, ...
 
 def attention_decode(qkv: Array, cos: Array, sin: Array, position: Array, keys: Array,
                      values: Array, out: Array, q_heads: int, kv_heads: int, head_dim: int,
-                     capacity: int, table_rows: int, scale: float) -> None:
+                     capacity: int, table_rows: int, scale: float, window: int = 0) -> None:
     """One decode step of grouped-query attention at the position held in device memory.
 
     All arrays but ``position`` share one floating dtype; scores, softmax and the weighted
@@ -248,8 +248,9 @@ def attention_decode(qkv: Array, cos: Array, sin: Array, position: Array, keys: 
     1. RoPE (half-split, as ``rope``) of the queries and the key with row p of the tables,
        each rounded to the dtype of ``qkv`` (as the ``rope`` function's output is);
     2. the key and value stored at ``keys[h, p]`` and ``values[h, p]``, for every KV head h;
-    3. ``out`` (q_heads * head_dim, dtype of ``qkv``) = softmax(scale * q · keys[h, :p+1]ᵀ)
-       · values[h, :p+1] per query head, h = head // (q_heads // kv_heads).
+    3. ``out`` (q_heads * head_dim, dtype of ``qkv``) = softmax(scale * q · keys[h, lo:p+1]ᵀ)
+       · values[h, lo:p+1] per query head, h = head // (q_heads // kv_heads), where lo is 0,
+       or with a sliding ``window`` > 0, max(0, p - window + 1).
 
     Positions outside 0..min(capacity, table_rows)-1 write nothing to the cache and give NaN
     outputs (the kernels cannot raise; the caller checks positions on the host).
@@ -271,8 +272,9 @@ def attention_decode(qkv: Array, cos: Array, sin: Array, position: Array, keys: 
     kc[:, p] = k_new.astype(kc.dtype)
     vc[:, p] = v_new.astype(vc.dtype)
     group = q_heads // kv_heads
-    kk = np.repeat(_f(kc[:, :p + 1]), group, axis=0)  # (q_heads, p+1, d)
-    vv = np.repeat(_f(vc[:, :p + 1]), group, axis=0)
+    lo = max(0, p - window + 1) if window > 0 else 0
+    kk = np.repeat(_f(kc[:, lo:p + 1]), group, axis=0)  # (q_heads, p + 1 - lo, d)
+    vv = np.repeat(_f(vc[:, lo:p + 1]), group, axis=0)
     scores = np.einsum("hd,htd->ht", q, kk) * np.asarray(scale, q.dtype)
     e = np.exp(scores - scores.max(axis=1, keepdims=True))
     probs = e / e.sum(axis=1, keepdims=True)

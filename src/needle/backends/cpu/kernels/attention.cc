@@ -99,12 +99,13 @@ template <class S> void attention_kernel(const void* q, const void* k, const voi
 struct DecodeArgs {
   int64_t q_heads, kv_heads, head_dim, capacity, table_rows;
   double scale;
+  int64_t window;  // a sliding window (positions p - window + 1..p), 0: none
 };
 
 // One token's step (numpy_ref.attention_decode): rope the queries and the key with row p of
 // the tables (rounded to S), store key and value at row p of the caches, then attention of
-// every query head over rows 0..p of its KV head. A position outside the cache or the tables
-// writes nothing and gives NaN outputs.
+// every query head over rows lo..p of its KV head (lo: 0, or p - window + 1 with a sliding
+// window). A position outside the cache or the tables writes nothing and gives NaN outputs.
 template <class S> void attention_decode_kernel(const void* qkv_, const void* cos_,
                                                 const void* sin_, int32_t p, void* keys_,
                                                 void* values_, void* out_, const DecodeArgs& g) {
@@ -142,12 +143,13 @@ template <class S> void attention_decode_kernel(const void* qkv_, const void* co
   for (int64_t h = 0; h < g.kv_heads; ++h)
     std::memcpy(values + (h * g.capacity + p) * D, qkv + (heads + h) * D, (size_t)D * sizeof(S));
 
-  const int64_t n = (int64_t)p + 1, group = g.q_heads / g.kv_heads;
+  const int64_t lo = g.window > 0 && p >= g.window ? p - g.window + 1 : 0;
+  const int64_t n = (int64_t)p + 1 - lo, group = g.q_heads / g.kv_heads;
   const C scale = (C)g.scale;
   parallel_items(g.q_heads, n * D * 2, [&](int64_t h) {
     const C* qh = q.data() + h * D;
-    const S* kc = keys + h / group * g.capacity * D;
-    const S* vc = values + h / group * g.capacity * D;
+    const S* kc = keys + (h / group * g.capacity + lo) * D;  // rows lo.. of the KV head
+    const S* vc = values + (h / group * g.capacity + lo) * D;
     std::vector<C> s((size_t)n), o((size_t)D, C(0));
     for (int64_t j = 0; j < n; ++j)
       s[j] = lane_sum<C>(D, [&](int64_t d) { return qh[d] * load(kc[j * D + d]); }) * scale;
@@ -197,12 +199,12 @@ void attention(const Array& q, const Array& k, const Array& v, Array& out, int64
 void attention_decode(const Array& qkv, const Array& cos, const Array& sin,
                       const Array& position, Array& keys, Array& values, Array& out,
                       int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t capacity,
-                      int64_t table_rows, double scale) {
+                      int64_t table_rows, double scale, int64_t window) {
   const char* fn = "attention_decode";
   if (q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads || head_dim <= 0 || head_dim % 2 ||
-      capacity < 0 || table_rows < 0)
+      capacity < 0 || table_rows < 0 || window < 0)
     raise("ShapeError", "attention_decode: need kv_heads > 0 dividing q_heads > 0, an even "
-                        "head_dim > 0 and capacity, table_rows >= 0");
+                        "head_dim > 0 and capacity, table_rows, window >= 0");
   for (const Array* a : std::initializer_list<const Array*>{&cos, &sin, &keys, &values, &out})
     check_same_dtype(qkv, *a, fn);
   check_dtype(position, DType::i32, fn, "position");
@@ -214,7 +216,7 @@ void attention_decode(const Array& qkv, const Array& cos, const Array& sin,
   check_size(values, kv_heads * capacity * head_dim, fn, "values");
   check_size(out, q_heads * head_dim, fn, "out");
   const DecodeFn f = kAttentionDecode[qkv.dtype];
-  const DecodeArgs g{q_heads, kv_heads, head_dim, capacity, table_rows, scale};
+  const DecodeArgs g{q_heads, kv_heads, head_dim, capacity, table_rows, scale, window};
   const int32_t p = position.as<int32_t>()[0];
   without_gil([&] {
     f(qkv.data, cos.data, sin.data, p, keys.data, values.data, out.data, g);
@@ -227,8 +229,9 @@ void bind_attention(nb::module_& m) {
   m.def("attention_decode", &attention_decode, nb::arg("qkv"), nb::arg("cos"), nb::arg("sin"),
         nb::arg("position"), nb::arg("keys"), nb::arg("values"), nb::arg("out"),
         nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("capacity"),
-        nb::arg("table_rows"), nb::arg("scale"),
-        "one decode step: rope q and k at position[0], store k and v in the caches, attend");
+        nb::arg("table_rows"), nb::arg("scale"), nb::arg("window"),
+        "one decode step: rope q and k at position[0], store k and v in the caches, attend "
+        "(within the last `window` positions when window > 0)");
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("batch"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("q_len"),
         nb::arg("kv_len"), nb::arg("kv_capacity"), nb::arg("head_dim"), nb::arg("scale"),

@@ -33,7 +33,8 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
   const i64 pos = position[0];
   if (pos < 0 || pos >= p.capacity || pos >= p.table_rows) return;  // combine writes NaN
   const i64 h = blockIdx.x, s = blockIdx.y, start = s * p.chunk;
-  if (start > pos) return;
+  const i64 lo = window_start(pos, p.window);  // positions before lo score -inf
+  if (start > pos || start + p.chunk <= lo) return;
   const int D = (int)p.head_dim, half = D / 2, G = (int)(p.q_heads / p.kv_heads);
   const int n = (int)((start + p.chunk < pos + 1 ? start + p.chunk : pos + 1) - start);
   const bool holds = pos < start + p.chunk;  // row n - 1 is the new position
@@ -123,7 +124,7 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
     C acc = C(0);
 #pragma unroll 8
     for (int d = 0; d < D; d++) acc += qg[d] * (C)load(kr[d]);
-    S[g * chunk + t] = acc * scale;
+    S[g * chunk + t] = start + t < lo ? neg_inf<C>() : acc * scale;
   }
   __syncthreads();
   for (int g = warp; g < G; g += nt / 32) {  // a warp per head: max, exp, sum
@@ -175,13 +176,14 @@ __device__ __forceinline__ void fused(const T* __restrict__ qkv, const T* __rest
         out[h * G * D + idx] = store<T>(C(0) / C(0));
     return;
   }
-  if ((i64)blockIdx.y * p.chunk > pos) return;  // past the position: not counted
+  // chunks first..used-1 hold positions the step attends to: the others are not counted
+  const int first = (int)(window_start(pos, p.window) / p.chunk), used = (int)(pos / p.chunk + 1);
+  if ((int)blockIdx.y < first || (i64)blockIdx.y * p.chunk > pos) return;
   split<T, C>(qkv, cs, sn, position, keys, values, part_o, part_ml, p, smem_raw);
   __threadfence();
   __syncthreads();
   __shared__ bool last;
-  const int used = (int)(pos / p.chunk + 1);
-  if (threadIdx.x == 0) last = atomicAdd(counters + h, 1u) == (unsigned)(used - 1);
+  if (threadIdx.x == 0) last = atomicAdd(counters + h, 1u) == (unsigned)(used - first - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -193,17 +195,18 @@ __device__ __forceinline__ void fused(const T* __restrict__ qkv, const T* __rest
   for (int g = warp; g < G; g += blockDim.x / 32) {  // a warp per head: weights of the splits
     const C* ml = part_ml + (h * G + g) * p.splits * 2;
     C m = neg_inf<C>(), lsum = C(0);
-    if (used <= 32) {  // the common case: one (max, sum) pair per lane, loaded once
-      const C mi = lane < used ? __ldcg(ml + lane * 2) : neg_inf<C>();
-      const C li = lane < used ? __ldcg(ml + lane * 2 + 1) : C(0);
+    if (used - first <= 32) {  // the common case: one (max, sum) pair per lane, loaded once
+      const int s = first + lane;
+      const C mi = s < used ? __ldcg(ml + s * 2) : neg_inf<C>();
+      const C li = s < used ? __ldcg(ml + s * 2 + 1) : C(0);
       m = warp_max(nan_max(m, mi));
-      const C w = lane < used ? m_exp(mi - m) : C(0);
-      if (lane < used) W[g * p.splits + lane] = w;
+      const C w = s < used ? m_exp(mi - m) : C(0);
+      if (s < used) W[g * p.splits + s] = w;
       lsum = li * w;
     } else {
-      for (int s = lane; s < used; s += 32) m = nan_max(m, __ldcg(ml + s * 2));
+      for (int s = first + lane; s < used; s += 32) m = nan_max(m, __ldcg(ml + s * 2));
       m = warp_max(m);
-      for (int s = lane; s < used; s += 32) {
+      for (int s = first + lane; s < used; s += 32) {
         const C w = m_exp(__ldcg(ml + s * 2) - m);
         W[g * p.splits + s] = w;
         lsum += __ldcg(ml + s * 2 + 1) * w;
@@ -220,7 +223,7 @@ __device__ __forceinline__ void fused(const T* __restrict__ qkv, const T* __rest
     const C* wg = W + g * p.splits;
     C o = C(0);
 #pragma unroll 8  // eight partial rows in flight per thread
-    for (int s = 0; s < used; s++) o += __ldcg(po + (i64)s * D) * wg[s];
+    for (int s = first; s < used; s++) o += __ldcg(po + (i64)s * D) * wg[s];
     out[hq * D + j] = store<T>(o / L[g]);
   }
   if (threadIdx.x == 0) counters[h] = 0u;  // ready for the next launch

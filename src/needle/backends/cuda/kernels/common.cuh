@@ -200,8 +200,14 @@ __device__ __forceinline__ i64 grid_threads() { return (i64)gridDim.x * blockDim
 // flash-decoding kernel take the same ones
 struct DecodeParams {
   i64 q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
+  i64 window;  // a sliding window (positions p - window + 1..p), 0: none
   float scale, scale_lo;  // float64 kernels use scale + scale_lo
 };
+
+// the first position a decode step at pos attends to: 0, or the start of its sliding window
+__device__ __forceinline__ i64 window_start(i64 pos, i64 window) {
+  return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
 // the parameter list of the one-kernel attention_decode forms (decode.cu, decode_tc.cu)
 #define DECODE_ATTENTION_PARAMS(T)                                                             \
   const T *__restrict__ qkv, const T *__restrict__ cs, const T *__restrict__ sn,               \

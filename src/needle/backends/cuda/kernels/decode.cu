@@ -259,10 +259,12 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
       for (int d = lane; d < D; d += 32) out[hq * D + d] = store<T>(0.f / 0.f);
     return;
   }
-  const i64 n = pos + 1;
+  // positions lo..pos (lo: 0, or the start of a sliding window), n of them, in S ranges
+  const i64 lo = window_start(pos, p.window), n = pos + 1 - lo;
   const i64 S = decode_ranges(n, p.splits, NS);
   if (s >= S) return;
-  const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
+  const i64 per = (n + S - 1) / S, start = lo + s * per;
+  const i64 end = start + per < pos + 1 ? start + per : pos + 1;
   const i64 tiles = (end - start + TILE - 1) / TILE;
   // shared memory: NS stages of (key tile, value tile), per warp its query and the tile's
   // scores (float32), then the new key and value row

@@ -191,7 +191,8 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
       for (int i = tid; i < G * D; i += blockDim.x) out[h * G * D + i] = store<T>(0.f / 0.f);
     return;
   }
-  const i64 n = pos + 1;
+  // positions lo..pos (lo: 0, or the start of a sliding window), n of them
+  const i64 lo = window_start(pos, p.window), n = pos + 1 - lo;
   // ranges merged in a cluster cost a cluster barrier, not a chain of L2 round trips, so
   // there a range may be a single tile (a short cache's work spread over more groups)
   const i64 S = decode_ranges(n, p.splits, CL > 1 ? 1 : NS);
@@ -206,7 +207,8 @@ __device__ __forceinline__ void run(const T* __restrict__ qkv, const T* __restri
 #endif
     return;
   }
-  const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
+  const i64 per = (n + S - 1) / S, start = lo + s * per;
+  const i64 end = start + per < pos + 1 ? start + per : pos + 1;
   const int tiles = (int)((end - start + TILE - 1) / TILE);
   const u32 base = tc::smem_u32(smem);
   const T* kc = keys + h * p.capacity * D;

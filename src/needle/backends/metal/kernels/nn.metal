@@ -26,6 +26,7 @@ struct SwigluParams {
 };
 struct DecodeParams {
   long q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
+  long window;  // a sliding window (positions p - window + 1..p), 0: none
   float scale, scale_lo;  // scale = scale + scale_lo in double; float kernels use scale
 };
 
@@ -355,6 +356,11 @@ inline bool decode_position_ok(int pos, constant DecodeParams& p) {
   return pos >= 0 && long(pos) < lmin(p.capacity, p.table_rows);
 }
 
+// the first position the step at pos attends to: 0, or the start of its sliding window
+inline long decode_window_start(int pos, constant DecodeParams& p) {
+  return p.window > 0 && long(pos) >= p.window ? long(pos) - p.window + 1 : 0;
+}
+
 template <class T>
 kernel void attention_decode(device const T* qkv [[buffer(0)]], device const T* cs [[buffer(1)]],
                              device const T* sn [[buffer(2)]],
@@ -365,8 +371,9 @@ kernel void attention_decode(device const T* qkv [[buffer(0)]], device const T* 
                              threadgroup float* smem [[threadgroup(0)]], ROW_ARGS) {
   const int pos = position[0];
   const long kvh = group.x, split = group.y;
-  const long c0 = split * p.chunk;
-  if (!decode_position_ok(pos, p) || c0 > long(pos)) return;  // uniform over the group
+  const long c0 = split * p.chunk, lo = decode_window_start(pos, p);
+  // chunks past p or wholly before the window: nothing (uniform over the group)
+  if (!decode_position_ok(pos, p) || c0 > long(pos) || c0 + p.chunk <= lo) return;
   const int D = int(p.head_dim), H = D / 2, t = int(tid.x), lane = t % 32, sg = t / 32;
   const int grp = int(p.q_heads / p.kv_heads), chunk = int(p.chunk);
   const int n = int(lmin(long(pos) + 1 - c0, p.chunk));  // positions of this chunk in use
@@ -414,7 +421,7 @@ kernel void attention_decode(device const T* qkv [[buffer(0)]], device const T* 
         if (d < D) dot += Qs[g * D + d] * kv[e];
       }
       dot = simd_sum(dot);
-      if (lane == 0) Ps[g * chunk + j] = dot * p.scale;
+      if (lane == 0) Ps[g * chunk + j] = c0 + j < lo ? -INFINITY : dot * p.scale;
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -465,12 +472,12 @@ kernel void attention_decode_combine(device const int* position [[buffer(0)]],
     *o = store<T>(NAN);
     return;
   }
-  const long used = long(pos) / p.chunk + 1;
+  const long used = long(pos) / p.chunk + 1, first = decode_window_start(pos, p) / p.chunk;
   device const float* ml = part_ml + h * p.splits * 2;
   float mx = -INFINITY;
-  for (long s = 0; s < used; s++) mx = nan_max(mx, ml[s * 2]);
+  for (long s = first; s < used; s++) mx = nan_max(mx, ml[s * 2]);
   float acc = 0.0f, total = 0.0f;
-  for (long s = 0; s < used; s++) {
+  for (long s = first; s < used; s++) {
     const float w = exp(ml[s * 2] - mx);
     total += ml[s * 2 + 1] * w;
     acc += part_o[(h * p.splits + s) * p.head_dim + d] * w;
