@@ -4,8 +4,9 @@ The fused kernels (``nd.attention`` for a sequence, ``nd.attention_decode`` for 
 the latter within a sliding window too) compute plain causal attention. Layers whose scores
 are soft-capped (Gemma 2), and the prompt pass of layers whose sliding window is shorter
 than the KV cache (so that it can bind), take these paths instead: scores = Q Kᵀ · scale,
-cap · tanh(scores / cap), the causal-and-window mask, softmax, times V. They move the scores through memory (an S × S matrix for a prompt of S
-tokens), which is why layers that need neither use the fused kernels.
+cap · tanh(scores / cap), the causal-and-window mask, softmax, times V. They move the
+scores through memory (an S × S matrix for a prompt of S tokens), which is why layers that
+need neither use the fused kernels.
 
 The decode path keeps every shape fixed and reads the position only on the device, so a
 captured decode step replays it for any position, like the fused one.
