@@ -11,9 +11,9 @@ import pytest
 
 import needle.backend_ndarray as nd
 from needle.backends.api import has
-from needle.errors import DTypeError, ShapeError
+from needle.errors import ArgumentError, DTypeError, ShapeError
 
-from ..conftest import check_unsupported_dtype
+from ..conftest import assert_close, check_unsupported_dtype
 from .compare import FLOATS, LAYOUTS, compare, layout, on, random
 
 # --- take and scatter_add -----------------------------------------------------------------
@@ -277,14 +277,17 @@ def test_silu_mul_non_compact(device, rng):
 
 # --- attention ----------------------------------------------------------------------------
 
-def _attention(q, k, v, scale, causal, kv_len):
+def _attention(q, k, v, scale, causal, kv_len, window=None):
     group = q.shape[1] // k.shape[1]
     k = np.repeat(k[:, :, :kv_len], group, axis=1)
     v = np.repeat(v[:, :, :kv_len], group, axis=1)
     s = q @ k.swapaxes(-1, -2) * scale
     if causal:
         q_len = q.shape[2]
-        allowed = np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None] + (kv_len - q_len)
+        position = np.arange(q_len)[:, None] + (kv_len - q_len)
+        allowed = np.arange(kv_len)[None, :] <= position
+        if window:
+            allowed &= np.arange(kv_len)[None, :] > position - window
         s = np.where(allowed, s, -np.inf)
     return _softmax(s) @ v
 
@@ -316,6 +319,54 @@ def test_attention(device, dtype, case, rng):
                   expected=lambda qq, kk, vv: _attention(qq, kk, vv, scale, causal, kv_len),
                   kind="reduction")
     assert got.dtype == dtype and got.shape == q.shape
+
+
+# name: (batch, q_heads, kv_heads, q_len, kv_len, capacity, head_dim, window): prompts and
+# chunks continuing a cache, windows shorter than a tile (CUDA: 32 or 64 keys), spanning many,
+# and one group of rows across two heads; head sizes of CUDA's tensor-core kernel (64, 128)
+# and of the tiled kernel (256, 96, 16)
+WINDOW_CASES = {
+    "prefill_w3": (1, 4, 2, 20, 20, 20, 16, 3),
+    "gqa_prefill_w100_d64": (1, 8, 2, 300, 300, 300, 64, 100),
+    "gemma_prefill_w40_d256": (1, 4, 1, 130, 130, 140, 256, 40),
+    "chunk_w50_d128": (2, 8, 2, 70, 200, 210, 128, 50),
+    "heads_cross_w7_d96": (1, 6, 3, 45, 45, 45, 96, 7),
+    "chunk_w150_d64": (1, 16, 2, 128, 900, 1000, 64, 150),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_attention_sliding_window(device, dtype, case, rng):
+    """A causal window: the query at position i sees keys i - window + 1..i (a layer of
+    Mistral, Phi-3 or Gemma 3 over its prompt), heads-first and as token-major query rows."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    b, hq, hkv, sq, kv_len, cap, d, window = WINDOW_CASES[case]
+    q = random(rng, (b, hq, sq, d), dtype, -1, 1)
+    k, v = random(rng, (b, hkv, cap, d), dtype, -1, 1), random(rng, (b, hkv, cap, d), dtype, -1, 1)
+    scale = 1 / math.sqrt(d)
+    compare(device, lambda qq, kk, vv: nd.attention(qq, kk, vv, causal=True, kv_len=kv_len,
+                                                    window=window), [q, k, v],
+            expected=lambda qq, kk, vv: _attention(qq, kk, vv, scale, True, kv_len, window),
+            kind="reduction")
+    rows = on(device, np.ascontiguousarray(q.transpose(0, 2, 1, 3)))  # (b, s, hq, d) rows
+    got = nd.attention(rows.permute((0, 2, 1, 3)), on(device, k), on(device, v), causal=True,
+                       kv_len=kv_len, window=window)
+    wide = [np.asarray(t, np.float64) for t in (q, k, v)]
+    want = _attention(*wide, scale, True, kv_len, window)
+    assert_close(got, want, dtype, "reduction")
+
+
+def test_attention_window_errors(device, rng):
+    q = on(device, random(rng, (1, 2, 4, 8), "float32"))
+    for bad, causal in ((0, True), (-1, True), (2.0, True), (True, True), (3, False)):
+        with pytest.raises(ArgumentError, match="window"):
+            nd.attention(q, q, q, causal=causal, window=bad)
+    # a window at least as long as the keys binds nowhere
+    x = random(rng, (1, 2, 4, 8), "float32")
+    compare(device, lambda a: nd.attention(a, a, a, causal=True, window=4), [x],
+            expected=lambda a: _attention(a, a, a, 1 / math.sqrt(8), True, 4), kind="reduction")
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -125,20 +125,19 @@ def test_folded_norms_match_the_checkpoint_weights(checkpoints, device, name):
 @pytest.mark.parametrize("name", ["llama", "mistral_window", "gemma2"])
 def test_cache_rows_past_the_length_stay_zero(checkpoints, device, name):
     """A short prompt after a long sequence, and a rewound one, decode as in a fresh
-    decoder. Where a layer's decode step takes the composed attention (Gemma 2's soft-capped
-    scores; it adds into the rows past the length), a prefill zeroes only the rows a longer
-    earlier sequence left (no whole-cache clear) and rewinds zero what was written past
-    them, so rows past the length are always zero; a model whose decode steps are fused
-    skips that work (Mistral's window binds in the fused step), and one whose prompt pass
-    is fused too (Llama) pads its prompts on GPUs (captured prefills)."""
+    decoder. Where a layer takes the composed attention (Gemma 2's soft-capped scores; its
+    decode step adds into the rows past the length), a prefill zeroes only the rows a
+    longer earlier sequence left (no whole-cache clear) and rewinds zero what was written
+    past them, so rows past the length are always zero; a model of fused layers only
+    (Llama, and Mistral, whose window binds inside the fused kernels) skips that work, and
+    on GPUs pads its prompts (captured prefills)."""
     from needle.models.decoder import Decoder
 
     directory, _ = checkpoints(name)
     model = load_pretrained(directory, device=device, dtype="float32", max_seq_len=48)
     decoder = model.decoder()
-    composed = not model.transformer.all_fused_decode
+    composed = not model.transformer.all_fused
     assert composed == (name == "gemma2")
-    assert model.transformer.all_fused == (name == "llama")
 
     def zero_past(n: int) -> None:
         if not composed:

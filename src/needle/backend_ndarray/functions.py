@@ -12,6 +12,7 @@ import numpy as np
 
 from ..backends.api import has
 from ..errors import (
+    ArgumentError,
     DeviceError,
     DTypeError,
     ShapeError,
@@ -222,14 +223,24 @@ def attention_with_stats(q: NDArray, k: NDArray, v: NDArray, scale: float | None
 
 
 def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
-              causal: bool = False, kv_len: int | None = None) -> NDArray:
+              causal: bool = False, kv_len: int | None = None,
+              window: int | None = None) -> NDArray:
     """softmax(q kᵀ · scale) v with grouped-query heads.
 
     q is (batch, q_heads, q_len, head_dim); k and v are (batch, kv_heads, capacity,
     head_dim), of which the first ``kv_len`` positions (default: all) are attended to.
-    k and v may be views of a larger cache along the capacity axis.
+    k and v may be views of a larger cache along the capacity axis. ``window`` (a positive
+    int, with ``causal``): a sliding window, the query at position i seeing keys
+    i - window + 1..i only.
     """
     bsz, hq, sq, d, hkv, cap, kv_len = _attention_shapes(q, k, v, kv_len, causal)
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1 \
+                or not causal:
+            raise ArgumentError(f"attention: window must be a positive int, with causal=True; "
+                                f"got window={window!r}, causal={causal}")
+    # a window as long as the keys binds nowhere
+    window = 0 if window is None or window >= kv_len else int(window)
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
     kc, vc = k.astype(q.dtype).compact(), v.astype(q.dtype).compact()
     backend = q.device.backend
@@ -240,13 +251,14 @@ def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
         # neither needs a heads-first copy; the result is the heads-first view of it
         out = NDArray.make((bsz, sq, hq, d), device=q.device, dtype=q.dtype)
         backend.attention_token_major(q._handle, kc._handle, vc._handle, out._handle, bsz, hq,
-                                      hkv, sq, kv_len, cap, d, scale, bool(causal), q_row)
+                                      hkv, sq, kv_len, cap, d, scale, bool(causal), q_row,
+                                      window)
         return out.permute((0, 2, 1, 3))
     qc = q.compact()
     out = qc._empty_like()
     if out.size:
         backend.attention(qc._handle, kc._handle, vc._handle, out._handle, bsz, hq, hkv,
-                          sq, kv_len, cap, d, scale, bool(causal))
+                          sq, kv_len, cap, d, scale, bool(causal), window)
     return out
 
 

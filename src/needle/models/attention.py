@@ -1,9 +1,8 @@
 """Attention that the fused kernels do not cover, composed from array ops.
 
-The fused kernels (``nd.attention`` for a sequence, ``nd.attention_decode`` for one token,
-the latter within a sliding window too) compute plain causal attention. Layers whose scores
-are soft-capped (Gemma 2), and the prompt pass of layers whose sliding window is shorter
-than the KV cache (so that it can bind), take these paths instead: scores = Q Kᵀ · scale,
+The fused kernels (``nd.attention`` for a sequence, ``nd.attention_decode`` for one token)
+compute causal attention, within a sliding window where a layer has one. Layers whose
+scores are soft-capped (Gemma 2) take these paths instead: scores = Q Kᵀ · scale,
 cap · tanh(scores / cap), the causal-and-window mask, softmax, times V. They move the
 scores through memory (an S × S matrix for a prompt of S tokens), which is why layers that
 need neither use the fused kernels.
@@ -22,16 +21,10 @@ from .cache import DecodeState, RotaryTables
 from .config import ModelConfig
 
 
-def is_fused(cfg: ModelConfig, layer: int, max_seq_len: int) -> bool:
-    """Whether layer ``layer``'s prompt pass can use the fused kernel (``nd.attention``): no
-    soft-capping, and no window that a sequence of ``max_seq_len`` positions could outgrow."""
-    window = cfg.layer_windows[layer]
-    return cfg.attn_softcap is None and (window is None or window >= max_seq_len)
-
-
-def decode_is_fused(cfg: ModelConfig, layer: int) -> bool:
-    """Whether layer ``layer``'s decode step can use the fused kernel
-    (``nd.attention_decode``, which takes a sliding window): no soft-capping."""
+def is_fused(cfg: ModelConfig, layer: int) -> bool:
+    """Whether layer ``layer`` can use the fused kernels (``nd.attention``,
+    ``nd.attention_decode``, which take its sliding window if it has one): no
+    soft-capping."""
     return cfg.attn_softcap is None
 
 
@@ -43,9 +36,12 @@ def softcap(x: NDArray, cap: float | None) -> NDArray:
 
 
 def prefill(cfg: ModelConfig, q: NDArray, k: NDArray, v: NDArray, kv_len: int,
-            window: int | None) -> NDArray:
+            window: int | None, masks: dict | None = None) -> NDArray:
     """Causal attention of q (batch, q_heads, seq, d), the last ``seq`` of ``kv_len``
-    positions, over k and v (batch, kv_heads, capacity, d); returns q's shape."""
+    positions, over k and v (batch, kv_heads, capacity, d); returns q's shape. ``masks``:
+    a dict the caller keeps for one pass, where the layers that share a mask (Gemma 3's
+    sliding ones) find it on the device after the first made it (a mask is made on the
+    host: one upload a pass, not one a layer)."""
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     group = hq // hkv
@@ -53,7 +49,13 @@ def prefill(cfg: ModelConfig, q: NDArray, k: NDArray, v: NDArray, kv_len: int,
     grouped = q.compact().reshape((b, hkv, group * s, d))  # rows: (head in group, position)
     scores = (grouped @ k.swapaxes(2, 3)).astype("float32") * cfg.attn_scale
     scores = softcap(scores, cfg.attn_softcap)
-    scores = scores + nd.array(_mask(s, kv_len, group, window), device=q.device)
+    key = (s, kv_len, group, window)
+    mask = None if masks is None else masks.get(key)
+    if mask is None:
+        mask = nd.array(_mask(s, kv_len, group, window), device=q.device)
+        if masks is not None:
+            masks[key] = mask
+    scores = scores + mask
     probs = scores.softmax().astype(q.dtype)
     return (probs @ v).reshape((b, hq, s, d))
 

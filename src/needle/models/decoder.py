@@ -55,7 +55,7 @@ class Decoder:
         self._written = 0  # rows of the cache that may be nonzero: [0, _written)
         # rows past the length must be zero where a layer's composed attention adds into
         # them (KVCache); fused layers never read past a step's own position
-        self._zero_past_length = not model.transformer.all_fused_decode
+        self._zero_past_length = not model.transformer.all_fused
         self.length = 0
 
     @property

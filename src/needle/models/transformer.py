@@ -38,14 +38,10 @@ class Transformer:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, rope: RotaryTables,
                  max_seq_len: int):
         self.cfg, self.weights, self.rope, self.max_seq_len = cfg, weights, rope, max_seq_len
-        # per layer, whether its prompt pass / its decode step takes the fused attention
-        # kernel (a decode step's takes a sliding window; the prompt pass's does not yet)
-        self.fused = [attention.is_fused(cfg, i, max_seq_len) for i in range(cfg.num_layers)]
-        self.fused_decode = [attention.decode_is_fused(cfg, i) for i in range(cfg.num_layers)]
-        # no layer on the composed prompt path (which uploads its masks from the host) /
-        # decode path (which adds a step's key and value into zeroed cache rows)
+        self.fused = [attention.is_fused(cfg, i) for i in range(cfg.num_layers)]
+        # no layer on the composed attention path (which adds a step's key and value into
+        # zeroed cache rows, and uploads its masks from the host)
         self.all_fused = all(self.fused)
-        self.all_fused_decode = all(self.fused_decode)
         backend = weights.embed.device.backend
         self.packed_fused = has(backend, "fused_quant_matvec")
         # where a decode step keeps its residual stream: a fresh array (None), or one the
@@ -66,7 +62,7 @@ class Transformer:
         parallelism's all-reducing ones are not plain)."""
         choice = os.environ.get("NEEDLE_FUSED_DECODE", "auto")
         backend = self.weights.embed.device.backend
-        self.five_ops = [self.fused_decode[i] and _fusable(self.cfg, layer, self.packed_fused)
+        self.five_ops = [self.fused[i] and _fusable(self.cfg, layer, self.packed_fused)
                          and _fuse(choice, backend, layer)
                          for i, layer in enumerate(self.weights.layers)]
 
@@ -99,9 +95,10 @@ class Transformer:
         cfg, w = self.cfg, self.weights
         x = self._embed(ids)
         delta = None  # the previous block's output, added to x by the next norm
+        masks: dict = {}  # the composed layers' attention masks, made once a pass
         for i, layer in enumerate(w.layers):
             x, h = _add_norm(x, delta, layer.attn_norm, cfg)
-            a = self._attention(i, layer, h, cache)
+            a = self._attention(i, layer, h, cache, masks)
             if layer.post_attn_norm is not None:
                 a = a.rmsnorm(layer.post_attn_norm, cfg.rms_norm_eps)
             x, h = _add_norm(x, a, layer.mlp_norm, cfg)
@@ -117,8 +114,8 @@ class Transformer:
             delta = None if delta is None else delta[:, last, :]
         return self._logits(_add_norm(x, delta, w.final_norm, cfg)[1])
 
-    def _attention(self, i: int, layer: LayerWeights, h: NDArray,
-                   cache: KVCache | None) -> NDArray:
+    def _attention(self, i: int, layer: LayerWeights, h: NDArray, cache: KVCache | None,
+                   masks: dict) -> NDArray:
         """Self-attention of a sequence h (batch, seq, hidden) from position 0."""
         cfg = self.cfg
         b, s, _ = h.shape
@@ -135,9 +132,10 @@ class Transformer:
                 # no heads-first copies of k and v besides the ones the cache holds
                 k, v = cache.keys[i], cache.values[i]
         if self.fused[i]:
-            out = nd.attention(q, k, v, scale=cfg.attn_scale, causal=True, kv_len=s)
+            out = nd.attention(q, k, v, scale=cfg.attn_scale, causal=True, kv_len=s,
+                               window=cfg.layer_windows[i])
         else:
-            out = attention.prefill(cfg, q, k, v, s, cfg.layer_windows[i])
+            out = attention.prefill(cfg, q, k, v, s, cfg.layer_windows[i], masks)
         return layer.o(out.permute(heads_first).reshape((b, s, hq * d)))
 
     def _roped_heads(self, layer: LayerWeights, qkv: NDArray, cos: NDArray,
@@ -164,7 +162,7 @@ class Transformer:
         """Where the fused decode attention over ``cache`` changes kernel
         (``nd.attention_decode_bands``; every fused layer's cache has one shape):
         ``(capacity,)`` when no layer is fused."""
-        first = next((i for i, f in enumerate(self.fused_decode) if f), None)
+        first = next((i for i, f in enumerate(self.fused) if f), None)
         if first is None:
             return (cache.capacity,)
         return nd.attention_decode_bands(cache.keys[first], self.cfg.num_heads)
@@ -225,7 +223,7 @@ class Transformer:
         if layer.q_norm is not None:
             qkv = self._qk_norm(qkv, layer)
         rope = self.rope.for_layer(i)
-        if self.fused_decode[i]:
+        if self.fused[i]:
             out = nd.attention_decode(qkv, rope.cos, rope.sin, state.position,
                                       cache.keys[i], cache.values[i], cfg.num_heads,
                                       cfg.attn_scale, state.max_positions,

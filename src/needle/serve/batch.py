@@ -48,10 +48,12 @@ class StepBatch:
 
 
 def check_supported(model) -> None:
-    """UnsupportedModelError unless every layer can use the fused (plain causal) path."""
-    tr = model.transformer
-    if not all(tr.fused):
-        bad = [i for i, f in enumerate(tr.fused) if not f]
+    """UnsupportedModelError unless every layer can use the fused path without a window
+    (the paged kernels take none yet): no soft-capping, no window shorter than the cache."""
+    tr, cfg = model.transformer, model.config
+    bad = [i for i, (fused, window) in enumerate(zip(tr.fused, cfg.layer_windows))
+           if not fused or (window is not None and window < tr.max_seq_len)]
+    if bad:
         raise UnsupportedModelError(
             f"layers {bad} of this {model.config.arch.family} model use soft-capped attention "
             "or a sliding window shorter than max_seq_len, which the paged engine does not run "

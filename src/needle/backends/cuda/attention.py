@@ -27,28 +27,31 @@ _DECODE_CLUSTER = 8  # decode_tc.cu's dtc::CLUSTER: the most ranges its ...c ker
 
 
 def _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale,
-                 causal) -> bytes:
+                 causal, window: int = 0) -> bytes:
     """attention.cuh's AttnParams of a one-pass kernel (splits 1, one chunk of kv_len), the
     scale as float32 hi + lo."""
     hi, lo = split_scale(scale)
     return ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, 1, kv_len,
-                     hi, int(bool(causal)), lo)
+                     hi, int(bool(causal)), window, lo)
 
 
 class AttentionOps(NNOps):
     def _attention_special(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
-                           kv_capacity, head_dim, scale, causal) -> bool:
+                           kv_capacity, head_dim, scale, causal, window) -> bool:
         heads_first = (q_heads * q_len * head_dim, q_len * head_dim, head_dim)
-        shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal)
+        shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal,
+                 window)
         return (self._attention_tc(q, k, v, out, *shape, heads_first, heads_first)
                 or self._attention_simt(q, k, v, out, *shape, heads_first, heads_first))
 
     def attention_token_major(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
-                              kv_capacity, head_dim, scale, causal, q_row) -> None:
+                              kv_capacity, head_dim, scale, causal, q_row,
+                              window: int = 0) -> None:
         """numpy_ref.attention_token_major: the tensor-core kernel reads and writes the
         token-major rows directly; other shapes and dtypes go through heads-first copies
         and the other kernels."""
-        shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal)
+        shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal,
+                 window)
         rows = ((q_len * q_row, head_dim, q_row),
                 (q_len * q_heads * head_dim, head_dim, q_heads * head_dim))
         if (self._attention_tc(q, k, v, out, *shape, *rows)
@@ -59,17 +62,19 @@ class AttentionOps(NNOps):
         self.compact(q, qh, shape, (q_len * q_row, head_dim, q_row, 1), 0)
         oh = self._new_array(out.size, out.dtype)
         self.attention(qh, k, v, oh, batch, q_heads, kv_heads, q_len, kv_len, kv_capacity,
-                       head_dim, scale, causal)
+                       head_dim, scale, causal, window)
         self.compact(oh, out, (batch, q_len, q_heads, head_dim),
                      (q_heads * q_len * head_dim, head_dim, q_len * head_dim, 1), 0)
 
     def _attention_simt(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
-                        kv_capacity, head_dim, scale, causal, q_rows, out_rows) -> bool:
+                        kv_capacity, head_dim, scale, causal, window, q_rows,
+                        out_rows) -> bool:
         """Prefill- and training-sized float32 attention with head_dim 64 as tiled products
         (attention_simt.cu: 64 query rows x 64-key tiles a group of 256 threads); q's and
         out's rows where ``q_rows`` and ``out_rows`` say, as for _attention_tc. False where
         the kernel does not apply (nn.cu's attention_f32 then runs)."""
         if not (self.tuning.attention_simt and q.dtype == "float32" and head_dim == 64
+                and not window  # its tiles take no sliding window: nn.cu's kernel does
                 and q_heads // kv_heads * q_len >= 64 and kv_len >= 1
                 and all(s % 4 == 0 for s in q_rows + out_rows)  # 16-byte rows
                 and all(aligned16(x.buffer) for x in (q, k, v, out))):
@@ -141,7 +146,7 @@ class AttentionOps(NNOps):
             self._reduce("sum", slabs, dq, 1, blocks, dq.size)
 
     def _attention_tc(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
-                      kv_capacity, head_dim, scale, causal, q_rows, out_rows) -> bool:
+                      kv_capacity, head_dim, scale, causal, window, q_rows, out_rows) -> bool:
         """Prefill-sized attention on tensor cores (mma.sync): groups of 64 query rows,
         K/V in 64-key tiles through two shared-memory stages, P kept in registers; q's and
         out's rows where ``q_rows`` and ``out_rows`` (batch, head, position strides in
@@ -157,12 +162,12 @@ class AttentionOps(NNOps):
                    out.buffer, out.buffer)  # part_o, part_ml: nn.cu's slots, unused here
         self._launch_row_attention(kern, 128, shared, buffers, batch, q_heads, kv_heads, q_len,
                                    kv_len, kv_capacity, head_dim, scale, causal, q_rows,
-                                   out_rows)
+                                   out_rows, window=window)
         return True
 
     def _launch_row_attention(self, kern, threads: int, shared: int, buffers, batch, q_heads,
                               kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal,
-                              q_rows, out_rows, kv_rows=None) -> None:
+                              q_rows, out_rows, kv_rows=None, window: int = 0) -> None:
         """One launch of a 64-query-row attention kernel (tensor-core or float32 tiles):
         groups (64 rows of a KV head's queries, batch x KV heads), AttnParams, then AttnRows
         (and KVRows, where given) by value."""
@@ -172,7 +177,7 @@ class AttentionOps(NNOps):
             raise ShapeError(f"attention over {gy} (batch x kv heads) exceeds the GPU grid")
         kern.reserve_shared(shared)
         params = _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
-                              scale, causal)
+                              scale, causal, window)
         raw = (_ATTN_ROWS.pack(*q_rows, *out_rows),)
         if kv_rows is not None:  # attention_simt.cu's KVRows
             raw += (_ATTN_ROWS.pack(*kv_rows),)

@@ -47,7 +47,7 @@ MATMUL = struct.Struct("10q")
 ROW = struct.Struct("qq")
 NORM = {dt: padded("qq" + _SCALAR[dt]) for dt in FLOATS}
 ROPE = struct.Struct("4q")
-ATTN = padded("9qfif")
+ATTN = padded("9qfiif")  # AttnParams: sizes, splits, chunk, scale, causal, window, scale_lo
 DECODE = padded("8qff")  # attention_decode: heads, kv heads, head dim, capacity, table rows,
 #                          splits, chunk, window (0: none), scale (hi + lo: Metal has no double)
 FUSED_GEMV = padded("3qfi")  # decode.cu's FusedGemvParams: k, p, rows per warp, eps, flags

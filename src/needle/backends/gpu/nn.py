@@ -80,12 +80,13 @@ class NNOps(GpuBase):
     # --- attention -------------------------------------------------------------------------
     def attention(self, q: GpuArray, k: GpuArray, v: GpuArray, out: GpuArray, batch: int,
                   q_heads: int, kv_heads: int, q_len: int, kv_len: int, kv_capacity: int,
-                  head_dim: int, scale: float, causal: bool) -> None:
+                  head_dim: int, scale: float, causal: bool, window: int = 0) -> None:
         """Scaled dot-product attention with grouped-query heads (see numpy_ref.attention)."""
         dt = self._need(q.dtype, FLOATS, "attention")
         if head_dim > 256:
             raise ShapeError(f"attention on the GPU supports head_dim <= 256, got {head_dim}")
-        shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal)
+        shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal,
+                 window)
         if self._attention_special(q, k, v, out, *shape):
             return
         group = q_heads // kv_heads
@@ -113,7 +114,7 @@ class NNOps(GpuBase):
             part_ml = self._workspace(rows_out * splits * 2 * 4)
         hi, lo = split_scale(scale)
         params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
-                           splits, chunk, hi, int(bool(causal)), lo)
+                           splits, chunk, hi, int(bool(causal)), window, lo)
         self.queue.dispatch(kern, (gx, gy, splits), (32, 8, 1),
                             (q.buffer, k.buffer, v.buffer, out.buffer, part_o, part_ml),
                             params, shared)
@@ -123,12 +124,12 @@ class NNOps(GpuBase):
                                 (part_o, part_ml, out.buffer), params)
 
     def _attention_special(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
-                           kv_capacity, head_dim, scale, causal) -> bool:
+                           kv_capacity, head_dim, scale, causal, window) -> bool:
         """A device's own attention kernel for the shapes it suits; True when one ran."""
         return False
 
     def _attention_composed(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
-                            kv_capacity, head_dim, scale, causal) -> None:
+                            kv_capacity, head_dim, scale, causal, window) -> None:
         """Attention from existing kernels, one KV head at a time: scores = Q Kᵀ · scale
         (+ a causal mask of -inf), softmax, then P V. For head sizes whose fused kernel
         does not fit in the device's group memory; it moves the scores through memory."""
@@ -143,8 +144,10 @@ class NNOps(GpuBase):
         mask = None
         if causal:
             i = np.arange(rows)[:, None] % q_len + (kv_len - q_len)
+            key = np.arange(kv_len)[None, :]
+            seen = (key <= i) & (key > i - window) if window else key <= i
             mask = self._new_array(rows * kv_len, dt)
-            self.from_numpy(np.where(np.arange(kv_len)[None, :] <= i, 0.0, -np.inf), mask)
+            self.from_numpy(np.where(seen, 0.0, -np.inf), mask)
         for slot in range(batch * kv_heads):  # slot = b * kv_heads + kv head
             qs = part(q, slot * rows * head_dim, rows * head_dim)
             ks = part(k, slot * kv_capacity * head_dim, kv_len * head_dim)

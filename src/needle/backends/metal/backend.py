@@ -75,11 +75,11 @@ class MetalBackend(GpuBackend):
         return True
 
     def _attention_special(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
-                           kv_capacity, head_dim, scale, causal) -> bool:
+                           kv_capacity, head_dim, scale, causal, window) -> bool:
         fused = self._kernel("nn", f"attention_{SUFFIX[q.dtype]}")
         if fused.max_threads >= 256:
             return False
         # composed from matmul and softmax, which fit any pipeline limit
         self._attention_composed(q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
-                                 kv_capacity, head_dim, scale, causal)
+                                 kv_capacity, head_dim, scale, causal, window)
         return True

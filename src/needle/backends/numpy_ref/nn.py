@@ -104,21 +104,24 @@ def matmul_swiglu(a: Array, w: Array, out: Array, m: int, n: int, p: int) -> Non
 
 def attention(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,
               kv_heads: int, q_len: int, kv_len: int, kv_capacity: int, head_dim: int,
-              scale: float, causal: bool) -> None:
+              scale: float, causal: bool, window: int = 0) -> None:
     """Scaled dot-product attention with grouped-query heads.
 
     q and out are (batch, q_heads, q_len, head_dim); k and v are (batch, kv_heads,
     kv_capacity, head_dim) of which the first kv_len positions are used (a KV cache).
     Query head h reads KV head h // (q_heads // kv_heads). With ``causal``, query i sits at
-    position kv_len - q_len + i and sees keys j <= that position.
+    position kv_len - q_len + i and sees keys j <= that position; with a sliding ``window``
+    > 0 also only keys j > that position - window.
     """
     qq = _f(q.array).reshape(batch, q_heads, q_len, head_dim)
-    _store(out, _attend(qq, k, v, kv_heads, kv_len, kv_capacity, scale, causal).reshape(-1))
+    _store(out, _attend(qq, k, v, kv_heads, kv_len, kv_capacity, scale, causal,
+                        window).reshape(-1))
 
 
 def attention_token_major(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,
                           kv_heads: int, q_len: int, kv_len: int, kv_capacity: int,
-                          head_dim: int, scale: float, causal: bool, q_row: int) -> None:
+                          head_dim: int, scale: float, causal: bool, q_row: int,
+                          window: int = 0) -> None:
     """``attention`` with q and out in token-major rows (capability
     ``token_major_attention``): query head h of position i in batch b starts at element
     (b * q_len + i) * q_row + h * head_dim of q (q_row >= q_heads * head_dim: the rows of a
@@ -126,12 +129,13 @@ def attention_token_major(q: Array, k: Array, v: Array, out: Array, batch: int, 
     head_dim). A prefill then needs no heads-first copies of q and of the output."""
     rows = _f(q.array)[:batch * q_len * q_row].reshape(batch, q_len, q_row)
     qq = rows[:, :, :q_heads * head_dim].reshape(batch, q_len, q_heads, head_dim)
-    o = _attend(qq.transpose(0, 2, 1, 3), k, v, kv_heads, kv_len, kv_capacity, scale, causal)
+    o = _attend(qq.transpose(0, 2, 1, 3), k, v, kv_heads, kv_len, kv_capacity, scale, causal,
+                window)
     _store(out, o.transpose(0, 2, 1, 3).reshape(-1))
 
 
 def _attend(qq: np.ndarray, k: Array, v: Array, kv_heads: int, kv_len: int, kv_capacity: int,
-            scale: float, causal: bool) -> np.ndarray:
+            scale: float, causal: bool, window: int = 0) -> np.ndarray:
     """softmax(q kᵀ · scale) v for qq (batch, q_heads, q_len, head_dim) in compute dtype."""
     batch, q_heads, _, head_dim = qq.shape
     group = q_heads // kv_heads
@@ -139,17 +143,23 @@ def _attend(qq: np.ndarray, k: Array, v: Array, kv_heads: int, kv_len: int, kv_c
     vv = _f(v.array).reshape(batch, kv_heads, kv_capacity, head_dim)[:, :, :kv_len]
     kk = np.repeat(kk, group, axis=1)
     vv = np.repeat(vv, group, axis=1)
-    return np.matmul(_softmax_last(_scores(qq, kk, scale, causal)), vv)
+    return np.matmul(_softmax_last(_scores(qq, kk, scale, causal, window)), vv)
 
 
-def _scores(qq: np.ndarray, kk: np.ndarray, scale: float, causal: bool) -> np.ndarray:
+def _scores(qq: np.ndarray, kk: np.ndarray, scale: float, causal: bool,
+            window: int = 0) -> np.ndarray:
     """scale q kᵀ for qq (batch, heads, q_len, d) and kk repeated to the same heads; with
-    ``causal`` the keys past each query's position (kv_len - q_len + i) score -inf."""
+    ``causal`` the keys past each query's position (kv_len - q_len + i) score -inf, and with
+    a ``window`` > 0 those at or before that position - window too."""
     q_len, kv_len = qq.shape[2], kk.shape[2]
     s = np.matmul(qq, kk.transpose(0, 1, 3, 2)) * np.asarray(scale, qq.dtype)
     if causal:
         qpos = np.arange(q_len)[:, None] + (kv_len - q_len)
-        s = np.where(np.arange(kv_len)[None, :] <= qpos, s, -np.inf)
+        key = np.arange(kv_len)[None, :]
+        seen = key <= qpos
+        if window > 0:
+            seen &= key > qpos - window
+        s = np.where(seen, s, -np.inf)
     return s
 
 

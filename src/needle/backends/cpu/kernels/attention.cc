@@ -19,11 +19,13 @@ struct AttentionArgs {
   int64_t batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim;
   double scale;
   bool causal;
+  int64_t window;  // with causal: a sliding window (keys position - window + 1..position), 0: none
 };
 
 // One work item: query rows [i0, i0 + qb) of head (b, h). Scores and outputs go through the
 // blocked GEMM (a tile of queries against all visible keys), so prefill runs at matmul speed;
-// causal blocks stop at their last visible key.
+// causal blocks stop at their last visible key, and with a sliding window start at the first
+// key their earliest row sees (key0; each row's softmax then spans its own window).
 template <class S> void attention_block(const S* q, const S* k, const S* v, S* out,
                                         const AttentionArgs& g, int64_t bh, int64_t i0,
                                         int64_t qb) {
@@ -31,10 +33,13 @@ template <class S> void attention_block(const S* q, const S* k, const S* v, S* o
   const int64_t D = g.head_dim, b = bh / g.q_heads, h = bh % g.q_heads;
   const int64_t kvh = h / (g.q_heads / g.kv_heads);
   const int64_t shift = g.kv_len - g.q_len;  // query i sits at position shift + i
-  const int64_t visible = g.causal ? std::min(g.kv_len, shift + i0 + qb) : g.kv_len;
+  const bool windowed = g.causal && g.window > 0;
+  const int64_t key0 = windowed ? std::max<int64_t>(0, shift + i0 - g.window + 1) : 0;
+  // keys key0 .. key0 + visible - 1, the block's
+  const int64_t visible = (g.causal ? std::min(g.kv_len, shift + i0 + qb) : g.kv_len) - key0;
   const S* qs = q + (bh * g.q_len + i0) * D;
-  const S* ks = k + (b * g.kv_heads + kvh) * g.kv_capacity * D;
-  const S* vs = v + (b * g.kv_heads + kvh) * g.kv_capacity * D;
+  const S* ks = k + ((b * g.kv_heads + kvh) * g.kv_capacity + key0) * D;
+  const S* vs = v + ((b * g.kv_heads + kvh) * g.kv_capacity + key0) * D;
   S* os = out + (bh * g.q_len + i0) * D;
 
   // fp16/bf16 inputs are widened once per block so the GEMM sees compute-type matrices.
@@ -64,10 +69,13 @@ template <class S> void attention_block(const S* q, const S* k, const S* v, S* o
   }
   for (int64_t i = 0; i < qb; ++i) {
     C* s = scores.data() + i * visible;
-    const int64_t n = g.causal ? std::min(visible, shift + i0 + i + 1) : visible;
+    // the row's keys: [lo, n) of the block's
+    const int64_t n = g.causal ? std::min(visible, shift + i0 + i + 1 - key0) : visible;
+    const int64_t lo = windowed ? std::max<int64_t>(0, shift + i0 + i - g.window + 1 - key0) : 0;
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) s[j] *= scale;
-    softmax_row(s, n);
+    for (int64_t j = lo; j < n; ++j) s[j] *= scale;
+    softmax_row(s + lo, n - lo);
+    for (int64_t j = 0; j < lo; ++j) s[j] = 0;
     for (int64_t j = n; j < visible; ++j) s[j] = 0;
   }
   if (qb == 1) {
@@ -177,13 +185,15 @@ const KernelTable<DecodeFn> kAttentionDecode =
 
 void attention(const Array& q, const Array& k, const Array& v, Array& out, int64_t batch,
                int64_t q_heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
-               int64_t kv_capacity, int64_t head_dim, double scale, bool causal) {
+               int64_t kv_capacity, int64_t head_dim, double scale, bool causal,
+               int64_t window) {
   const AttentionArgs g{batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
-                        scale, causal};
+                        scale, causal, window};
   if (batch < 0 || q_len < 0 || head_dim < 0 || q_heads < 0 || kv_heads <= 0 ||
-      q_heads % kv_heads || kv_len < 1 || kv_len > kv_capacity || (causal && kv_len < q_len))
+      q_heads % kv_heads || kv_len < 1 || kv_len > kv_capacity || (causal && kv_len < q_len) ||
+      window < 0)
     raise("ShapeError", "attention: need kv_heads > 0 dividing q_heads, 1 <= kv_len <= "
-                        "kv_capacity, and kv_len >= q_len when causal");
+                        "kv_capacity, kv_len >= q_len when causal, and window >= 0");
   check_same_dtype(q, k, "attention");
   check_same_dtype(q, v, "attention");
   check_same_dtype(q, out, "attention");
@@ -235,7 +245,7 @@ void bind_attention(nb::module_& m) {
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("batch"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("q_len"),
         nb::arg("kv_len"), nb::arg("kv_capacity"), nb::arg("head_dim"), nb::arg("scale"),
-        nb::arg("causal"));
+        nb::arg("causal"), nb::arg("window") = 0);
 }
 
 }  // namespace needle

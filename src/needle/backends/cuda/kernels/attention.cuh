@@ -6,8 +6,18 @@ struct AttnParams {
   i64 batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, splits, chunk;
   float scale;
   int causal;
+  int window;      // with causal: a sliding window (keys position - window + 1..position)
   float scale_lo;  // scale - (float)scale: float64 kernels use scale + scale_lo
 };
+
+// The first key a group of query rows r0..last (of q_len positions a head) may see: 0, or
+// with a sliding window the earliest row's first key
+__device__ __forceinline__ i64 attn_first_key(const AttnParams& p, i64 r0, i64 last) {
+  if (!p.causal || p.window <= 0) return 0;
+  const i64 min_pos = (r0 / p.q_len != last / p.q_len) ? 0 : r0 % p.q_len;
+  const i64 first = p.kv_len - p.q_len + min_pos - p.window + 1;
+  return first > 0 ? first : 0;
+}
 
 // Where q's and out's rows live (a by-value argument after the params): query head h of
 // position i in batch b at q + b * q_batch + h * q_head + i * q_pos, the same for out.

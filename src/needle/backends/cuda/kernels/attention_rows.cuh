@@ -41,15 +41,16 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
 
   const i64 last = (r0 + ROWS - 1 < rows_total ? r0 + ROWS - 1 : rows_total - 1);
   const i64 max_pos = (r0 / p.q_len != last / p.q_len) ? p.q_len - 1 : last % p.q_len;
-  const i64 k_begin = split * p.chunk;
-  i64 k_end = k_begin + p.chunk < p.kv_len ? k_begin + p.chunk : p.kv_len;
+  const i64 k_first = attn_first_key(p, r0, last);  // a sliding window's earliest key
+  const i64 k_begin = split * p.chunk > k_first ? split * p.chunk : k_first;
+  i64 k_end = split * p.chunk + p.chunk < p.kv_len ? split * p.chunk + p.chunk : p.kv_len;
   if (p.causal) {
     const i64 lim = p.kv_len - p.q_len + max_pos + 1;
     k_end = k_end < lim ? k_end : lim;
   }
 
   C m[RPW], l[RPW], o[RPW][DPL];
-  i64 limit[RPW];
+  i64 limit[RPW], first[RPW];
 #pragma unroll
   for (int i = 0; i < RPW; i++) {
     m[i] = neg_inf<C>();
@@ -58,6 +59,7 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
     for (int c = 0; c < DPL; c++) o[i][c] = C(0);
     const i64 row = r0 + warp * RPW + i;
     limit[i] = p.causal ? p.kv_len - p.q_len + row % p.q_len : p.kv_len - 1;
+    first[i] = p.causal && p.window > 0 ? limit[i] - p.window + 1 : 0;
   }
 
   const T* kbase = k + (b * p.kv_heads + kvh) * p.kv_capacity * D;
@@ -91,7 +93,7 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
       pj[i] = C(0);
       live[i] = r0 + warp * RPW + i < rows_total;
       if (!live[i]) continue;
-      if (key >= k_end || key > limit[i]) s[i] = neg_inf<C>();
+      if (key >= k_end || key > limit[i] || key < first[i]) s[i] = neg_inf<C>();
       const C mt = warp_max(s[i]);
       const C mn = m[i] > mt ? m[i] : mt;
       live[i] = mn != neg_inf<C>();  // nothing visible yet: the row's state stays

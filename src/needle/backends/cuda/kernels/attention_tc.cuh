@@ -49,6 +49,7 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
     k_end = k_end < lim ? k_end : lim;
   }
   const int tiles = (int)((k_end + BC - 1) / BC);
+  const int tile0 = (int)(attn_first_key(p, r0, last) / BC);  // a sliding window's first tile
 
 #pragma unroll
   for (int i = 0; i < BR * CH / THREADS; i++) {
@@ -76,18 +77,21 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
       tc::cp_async16(vs + swz<D>(j, ch), vbase + off, ok ? 16 : 0);
     }
   };
-  load_kv(0, 0);
+  if (tile0 < tiles) load_kv(0, tile0);
   tc::cp_commit();  // group 0: Q and the first K/V tile
 
   // the last key each of this thread's two rows (g, g + 8 of the warp's 16) may see
-  i64 lim[2];
+  // (and with a sliding window the first)
+  i64 lim[2], lo[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const i64 row = r0 + warp * 16 + g + 8 * h;
     lim[h] = kv_len - 1;
     if (p.causal && row < rows_total) lim[h] = kv_len - p.q_len + row % p.q_len;
+    lo[h] = p.causal && p.window > 0 ? lim[h] - p.window + 1 : 0;
   }
   const i64 lim_min = lim[0] < lim[1] ? lim[0] : lim[1];
+  const i64 lo_max = lo[0] > lo[1] ? lo[0] : lo[1];
   const float sl2 = p.scale * 1.4426950408889634f;  // scores in base-2 exponent units
 
   u32 qf[KD][4];
@@ -102,17 +106,18 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
     l[h] = 0.f;
   }
 
-  for (int it = 0; it < tiles; it++) {
-    if (it + 1 < tiles) load_kv((it + 1) & 1, it + 1);
+  for (int it = tile0; it < tiles; it++) {
+    const int stage = (it - tile0) & 1;
+    if (it + 1 < tiles) load_kv(stage ^ 1, it + 1);
     tc::cp_commit();
     tc::cp_wait<1>();  // all but the newest group: Q and tile `it` have landed
     __syncthreads();
-    if (it == 0) {
+    if (it == tile0) {
 #pragma unroll
       for (int kd = 0; kd < KD; kd++)
         tc::ldsm_x4(sq + swz<D>(warp * 16 + (lane & 15), kd * 2 + (lane >> 4)), qf[kd]);
     }
-    const u32 ks = sk + (it & 1) * KV_BYTES, vs = sv + (it & 1) * KV_BYTES;
+    const u32 ks = sk + stage * KV_BYTES, vs = sv + stage * KV_BYTES;
 
     float s[NS][4];
 #pragma unroll
@@ -133,13 +138,14 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
     }
 
     const i64 k0 = (i64)it * BC;
-    const bool edge = k0 + BC - 1 > lim_min;
+    const bool edge = k0 + BC - 1 > lim_min || k0 < lo_max;
 #pragma unroll
     for (int j = 0; j < NS; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         s[j][e] *= sl2;
-        if (edge && k0 + j * 8 + t4 * 2 + (e & 1) > lim[e >> 1]) s[j][e] = neg_inf<float>();
+        const i64 key = k0 + j * 8 + t4 * 2 + (e & 1);
+        if (edge && (key > lim[e >> 1] || key < lo[e >> 1])) s[j][e] = neg_inf<float>();
       }
 
 #pragma unroll

@@ -19,6 +19,7 @@ struct AttnParams {
   long batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, splits, chunk;
   float scale;
   int causal;
+  int window;  // with causal: a sliding window (keys position - window + 1..position), 0: none
 };
 
 struct SwigluParams {
@@ -233,18 +234,24 @@ kernel void attention(device const T* q [[buffer(0)]], device const T* k [[buffe
 
   const long last = lmin(r0 + ROWS - 1, rows_total - 1);
   const long max_pos = (r0 / p.q_len != last / p.q_len) ? p.q_len - 1 : last % p.q_len;
-  const long k_begin = split * p.chunk;
+  long k_begin = split * p.chunk;
   long k_end = lmin(k_begin + p.chunk, p.kv_len);
   if (p.causal) k_end = lmin(k_end, p.kv_len - p.q_len + max_pos + 1);
+  if (p.causal && p.window > 0) {  // no key before the group's earliest window
+    const long min_pos = (r0 / p.q_len != last / p.q_len) ? 0 : r0 % p.q_len;
+    const long lo = p.kv_len - p.q_len + min_pos - long(p.window) + 1;
+    k_begin = lo > k_begin ? lo : k_begin;
+  }
 
   float m[RPW], l[RPW], o[RPW][DPL];
-  long limit[RPW];
+  long limit[RPW], first[RPW];
   for (int i = 0; i < RPW; i++) {
     m[i] = -INFINITY;
     l[i] = 0.0f;
     for (int c = 0; c < DPL; c++) o[i][c] = 0.0f;
     const long row = r0 + sg * RPW + i;
     limit[i] = p.causal ? p.kv_len - p.q_len + row % p.q_len : p.kv_len - 1;
+    first[i] = p.causal && p.window > 0 ? limit[i] - p.window + 1 : 0;
   }
 
   device const T* kbase = k + (b * p.kv_heads + kvh) * p.kv_capacity * D;
@@ -266,7 +273,7 @@ kernel void attention(device const T* q [[buffer(0)]], device const T* k [[buffe
       threadgroup const float* qr = Qs + r * D;
       threadgroup const float* kr = Ks + lane * (D + 1);
       for (int d = 0; d < D; d++) s += qr[d] * kr[d];
-      if (key >= k_end || key > limit[i]) s = -INFINITY;
+      if (key >= k_end || key > limit[i] || key < first[i]) s = -INFINITY;
       const float mn = max(m[i], simd_max(s));
       if (mn == -INFINITY) continue;  // nothing visible yet (uniform)
       const float pj = s == -INFINITY ? 0.0f : exp(s - mn);
