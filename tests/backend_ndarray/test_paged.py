@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from needle import backend_ndarray as nd
-from needle.errors import IndexOutOfRangeError, ShapeError
+from needle.errors import ArgumentError, IndexOutOfRangeError, ShapeError
 
 from ..conftest import supports
 
@@ -151,3 +151,39 @@ def test_bad_page_ids_give_nan_and_bad_arguments_raise(device, rng):
         nd.paged_attention(a[0].reshape((6, 64)), a[1], a[2], tables, seq_of, positions)
     with pytest.raises(IndexOutOfRangeError, match="slot"):
         nd.paged_write(a[1][0, :1], a[1][0, :1], [500], a[1], a[2])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("heads,window", [((8, 2, 64), 70), ((4, 4, 128), 5),
+                                          ((4, 1, 256), 40), ((16, 2, 80), 300)], ids=str)
+def test_paged_attention_sliding_window(device, dtype, heads, window, rng):
+    """A sliding window: token t attends to positions p - window + 1..p of its sequence
+    (CUDA: the flash kernel's ranges over the window at head sizes 64 and 128, the general
+    kernel's chunks from its start otherwise); the reference against plain windowed
+    attention over the gathered cache."""
+    if not supports(device, dtype):
+        pytest.skip(f"{device.name} has no {dtype}")
+    q, kp, vp, tables, seq_of, positions = _model_case(rng, *heads, [1, 17, 130, 700, 64])
+
+    def run(dev, w):
+        a = [nd.array(x, dtype=dtype, device=dev) for x in (q, kp, vp)]
+        return nd.paged_attention(a[0], a[1], a[2], tables, seq_of, positions,
+                                  heads[2] ** -0.5, w).numpy().astype(np.float64)
+
+    want = run(nd.cpu_numpy(), window)
+    np.testing.assert_allclose(run(device, window), want, rtol=TOL[dtype], atol=TOL[dtype])
+    q_heads, kv_heads, d = heads
+    dense = nd.cpu_numpy()
+    for t, (s, p) in enumerate(zip(seq_of, positions)):  # the reference is plain attention
+        lo = max(0, p - window + 1)
+        j = np.arange(lo, p + 1)
+        slots = tables[s][j // 16] * 16 + j % 16
+        k = kp.reshape(-1, kv_heads, d)[slots].transpose(1, 0, 2)[None]
+        v = vp.reshape(-1, kv_heads, d)[slots].transpose(1, 0, 2)[None]
+        one = nd.attention(*(nd.array(x, dtype=dtype, device=dense)
+                             for x in (q[t][None, :, None], k, v)), d ** -0.5).numpy()
+        np.testing.assert_allclose(want[t], one.reshape(q_heads, d).astype(np.float64),
+                                   rtol=TOL[dtype], atol=TOL[dtype])
+    with pytest.raises(ArgumentError, match="window"):
+        nd.paged_attention(*(nd.array(x, device=device) for x in (q, kp, vp)), tables, seq_of,
+                           positions, None, 0)

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from ..backends.api import has
-from ..errors import DeviceError, DTypeError, IndexOutOfRangeError, ShapeError
+from ..errors import ArgumentError, DeviceError, DTypeError, IndexOutOfRangeError, ShapeError
 from . import dtypes
 from .ndarray import NDArray
 
@@ -73,10 +73,12 @@ def paged_write(k: NDArray, v: NDArray, slots, key_pages: NDArray,
 
 
 def paged_attention(q: NDArray, key_pages: NDArray, value_pages: NDArray, block_tables,
-                    seq_of, positions, scale: float | None = None) -> NDArray:
+                    seq_of, positions, scale: float | None = None,
+                    window: int | None = None) -> NDArray:
     """Causal attention of q (tokens, q_heads, head_dim), token t over positions
-    0..positions[t] of the sequence whose block-table row is seq_of[t]; returns q's shape.
-    See ``numpy_ref.paged_attention``."""
+    0..positions[t] of the sequence whose block-table row is seq_of[t] (with a sliding
+    ``window``, a positive int: over positions[t] - window + 1..positions[t]); returns q's
+    shape. See ``numpy_ref.paged_attention``."""
     _need_capability(q.device, "paged_attention")
     num_pages, page_size, kv_heads, d = _check_pages(key_pages, value_pages, "paged_attention")
     if q.ndim != 3 or q.shape[2] != d or kv_heads == 0 or q.shape[1] % kv_heads:
@@ -100,11 +102,15 @@ def paged_attention(q: NDArray, key_pages: NDArray, value_pages: NDArray, block_
     rows = _int32(seq_of, q.device, "seq_of", tokens)
     pos = _int32(positions, q.device, "positions", tokens)
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < 1):
+        raise ArgumentError(f"paged_attention: window must be a positive int or None, got "
+                            f"{window!r}")
     qc = q.compact()
     out = qc._empty_like()
     if out.size:
         q.device.backend.paged_attention(qc._handle, key_pages._handle, value_pages._handle,
                                          tables._handle, rows._handle, pos._handle,
                                          out._handle, tokens, q_heads, kv_heads, d, page_size,
-                                         max_pages, num_pages, scale)
+                                         max_pages, num_pages, scale, window or 0)
     return out

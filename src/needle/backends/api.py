@@ -228,7 +228,7 @@ class PagedAttention(Protocol):
                         block_tables: Array, seq_of: Array, positions: Array, out: Array,
                         tokens: int, q_heads: int, kv_heads: int, head_dim: int,
                         page_size: int, max_pages: int, num_pages: int,
-                        scale: float) -> None: ...
+                        scale: float, window: int) -> None: ...
 
 
 class QuantizedWeights(Protocol):

@@ -24,8 +24,7 @@ from .pages import PagedKVCache
 
 
 class UnsupportedModelError(NeedleError):
-    """The model has layers the paged engine cannot run (soft-capped attention, or a sliding
-    window shorter than its context)."""
+    """The model has layers the paged engine cannot run (soft-capped attention)."""
 
 
 @dataclass
@@ -48,17 +47,14 @@ class StepBatch:
 
 
 def check_supported(model) -> None:
-    """UnsupportedModelError unless every layer can use the fused path without a window
-    (the paged kernels take none yet): no soft-capping, no window shorter than the cache."""
-    tr, cfg = model.transformer, model.config
-    bad = [i for i, (fused, window) in enumerate(zip(tr.fused, cfg.layer_windows))
-           if not fused or (window is not None and window < tr.max_seq_len)]
-    if bad:
+    """UnsupportedModelError unless every layer can use the fused path (no soft-capped
+    scores; sliding windows are fine: the paged and prompt kernels take them)."""
+    tr = model.transformer
+    if not all(tr.fused):
+        bad = [i for i, f in enumerate(tr.fused) if not f]
         raise UnsupportedModelError(
-            f"layers {bad} of this {model.config.arch.family} model use soft-capped attention "
-            "or a sliding window shorter than max_seq_len, which the paged engine does not run "
-            "yet; use model.generate for one sequence, or load the model with max_seq_len no "
-            "longer than its window")
+            f"layers {bad} of this {model.config.arch.family} model use soft-capped attention, "
+            "which the paged engine does not run yet; use model.generate for one sequence")
 
 
 class DeviceBatch:
@@ -129,7 +125,8 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
         q, k, v = tr._roped_heads(layer, layer.qkv(h), *rotary[id(tr.rope.for_layer(i))])
         nd.paged_write(k.reshape((t, hkv, d)), v.reshape((t, hkv, d)), slots, cache.keys[i],
                        cache.values[i])
-        a = _attention(cfg, q.reshape((t, hq, d)), cache.keys[i], cache.values[i], batch)
+        a = _attention(cfg, q.reshape((t, hq, d)), cache.keys[i], cache.values[i], batch,
+                       cfg.layer_windows[i])
         a = layer.o(a.reshape((1, t, hq * d)))
         if layer.post_attn_norm is not None:
             a = a.rmsnorm(layer.post_attn_norm, eps)
@@ -142,20 +139,21 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
     return tr._logits(h.reshape((t, x.shape[-1])).take(rows))  # (R, vocab)
 
 
-def _attention(cfg, q: NDArray, keys: NDArray, values: NDArray, batch: DeviceBatch) -> NDArray:
+def _attention(cfg, q: NDArray, keys: NDArray, values: NDArray, batch: DeviceBatch,
+               window: int | None) -> NDArray:
     """Attention of every token of the step (tokens, q_heads, d): the decode tokens (and
     all of them when there are no prompt chunks) through their pages, each prompt chunk as
     a dense causal attention over its sequence's keys and values gathered from the pool."""
     if not batch.chunks:
         return nd.paged_attention(q, keys, values, batch.tables, batch.seq_of,
-                                  batch.positions, cfg.attn_scale)
+                                  batch.positions, cfg.attn_scale, window)
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     first = batch.chunks[0][0]
     parts = []
     if first:
         parts.append(nd.paged_attention(q[:first], keys, values, batch.tables,
                                         batch.seq_of[:first], batch.positions[:first],
-                                        cfg.attn_scale))
+                                        cfg.attn_scale, window))
     flat_k, flat_v = (x.reshape((x.shape[0] * x.shape[1], hkv * d)) for x in (keys, values))
     heads_first = (0, 2, 1, 3)
     for start, count, slots in batch.chunks:
@@ -163,6 +161,6 @@ def _attention(cfg, q: NDArray, keys: NDArray, values: NDArray, batch: DeviceBat
         k = flat_k.take(slots).reshape((1, length, hkv, d)).permute(heads_first)
         v = flat_v.take(slots).reshape((1, length, hkv, d)).permute(heads_first)
         qc = q[start:start + count].reshape((1, count, hq, d)).permute(heads_first)
-        out = nd.attention(qc, k, v, scale=cfg.attn_scale, causal=True)
+        out = nd.attention(qc, k, v, scale=cfg.attn_scale, causal=True, window=window)
         parts.append(out.permute(heads_first).reshape((count, hq, d)))
     return parts[0] if len(parts) == 1 else nd.concatenate(parts, axis=0)

@@ -302,7 +302,7 @@ class AttentionOps(NNOps):
 
     def _paged_attention_special(self, dt, q, key_pages, value_pages, block_tables, seq_of,
                                  positions, out, tokens, q_heads, kv_heads, head_dim,
-                                 page_size, max_pages, num_pages, scale) -> bool:
+                                 page_size, max_pages, num_pages, scale, window) -> bool:
         """paged_attention_flash (kernels/paged.cu): flash decoding through the block
         tables, a group per (token, KV head, range of positions) with a warp per query head
         of the group; ranges enough for about two groups per SM, merged in the kernel."""
@@ -321,7 +321,7 @@ class AttentionOps(NNOps):
         part_o = self._workspace(heads * splits * head_dim * 4)
         part_ml = self._workspace(heads * splits * 2 * 4)
         params = PAGED_FLASH.pack(tokens, q_heads, kv_heads, page_size, max_pages, num_pages,
-                                  splits, scale)
+                                  splits, scale, window)
         self.queue.dispatch(kern, (tokens, kv_heads, splits), (32 * group, 1, 1),
                             (q.buffer, key_pages.buffer, value_pages.buffer,
                              block_tables.buffer, seq_of.buffer, positions.buffer, part_o,

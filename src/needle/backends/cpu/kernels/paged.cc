@@ -13,6 +13,7 @@ namespace {
 struct PagedArgs {
   int64_t tokens, q_heads, kv_heads, head_dim, page_size, max_pages, num_pages;
   double scale;
+  int64_t window;  // a sliding window (positions p - window + 1..p), 0: none
 };
 
 using WriteFn = void (*)(const void*, const void*, const int32_t*, void*, void*, int64_t,
@@ -35,7 +36,8 @@ template <class S> void write_kernel(const void* k_, const void* v_, const int32
   }
 }
 
-// One query token's every head over positions 0..p: keys and values are read once per KV
+// One query token's every head over positions lo..p (lo: 0, or the start of a sliding
+// window): keys and values are read once per KV
 // head for the whole group of query heads (online softmax, one pass).
 template <class S> void one_token(const S* q, const S* kp, const S* vp, const int32_t* table,
                                   int64_t p, S* out, const PagedArgs& g) {
@@ -54,7 +56,8 @@ template <class S> void one_token(const S* q, const S* kp, const S* vp, const in
     std::fill(acc.begin(), acc.end(), C(0));
     std::fill(m.begin(), m.end(), -std::numeric_limits<C>::infinity());
     std::fill(l.begin(), l.end(), C(0));
-    for (int64_t j = 0; j <= p; ++j) {
+    const int64_t lo = g.window > 0 && p >= g.window ? p - g.window + 1 : 0;
+    for (int64_t j = lo; j <= p; ++j) {
       const int64_t slot = (int64_t)table[j / g.page_size] * g.page_size + j % g.page_size;
       const S* kr = kp + slot * row + kh * D;
       const S* vr = vp + slot * row + kh * D;
@@ -122,7 +125,7 @@ void paged_attention(const Array& q, const Array& key_pages, const Array& value_
                      const Array& block_tables, const Array& seq_of, const Array& positions,
                      Array& out, int64_t tokens, int64_t q_heads, int64_t kv_heads,
                      int64_t head_dim, int64_t page_size, int64_t max_pages, int64_t num_pages,
-                     double scale) {
+                     double scale, int64_t window) {
   if (tokens < 0 || head_dim < 0 || q_heads < 0 || kv_heads <= 0 || q_heads % kv_heads ||
       page_size <= 0 || max_pages <= 0 || num_pages < 0)
     raise("ShapeError", "paged_attention: need kv_heads > 0 dividing q_heads, page_size > 0 "
@@ -147,7 +150,9 @@ void paged_attention(const Array& q, const Array& key_pages, const Array& value_
       raise("IndexOutOfRangeError", "paged_attention: seq_of holds a row outside the tables");
   const PagedFn f = kPaged[q.dtype];
   if (q.size == 0) return;
-  const PagedArgs g{tokens, q_heads, kv_heads, head_dim, page_size, max_pages, num_pages, scale};
+  if (window < 0) raise("ShapeError", "paged_attention: window must be >= 0");
+  const PagedArgs g{tokens, q_heads, kv_heads, head_dim, page_size, max_pages, num_pages, scale,
+                    window};
   without_gil([&] {
     f(q.data, key_pages.data, value_pages.data, block_tables.as<int32_t>(),
       seq_of.as<int32_t>(), positions.as<int32_t>(), out.data, g);
@@ -164,7 +169,7 @@ void bind_paged(nb::module_& m) {
         nb::arg("value_pages"), nb::arg("block_tables"), nb::arg("seq_of"),
         nb::arg("positions"), nb::arg("out"), nb::arg("tokens"), nb::arg("q_heads"),
         nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("page_size"), nb::arg("max_pages"),
-        nb::arg("num_pages"), nb::arg("scale"),
+        nb::arg("num_pages"), nb::arg("scale"), nb::arg("window") = 0,
         "Causal attention of many queries over their sequences' pages; see numpy_ref.");
 }
 

@@ -12,10 +12,12 @@ struct PagedWriteParams { i64 tokens, row, num_slots; };
 struct PagedParams {
   i64 tokens, q_heads, kv_heads, head_dim, page_size, max_pages, num_pages;
   float scale;
+  int window;  // a sliding window (positions p - window + 1..p), 0: none
 };
 struct PagedFlashParams {  // gpu/paged.py PAGED_FLASH
   i64 tokens, q_heads, kv_heads, page_size, max_pages, num_pages, splits;
   float scale;
+  int window;
 };
 
 namespace paged {
@@ -78,7 +80,7 @@ __device__ void attend(const T* __restrict__ q, const T* __restrict__ kp,
   C m = neg_inf<C>(), l = 0;
   const C scale = (C)p.scale;
   __syncthreads();
-  for (i64 c0 = 0; c0 <= pos; c0 += THREADS) {
+  for (i64 c0 = window_start(pos, p.window); c0 <= pos; c0 += THREADS) {
     const i64 j = c0 + tid;
     C s = neg_inf<C>();
     if (j <= pos) {
@@ -151,10 +153,12 @@ __device__ __forceinline__ void flash(const T* __restrict__ q, const T* __restri
       for (int d = lane; d < D; d += 32) o[d] = store<T>(0.f / 0.f);
     return;
   }
-  const i64 n = pos + 1;
+  // positions lo..pos (lo: 0, or the start of a sliding window), n of them, in S ranges
+  const i64 lo = window_start(pos, p.window), n = pos + 1 - lo;
   const i64 S = p.splits < (n + TILE - 1) / TILE ? p.splits : (n + TILE - 1) / TILE;
   if (s >= S) return;
-  const i64 per = (n + S - 1) / S, start = s * per, end = start + per < n ? start + per : n;
+  const i64 per = (n + S - 1) / S, start = lo + s * per;
+  const i64 end = start + per < pos + 1 ? start + per : pos + 1;
   // shared memory: the tile's keys and values (64 rows of D), its slots, then per warp its
   // query and the tile's scores. The group stages each tile once (16-byte copies, whole
   // lines); its G warps, one per query head, read it from there, not from L2 G times.

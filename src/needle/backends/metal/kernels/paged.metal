@@ -13,6 +13,7 @@ struct PagedWriteParams {
 struct PagedParams {
   long tokens, q_heads, kv_heads, head_dim, page_size, max_pages, num_pages;
   float scale;
+  int window;  // a sliding window (positions p - window + 1..p), 0: none
 };
 
 #define PAGED_ARGS                                                               \
@@ -81,7 +82,8 @@ kernel void paged_attention(device const T* q [[buffer(0)]], device const T* kp 
   float acc[PAGED_MAX_D / PAGED_THREADS] = {0.0f, 0.0f};
   float m = -INFINITY, l = 0.0f;
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  for (long c0 = 0; c0 <= pos; c0 += PAGED_THREADS) {
+  const long lo = p.window > 0 && pos >= long(p.window) ? pos - long(p.window) + 1 : 0;
+  for (long c0 = lo; c0 <= pos; c0 += PAGED_THREADS) {
     const long j = c0 + ti;
     float s = -INFINITY;
     if (j <= pos) {
