@@ -226,3 +226,17 @@ def test_serving_benchmark_runs_quick_on_cpu(tmp_path, capsys):
     assert "ttft_alone" not in result
     assert result["sampling"] == "temperature 0.8, top-p 0.9"
     assert result["decode"][0]["tokens_per_s"] > 0
+
+
+def test_gemma3_benchmark_runs_quick_on_cpu(capsys):
+    """``python -m benchmarks.gemma3 --quick``: a tiny Gemma 3 written by transformers, needle
+    against it on the same weights (logits agree), the limit and the serving rates printed."""
+    pytest.importorskip("transformers")
+    from benchmarks import gemma3
+
+    gemma3.main(["--device", "cpu", "--quick", "--prompts", "12,40", "--tokens", "8"])
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:2] in ("12", "40")]
+    assert [r[0] for r in rows] == ["12", "40"]
+    assert all(float(r[4]) < 1e-4 for r in rows)  # float32: needle's logits are transformers'
+    assert "limit" in out and out.count("serving") == 3
