@@ -19,7 +19,7 @@ import numbers
 from ..backends.api import has
 from ..errors import ArgumentError, ArgumentTypeError, DeviceError, DTypeError, ShapeError
 from . import dtypes
-from .functions import matmul_swiglu
+from .functions import matmul_swiglu, window_arg
 from .ndarray import NDArray, ones
 from .quant import QuantizedMatrix, _activation_dtype, _h, quant_matmul
 
@@ -75,9 +75,7 @@ def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray
             raise ShapeError(f"attention_decode: {nm} must be (rows, {d // 2}) like cos, got "
                              f"{t.shape}")
     bound = _positions_bound(max_positions, capacity)
-    if window is not None and (not _is_int(window) or window < 1):
-        raise ArgumentError(f"attention_decode: window must be a positive int or None, got "
-                            f"{window!r}")
+    window = window_arg(window, "attention_decode", capacity)
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
     c, s = cos.astype(qkv.dtype).compact(), sin.astype(qkv.dtype).compact()
     a = qkv.compact()
@@ -85,7 +83,7 @@ def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray
     be = qkv.device.backend
     handles = (a._handle, c._handle, s._handle, position.compact()._handle, keys._handle,
                values._handle, out._handle, q_heads, kv_heads, d, capacity, cos.shape[0], scale,
-               0 if window is None or window >= capacity else int(window))
+               window)
     if bound < capacity and has(be, "decode_bands"):
         be.attention_decode_within(*handles, bound)
     else:

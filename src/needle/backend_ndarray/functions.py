@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import numbers
 from functools import reduce
 
 import numpy as np
@@ -168,6 +169,16 @@ def scatter_add(indices, values: NDArray, rows: int, out: NDArray | None = None)
     return out
 
 
+def window_arg(window, op: str, keys: int | None = None) -> int:
+    """A sliding window argument as the backends take it: a positive int, or 0 for None or
+    for a window of at least ``keys`` positions (it binds nowhere); ArgumentError otherwise."""
+    if window is None:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise ArgumentError(f"{op}: window must be a positive int or None, got {window!r}")
+    return 0 if keys is not None and window >= keys else int(window)
+
+
 def _attention_shapes(q: NDArray, k: NDArray, v: NDArray, kv_len: int | None,
                       causal: bool) -> tuple[int, int, int, int, int, int, int]:
     """attention's checks; (batch, q_heads, q_len, head_dim, kv_heads, capacity, kv_len)."""
@@ -234,13 +245,9 @@ def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
     i - window + 1..i only.
     """
     bsz, hq, sq, d, hkv, cap, kv_len = _attention_shapes(q, k, v, kv_len, causal)
-    if window is not None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1 \
-                or not causal:
-            raise ArgumentError(f"attention: window must be a positive int, with causal=True; "
-                                f"got window={window!r}, causal={causal}")
-    # a window as long as the keys binds nowhere
-    window = 0 if window is None or window >= kv_len else int(window)
+    if window is not None and not causal:
+        raise ArgumentError(f"attention: a window ({window!r}) needs causal=True")
+    window = window_arg(window, "attention", kv_len)
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
     kc, vc = k.astype(q.dtype).compact(), v.astype(q.dtype).compact()
     backend = q.device.backend

@@ -10,8 +10,9 @@ import math
 import numpy as np
 
 from ..backends.api import has
-from ..errors import ArgumentError, DeviceError, DTypeError, IndexOutOfRangeError, ShapeError
+from ..errors import DeviceError, DTypeError, IndexOutOfRangeError, ShapeError
 from . import dtypes
+from .functions import window_arg
 from .ndarray import NDArray
 
 
@@ -102,15 +103,12 @@ def paged_attention(q: NDArray, key_pages: NDArray, value_pages: NDArray, block_
     rows = _int32(seq_of, q.device, "seq_of", tokens)
     pos = _int32(positions, q.device, "positions", tokens)
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
-                               or window < 1):
-        raise ArgumentError(f"paged_attention: window must be a positive int or None, got "
-                            f"{window!r}")
+    window = window_arg(window, "paged_attention")
     qc = q.compact()
     out = qc._empty_like()
     if out.size:
         q.device.backend.paged_attention(qc._handle, key_pages._handle, value_pages._handle,
                                          tables._handle, rows._handle, pos._handle,
                                          out._handle, tokens, q_heads, kv_heads, d, page_size,
-                                         max_pages, num_pages, scale, window or 0)
+                                         max_pages, num_pages, scale, window)
     return out

@@ -310,14 +310,17 @@ def _ropes(raw: dict, arch: Architecture, head_dim: int,
     (global only) and ``rope_local_base_freq`` (10,000 by default)."""
     if not arch.local_rope:
         return read_rope(raw, 10000.0, head_dim, source), None
+    # the settings besides the rotary ones, so that one table's entries never leak into the
+    # other's (a top-level rope_theta is the global layers')
+    plain = {k: v for k, v in raw.items()
+             if k not in ("rope_scaling", "rope_parameters", "rope_theta", "rope_local_base_freq")}
     params = raw.get("rope_parameters")
     if isinstance(params, dict) and ("full_attention" in params
                                      or "sliding_attention" in params):
         full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
-        return (read_rope({**raw, "rope_parameters": full}, 1e6, head_dim, source),
-                read_rope({**raw, "rope_parameters": local}, 10000.0, head_dim, source))
+        return (read_rope({**plain, "rope_parameters": full}, 1e6, head_dim, source),
+                read_rope({**plain, "rope_parameters": local}, 10000.0, head_dim, source))
     local_theta = raw.get("rope_local_base_freq", 10000.0)
-    plain = {k: v for k, v in raw.items() if k not in ("rope_scaling", "rope_parameters")}
     return (read_rope(raw, 1e6, head_dim, source),
             read_rope({**plain, "rope_theta": local_theta}, 10000.0, head_dim, source))
 
