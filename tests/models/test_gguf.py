@@ -18,6 +18,7 @@ from tests.models.gguf_files import (
     llama_vocab,
     quants,
     random_blocks,
+    write_gguf,
     write_llama_gguf,
 )
 from tests.models.hf_models import build, torch, transformers
@@ -81,6 +82,66 @@ def test_logits_match_transformers_reading_the_same_file(hf_llama, tmp_path, kin
     with torch.no_grad():
         want = ref(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+
+
+# architecture -> the hf_models variant and its sizes: heads of 256 (Gemma 3's, so that its
+# query_pre_attn_scalar is what GGUF readers assume), six layers (its five-to-one window
+# pattern, which GGUF does not record), the local rotary base llama.cpp assumes
+OTHER_ARCHS = {
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", {"head_dim": 128}),  # transformers reads no key_length for qwen3
+    "gemma3": ("gemma3", {"head_dim": 256, "query_pre_attn_scalar": 256,
+                          "num_hidden_layers": 6, "sliding_window_pattern": 6,
+                          "sliding_window": 4,
+                          "rope_parameters": {
+                              "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                              "sliding_attention": {"rope_type": "default",
+                                                    "rope_theta": 10000.0}}}),
+}
+
+
+@pytest.mark.parametrize("kind", ["F32", "Q8_0"])
+@pytest.mark.parametrize("arch", list(OTHER_ARCHS))
+def test_qwen_and_gemma3_files_match_transformers(tmp_path, arch, kind, device):
+    """Qwen2 (q/k/v biases), Qwen3 (q/k norms) and Gemma 3 (norms stored as 1 + w, sandwich
+    norms, windows binding, two rotary bases) as llama.cpp's converter writes them: no q/k
+    interleaving (their rotary layout is Hugging Face's). An F32 file gives the original
+    model's logits; every file gives the logits of transformers reading it."""
+    variant, extra = OTHER_ARCHS[arch]
+    hf = build(variant, tmp_path / "hf", **{**SIZE, **extra})
+    write_gguf(hf, tmp_path / "m.gguf", T[kind], np.random.default_rng(0), arch)
+    model = load_pretrained(tmp_path / "m.gguf", device=device, dtype="float32")
+    assert model.config.family == hf.config.model_type
+    if arch == "gemma3":
+        assert model.config.layer_windows == (4,) * 5 + (None,)
+        assert model.config.rope_local.theta == 10000.0 and model.config.rope.theta == 1e6
+    ids = [[1, 40, 7, 200, 13, 99, 286, 5, 17, 3]]
+    got = model(ids).numpy()
+    with torch.no_grad():
+        want = _reference(tmp_path, "m.gguf")(torch.tensor(ids)).logits.numpy()
+        original = hf(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+    if kind == "F32":
+        np.testing.assert_allclose(got, original, rtol=1e-4, atol=1e-4 * np.abs(original).max())
+
+
+def test_gemma3_linear_rope_scaling_is_read(tmp_path):
+    """Gemma 3 4B-27B files carry rope.scaling.type linear and its factor (the global layers'
+    scaling): read, the F32 file gives the original model's logits. (transformers' own GGUF
+    reader drops the scaling, so it is not the reference here.)"""
+    variant, extra = OTHER_ARCHS["gemma3"]
+    scaled = {**extra, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+    hf = build(variant, tmp_path / "hf", **{**SIZE, **scaled})
+    write_gguf(hf, tmp_path / "m.gguf", T.F32, np.random.default_rng(0), "gemma3")
+    model = load_pretrained(tmp_path / "m.gguf", device="cpu_numpy", dtype="float32")
+    assert (model.config.rope.type, model.config.rope.factor) == ("linear", 4.0)
+    ids = [[1, 40, 7, 200, 13, 99, 286, 5, 17, 3] * 3]
+    with torch.no_grad():
+        original = hf(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(model(ids).numpy(), original, rtol=1e-4,
+                               atol=1e-4 * np.abs(original).max())
 
 
 TEXTS = ["Hello world!", "the cat sits on the mat.", " the  cat", "unknown ß ü 字 tokens", ""]

@@ -1,4 +1,5 @@
-"""Llama-family GGUF files (llama.cpp's format), read with the ``gguf`` package.
+"""GGUF files (llama.cpp's format) of Llama, Qwen2, Qwen3 and Gemma 3 models, read with the
+``gguf`` package.
 
 ``load_pretrained("model.gguf")`` comes here. Tensors are read by name and type:
 
@@ -13,6 +14,13 @@
 The config comes from the ``{arch}.*`` metadata, the tokenizer from ``tokenizer.ggml.*``
 (``gguf_tokenizer.py``), the chat template from ``tokenizer.chat_template``. Other types,
 unknown architectures and truncated files are ``ModelFormatError`` naming tensor and type.
+
+What llama.cpp's converter (convert_hf_to_gguf.py) changed is undone here: the rows of q and
+k interleaved for the "llama" architecture's rotary layout (the others keep Hugging Face's
+half-split one), and Gemma's norm weights stored as 1 + w. What GGUF does not record is
+what llama.cpp assumes: Gemma 3's sliding layers rotate with base 10,000, five in six
+layers slide (unless ``attention.sliding_window_pattern`` says otherwise), and queries are
+scaled by head_dim ** -0.5 (hidden / heads for its 62-layer 27B model).
 """
 
 from __future__ import annotations
@@ -30,11 +38,19 @@ from .config import ModelConfig
 
 DENSE = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 SUPPORTED = tuple(DENSE) + tuple(REPACK)
-ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+# general.architecture -> the Hugging Face class it is read as
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+PERMUTED = ("llama",)  # architectures whose q/k rows the converter interleaved
 _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
           "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+          "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+# Gemma's norms on both sides of each block: llama's ffn_norm is its pre-MLP norm there
+_SANDWICH = {**_LAYER, "ffn_norm": "pre_feedforward_layernorm",
+             "post_attention_norm": "post_attention_layernorm",
+             "post_ffw_norm": "post_feedforward_layernorm"}
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
            "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 # the needle format each block type becomes (a fused projection of mixed types may widen)
@@ -49,13 +65,14 @@ def is_gguf(path) -> bool:
     return Path(path).suffix.lower() == ".gguf" and Path(path).is_file()
 
 
-def hf_name(name: str) -> str | None:
+def hf_name(name: str, arch: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor name (None: not a weight needle reads)."""
     if name in _GLOBAL:
         return _GLOBAL[name]
+    layer = _SANDWICH if arch == "gemma3" else _LAYER
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m and m.group(2) in _LAYER:
-        return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in layer:
+        return f"model.layers.{m.group(1)}.{layer[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -75,8 +92,9 @@ class GGUFFile:
             raise ModelFormatError(f"{self.path} is not a readable GGUF file (truncated or "
                                    f"damaged?): {type(e).__name__}: {e}") from None
         self.tensors = {}
+        arch = self.architecture
         for t in self.reader.tensors:
-            name = hf_name(t.name)
+            name = hf_name(t.name, arch)
             kind = t.tensor_type.name
             if name is None:
                 continue
@@ -109,10 +127,11 @@ class GGUFFile:
         if arch not in ARCHITECTURES:
             raise ModelFormatError(f"{self.path}: GGUF architecture {arch!r} is not supported "
                                    f"(needle reads {', '.join(ARCHITECTURES)} GGUF files)")
-        if self.field(f"{arch}.rope.scaling.type") not in (None, "none") \
+        scaling = self.field(f"{arch}.rope.scaling.type")
+        if scaling not in (None, "none", "linear") \
                 or "rope_freqs.weight" in {t.name for t in self.reader.tensors}:
-            raise ModelFormatError(f"{self.path}: RoPE scaling in a GGUF file (rope_freqs / "
-                                   f"{arch}.rope.scaling.*) is not read yet; use the model's "
+            raise ModelFormatError(f"{self.path}: RoPE scaling {scaling or 'rope_freqs'} in a "
+                                   "GGUF file is not read yet (linear is); use the model's "
                                    "safetensors checkpoint")
         heads = int(self.field(f"{arch}.attention.head_count"))
         tokens = self.field("tokenizer.ggml.tokens")
@@ -136,8 +155,29 @@ class GGUFFile:
         key_length = self.field(f"{arch}.attention.key_length")
         if key_length is not None:
             raw["head_dim"] = int(key_length)
+        if scaling == "linear":
+            raw["rope_scaling"] = {"rope_type": "linear",
+                                   "factor": float(self.field(f"{arch}.rope.scaling.factor"))}
+        if arch == "gemma3":
+            raw.update(self._gemma3(raw))
         return ModelConfig.from_dict({k: v for k, v in raw.items() if v is not None},
                                      source=str(self.path))
+
+    def _gemma3(self, raw: dict) -> dict:
+        """Gemma 3's entries beyond the common ones, as llama.cpp reads or assumes them."""
+        head_dim = raw.get("head_dim", raw["hidden_size"] // raw["num_attention_heads"])
+        layers = raw["num_hidden_layers"]
+        more = {"sliding_window": self.field("gemma3.attention.sliding_window"),
+                # llama.cpp's rule: its 27B model (62 layers) scales by hidden / heads
+                "query_pre_attn_scalar": (raw["hidden_size"] // raw["num_attention_heads"]
+                                          if layers == 62 else head_dim)}
+        pattern = self.field("gemma3.attention.sliding_window_pattern")
+        if isinstance(pattern, list) and len(pattern) == layers:  # a flag a layer
+            more["layer_types"] = ["sliding_attention" if p else "full_attention"
+                                   for p in pattern]
+        elif pattern is not None:
+            more["sliding_window_pattern"] = int(pattern)
+        return {k: v for k, v in more.items() if v is not None}
 
     def kind(self, name: str) -> str:
         return self.tensors[name].tensor_type.name
@@ -197,6 +237,10 @@ class GGUFWeights:
         self.bytes_read += int(self.file.tensors[name].n_bytes)
         if kind in DENSE or len(shape) != 2 or name == "model.embed_tokens.weight":
             host = self._rows(name, self.file.dense(name, shape))
+            if name.endswith("norm.weight") and self.cfg.arch.norm_offset:
+                # stored as offset + w (convert_hf_to_gguf's norm shift); the loader adds
+                # the offset to what the checkpoint stores
+                host = host.astype(np.float32) - np.float32(self.cfg.arch.norm_offset)
             return nd.array(np.ascontiguousarray(host), device=self.device, dtype=self.dtype)
         q, s, b, spec = self._packed(name, shape)
         return nd.QuantizedMatrix.from_packed(q, s, b, spec, shape[1], self.device)
@@ -231,6 +275,8 @@ class GGUFWeights:
         return dense if order is None else dense[order]
 
     def _row_order(self, name: str, rows: int):
+        if self.file.architecture not in PERMUTED:
+            return None
         if name.endswith("self_attn.q_proj.weight"):
             return _unpermute_rows(rows, self.cfg.num_heads)
         if name.endswith("self_attn.k_proj.weight"):
