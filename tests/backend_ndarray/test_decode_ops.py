@@ -447,3 +447,42 @@ def test_attention_decode_bad_input(device, rng):
     with pytest.raises(DTypeError):
         ints = nd.array(np.ones(((hq + 2 * hkv) * d,), np.int32), device=device, dtype="int32")
         call(qkv=ints)
+
+
+# --- qk_rmsnorm ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("tokens,hq,hkv,d", [(1, 16, 8, 128), (3, 4, 1, 256), (5, 6, 2, 40),
+                                             (1, 2, 2, 8)], ids=str)
+def test_qk_rmsnorm(device, dtype, tokens, hq, hkv, d, rng):
+    """Every query head normed with q_weight, every key head with k_weight (rmsnorm's
+    numbers), the value heads bit for bit, for one token (a decode step) or several."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    x = random(rng, (tokens, (hq + 2 * hkv) * d), dtype, -3, 3)
+    qw, kw = random(rng, (d,), dtype, 0.5, 1.5), random(rng, (d,), dtype, 0.5, 1.5)
+    got = nd.qk_rmsnorm(on(device, x), on(device, qw), on(device, kw), hq, hkv, 1e-6)
+    assert (got.shape, got.dtype) == (x.shape, dtype)
+    heads = _wide(x).reshape(tokens, hq + 2 * hkv, d)
+    normed = heads / np.sqrt((heads ** 2).mean(axis=2, keepdims=True) + 1e-6)
+    want = heads.copy()
+    want[:, :hq] = normed[:, :hq] * _wide(qw)
+    want[:, hq:hq + hkv] = normed[:, hq:hq + hkv] * _wide(kw)
+    g = got.numpy().reshape(tokens, hq + 2 * hkv, d)
+    assert_close(g[:, :hq + hkv], want[:, :hq + hkv], dtype)
+    assert_equal(g[:, hq + hkv:], x.reshape(tokens, hq + 2 * hkv, d)[:, hq + hkv:])
+    # rmsnorm's numbers on the heads (the composed form it replaces; sums in another order)
+    rows = on(device, x).reshape((tokens, hq + 2 * hkv, d))
+    assert_close(g[:, :hq], _wide(rows[:, :hq].rmsnorm(on(device, qw), 1e-6).numpy()), dtype)
+
+
+def test_qk_rmsnorm_errors(device, rng):
+    x = on(device, random(rng, (2, 40), "float32"))
+    w = on(device, np.ones(8, np.float32))
+    with pytest.raises(ShapeError, match="heads"):
+        nd.qk_rmsnorm(x, w, w, 2, 2, 1e-6)  # 6 heads do not divide 40 values
+    with pytest.raises(ShapeError, match="weights"):
+        nd.qk_rmsnorm(x, on(device, np.ones(4, np.float32)), w, 3, 1, 1e-6)
+    with pytest.raises(DTypeError):
+        ints = on(device, np.ones((1, 40), np.int32))
+        nd.qk_rmsnorm(ints, w, w, 3, 1, 1e-6)

@@ -63,11 +63,12 @@ def test_cached_decode_matches_full_forward(checkpoints, device, name):
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "mistral_window"])
 def test_five_operation_decode_matches_composed(checkpoints, device, name, monkeypatch):
     """The decode step as five fused operations per layer (rmsnorm_matvec, attention_decode,
-    matvec_add, rmsnorm_matvec with SwiGLU, matvec_add; qwen2 adds its QKV bias) gives the
-    composed step's logits and the full forward pass's, in float32 and bfloat16."""
+    matvec_add, rmsnorm_matvec with SwiGLU, matvec_add; qwen2 adds its QKV bias, qwen3 its
+    heads' norms as a sixth, qk_rmsnorm; mistral's window binds in attention_decode) gives
+    the composed step's logits and the full forward pass's, in float32 and bfloat16."""
     seq = PROMPT + [5, 6, 7, 200]
     for dtype, tol in (("float32", 1e-4), ("bfloat16", 3e-2)):
         logits = {}

@@ -1,7 +1,13 @@
 """The array layer: NDArray over the device backends
 (``from needle import backend_ndarray as nd``)."""
 
-from .decode import attention_decode, attention_decode_bands, matvec_add, rmsnorm_matvec
+from .decode import (
+    attention_decode,
+    attention_decode_bands,
+    matvec_add,
+    qk_rmsnorm,
+    rmsnorm_matvec,
+)
 from .device import (
                      Device,
                      all_devices,
@@ -61,6 +67,7 @@ __all__ = [
     "broadcast_shapes", "broadcast_to", "concatenate", "cpu", "cpu_numpy", "cuda",
     "default_device", "device_from_name", "empty", "exp", "flip", "from_dlpack", "full", "log",
     "matmul_swiglu", "max", "maximum", "metal", "minimum", "ones",
-    "paged_attention", "paged_write", "promote", "reshape", "sample", "scatter_add",
+    "paged_attention", "paged_write", "promote", "qk_rmsnorm", "reshape", "sample",
+    "scatter_add",
     "sgd_update", "sqrt", "stack", "state_dtype", "sum", "tanh", "transpose", "where", "zeros",
 ]

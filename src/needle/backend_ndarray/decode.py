@@ -175,6 +175,36 @@ def _matrix(x: NDArray, weight: NDArray | QuantizedMatrix, dim: int, name: str,
     return shape[0] // factor
 
 
+def qk_rmsnorm(qkv: NDArray, q_weight: NDArray, k_weight: NDArray, q_heads: int,
+               kv_heads: int, eps: float = 1e-6) -> NDArray:
+    """The per-head RMSNorms of a fused query/key/value projection (Qwen3, Gemma 3), in one
+    pass: ``qkv`` (..., (q_heads + 2 * kv_heads) * head_dim), each token's query heads, key
+    heads, then value heads; returns its shape with every query head normed and scaled by
+    ``q_weight`` (head_dim,), every key head by ``k_weight``, the values as they are. The
+    numbers of ``rmsnorm`` on each head (see ``numpy_ref.qk_rmsnorm``)."""
+    for w in (q_weight, k_weight):
+        qkv._check_device(w)
+    heads = q_heads + 2 * kv_heads
+    if not (_is_int(q_heads) and _is_int(kv_heads)) or q_heads <= 0 or kv_heads <= 0 \
+            or qkv.ndim < 1 or qkv.shape[-1] % heads:
+        raise ShapeError(f"qk_rmsnorm: qkv's last axis ({qkv.shape}) must hold {q_heads} + 2 x "
+                         f"{kv_heads} heads of one size")
+    d = qkv.shape[-1] // heads
+    if q_weight.shape != (d,) or k_weight.shape != (d,):
+        raise ShapeError(f"qk_rmsnorm: the weights must be ({d},) for heads of {d}, got "
+                         f"{q_weight.shape} and {k_weight.shape}")
+    if not dtypes.is_floating(qkv.dtype):
+        raise DTypeError(f"qk_rmsnorm needs a floating-point qkv, got {qkv.dtype}")
+    a = qkv.compact()
+    qw, kw = (w.astype(a.dtype).compact() for w in (q_weight, k_weight))
+    out = a._empty_like()
+    rows = a.size // d
+    if rows:
+        a.device.backend.qk_rmsnorm(a._handle, qw._handle, kw._handle, out._handle, rows,
+                                    q_heads, kv_heads, d, float(eps))
+    return out
+
+
 def rmsnorm_matvec(x: NDArray, norm_weight: NDArray | None, weight: NDArray | QuantizedMatrix,
                    eps: float = 1e-6, activation: str | None = None) -> NDArray:
     """``rmsnorm(x) * norm_weight @ weight.T`` in one pass: shape (..., p) for weight

@@ -6,9 +6,10 @@ keeps all shapes fixed and reads the token and its position from device buffers,
 backend can capture it once and replay it for every token (``decoder.py``). A plain Llama
 layer is five fused array operations (``_fused_layer``): norm + QKV projection, attention
 (RoPE, cache write and attention in one ``attention_decode``), output projection +
-residual, norm + gate/up projection + SiLU·mul, down projection + residual. Other layers
-(Gemma 2's extra norms, Qwen3's head norms) compose the same steps from single operations,
-their residual adds riding on the next norm (``add_rmsnorm``). The five-operation form is
+residual, norm + gate/up projection + SiLU·mul, down projection + residual (Qwen3 adds its
+heads' norms, ``qk_rmsnorm``, as a sixth). Other layers (Gemma's extra norms and GeGLU)
+compose the same steps from single operations, their residual adds riding on the next norm
+(``add_rmsnorm``). The five-operation form is
 used where the backend declares ``fused_matvec`` (its fused kernels are faster) or
 ``folded_norm_matvec`` (then each norm's scale is multiplied into the next projection's
 weights at load, ``fold_norm``, and the projection takes the norm in the same pass), for
@@ -140,19 +141,15 @@ class Transformer:
 
     def _roped_heads(self, layer: LayerWeights, qkv: NDArray, cos: NDArray,
                      sin: NDArray) -> tuple[NDArray, NDArray, NDArray]:
-        """q (b, s, q_heads, d) and k (b, s, kv_heads, d) roped (Qwen3: each head normed
-        first), and v (b, s, kv_heads, d), out of the fused projection qkv (b, s, ...);
+        """q (b, s, q_heads, d) and k (b, s, kv_heads, d) roped (Qwen3, Gemma 3: each head
+        normed first), and v (b, s, kv_heads, d), out of the fused projection qkv (b, s, ...);
         cos and sin (s, d / 2)."""
         cfg = self.cfg
         b, s, _ = qkv.shape
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        if layer.q_norm is not None:  # Qwen3, Gemma 3: each head normed before RoPE
+            qkv = self._qk_norm(qkv, layer)
         v = qkv[:, :, (hq + hkv) * d:].reshape((b, s, hkv, d))
-        if layer.q_norm is not None:  # Qwen3: each head normed before RoPE
-            q = qkv[:, :, :hq * d].reshape((b, s, hq, d)).rmsnorm(layer.q_norm,
-                                                                   cfg.rms_norm_eps)
-            k = qkv[:, :, hq * d:(hq + hkv) * d].reshape((b, s, hkv, d)).rmsnorm(
-                layer.k_norm, cfg.rms_norm_eps)
-            return q.rope(cos, sin), k.rope(cos, sin), v
         # the query and key heads roped in one pass (one copy out of qkv, one launch)
         qk = qkv[:, :, :(hq + hkv) * d].reshape((b, s, hq + hkv, d)).rope(cos, sin)
         return qk[:, :, :hq], qk[:, :, hq:], v
@@ -199,13 +196,16 @@ class Transformer:
 
     def _fused_layer(self, i: int, layer: LayerWeights, x: NDArray, state: DecodeState,
                      cache: KVCache) -> NDArray:
-        """One Llama layer for one token as five fused array operations; the residual
-        stream x (1, 1, hidden) is updated in place and returned."""
+        """One Llama layer for one token as five fused array operations (six with Qwen3's
+        head norms); the residual stream x (1, 1, hidden) is updated in place and
+        returned."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         folded = layer.norms_folded  # the norms' scales are in the weights: norm_weight None
         qkv = nd.rmsnorm_matvec(x, None if folded else layer.attn_norm, layer.qkv.weight, eps)
         if layer.qkv.bias is not None:  # Qwen2
             qkv = qkv + layer.qkv.bias
+        if layer.q_norm is not None:  # Qwen3: a sixth operation, the heads' norms
+            qkv = self._qk_norm(qkv, layer)
         rope = self.rope.for_layer(i)
         a = nd.attention_decode(qkv, rope.cos, rope.sin, state.position, cache.keys[i],
                                 cache.values[i], cfg.num_heads, cfg.attn_scale,
@@ -234,13 +234,11 @@ class Transformer:
         return out.reshape((1, 1, out.size))
 
     def _qk_norm(self, qkv: NDArray, layer: LayerWeights) -> NDArray:
-        """qkv with each query and key head normed (Qwen3), values untouched."""
+        """qkv with each query and key head normed (Qwen3, Gemma 3), values untouched: one
+        pass (``nd.qk_rmsnorm``)."""
         cfg = self.cfg
-        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        heads = qkv.reshape((hq + 2 * hkv, d))
-        q = heads[:hq].rmsnorm(layer.q_norm, cfg.rms_norm_eps)
-        k = heads[hq:hq + hkv].rmsnorm(layer.k_norm, cfg.rms_norm_eps)
-        return nd.concatenate([q, k, heads[hq + hkv:]]).reshape(qkv.shape)
+        return nd.qk_rmsnorm(qkv, layer.q_norm, layer.k_norm, cfg.num_heads, cfg.num_kv_heads,
+                             cfg.rms_norm_eps)
 
     # --- shared steps --------------------------------------------------------------------
     def _embed(self, ids: NDArray) -> NDArray:
@@ -292,9 +290,10 @@ def _plain(projection, packed: bool, extended: bool = False) -> bool:
 
 
 def _fusable(cfg: ModelConfig, layer: LayerWeights, packed: bool) -> bool:
-    """Whether a layer is a plain pre-norm Llama block (SwiGLU, no extra norms; weights dense
-    or, with ``packed``, quantized), which the five fused operations compute."""
-    return (cfg.arch.activation == "silu" and layer.q_norm is None
+    """Whether a layer is a pre-norm Llama block (SwiGLU, no norms after its sublayers;
+    weights dense or, with ``packed``, quantized; Qwen3's head norms allowed), which the five
+    fused operations compute (six with the head norms)."""
+    return (cfg.arch.activation == "silu"
             and layer.post_attn_norm is None and layer.post_mlp_norm is None
             and (isinstance(layer.qkv.weight, NDArray) or packed)
             and _plain(layer.gate_up, packed)

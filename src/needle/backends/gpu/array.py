@@ -46,6 +46,8 @@ REDUCE = struct.Struct("5q")
 MATMUL = struct.Struct("10q")
 ROW = struct.Struct("qq")
 NORM = {dt: padded("qq" + _SCALAR[dt]) for dt in FLOATS}
+# qk_rmsnorm's params: rows, query heads, KV heads, head size, eps
+QK_NORM = {dt: padded("4q" + _SCALAR[dt]) for dt in FLOATS}
 ROPE = struct.Struct("4q")
 ATTN = padded("9qfiif")  # AttnParams: sizes, splits, chunk, scale, causal, window, scale_lo
 DECODE = padded("8qff")  # attention_decode: heads, kv heads, head dim, capacity, table rows,

@@ -90,6 +90,7 @@ from .nn import (
     layernorm,
     log_softmax,
     matmul_swiglu,
+    qk_rmsnorm,
     rmsnorm,
     rope,
     silu_mul,

@@ -82,6 +82,22 @@ def swiglu(x: Array, out: Array, dim: int) -> None:
     _store(out, (a * _sigmoid(a) * v[:, dim:]).reshape(-1))
 
 
+def qk_rmsnorm(x: Array, q_weight: Array, k_weight: Array, out: Array, rows: int,
+               q_heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
+    """The per-head norms of a fused q/k/v projection (Qwen3, Gemma 3): x holds ``rows``
+    head rows of ``head_dim`` values, each token's q_heads query heads, then kv_heads key
+    heads, then kv_heads value heads; query rows become rmsnorm(row) * q_weight, key rows
+    rmsnorm(row) * k_weight (as ``rmsnorm``: float32, rounded once), value rows are copied."""
+    heads = q_heads + 2 * kv_heads
+    v = _f(x.array).reshape(-1, heads, head_dim)
+    r = 1 / np.sqrt((v * v).mean(axis=2, keepdims=True) + np.asarray(eps, v.dtype))
+    w = np.concatenate([np.broadcast_to(_f(q_weight.array), (q_heads, head_dim)),
+                        np.broadcast_to(_f(k_weight.array), (kv_heads, head_dim))])
+    y = v.copy()
+    y[:, :q_heads + kv_heads] = v[:, :q_heads + kv_heads] * r[:, :q_heads + kv_heads] * w
+    _store(out, y.reshape(-1))
+
+
 def geglu(x: Array, out: Array, dim: int) -> None:
     """out = gelu_tanh(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim): the GeGLU of
     a fused gate-and-up projection (Gemma), GELU in PyTorch's tanh form

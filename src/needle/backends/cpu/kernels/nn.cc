@@ -159,6 +159,33 @@ template <class S> void swiglu_kernel(const void* x_, void* out_, int64_t n, int
   });
 }
 
+// Per-head norms of a fused q/k/v projection: rows of head_dim, each token's query heads
+// normed with qw, its key heads with kw, its value heads copied (numpy_ref.qk_rmsnorm).
+template <class S> void qk_rmsnorm_kernel(const void* x_, const void* qw_, const void* kw_,
+                                          void* out_, int64_t rows, int64_t q_heads,
+                                          int64_t kv_heads, int64_t dim, double eps) {
+  using C = compute_t<S>;
+  const S* x = (const S*)x_;
+  const S* qw = (const S*)qw_;
+  const S* kw = (const S*)kw_;
+  S* out = (S*)out_;
+  const int64_t heads = q_heads + 2 * kv_heads;
+  for_rows<S>(rows, dim, [&](int64_t r, C*) {
+    const S* a = x + r * dim;
+    S* o = out + r * dim;
+    const int64_t h = r % heads;
+    if (h >= q_heads + kv_heads) {
+      std::copy(a, a + dim, o);
+      return;
+    }
+    const S* w = h < q_heads ? qw : kw;
+    const C ms = lane_sum<C>(dim, [&](int64_t i) { const C v = load(a[i]); return v * v; });
+    const C inv = C(1) / std::sqrt(ms / (C)dim + (C)eps);
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) o[i] = store<S>(load(a[i]) * inv * load(w[i]));
+  });
+}
+
 // out[r, j] = gelu_tanh(x[r, j]) * x[r, dim + j]: GeGLU (Gemma), laid out as swiglu_kernel
 template <class S> void geglu_kernel(const void* x_, void* out_, int64_t n, int64_t dim) {
   const S* x = (const S*)x_;
@@ -192,6 +219,8 @@ using BinFn = void (*)(const void*, const void*, void*, int64_t);
 using AddRmsFn = void (*)(const void*, const void*, const void*, void*, void*, int64_t, int64_t,
                          double);
 using SwigluFn = void (*)(const void*, void*, int64_t, int64_t);
+using QkNormFn = void (*)(const void*, const void*, const void*, void*, int64_t, int64_t,
+                          int64_t, int64_t, double);
 
 const KernelTable<RowFn> kSoftmax = NEEDLE_FLOAT_TABLE(RowFn, "softmax", softmax_kernel);
 const KernelTable<RmsFn> kRmsnorm = NEEDLE_FLOAT_TABLE(RmsFn, "rmsnorm", rmsnorm_kernel);
@@ -202,6 +231,8 @@ const KernelTable<AddRmsFn> kAddRmsnorm =
     NEEDLE_FLOAT_TABLE(AddRmsFn, "add_rmsnorm", add_rmsnorm_kernel);
 const KernelTable<SwigluFn> kSwiglu = NEEDLE_FLOAT_TABLE(SwigluFn, "swiglu", swiglu_kernel);
 const KernelTable<SwigluFn> kGeglu = NEEDLE_FLOAT_TABLE(SwigluFn, "geglu", geglu_kernel);
+const KernelTable<QkNormFn> kQkRmsnorm =
+    NEEDLE_FLOAT_TABLE(QkNormFn, "qk_rmsnorm", qk_rmsnorm_kernel);
 
 int64_t rows_of(const Array& a, int64_t dim, const char* fn) {
   if (dim <= 0 || a.size % dim)
@@ -289,6 +320,25 @@ void swiglu(const Array& x, Array& out, int64_t dim) {
   without_gil([&] { f(x.data, out.data, out.size, dim); });
 }
 
+void qk_rmsnorm(const Array& x, const Array& qw, const Array& kw, Array& out, int64_t rows,
+                int64_t q_heads, int64_t kv_heads, int64_t head_dim, double eps) {
+  const char* fn = "qk_rmsnorm";
+  if (rows < 0 || q_heads <= 0 || kv_heads <= 0 || head_dim <= 0 ||
+      rows % (q_heads + 2 * kv_heads))
+    raise("ShapeError", "qk_rmsnorm: rows must be a multiple of q_heads + 2 * kv_heads > 0");
+  for (const Array* a : std::initializer_list<const Array*>{&qw, &kw, &out})
+    check_same_dtype(x, *a, fn);
+  check_size(x, rows * head_dim, fn, "x");
+  check_size(out, rows * head_dim, fn, "out");
+  check_size(qw, head_dim, fn, "q_weight");
+  check_size(kw, head_dim, fn, "k_weight");
+  const QkNormFn f = kQkRmsnorm[x.dtype];
+  if (rows == 0) return;
+  without_gil([&] {
+    f(x.data, qw.data, kw.data, out.data, rows, q_heads, kv_heads, head_dim, eps);
+  });
+}
+
 void geglu(const Array& x, Array& out, int64_t dim) {
   const int64_t rows = rows_of(out, dim, "geglu");
   check_same_dtype(x, out, "geglu");
@@ -319,6 +369,10 @@ void bind_nn(nb::module_& m) {
         "total = x + delta (rounded), out = rmsnorm(total) * w, per row; total may be x");
   m.def("swiglu", &swiglu, nb::arg("x"), nb::arg("out"), nb::arg("dim"),
         "out = silu(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)");
+  m.def("qk_rmsnorm", &qk_rmsnorm, nb::arg("x"), nb::arg("q_weight"), nb::arg("k_weight"),
+        nb::arg("out"), nb::arg("rows"), nb::arg("q_heads"), nb::arg("kv_heads"),
+        nb::arg("head_dim"), nb::arg("eps"),
+        "per-head rmsnorm of a fused q/k/v projection's query and key heads (values copied)");
   m.def("geglu", &geglu, nb::arg("x"), nb::arg("out"), nb::arg("dim"),
         "out = gelu_tanh(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)");
 }

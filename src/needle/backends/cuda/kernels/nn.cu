@@ -13,6 +13,7 @@
 struct RowParams { i64 rows, dim; };
 template <class S> struct NormParams { i64 rows, dim; S eps; };
 struct RopeParams { i64 batch, seq, heads, head_dim; };
+template <class S> struct QkNormParams { i64 rows, q_heads, kv_heads, head_dim; S eps; };
 
 // ---- row kernels: threads (TX, TY); TX threads (whole warps) per row, TY rows per group --
 // Reduce v over the TX threads of this thread's row. Every thread of the group calls it
@@ -342,6 +343,36 @@ __device__ __forceinline__ void swiglu(const T* __restrict__ x, T* __restrict__ 
   }
 }
 
+// ---- qk_rmsnorm: a warp a head row of a fused q/k/v projection: query rows normed with qw,
+// key rows with kw (as rmsnorm_rows: float sums, rounded once), value rows copied ----------
+template <class T>
+__device__ __forceinline__ void qk_rmsnorm(const T* __restrict__ x, const T* __restrict__ qw,
+                                           const T* __restrict__ kw, T* __restrict__ out,
+                                           const QkNormParams<typename Scalar<T>::type>& p) {
+  typedef typename Acc<T>::type C;
+  const int lane = threadIdx.x % 32;
+  const i64 D = p.head_dim, heads = p.q_heads + 2 * p.kv_heads;
+  const i64 warps = (i64)gridDim.x * blockDim.x / 32;
+  for (i64 r = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < p.rows; r += warps) {
+    const T* xr = x + r * D;
+    T* o = out + r * D;
+    const i64 h = r % heads;  // the same for the whole warp
+    if (h >= p.q_heads + p.kv_heads) {
+      for (i64 j = lane; j < D; j += 32) o[j] = xr[j];
+      continue;
+    }
+    const T* w = h < p.q_heads ? qw : kw;
+    C ss = C(0);
+    for (i64 j = lane; j < D; j += 32) {
+      const C v = load(xr[j]);
+      ss += v * v;
+    }
+    ss = warp_sum(ss);
+    const C rs = C(1) / m_sqrt(ss / (C)D + (C)p.eps);
+    for (i64 j = lane; j < D; j += 32) o[j] = store<T>((C)load(xr[j]) * rs * (C)load(w[j]));
+  }
+}
+
 // ---- geglu: out[r, c] = gelu_tanh(x[r, c]) * x[r, dim + c] (Gemma's GeGLU) -----------------
 template <class T>
 __device__ __forceinline__ void geglu(const T* __restrict__ x, T* __restrict__ out,
@@ -433,6 +464,12 @@ ONLY(bf16, FA(bf16, bf16_t, 128))
   extern "C" __global__ void swiglu_##SFX(const T* __restrict__ x, T* __restrict__ out, RowParams p) { \
     pdl_entry();                                                                               \
     swiglu<T>(x, out, p);                                                                      \
+  }                                                                                            \
+  extern "C" __global__ void qk_rmsnorm_##SFX(const T* __restrict__ x, const T* __restrict__ qw, \
+                                              const T* __restrict__ kw, T* __restrict__ out,   \
+                                              QkNormParams<Scalar<T>::type> p) {               \
+    pdl_entry();                                                                               \
+    qk_rmsnorm<T>(x, qw, kw, out, p);                                                          \
   }                                                                                            \
   extern "C" __global__ void geglu_##SFX(const T* __restrict__ x, T* __restrict__ out, RowParams p) { \
     pdl_entry();                                                                               \

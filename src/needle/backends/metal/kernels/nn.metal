@@ -491,6 +491,37 @@ kernel void attention_decode_combine(device const int* position [[buffer(0)]],
   }
   *o = store<T>(acc / total);
 }
+// ---- qk_rmsnorm: a thread a head row of a fused q/k/v projection: query rows normed with qw,
+// key rows with kw, value rows copied (numpy_ref.qk_rmsnorm) ----------------------------------
+struct QkNormParams {
+  long rows, q_heads, kv_heads, head_dim;
+  float eps;
+};
+
+template <class T>
+kernel void qk_rmsnorm(device const T* x [[buffer(0)]], device const T* qw [[buffer(1)]],
+                       device const T* kw [[buffer(2)]], device T* out [[buffer(3)]],
+                       constant QkNormParams& p [[buffer(4)]], GRID_ARGS) {
+  const long D = p.head_dim, heads = p.q_heads + 2 * p.kv_heads;
+  GRID_STRIDE(r, p.rows) {
+    device const T* xr = x + r * D;
+    device T* o = out + r * D;
+    const long h = r % heads;
+    if (h >= p.q_heads + p.kv_heads) {
+      for (long j = 0; j < D; j++) o[j] = xr[j];
+      continue;
+    }
+    device const T* w = h < p.q_heads ? qw : kw;
+    float ss = 0.0f;
+    for (long j = 0; j < D; j++) {
+      const float v = load(xr[j]);
+      ss += v * v;
+    }
+    const float rs = 1.0f / sqrt(ss / float(D) + p.eps);
+    for (long j = 0; j < D; j++) o[j] = store<T>(load(xr[j]) * rs * load(w[j]));
+  }
+}
+
 // ---- geglu: out (rows, dim) = gelu_tanh(x[:, :dim]) * x[:, dim:] (Gemma's GeGLU) ------------
 template <class T>
 kernel void geglu(device const T* x [[buffer(0)]], device T* out [[buffer(1)]],
@@ -513,6 +544,7 @@ kernel void geglu(device const T* x [[buffer(0)]], device T* out [[buffer(1)]],
   INSTANTIATE(NAME(rope_##SFX), rope<T>)                                         \
   INSTANTIATE(NAME(swiglu_##SFX), swiglu<T>)                                     \
   INSTANTIATE(NAME(geglu_##SFX), geglu<T>)                                       \
+  INSTANTIATE(NAME(qk_rmsnorm_##SFX), qk_rmsnorm<T>)                             \
   INSTANTIATE(NAME(attention_##SFX), attention<T>)                               \
   INSTANTIATE(NAME(attention_combine_##SFX), attention_combine<T>)                \
   INSTANTIATE(NAME(attention_decode_##SFX), attention_decode<T>)                 \
