@@ -244,6 +244,10 @@ def test_bad_requests_get_openai_errors(running, client):
                                         response_format={"type": "text"}, logit_bias={},
                                         modalities=["text"])
     assert ok.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError, match="image_url parts; needle serves text"):
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=NAME, messages=[])
     with pytest.raises(openai.BadRequestError, match="max_seq_len"):

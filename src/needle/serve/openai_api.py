@@ -191,6 +191,12 @@ def _content(message: dict, i: int) -> str:
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
         return "".join(p["text"] for p in content)
+    kinds = sorted({p.get("type") for p in content if isinstance(p, dict)} - {"text"}
+                   if isinstance(content, list) else ())
+    if kinds:  # image_url, input_audio, file: what a vision or audio model would read
+        raise _bad(f"messages[{i}].content has {', '.join(map(str, kinds))} parts; needle "
+                   "serves text models and reads text parts only (a vision-language "
+                   "checkpoint runs its language model, without its vision tower)", "messages")
     raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
 
 
