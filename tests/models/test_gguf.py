@@ -229,3 +229,42 @@ def test_needle_generate_runs_a_gguf_file(hf_llama, tmp_path, capsys):
     assert out.rstrip("\n") == "the cat" + model.tokenizer.decode(expected)
     assert cli.main(["generate", str(path), "--chat", "--prompt", "hi", "--max-tokens", "3",
                      "--device", "cpu"]) == 0
+
+
+def test_qwen2_files_split_digits_as_qwen2s_tokenizer(tmp_path):
+    """A Qwen GGUF file (gpt2 tokenizer, tokenizer.ggml.pre "qwen2") splits text as Qwen2's
+    tokenizer does: digits one at a time, so a merge of two digits never applies (GPT-2's and
+    Llama 3's rules would merge them). The reference: transformers' Qwen2Tokenizer built
+    from the same vocabulary and merges."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from needle.models.gguf import GGUFFile
+    from needle.models.gguf_tokenizer import gguf_tokenizer
+
+    alphabet = list(bytes_to_unicode().values())
+    merges = ["Ġ t", "h e", "Ġt he", "1 2", "12 3", "' s", "Ġ 1"]
+    words = ["Ġt", "he", "Ġthe", "12", "123", "'s", "Ġ1"]
+    tokens = alphabet + words + ["<|endoftext|>"]
+    path = tmp_path / "q.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    for key, value in (("context_length", 64), ("embedding_length", 8), ("block_count", 1),
+                       ("feed_forward_length", 16), ("head_count", 2), ("head_count_kv", 1)):
+        getattr(w, f"add_{key}")(value)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 1) + [3])
+    w.add_token_merges(merges)
+    w.add_eos_token_id(len(tokens) - 1)
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ref = transformers.Qwen2Tokenizer(vocab={t: i for i, t in enumerate(tokens)},
+                                      merges=[tuple(m.split()) for m in merges])
+    tok = gguf_tokenizer(GGUFFile(path))
+    for text in ["the 123 it's 1234", "12 and 123123", "  the\n\n12"]:
+        assert tok.encode(text) == ref(text)["input_ids"], text
+    assert tok.encode("123") == [tokens.index(c) for c in "123"]  # no digit merges

@@ -156,8 +156,11 @@ class GGUFFile:
         if key_length is not None:
             raw["head_dim"] = int(key_length)
         if scaling == "linear":
-            raw["rope_scaling"] = {"rope_type": "linear",
-                                   "factor": float(self.field(f"{arch}.rope.scaling.factor"))}
+            factor = self.field(f"{arch}.rope.scaling.factor")
+            if not isinstance(factor, (int, float)) or factor <= 0:
+                raise ModelFormatError(f"{self.path}: linear RoPE scaling needs a positive "
+                                       f"{arch}.rope.scaling.factor, got {factor!r}")
+            raw["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
         if arch == "gemma3":
             raw.update(self._gemma3(raw))
         return ModelConfig.from_dict({k: v for k, v in raw.items() if v is not None},

@@ -6,7 +6,7 @@ tokenizer built the way transformers builds it from the same file:
   token's splits into two vocabulary pieces, best-scored token first); the Metaspace
   pre-tokenizer (a "▁" before the first word); a BOS added unless ``add_bos_token`` is false.
 * ``gpt2`` (byte-level BPE): vocabulary and merges as given, the GPT-2 byte-level
-  pre-tokenizer (the Llama 3 split rule where ``tokenizer.ggml.pre`` names it).
+  pre-tokenizer (the Llama 3 or Qwen2 split rule where ``tokenizer.ggml.pre`` names it).
 
 Tokens typed CONTROL become special tokens, USER_DEFINED ones added tokens. The chat
 template is ``tokenizer.chat_template``.
@@ -20,7 +20,12 @@ from .tokenizer import Tokenizer
 CONTROL, USER_DEFINED = 3, 4
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen2/2.5/3's rule (Qwen2TokenizerFast's): digits one at a time
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# tokenizer.ggml.pre -> the split before byte-level BPE (others: GPT-2's)
 _SPLITS = {name: _LLAMA3_SPLIT for name in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe")}
+_SPLITS["qwen2"] = _QWEN2_SPLIT
 
 
 def _merges_from_scores(tokens: list[str], scores) -> list[tuple[str, str]]:
