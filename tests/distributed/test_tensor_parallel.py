@@ -22,8 +22,10 @@ from .jobs import run_job
 
 PROMPT = [1, 17, 92, 5, 201, 33, 8]
 # variant, overrides: Llama (GQA), Qwen2 (q/k/v biases), Phi-3 (fused qkv and gate_up,
-# window), Gemma 2 (soft-capping, sandwich norms, window)
-MODELS = [("llama", {}), ("qwen2", {"num_key_value_heads": 2}), ("phi3", {}), ("gemma2", {})]
+# window), Gemma 2 (soft-capping, sandwich norms, window), Qwen3 (per-head q/k norms),
+# Gemma 3 (q/k norms, GeGLU, two rotary tables, windows on two layers of three)
+MODELS = [("llama", {}), ("qwen2", {"num_key_value_heads": 2}), ("phi3", {}), ("gemma2", {}),
+          ("qwen3", {}), ("gemma3", {})]
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +64,16 @@ def test_two_ranks_give_the_logits_and_tokens_of_one(model_dir, tmp_path, fused,
         steps = np.stack([decoder.step(t).numpy().reshape(-1) for t in tokens[:3]])
         np.testing.assert_allclose(got["steps"], steps, rtol=1e-4, atol=1e-4,
                                    err_msg=directory.name)
-        # the ranks' layers decode as one process's do (Llama's and Qwen2's as five fused
-        # operations when asked; Phi-3's windows and Gemma 2's sandwich norms never)
+        # the ranks' layers decode as one process's do (Llama's, Qwen2's, Qwen3's and
+        # Phi-3's as the fused operations when asked; Gemma's sandwich norms never)
         assert got["fused"].tolist() == model.transformer.five_ops, directory.name
-        if fused == "1" and MODELS[i][0] in ("llama", "qwen2"):
+        if fused == "1" and MODELS[i][0] in ("llama", "qwen2", "qwen3", "phi3"):
             assert all(got["fused"])
         # each rank holds half the head's vocabulary rows, but a head tied to the
-        # embeddings (Gemma 2's) stays whole: the lookup needs every row
+        # embeddings (Gemma's) stays whole: the lookup needs every row
         vocab = model.config.vocab_size
-        assert int(got["head_rows"]) == (vocab if MODELS[i][0] == "gemma2" else vocab // 2)
+        tied = MODELS[i][0] in ("gemma2", "gemma3")
+        assert int(got["head_rows"]) == (vocab if tied else vocab // 2)
 
 
 def test_shards_are_disjoint_and_rebuild_the_matrices(model_dir):
