@@ -483,6 +483,9 @@ def test_qk_rmsnorm_errors(device, rng):
         nd.qk_rmsnorm(x, w, w, 2, 2, 1e-6)  # 6 heads do not divide 40 values
     with pytest.raises(ShapeError, match="weights"):
         nd.qk_rmsnorm(x, on(device, np.ones(4, np.float32)), w, 3, 1, 1e-6)
+    for bad in ("3", 0, 2.0):
+        with pytest.raises(ShapeError, match="positive ints"):
+            nd.qk_rmsnorm(x, w, w, bad, 1, 1e-6)
     with pytest.raises(DTypeError):
         ints = on(device, np.ones((1, 40), np.int32))
         nd.qk_rmsnorm(ints, w, w, 3, 1, 1e-6)

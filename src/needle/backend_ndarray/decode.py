@@ -1,5 +1,5 @@
 """The decode step's fused operations (``nd.attention_decode``, ``nd.rmsnorm_matvec``,
-``nd.matvec_add``).
+``nd.matvec_add``, ``nd.qk_rmsnorm``).
 
 A Llama layer for one token is five array operations: ``rmsnorm_matvec`` (norm + QKV),
 ``attention_decode``, ``matvec_add`` (output projection + residual), ``rmsnorm_matvec``
@@ -184,9 +184,11 @@ def qk_rmsnorm(qkv: NDArray, q_weight: NDArray, k_weight: NDArray, q_heads: int,
     numbers of ``rmsnorm`` on each head (see ``numpy_ref.qk_rmsnorm``)."""
     for w in (q_weight, k_weight):
         qkv._check_device(w)
+    if not (_is_int(q_heads) and _is_int(kv_heads)) or q_heads <= 0 or kv_heads <= 0:
+        raise ShapeError(f"qk_rmsnorm: q_heads and kv_heads must be positive ints, got "
+                         f"{q_heads!r} and {kv_heads!r}")
     heads = q_heads + 2 * kv_heads
-    if not (_is_int(q_heads) and _is_int(kv_heads)) or q_heads <= 0 or kv_heads <= 0 \
-            or qkv.ndim < 1 or qkv.shape[-1] % heads:
+    if qkv.ndim < 1 or qkv.shape[-1] % heads:
         raise ShapeError(f"qk_rmsnorm: qkv's last axis ({qkv.shape}) must hold {q_heads} + 2 x "
                          f"{kv_heads} heads of one size")
     d = qkv.shape[-1] // heads

@@ -4,18 +4,7 @@ scalar and unary maps, casts, where, and the SwiGLU gate products."""
 from __future__ import annotations
 
 from ...backend_ndarray.dtypes import ITEMSIZE
-from .array import (
-    ALL,
-    FLOATS,
-    N_PARAMS,
-    NUMBERS,
-    QK_NORM,
-    ROW,
-    S_PARAMS,
-    SUFFIX,
-    GpuArray,
-    scalar,
-)
+from .array import ALL, FLOATS, N_PARAMS, NUMBERS, ROW, S_PARAMS, SUFFIX, GpuArray, scalar
 from .base import GpuBase
 
 
@@ -104,15 +93,6 @@ class ElementwiseOps(GpuBase):
         if out.size:
             self._launch_1d(f"swiglu_{SUFFIX[x.dtype]}", out.size, (x.buffer, out.buffer),
                             ROW.pack(out.size, dim), "nn")
-
-    def qk_rmsnorm(self, x: GpuArray, q_weight: GpuArray, k_weight: GpuArray, out: GpuArray,
-                   rows: int, q_heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
-        """numpy_ref.qk_rmsnorm: a warp (CUDA) or a thread (Metal) a head row."""
-        self._need(x.dtype, FLOATS, "qk_rmsnorm")
-        if rows:
-            self._launch_1d(f"qk_rmsnorm_{SUFFIX[x.dtype]}", 32 * rows,
-                            (x.buffer, q_weight.buffer, k_weight.buffer, out.buffer),
-                            QK_NORM[x.dtype].pack(rows, q_heads, kv_heads, head_dim, eps), "nn")
 
     def geglu(self, x: GpuArray, out: GpuArray, dim: int) -> None:
         """out = gelu_tanh(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)."""

@@ -15,6 +15,7 @@ from .array import (
     FLOATS,
     MAX_GRID_YZ,
     NORM,
+    QK_NORM,
     ROPE,
     ROW,
     SUFFIX,
@@ -50,6 +51,15 @@ class NNOps(GpuBase):
         rows = x.size // dim
         self._row_kernel("rmsnorm", x.dtype, rows, dim, (x.buffer, w.buffer, out.buffer),
                          NORM[x.dtype].pack(rows, dim, eps), ACC[x.dtype])
+
+    def qk_rmsnorm(self, x: GpuArray, q_weight: GpuArray, k_weight: GpuArray, out: GpuArray,
+                   rows: int, q_heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
+        """numpy_ref.qk_rmsnorm: a warp (CUDA) or a thread (Metal) a head row."""
+        self._need(x.dtype, FLOATS, "qk_rmsnorm")
+        if rows:
+            self._launch_1d(f"qk_rmsnorm_{SUFFIX[x.dtype]}", 32 * rows,
+                            (x.buffer, q_weight.buffer, k_weight.buffer, out.buffer),
+                            QK_NORM[x.dtype].pack(rows, q_heads, kv_heads, head_dim, eps), "nn")
 
     def add_rmsnorm(self, x: GpuArray, delta: GpuArray, w: GpuArray, total: GpuArray,
                     out: GpuArray, dim: int, eps: float) -> None:
