@@ -320,3 +320,34 @@ def test_a_client_that_gives_up_on_a_plain_request_frees_it(model):
         assert _wait_idle(server.engine)
     finally:
         server.stop()
+
+
+def test_chat_template_kwargs_reach_the_template(model, client):
+    """vLLM's chat_template_kwargs: variables the template reads (Qwen3's enable_thinking
+    writes an empty think block when it is false); names the server sets, or a non-object,
+    are refused."""
+    import copy
+
+    from needle.serve import openai_api
+    from tests.models.hf_models import CHATML
+
+    tok = copy.copy(model.tokenizer)
+    tok.chat_template = CHATML + ("{% if enable_thinking is defined and enable_thinking is "
+                                  "false %}<think>\n\n</think>\n\n{% endif %}")
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    plain = openai_api.parse_chat(body, tok, model.generation_config).prompt
+    off = openai_api.parse_chat({**body, "chat_template_kwargs": {"enable_thinking": False}},
+                                tok, model.generation_config).prompt
+    assert off[:len(plain)] == plain
+    assert tok.decode(off[len(plain):]) == "<think>\n\n</think>\n\n"
+    for bad in ([1], {"add_generation_prompt": False}, {"not a name": 1}):
+        with pytest.raises(openai_api.ApiError, match="chat_template_kwargs"):
+            openai_api.parse_chat({**body, "chat_template_kwargs": bad}, tok,
+                                  model.generation_config)
+    chat = [{"role": "user", "content": "x"}]  # through the openai client
+    ok = client.chat.completions.create(model=NAME, messages=chat, max_tokens=2,
+                                        extra_body={"chat_template_kwargs": {"today": "Monday"}})
+    assert ok.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError, match="may not set tools"):
+        client.chat.completions.create(model=NAME, messages=chat, max_tokens=2,
+                                       extra_body={"chat_template_kwargs": {"tools": []}})

@@ -5,7 +5,8 @@ Only the HTTP layer (``server.py``) uses this module; it has no HTTP in it, so t
 validation is testable on its own. Fields OpenAI defines that needle cannot honour (n > 1,
 echo, non-zero presence/frequency penalties, tools, a JSON response_format, logit_bias,
 audio) are refused with a 400 that says so, never silently ignored. Extensions accepted as
-vLLM does: top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos.
+vLLM does: top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, and chat's
+chat_template_kwargs (variables for the chat template, e.g. Qwen3's enable_thinking).
 """
 
 from __future__ import annotations
@@ -215,14 +216,37 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
+# what the server itself passes to the template, which chat_template_kwargs may not set
+_TEMPLATE_OWN = ("conversation", "messages", "add_generation_prompt", "continue_final_message",
+                 "tools", "documents", "chat_template", "tokenize", "return_dict")
+
+
+def _template_kwargs(body: dict) -> dict:
+    """vLLM's ``chat_template_kwargs``: variables the chat template reads (Qwen3's
+    ``enable_thinking``, a system date...), as an object of names to JSON values."""
+    extra = body.get("chat_template_kwargs")
+    if extra is None:
+        return {}
+    if not isinstance(extra, dict) or not all(isinstance(k, str) and k.isidentifier()
+                                              for k in extra):
+        raise _bad("chat_template_kwargs must be an object of template variable names to "
+                   "values", "chat_template_kwargs")
+    taken = sorted(set(extra) & set(_TEMPLATE_OWN))
+    if taken:
+        raise _bad(f"chat_template_kwargs may not set {', '.join(taken)}, which the server "
+                   "sets", "chat_template_kwargs")
+    return extra
+
+
 def parse_chat(body: dict, tokenizer, generation_config) -> ParsedRequest:
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer, so it cannot chat; use "
                             "/v1/completions with token ids", "messages")
     messages = chat_messages(body)
+    extra = _template_kwargs(body)
     try:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                            return_dict=False)
+                                            return_dict=False, **extra)
     except NeedleError as e:
         raise _bad(f"the chat template failed: {e}", "messages") from e
     params = request_params(body, None, generation_config, chat=True)
