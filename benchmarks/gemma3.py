@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .quant_decode import _copy_bandwidth
+from .quant_decode import copy_bandwidth
 
 GEMMA3_1B = dict(vocab_size=262144, hidden_size=1152, intermediate_size=6912,
                  num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(0)
     rows = {n: compare(model, hf, rng.integers(3, model.config.vocab_size, n).tolist(),
                        args.tokens, torch_device) for n in lengths}
-    copy = _copy_bandwidth(device)
+    copy = copy_bandwidth(device)
     # every weight once: the tied output head reads the whole embedding table
     step_bytes = estimate(model.config, model.weights.embed.dtype, 1).weights
     limit = copy / step_bytes  # the weights read at the copy rate (as the llm cases count)

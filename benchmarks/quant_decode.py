@@ -101,7 +101,7 @@ def _nbytes(a) -> int:
     return a.size * ITEMSIZE[a.dtype]
 
 
-def _copy_bandwidth(device) -> float:
+def copy_bandwidth(device) -> float:
     """Bytes read + written per second by a 1 GiB device copy (needle's own copy)."""
     from needle import backend_ndarray as nd
 
@@ -270,7 +270,7 @@ def main(argv=None) -> None:
 
     device = nd.device_from_name(args.device) if args.device else nd.default_device()
     cfg = _config(args.quick)
-    copy = _copy_bandwidth(device)
+    copy = copy_bandwidth(device)
     if args.kernels:
         kernel_table(device, copy, args.quick)
     rows = []

@@ -101,25 +101,22 @@ class TransformerOps:
     def swiglu(self) -> NDArray:
         """silu(first half) * second half along the last axis: SwiGLU of a fused gate-and-up
         projection (..., 2 * dim) -> (..., dim), without copying the halves apart."""
-        a, two = self._rows("swiglu")
-        if two % 2:
-            raise ShapeError(f"swiglu needs an even last axis (gate and up halves), got "
-                             f"{self.shape}")
-        out = type(self).make(a.shape[:-1] + (two // 2,), device=self.device, dtype=a.dtype)
-        if out.size:
-            self._be.swiglu(a._handle, out._handle, two // 2)
-        return out
+        return self._gated("swiglu")
 
     def geglu(self) -> NDArray:
         """gelu_tanh(first half) * second half along the last axis: GeGLU (Gemma) of a fused
         gate-and-up projection (..., 2 * dim) -> (..., dim), in one pass."""
-        a, two = self._rows("geglu")
+        return self._gated("geglu")
+
+    def _gated(self, op: str) -> NDArray:
+        """The backend's gated-MLP function ``op`` (swiglu, geglu) of the last axis' halves."""
+        a, two = self._rows(op)
         if two % 2:
-            raise ShapeError(f"geglu needs an even last axis (gate and up halves), got "
+            raise ShapeError(f"{op} needs an even last axis (gate and up halves), got "
                              f"{self.shape}")
         out = type(self).make(a.shape[:-1] + (two // 2,), device=self.device, dtype=a.dtype)
         if out.size:
-            self._be.geglu(a._handle, out._handle, two // 2)
+            getattr(self._be, op)(a._handle, out._handle, two // 2)
         return out
 
     def take(self, indices: NDArray) -> NDArray:

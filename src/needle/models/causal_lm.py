@@ -35,7 +35,7 @@ class CausalLM:
         self.config, self.max_seq_len, self.device, self.dtype = cfg, max_seq_len, device, dtype
         self.weights = load_weights(cfg, weights)
         self.rope = RotaryTables(cfg, max_seq_len, device, dtype)
-        self.transformer = Transformer(cfg, self.weights, self.rope, max_seq_len)
+        self.transformer = Transformer(cfg, self.weights, self.rope)
         self.tokenizer = None  # set by load_pretrained when the model ships a tokenizer
         self.generation_config = GenerationConfig(eos_token_ids=cfg.eos_token_ids)
         self.load_stats = None  # set by load_pretrained: bytes, seconds, GB/s

@@ -228,6 +228,7 @@ class GGUFWeights:
 
     def __init__(self, file: GGUFFile, cfg: ModelConfig, device, dtype: str):
         self.file, self.cfg, self.device, self.dtype = file, cfg, device, dtype
+        self.permuted = file.architecture in PERMUTED  # q/k rows interleaved by the converter
         self.bytes_read = 0
         self._fused: dict[str, tuple] = {}
 
@@ -278,7 +279,7 @@ class GGUFWeights:
         return dense if order is None else dense[order]
 
     def _row_order(self, name: str, rows: int):
-        if self.file.architecture not in PERMUTED:
+        if not self.permuted:
             return None
         if name.endswith("self_attn.q_proj.weight"):
             return _unpermute_rows(rows, self.cfg.num_heads)

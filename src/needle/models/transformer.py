@@ -36,9 +36,8 @@ from .weights import LayerWeights, ModelWeights, Projection, fold_norm
 class Transformer:
     """Weights, rotary tables and the per-layer choice of attention path of one model."""
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, rope: RotaryTables,
-                 max_seq_len: int):
-        self.cfg, self.weights, self.rope, self.max_seq_len = cfg, weights, rope, max_seq_len
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, rope: RotaryTables):
+        self.cfg, self.weights, self.rope = cfg, weights, rope
         self.fused = [attention.is_fused(cfg, i) for i in range(cfg.num_layers)]
         # no layer on the composed attention path (which adds a step's key and value into
         # zeroed cache rows, and uploads its masks from the host)

@@ -89,14 +89,15 @@ class ElementwiseOps(GpuBase):
 
     def swiglu(self, x: GpuArray, out: GpuArray, dim: int) -> None:
         """out = silu(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)."""
-        self._need(x.dtype, FLOATS, "swiglu")
-        if out.size:
-            self._launch_1d(f"swiglu_{SUFFIX[x.dtype]}", out.size, (x.buffer, out.buffer),
-                            ROW.pack(out.size, dim), "nn")
+        self._gated("swiglu", x, out, dim)
 
     def geglu(self, x: GpuArray, out: GpuArray, dim: int) -> None:
         """out = gelu_tanh(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)."""
-        self._need(x.dtype, FLOATS, "geglu")
+        self._gated("geglu", x, out, dim)
+
+    def _gated(self, op: str, x: GpuArray, out: GpuArray, dim: int) -> None:
+        """A gated-MLP kernel (``nn``'s swiglu, geglu): 1-d over the outputs."""
+        self._need(x.dtype, FLOATS, op)
         if out.size:
-            self._launch_1d(f"geglu_{SUFFIX[x.dtype]}", out.size, (x.buffer, out.buffer),
+            self._launch_1d(f"{op}_{SUFFIX[x.dtype]}", out.size, (x.buffer, out.buffer),
                             ROW.pack(out.size, dim), "nn")

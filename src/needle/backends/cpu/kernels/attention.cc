@@ -151,7 +151,7 @@ template <class S> void attention_decode_kernel(const void* qkv_, const void* co
   for (int64_t h = 0; h < g.kv_heads; ++h)
     std::memcpy(values + (h * g.capacity + p) * D, qkv + (heads + h) * D, (size_t)D * sizeof(S));
 
-  const int64_t lo = g.window > 0 && p >= g.window ? p - g.window + 1 : 0;
+  const int64_t lo = window_start(p, g.window);
   const int64_t n = (int64_t)p + 1 - lo, group = g.q_heads / g.kv_heads;
   const C scale = (C)g.scale;
   parallel_items(g.q_heads, n * D * 2, [&](int64_t h) {

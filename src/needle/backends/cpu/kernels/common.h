@@ -367,4 +367,10 @@ void bind_matmul(nb::module_& m);
 void bind_nn(nb::module_& m);
 
 
+// The first position a query at p attends to: 0, or with a sliding window (> 0) the window's
+// first (the attention kernels' decode and paged forms)
+inline int64_t window_start(int64_t p, int64_t window) {
+  return window > 0 && p >= window ? p - window + 1 : 0;
+}
+
 }  // namespace needle

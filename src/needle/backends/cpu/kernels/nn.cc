@@ -137,9 +137,21 @@ template <class S> void silu_mul_kernel(const void* a_, const void* b_, void* ou
   });
 }
 
-// out[r, j] = silu(x[r, j]) * x[r, dim + j] for x (rows, 2 * dim): threads take runs of the
+// Gate functions of the gated MLPs: SiLU (SwiGLU) and GELU's tanh form (GeGLU, Gemma)
+struct Silu {
+  template <class C> C operator()(C a) const { return a * vsigmoid(a); }
+};
+struct GeluTanh {
+  template <class C> C operator()(C a) const {
+    const C inner = (a + a * a * a * C(0.044715)) * C(0.7978845608028654);
+    return a * (std::tanh(inner) + C(1)) * C(0.5);
+  }
+};
+
+// out[r, j] = gate(x[r, j]) * x[r, dim + j] for x (rows, 2 * dim): threads take runs of the
 // flat output, so one long row (a decode step) spreads over cores as well as many rows do.
-template <class S> void swiglu_kernel(const void* x_, void* out_, int64_t n, int64_t dim) {
+template <class S, class Gate> void glu_kernel(const void* x_, void* out_, int64_t n,
+                                               int64_t dim) {
   const S* x = (const S*)x_;
   S* out = (S*)out_;
   produce(out, n, int64_t(1) << 13, [=](int64_t lo, int64_t hi, S* __restrict dst) {
@@ -150,13 +162,16 @@ template <class S> void swiglu_kernel(const void* x_, void* out_, int64_t n, int
       const S* u = g + dim;
       S* o = dst + (i - lo);
 #pragma omp simd
-      for (int64_t k = 0; k < len; ++k) {
-        const auto a = load(g[k]);
-        o[k] = store<S>(a * vsigmoid(a) * load(u[k]));
-      }
+      for (int64_t k = 0; k < len; ++k) o[k] = store<S>(Gate()(load(g[k])) * load(u[k]));
       i += len;
     }
   });
+}
+template <class S> void swiglu_kernel(const void* x, void* out, int64_t n, int64_t dim) {
+  glu_kernel<S, Silu>(x, out, n, dim);
+}
+template <class S> void geglu_kernel(const void* x, void* out, int64_t n, int64_t dim) {
+  glu_kernel<S, GeluTanh>(x, out, n, dim);
 }
 
 // Per-head norms of a fused q/k/v projection: rows of head_dim, each token's query heads
@@ -183,28 +198,6 @@ template <class S> void qk_rmsnorm_kernel(const void* x_, const void* qw_, const
     const C inv = C(1) / std::sqrt(ms / (C)dim + (C)eps);
 #pragma omp simd
     for (int64_t i = 0; i < dim; ++i) o[i] = store<S>(load(a[i]) * inv * load(w[i]));
-  });
-}
-
-// out[r, j] = gelu_tanh(x[r, j]) * x[r, dim + j]: GeGLU (Gemma), laid out as swiglu_kernel
-template <class S> void geglu_kernel(const void* x_, void* out_, int64_t n, int64_t dim) {
-  const S* x = (const S*)x_;
-  S* out = (S*)out_;
-  produce(out, n, int64_t(1) << 13, [=](int64_t lo, int64_t hi, S* __restrict dst) {
-    int64_t r = lo / dim, j = lo - r * dim;
-    for (int64_t i = lo; i < hi; ++r, j = 0) {
-      const int64_t len = std::min(hi - i, dim - j);
-      const S* g = x + r * 2 * dim + j;
-      const S* u = g + dim;
-      S* o = dst + (i - lo);
-      for (int64_t k = 0; k < len; ++k) {
-        const auto a = load(g[k]);
-        using C = decltype(a);
-        const C inner = (a + a * a * a * C(0.044715)) * C(0.7978845608028654);
-        o[k] = store<S>(a * (std::tanh(inner) + C(1)) * C(0.5) * load(u[k]));
-      }
-      i += len;
-    }
   });
 }
 
@@ -311,14 +304,18 @@ void silu_mul(const Array& a, const Array& b, Array& out) {
   without_gil([&] { f(a.data, b.data, out.data, a.size); });
 }
 
-void swiglu(const Array& x, Array& out, int64_t dim) {
-  const int64_t rows = rows_of(out, dim, "swiglu");
-  check_same_dtype(x, out, "swiglu");
-  check_size(x, rows * 2 * dim, "swiglu", "x");
-  const SwigluFn f = kSwiglu[x.dtype];
+// out = gate(x[:, :dim]) * x[:, dim:] per row, by one of the gated kernels' tables
+void glu(const KernelTable<SwigluFn>& table, const char* fn, const Array& x, Array& out,
+         int64_t dim) {
+  const int64_t rows = rows_of(out, dim, fn);
+  check_same_dtype(x, out, fn);
+  check_size(x, rows * 2 * dim, fn, "x");
+  const SwigluFn f = table[x.dtype];
   if (out.size == 0) return;
   without_gil([&] { f(x.data, out.data, out.size, dim); });
 }
+
+void swiglu(const Array& x, Array& out, int64_t dim) { glu(kSwiglu, "swiglu", x, out, dim); }
 
 void qk_rmsnorm(const Array& x, const Array& qw, const Array& kw, Array& out, int64_t rows,
                 int64_t q_heads, int64_t kv_heads, int64_t head_dim, double eps) {
@@ -339,14 +336,7 @@ void qk_rmsnorm(const Array& x, const Array& qw, const Array& kw, Array& out, in
   });
 }
 
-void geglu(const Array& x, Array& out, int64_t dim) {
-  const int64_t rows = rows_of(out, dim, "geglu");
-  check_same_dtype(x, out, "geglu");
-  check_size(x, rows * 2 * dim, "geglu", "x");
-  const SwigluFn f = kGeglu[x.dtype];
-  if (out.size == 0) return;
-  without_gil([&] { f(x.data, out.data, out.size, dim); });
-}
+void geglu(const Array& x, Array& out, int64_t dim) { glu(kGeglu, "geglu", x, out, dim); }
 
 }  // namespace
 

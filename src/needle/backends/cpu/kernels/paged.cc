@@ -56,7 +56,7 @@ template <class S> void one_token(const S* q, const S* kp, const S* vp, const in
     std::fill(acc.begin(), acc.end(), C(0));
     std::fill(m.begin(), m.end(), -std::numeric_limits<C>::infinity());
     std::fill(l.begin(), l.end(), C(0));
-    const int64_t lo = g.window > 0 && p >= g.window ? p - g.window + 1 : 0;
+    const int64_t lo = window_start(p, g.window);
     for (int64_t j = lo; j <= p; ++j) {
       const int64_t slot = (int64_t)table[j / g.page_size] * g.page_size + j % g.page_size;
       const S* kr = kp + slot * row + kh * D;
