@@ -39,10 +39,14 @@ def answers(job: ServeJob) -> dict:
     return out
 
 
+SCORED = "Once upon a time there was a story about the quick brown fox"
+
+
 def test_serve_tp2_answers_as_one_process(chat_model):
     one = ServeJob(chat_model, "--max-seqs", "4")
     try:
         expected = answers(one)
+        expected_scores = one.scores(SCORED)
     finally:
         code, err = one.stop()
     assert code == 0, err
@@ -50,6 +54,9 @@ def test_serve_tp2_answers_as_one_process(chat_model):
                    env={"NEEDLE_DIST_TIMEOUT": "4"})
     try:
         got = answers(two)
+        scores = two.scores(SCORED)  # every rank runs the scored rows' vocab-split head
+        assert scores[0] is None and expected_scores[0] is None
+        np.testing.assert_allclose(scores[1:], expected_scores[1:], atol=1e-4)
         time.sleep(6)  # idle for longer than any collective may wait
         again = two.complete("The quick", temperature=0)
     finally:
@@ -76,7 +83,7 @@ def test_a_step_crosses_as_words_unchanged():
                       seq_of=np.array([0, 1, 2, 2, 2, 2, 2]), slots=rng.integers(0, 99, 7),
                       block_tables=rng.integers(-1, 9, (3, 4)).astype(np.int32),
                       logit_rows=np.array([0, 1, 6]),
-                      chunks=[(2, 5, np.arange(11))])
+                      chunks=[(2, 5, np.arange(11))], score_rows=np.array([2, 3, 4, 5]))
     batch.sampling = SamplingRows(rng.random((3, 5)).astype(np.float32),
                                   rng.integers(-2**31, 2**31, 3).astype(np.int32),
                                   np.array([1, 2, 7], np.int32),
@@ -88,7 +95,8 @@ def test_a_step_crosses_as_words_unchanged():
         assert payload.size == step_message.payload_size(head)
         got, *how = step_message.unpack(head, payload)
         assert how == [captured, greedy, fed]
-        for name in ("tokens", "positions", "seq_of", "slots", "block_tables", "logit_rows"):
+        for name in ("tokens", "positions", "seq_of", "slots", "block_tables", "logit_rows",
+                     "score_rows"):
             np.testing.assert_array_equal(getattr(got, name), getattr(batch, name), name)
         assert got.block_tables.dtype == np.int32
         assert [(f, c, s.tolist()) for f, c, s in got.chunks] == [(2, 5, list(range(11)))]

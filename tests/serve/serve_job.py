@@ -98,3 +98,9 @@ class ServeJob:
         chunks = self.client.completions.create(model=NAME, prompt=prompt, max_tokens=10,
                                                 stream=True, **options)
         return "".join(c.choices[0].text for c in chunks)
+
+    def scores(self, prompt: str) -> list[float | None]:
+        """Each prompt token's log-probability (echo with logprobs, nothing generated)."""
+        r = self.client.completions.create(model=NAME, prompt=prompt, echo=True, max_tokens=0,
+                                           logprobs=2)
+        return r.choices[0].logprobs.token_logprobs

@@ -44,6 +44,9 @@ class StepBatch:
     chunks: list = dataclasses.field(default_factory=list)
     # how each logits row chooses its token (choice.py); None: every row takes its argmax
     sampling: SamplingRows | None = None
+    # prompt tokens whose next-token distribution a request scores (scoring.py): their
+    # logits are computed apart from the choosing rows', in slices
+    score_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def check_supported(model) -> None:
@@ -109,6 +112,18 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
     """Logits (logit_rows, vocab) of the tokens at ``batch.rows[:logit_rows]``, after
     writing every token's key and value into the pool. Reads nothing on the host, so a
     backend can capture it (``captured.py``)."""
+    return logits(model, hidden_states(model, cache, batch), batch, logit_rows)
+
+
+def logits(model, hidden: NDArray, batch: DeviceBatch, logit_rows: int) -> NDArray:
+    """The LM head's logits (logit_rows, vocab) of ``hidden_states``' choosing rows."""
+    rows = batch.rows if logit_rows == batch.t else batch.rows[:logit_rows]
+    return model.transformer._logits(hidden.take(rows))
+
+
+def hidden_states(model, cache: PagedKVCache, batch: DeviceBatch) -> NDArray:
+    """Every token's final normed hidden state (T, hidden), after writing every token's
+    key and value into the pool."""
     cfg, tr = model.config, model.transformer
     w = tr.weights
     t = batch.t
@@ -135,8 +150,7 @@ def forward(model, cache: PagedKVCache, batch: DeviceBatch, logit_rows: int) -> 
         if layer.post_mlp_norm is not None:
             delta = delta.rmsnorm(layer.post_mlp_norm, eps)
     x, h = _add_norm(x, delta, w.final_norm, cfg)
-    rows = batch.rows if logit_rows == t else batch.rows[:logit_rows]
-    return tr._logits(h.reshape((t, x.shape[-1])).take(rows))  # (R, vocab)
+    return h.reshape((t, x.shape[-1]))
 
 
 def _attention(cfg, q: NDArray, keys: NDArray, values: NDArray, batch: DeviceBatch,

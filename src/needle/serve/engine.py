@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from ..models.generate import prompt_ids
 from ..models.sampling import Sampler
 from ..models.tokenizer import StreamDecoder
 from . import batch as batch_step
-from . import choice
+from . import choice, scoring
 from .captured import DecodeGraphs
 from .pages import PagedKVCache
 from .request import Request, RequestParams, TokenEvent, TokenLogprob
@@ -88,6 +88,7 @@ class Engine:
         self._stopping = False
         self._queued: _Queued | None = None  # a step on the device whose tokens are unread
         self._logits = None  # the last step's logits (device), for logprobs
+        self._prompt_scores: list = []  # the last step's scored rows' log-softmax (device)
         self._queue_ahead = os.environ.get("NEEDLE_SERVE_AHEAD", "1") != "0"
 
     # --- submitting ------------------------------------------------------------------------
@@ -113,7 +114,7 @@ class Engine:
             prompt = model.tokenizer.encode(prompt)
         ids = prompt_ids(prompt, model.config.vocab_size)
         room = model.max_seq_len - len(ids)
-        if room < 1:
+        if room < (0 if params.max_tokens == 0 else 1):  # 0: scoring the prompt alone
             raise GenerationError(f"the prompt has {len(ids)} tokens; the model's max_seq_len "
                                   f"{model.max_seq_len} leaves no room for an answer")
         max_tokens = room if params.max_tokens is None else params.max_tokens
@@ -129,7 +130,10 @@ class Engine:
                           repetition_penalty=s.repetition_penalty)
         sampler.observe(ids)
         detok = StreamDecoder(model.tokenizer) if model.tokenizer is not None else None
-        return Request(ids, params, max_tokens, frozenset(stop_ids), detok, sampler=sampler)
+        request = Request(ids, params, max_tokens, frozenset(stop_ids), detok, sampler=sampler)
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs.append(None)  # the first token: nothing precedes it
+        return request
 
     def cancel(self, request: Request) -> None:
         """Stop a request (waiting or running) between steps; its pages are freed and its
@@ -170,6 +174,7 @@ class Engine:
                 self._queued = self._launch(following, fed=True)
                 self.metrics.queued_ahead += 1
             tokens = queued.tokens()
+            prompt_scores = queued.prompt_scores()
         except Exception as e:  # noqa: BLE001 - every request of the step learns why
             self._queued = None
             with self._lock:
@@ -179,6 +184,8 @@ class Engine:
             raise
         produced = 0
         with self._lock:
+            for row, logprob in zip(queued.scored, prompt_scores):
+                row.request.prompt_logprobs.append(logprob)
             j = 0  # the sampling row of w
             for w in work:
                 r = w.request
@@ -188,7 +195,9 @@ class Engine:
                 if not w.samples:
                     continue
                 token = tokens[j]
-                if not r.finished:  # else it ended after this step was queued: dropped
+                if r.max_tokens == 0 and not r.finished:  # its prompt scored: nothing to make
+                    self._finish(r, TokenEvent(None, "", "length"))
+                elif not r.finished:  # else it ended after this step was queued: dropped
                     self._append(r, token, queued.logprob(j, token, r.params.logprobs))
                     produced += 1
                 j += 1
@@ -279,13 +288,18 @@ class Engine:
                dense_prompts: bool = True) -> batch_step.StepBatch:
         """The step's tokens laid end to end (decode tokens first, as the scheduler plans
         them); prompt chunks marked for dense attention unless ``dense_prompts`` is off."""
-        tokens, positions, seq_of, slots, rows = [], [], [], [], []
+        tokens, positions, seq_of, slots, rows, scored = [], [], [], [], [], []
         max_pages = max_pages or max(len(w.request.table.pages) for w in work)
         tables = -np.ones((len(work), max_pages), np.int32)
         chunks = []
         at = 0  # tokens laid so far
         for i, w in enumerate(work):
             table, stop = w.request.table, w.start + w.count
+            prompt = w.request.prompt
+            if w.request.params.prompt_logprobs is not None and w.start < len(prompt):
+                # each position but the prompt's last scores the prompt token after it
+                scored += [(at + p - w.start, scoring.ScoredRow(w.request, p + 1, prompt[p + 1]))
+                           for p in range(w.start, min(stop, len(prompt) - 1))]
             tables[i, :len(table.pages)] = table.pages
             if w.start < len(w.request.prompt) and dense_prompts:  # a chunk of the prompt
                 sequence = table.slots(0, stop)  # the chunk attends to all of it
@@ -299,10 +313,12 @@ class Engine:
             at += w.count
             if w.samples:
                 rows.append(at - 1)
-        return batch_step.StepBatch(np.concatenate(tokens).astype(np.int64),
-                                    np.concatenate(positions), np.concatenate(seq_of),
-                                    np.concatenate(slots), tables, np.array(rows, np.int64),
-                                    chunks)
+        batch = batch_step.StepBatch(np.concatenate(tokens).astype(np.int64),
+                                     np.concatenate(positions), np.concatenate(seq_of),
+                                     np.concatenate(slots), tables, np.array(rows, np.int64),
+                                     chunks)
+        batch.score_rows = np.array([row for row, _ in scored], np.int64)
+        return batch, [s for _, s in scored]
 
     def _launch(self, work: list[Work], fed: bool = False) -> _Queued:
         """Queue one batched step (``fed``: a decode step whose tokens are the ones the
@@ -314,21 +330,26 @@ class Engine:
         decode_only = len(sampling) == len(work) == sum(w.count for w in work)
         captured = (self.graphs.enabled and decode_only
                     and self.graphs.bucket(len(work)) is not None)
-        batch = self._batch(work, self.graphs.max_pages if captured else None)
+        batch, scored = self._batch(work, self.graphs.max_pages if captured else None)
         if not greedy:
             batch.sampling = choice.sampling_rows([w.request.sampler for w in sampling],
                                                   [w.start + w.count for w in sampling],
                                                   self.model.config.vocab_size)
         read = self.execute(batch, captured, greedy, fed)
-        scored = [j for j, w in enumerate(sampling) if w.request.params.logprobs is not None]
+        scored_rows = [j for j, w in enumerate(sampling)
+                       if w.request.params.logprobs is not None]
         # the next step may be fed this one's choices on the device unless a sequence's
         # repetition penalty needs its seen tokens, which the host has not updated yet, or
         # a sequence's logprobs need this step's logits before the next step rewrites them
-        chains = captured and not scored and (
+        chains = captured and not scored_rows and (
             greedy or (self.graphs.samples_on_device and batch.sampling.seen is None))
         queued = _Queued(work, sampling, read, chains)
+        if scored_rows:
+            queued.scores = choice.log_softmax_rows(self._logits, scored_rows)
         if scored:
-            queued.scores = choice.log_softmax_rows(self._logits, scored)
+            queued.scored = scored
+            slices, top = self._prompt_scores, [s.request.params.prompt_logprobs for s in scored]
+            queued.prompt_scores = lambda: scoring.read(slices, scored, top)
         return queued
 
     def execute(self, batch: batch_step.StepBatch, captured: bool, greedy: bool,
@@ -342,9 +363,12 @@ class Engine:
             read = self.graphs.run(batch, greedy, fed)
             self._logits = self.graphs.logits
             return read
-        logits = self._logits = batch_step.forward(self.model, self.cache,
-                                                   batch_step.upload(batch, self.model.device),
-                                                   len(batch.logit_rows))
+        inputs = batch_step.upload(batch, self.model.device)
+        hidden = batch_step.hidden_states(self.model, self.cache, inputs)
+        logits = self._logits = batch_step.logits(self.model, hidden, inputs,
+                                                  len(batch.logit_rows))
+        self._prompt_scores = (scoring.log_softmax_slices(self.model, hidden, batch.score_rows)
+                               if len(batch.score_rows) else [])
         if greedy:
             out = logits.argmax(axis=-1).numpy().reshape(-1)
             return lambda: out
@@ -429,6 +453,8 @@ class _Queued:
     read: Callable[[], np.ndarray]
     chains: bool  # a captured step whose successor may be fed its tokens on the device
     scores: dict | None = None  # sampling row -> its log-softmax (host), where asked for
+    scored: list = field(default_factory=list)  # the prompt rows scored (scoring.ScoredRow)
+    prompt_scores: Callable[[], list[TokenLogprob]] = lambda: []  # their TokenLogprobs
 
     def tokens(self) -> list[int]:
         return [int(t) for t in self.read().reshape(-1)]

@@ -3,9 +3,12 @@ engine request, and the JSON of responses, stream chunks and errors.
 
 Only the HTTP layer (``server.py``) uses this module; it has no HTTP in it, so the
 validation is testable on its own. Fields OpenAI defines that needle cannot honour (n > 1,
-echo, non-zero presence/frequency penalties, tools, a JSON response_format, logit_bias,
-audio) are refused with a 400 that says so, never silently ignored. Extensions accepted as
-vLLM does: top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, and chat's
+non-zero presence/frequency penalties, tools, a JSON response_format, logit_bias, audio)
+are refused with a 400 that says so, never silently ignored. Completions take a list of
+prompts (a choice each) and ``echo`` (the prompt returned before the completion; with
+``logprobs``, every prompt token scored: how lm-evaluation-harness computes
+loglikelihoods; ``max_tokens: 0`` then scores alone). Extensions accepted as vLLM does:
+top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, and chat's
 chat_template_kwargs (variables for the chat template, e.g. Qwen3's enable_thinking).
 """
 
@@ -37,12 +40,20 @@ class ApiError(NeedleError):
                           "code": self.code}}
 
 
+MAX_PROMPTS = 64  # prompts in one completions request
+
+
 @dataclass
 class ParsedRequest:
-    prompt: object  # text or token ids for the engine
+    prompts: list  # each text or token ids for the engine (a choice each)
     params: RequestParams
     stream: bool
     include_usage: bool
+    echo: bool = False  # completions: the prompt's text (and logprobs) before the answer's
+
+    @property
+    def prompt(self):
+        return self.prompts[0]
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -77,8 +88,6 @@ def _refuse_unsupported(body: dict) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) not in (None, 0, 0.0):
             raise _bad(f"{name} is not supported (use repetition_penalty)", name)
-    if body.get("echo"):
-        raise _bad("echo is not supported", "echo")
     if body.get("tools") or body.get("functions"):
         raise _bad("tools are not supported", "tools")
     if body.get("suffix"):
@@ -128,14 +137,30 @@ def _int_in(body: dict, name: str, lo: int, hi: int) -> int | None:
     return value
 
 
+def _echo(body: dict, chat: bool) -> bool:
+    echo = body.get("echo", False)
+    if echo not in (True, False):
+        raise _bad(f"echo must be true or false, got {echo!r}", "echo")
+    if echo and chat:
+        raise _bad("echo is a /v1/completions field: send the conversation's text as a "
+                   "completions prompt to have it scored", "echo")
+    return echo
+
+
 def request_params(body: dict, default_max_tokens: int | None, generation_config,
                    chat: bool = False) -> RequestParams:
     """The engine settings of a completions or chat body; None fields take the model's
-    generation_config.json values, as ``needle generate`` does."""
+    generation_config.json values, as ``needle generate`` does. With ``echo``, the
+    completions' ``logprobs`` are asked of the prompt's tokens too, and ``max_tokens``
+    may be 0 (the prompt scored, nothing generated)."""
     _refuse_unsupported(body)
     logprobs = _logprobs(body, chat)
+    echo = _echo(body, chat)
     max_tokens = _int(body, "max_completion_tokens", 1)
-    max_tokens = _int(body, "max_tokens", 1, max_tokens)
+    max_tokens = _int(body, "max_tokens", 0 if echo else 1, max_tokens)
+    prompt_logprobs = logprobs if echo else None
+    if max_tokens == 0 and prompt_logprobs is None:
+        prompt_logprobs = 0  # the engine makes no token only for a prompt it scores
     if max_tokens is None:
         max_tokens = default_max_tokens
     temperature = _number(body, "temperature", 0.0, 2.0)
@@ -156,7 +181,8 @@ def request_params(body: dict, default_max_tokens: int | None, generation_config
         raise _bad("ignore_eos must be true or false", "ignore_eos")
     sampling: SamplingParams = generation_config.sampling(temperature, top_k, top_p, min_p,
                                                           penalty, seed)
-    return RequestParams(sampling, max_tokens, _stop(body), tuple(ids), ignore_eos, logprobs)
+    return RequestParams(sampling, max_tokens, _stop(body), tuple(ids), ignore_eos, logprobs,
+                         prompt_logprobs)
 
 
 def _stream_flags(body: dict) -> tuple[bool, bool]:
@@ -169,18 +195,35 @@ def _stream_flags(body: dict) -> tuple[bool, bool]:
     return stream, bool(options.get("include_usage", False))
 
 
-def parse_completion(body: dict, generation_config) -> ParsedRequest:
+def _is_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _prompts(body: dict) -> list:
+    """The completions prompt as a list of prompts: a string, a list of token ids, or a
+    list of either (a batch: a choice each)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    ok = (isinstance(prompt, str) and prompt) or (
-        isinstance(prompt, list) and prompt and
-        all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))
-    if not ok:
-        raise _bad("prompt must be a non-empty string or a list of token ids (one prompt "
-                   "per request)", "prompt")
+    if (isinstance(prompt, str) and prompt) or _is_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(
+            (isinstance(p, str) and p) or _is_ids(p) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise _bad(f"prompt is a batch of {len(prompt)} prompts; at most {MAX_PROMPTS} "
+                       "a request", "prompt")
+        return list(prompt)
+    raise _bad("prompt must be a non-empty string, a list of token ids, or a list of "
+               "either", "prompt")
+
+
+def parse_completion(body: dict, generation_config) -> ParsedRequest:
+    prompts = _prompts(body)
     params = request_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS, generation_config)
-    return ParsedRequest(prompt, params, *_stream_flags(body))
+    stream, include_usage = _stream_flags(body)
+    if stream and len(prompts) > 1:
+        raise _bad("a batch of prompts is answered whole: send stream: false, or one "
+                   "prompt per streamed request", "stream")
+    return ParsedRequest(prompts, params, stream, include_usage, bool(body.get("echo")))
 
 
 def _content(message: dict, i: int) -> str:
@@ -244,13 +287,13 @@ def parse_chat(body: dict, tokenizer, generation_config) -> ParsedRequest:
                             "/v1/completions with token ids", "messages")
     messages = chat_messages(body)
     extra = _template_kwargs(body)
+    params = request_params(body, None, generation_config, chat=True)
     try:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                             return_dict=False, **extra)
     except NeedleError as e:
         raise _bad(f"the chat template failed: {e}", "messages") from e
-    params = request_params(body, None, generation_config, chat=True)
-    return ParsedRequest(list(ids), params, *_stream_flags(body))
+    return ParsedRequest([list(ids)], params, *_stream_flags(body))
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -265,11 +308,15 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def completion(rid: str, model: str, text: str, reason: str | None, u: dict,
-               logprobs: dict | None = None) -> dict:
+def completion_choice(index: int, text: str, reason: str | None,
+                      logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+
+def completion(rid: str, model: str, choices: list[dict], u: dict) -> dict:
+    """A completions response of ``completion_choice``s (one a prompt)."""
     return {"id": rid, "object": "text_completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "text": text, "logprobs": logprobs,
-                                         "finish_reason": reason}], "usage": u}
+            "model": model, "choices": choices, "usage": u}
 
 
 def completion_chunk(rid: str, model: str, text: str, reason: str | None,
@@ -321,17 +368,32 @@ def chat_logprobs(items: list[TokenLogprob], tokenizer) -> dict:
             "refusal": None}
 
 
-def completion_logprobs(items: list[TokenLogprob], tokenizer, offset: int = 0) -> dict:
+def completion_logprobs(items: list[TokenLogprob], tokenizer, offset: int = 0,
+                        prompt: list[int] | None = None,
+                        prompt_items: list[TokenLogprob | None] = ()) -> dict:
     """Completions' logprobs object: tokens, their log-probabilities, each token's
-    alternatives (a dict text -> log-probability) and its offset in the text."""
-    tokens = [token_text(tokenizer, t.token) for t in items]
+    alternatives (a dict text -> log-probability) and its offset in the text. With
+    ``prompt`` (echo), the prompt's tokens come first, scored by ``prompt_items`` (None
+    for the first, as OpenAI has it: nothing precedes it)."""
+    ids = list(prompt or ()) + [t.token for t in items]
+    scored = list(prompt_items) + list(items) if prompt else list(items)
+    tokens = [token_text(tokenizer, t) for t in ids]
     offsets, at = [], offset
     for text in tokens:
         offsets.append(at)
         at += len(text)
-    return {"tokens": tokens, "token_logprobs": [t.logprob for t in items],
-            "top_logprobs": [{token_text(tokenizer, a): lp for a, lp in t.top} for t in items],
+    return {"tokens": tokens,
+            "token_logprobs": [None if t is None else t.logprob for t in scored],
+            "top_logprobs": [None if t is None else
+                             {token_text(tokenizer, a): lp for a, lp in t.top} for t in scored],
             "text_offset": offsets}
+
+
+def prompt_text(prompt, ids: list[int], tokenizer) -> str:
+    """What echo returns of a prompt: its text as sent, or its token ids decoded."""
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.decode(ids) if tokenizer is not None else ""
 
 
 def usage_chunk(rid: str, model: str, obj: str, u: dict) -> dict:

@@ -43,17 +43,25 @@ class RequestParams:
     ignore_eos: bool = False
     # each token's log-probability and that of the ``logprobs`` likeliest tokens (None: off)
     logprobs: int | None = None
+    # the same for each prompt token after the first, under the tokens before it (None:
+    # off): what scoring a text needs (OpenAI's echo with logprobs; lm-evaluation-harness).
+    # The prompt is then read whole, none of it from the prefix cache.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
-        k = self.logprobs
-        if k is not None and (not isinstance(k, numbers.Integral) or isinstance(k, bool)
-                              or not 0 <= k <= MAX_LOGPROBS):
-            raise GenerationError(f"logprobs must be an int in [0, {MAX_LOGPROBS}] or None, "
-                                  f"got {k!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not isinstance(k, numbers.Integral) or isinstance(k, bool)
+                                  or not 0 <= k <= MAX_LOGPROBS):
+                raise GenerationError(f"{name} must be an int in [0, {MAX_LOGPROBS}] or None, "
+                                      f"got {k!r}")
         m = self.max_tokens
+        least = 0 if self.prompt_logprobs is not None else 1  # scoring alone makes no token
         if m is not None and (not isinstance(m, numbers.Integral) or isinstance(m, bool)
-                              or m < 1):
-            raise GenerationError(f"max_tokens must be an int >= 1 or None, got {m!r}")
+                              or m < least):
+            raise GenerationError(f"max_tokens must be an int >= {least} or None, got {m!r}"
+                                  + ("" if least == 0 else
+                                     " (0 only with prompt_logprobs: scoring a prompt)"))
         for name in ("stop", "stop_token_ids"):
             value = getattr(self, name)
             if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
@@ -91,6 +99,9 @@ class Request:
     id: int = field(default_factory=lambda: next(_ids))
     output: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one an output token
+    # one a prompt token where params.prompt_logprobs is set: None for the first (nothing
+    # precedes it), filled as the prompt's chunks are read
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     text: str = ""
     held: int = 0  # characters of text not yet emitted (a possible start of a stop string)
     finish_reason: str | None = None

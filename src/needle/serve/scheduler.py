@@ -84,11 +84,14 @@ class Scheduler:
 
     def _shared_prefix(self, request: Request) -> list[int]:
         """Named pages (held by other sequences, or cached) with the same leading prompt
-        tokens (whole pages; the last prompt token is always computed, for its logits)."""
+        tokens (whole pages; the last prompt token is always computed, for its logits).
+        None for a request scoring its prompt: every position's logits are wanted."""
         size = self.pool.page_size
         if request.prefix_keys is None:
             request.prefix_keys = prefix_keys(request.prompt, size,
                                               (len(request.prompt) - 1) // size)
+        if request.params.prompt_logprobs is not None:
+            return []
         shared = []
         for key in request.prefix_keys:
             page = self.pool.lookup(key)

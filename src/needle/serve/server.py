@@ -180,38 +180,64 @@ class Server:
             body = await self._body(request)
             parsed = (api.parse_chat(body, model.tokenizer, model.generation_config) if chat
                       else api.parse_completion(body, model.generation_config))
-            if isinstance(parsed.prompt, str) and model.tokenizer is None:
+            if model.tokenizer is None and any(isinstance(p, str) for p in parsed.prompts):
                 raise api.ApiError(400, "this model has no tokenizer: send the prompt as "
                                         "token ids", "prompt")
-            loop = asyncio.get_running_loop()
-            events: asyncio.Queue[TokenEvent] = asyncio.Queue()
-            submitted = self.engine.submit(
-                parsed.prompt, parsed.params,
-                listener=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
         except api.ApiError as e:
             return _error(e)
-        except NeedleError as e:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
+        submitted: list[Request] = []
+        try:
+            for i, prompt in enumerate(parsed.prompts):
+                submitted.append(self.engine.submit(
+                    prompt, parsed.params,
+                    listener=lambda ev, i=i: loop.call_soon_threadsafe(events.put_nowait,
+                                                                       (i, ev))))
+        except NeedleError as e:  # a batch is taken whole or not at all
+            for r in submitted:
+                self.engine.cancel(r)
             return _error(_engine_error(e))
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         if parsed.stream:
-            return StreamingResponse(self._sse(submitted, events, rid, chat,
-                                               parsed.include_usage),
+            return StreamingResponse(self._sse(submitted[0], events, rid, chat,
+                                               parsed.include_usage,
+                                               parsed.prompt if parsed.echo else None),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            event = await self._final_event(request, events)
+            final = await self._final_events(request, events, len(submitted))
         finally:
-            self.engine.cancel(submitted)  # a no-op once finished; frees pages on disconnect
-        if event is None:  # the client went away: nobody reads this
+            for r in submitted:  # a no-op once finished; frees pages on disconnect
+                self.engine.cancel(r)
+        if final is None:  # the client went away: nobody reads this
             return JSONResponse({}, status_code=499)
-        if event.finish_reason == "error":
-            return _error(api.ApiError(500, f"generation failed: {event.error}",
+        failed = [ev for ev in final if ev.finish_reason == "error"]
+        if failed:
+            return _error(api.ApiError(500, f"generation failed: {failed[0].error}",
                                        kind="server_error"))
-        u = api.usage(len(submitted.prompt), len(submitted.output), submitted.cached_tokens)
-        reason = api.finish_reason(event.finish_reason)
-        make = api.chat_completion if chat else api.completion
-        return JSONResponse(make(rid, self.model_name, submitted.text, reason, u,
-                                 self._logprobs(submitted, submitted.logprobs, chat)))
+        u = api.usage(sum(len(r.prompt) for r in submitted),
+                      sum(len(r.output) for r in submitted),
+                      sum(r.cached_tokens for r in submitted))
+        if chat:
+            r, reason = submitted[0], api.finish_reason(final[0].finish_reason)
+            return JSONResponse(api.chat_completion(rid, self.model_name, r.text, reason, u,
+                                                    self._logprobs(r, r.logprobs, chat)))
+        choices = [self._completion_choice(i, prompt, r, final[i], parsed.echo)
+                   for i, (prompt, r) in enumerate(zip(parsed.prompts, submitted))]
+        return JSONResponse(api.completion(rid, self.model_name, choices, u))
+
+    def _completion_choice(self, index: int, prompt, r: Request, final: TokenEvent,
+                           echo: bool) -> dict:
+        reason = api.finish_reason(final.finish_reason)
+        if not echo:
+            return api.completion_choice(index, r.text, reason,
+                                         self._logprobs(r, r.logprobs, False))
+        tokenizer = self.engine.model.tokenizer
+        text = api.prompt_text(prompt, r.prompt, tokenizer) + r.text
+        logprobs = None if r.params.logprobs is None else api.completion_logprobs(
+            r.logprobs, tokenizer, 0, r.prompt, r.prompt_logprobs)
+        return api.completion_choice(index, text, reason, logprobs)
 
     def _logprobs(self, submitted: Request, items: list, chat: bool,
                   offset: int = 0) -> dict | None:
@@ -223,34 +249,50 @@ class Server:
                 else api.completion_logprobs(items, tokenizer, offset))
 
     @staticmethod
-    async def _final_event(request: HttpRequest, events: asyncio.Queue) -> TokenEvent | None:
-        """The request's last event, or None as soon as the client disconnects (checked
-        twice a second while waiting: a non-streaming handler is not cancelled for it)."""
-        while True:
+    async def _final_events(request: HttpRequest, events: asyncio.Queue,
+                            n: int) -> list[TokenEvent] | None:
+        """The last event of each of ``n`` requests, or None as soon as the client
+        disconnects (checked twice a second while waiting: a non-streaming handler is not
+        cancelled for it)."""
+        final: dict[int, TokenEvent] = {}
+        while len(final) < n:
             try:
-                event = await asyncio.wait_for(events.get(), timeout=0.5)
+                i, event = await asyncio.wait_for(events.get(), timeout=0.5)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     return None
                 continue
             if event.finish_reason is not None:
-                return event
+                final[i] = event
+        return [final[i] for i in range(n)]
 
     async def _sse(self, submitted: Request, events: asyncio.Queue, rid: str, chat: bool,
-                   include_usage: bool):
+                   include_usage: bool, echo=None):
         """Server-sent events: a chunk per piece of text, the finish reason, then [DONE]. A
-        disconnect cancels this generator; ``finally`` cancels the sequence."""
+        disconnect cancels this generator; ``finally`` cancels the sequence. ``echo`` (a
+        completion's prompt as sent) comes first, with its tokens' logprobs if asked."""
         name = self.model_name
+        tokenizer = self.engine.model.tokenizer
 
         def sse(obj) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
         pending, offset = [], 0  # logprobs of tokens whose text is held back; text sent
 
+        def echoed() -> str:
+            """The echo chunk (its prompt is read by the time the first event comes)."""
+            nonlocal offset
+            lp = None
+            if submitted.params.logprobs is not None:
+                lp = api.completion_logprobs([], tokenizer, 0, submitted.prompt,
+                                             submitted.prompt_logprobs)
+                offset = sum(len(t) for t in lp["tokens"])
+            text = api.prompt_text(echo, submitted.prompt, tokenizer)
+            return sse(api.completion_chunk(rid, name, text, None, lp))
+
         def logprobs() -> dict | None:
             nonlocal pending, offset
             out = self._logprobs(submitted, pending, chat, offset)
-            tokenizer = self.engine.model.tokenizer
             offset += sum(len(api.token_text(tokenizer, t.token)) for t in pending)
             pending = []
             return out
@@ -259,7 +301,10 @@ class Server:
             if chat:
                 yield sse(api.chat_chunk(rid, name, {"role": "assistant", "content": ""}, None))
             while True:
-                event = await events.get()
+                _, event = await events.get()
+                if echo is not None:
+                    yield echoed()
+                    echo = None
                 if event.finish_reason == "error":
                     yield sse(api.ApiError(500, f"generation failed: {event.error}",
                                            kind="server_error").body())

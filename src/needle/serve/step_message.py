@@ -20,10 +20,10 @@ from .batch import StepBatch
 from .choice import SamplingRows
 
 STEP, IDLE, STOP = 1, 2, 3  # a step follows; wait on the host for the next; leave
-HEADER = 10
+HEADER = 11
 # header words: kind, tokens T, sequences S, block-table width P, logit rows R,
 # prompt chunks C, their slots in all, captured (0/1), greedy (0/1), fed (0/1: the tokens
-# are the previous step's choices, on the device)
+# are the previous step's choices, on the device), scored prompt rows N
 
 
 def header(kind: int) -> np.ndarray:
@@ -39,11 +39,12 @@ def pack(batch: StepBatch, captured: bool, greedy: bool,
     t, (s, p), r = len(batch.tokens), batch.block_tables.shape, len(batch.logit_rows)
     chunk_slots = [np.asarray(slots) for _, _, slots in batch.chunks]
     head = np.array([STEP, t, s, p, r, len(batch.chunks), sum(c.size for c in chunk_slots),
-                     int(captured), int(greedy), int(fed)], np.int64)
+                     int(captured), int(greedy), int(fed), len(batch.score_rows)], np.int64)
     chunks = np.array([(first, count, slots.size) for (first, count, _), slots
                        in zip(batch.chunks, chunk_slots)], np.int64).reshape(-1)
     parts = [batch.tokens, batch.positions, batch.seq_of, batch.slots,
-             batch.block_tables.reshape(-1), batch.logit_rows, chunks, *chunk_slots]
+             batch.block_tables.reshape(-1), batch.logit_rows, chunks, *chunk_slots,
+             batch.score_rows]
     if not greedy:
         rows = batch.sampling
         parts += [rows.params.astype(np.float32).view(np.int32), rows.seeds, rows.positions]
@@ -54,7 +55,7 @@ def payload_size(head: np.ndarray) -> int:
     """Words of the payload that follows a STEP header."""
     _, t, s, p, r, c, slots = (int(v) for v in head[:7])
     sampling = 0 if head[8] else (PARAMS + 2) * r
-    return 4 * t + s * p + r + 3 * c + slots + sampling
+    return 4 * t + s * p + r + 3 * c + slots + int(head[10]) + sampling
 
 
 def unpack(head: np.ndarray, payload: np.ndarray) -> tuple[StepBatch, bool, bool, bool]:
@@ -75,7 +76,8 @@ def unpack(head: np.ndarray, payload: np.ndarray) -> tuple[StepBatch, bool, bool
     rows = take(r)
     meta = take(3 * c).reshape(c, 3)
     chunks = [(int(first), int(count), take(int(n))) for first, count, n in meta]
-    batch = StepBatch(tokens, positions, seq_of, slots, tables, rows, chunks)
+    batch = StepBatch(tokens, positions, seq_of, slots, tables, rows, chunks,
+                      score_rows=take(int(head[10])))
     if not head[8]:
         params = take(PARAMS * r).astype(np.int32).view(np.float32).reshape(r, PARAMS)
         batch.sampling = SamplingRows(params, take(r).astype(np.int32),

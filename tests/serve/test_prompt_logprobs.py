@@ -1,0 +1,212 @@
+"""Scoring prompts: ``RequestParams.prompt_logprobs`` in the engine, OpenAI's ``echo`` with
+``logprobs`` through the official ``openai`` client, and lm-evaluation-harness's own
+``local-completions`` model computing loglikelihoods against ``needle serve``. Every
+log-probability is checked against transformers' on the same checkpoint (a tiny Llama
+written by ``save_pretrained`` with a tokenizer trained here)."""
+
+from __future__ import annotations
+
+import numpy as np
+import openai
+import pytest
+import torch
+import transformers
+
+from needle.errors import GenerationError
+from needle.serve import Engine, RequestParams
+
+from ..models.hf_models import build_with_tokenizer
+from .test_server import KEY, NAME, Running
+
+
+@pytest.fixture(scope="module")
+def scored_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("scored_model")
+    reference = build_with_tokenizer(directory, max_position_embeddings=256)
+    return directory, reference.eval()
+
+
+@pytest.fixture(scope="module")
+def scored(scored_dir):
+    from needle.models import load_pretrained
+
+    return load_pretrained(scored_dir[0], device="cpu", dtype="float32")
+
+
+def _reference(reference, ids: list[int]) -> np.ndarray:
+    """transformers' float64 log-softmax at every position of ``ids`` (len(ids), vocab)."""
+    with torch.no_grad():
+        logits = reference(torch.tensor([ids])).logits[0].double()
+    return torch.log_softmax(logits, -1).numpy()
+
+
+def _check_scores(items, ids, expected, top):
+    """items[i] scores ids[i] under positions < i, as ``expected`` (the reference's rows)."""
+    assert len(items) == len(ids) and items[0] is None
+    for i in range(1, len(ids)):
+        t = items[i]
+        assert t.token == ids[i]
+        assert t.logprob == pytest.approx(expected[i - 1, ids[i]], abs=2e-4)
+        assert len(t.top) == top
+        if top:
+            best = np.argsort(-expected[i - 1], kind="stable")[:top]
+            assert [lp for _, lp in t.top] == pytest.approx(expected[i - 1, best], abs=2e-4)
+            assert [lp for _, lp in t.top] == sorted((lp for _, lp in t.top), reverse=True)
+            for token, lp in t.top:  # ties aside, the same tokens
+                assert lp == pytest.approx(expected[i - 1, token], abs=2e-4)
+
+
+def test_engine_scores_prompts_across_chunks_and_cached_prefixes(scored, scored_dir):
+    """Prompts longer than a step's token budget are scored chunk by chunk, a prompt whose
+    pages another request has cached is still read (and scored) whole, and max_tokens=0
+    scores without generating."""
+    reference = scored_dir[1]
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, scored.config.vocab_size, n).tolist() for n in (70, 23, 5)]
+    engine = Engine(scored, max_seqs=4, max_batch_tokens=32)
+    plain = engine.submit(prompts[0], RequestParams(max_tokens=2, ignore_eos=True))
+    engine.run_until_idle()  # its pages now cached under their prefix
+    asked = [engine.submit(p, RequestParams(max_tokens=m, prompt_logprobs=k, ignore_eos=True))
+             for p, m, k in zip(prompts, (0, 3, 1), (2, 0, 1))]
+    engine.run_until_idle()
+    assert plain.prompt_logprobs == [] and plain.finish_reason == "length"
+    for r, p, k in zip(asked, prompts, (2, 0, 1)):
+        assert r.cached_tokens == 0 and r.error is None
+        _check_scores(r.prompt_logprobs, p, _reference(reference, p), k)
+    assert asked[0].output == [] and asked[0].finish_reason == "length"
+    assert len(asked[1].output) == 3
+    assert engine.stats()["running"] == 0 and engine.cache.pool.stats().used == 0
+
+
+def test_prompt_logprobs_settings_are_checked(scored):
+    with pytest.raises(GenerationError, match="prompt_logprobs must be an int"):
+        RequestParams(prompt_logprobs=21)
+    with pytest.raises(GenerationError, match="0 only with prompt_logprobs"):
+        RequestParams(max_tokens=0)
+    engine = Engine(scored, max_seqs=2)
+    full = list(range(scored.max_seq_len))  # no room for a token, room to be scored
+    with pytest.raises(GenerationError, match="leaves no room"):
+        engine.submit(full, RequestParams(max_tokens=1))
+    r = engine.submit(full, RequestParams(max_tokens=0, prompt_logprobs=0))
+    engine.run_until_idle()
+    assert len(r.prompt_logprobs) == len(full) and r.finish_reason == "length"
+
+
+@pytest.fixture(scope="module")
+def scoring_server(scored):
+    server = Running(scored, max_seqs=8, max_queue=64)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def scoring_client(scoring_server):
+    return openai.OpenAI(base_url=scoring_server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def test_echo_with_logprobs_through_the_openai_client(scored, scored_dir, scoring_client):
+    """echo returns the prompt before the answer; with logprobs its tokens are scored (the
+    first None, as OpenAI's); max_tokens=0 scores alone; a list of prompts gets a choice
+    each; streamed, the echo is the first chunk."""
+    reference, tok = scored_dir[1], scored.tokenizer
+    text = "the cat sat on the mat"
+    ids = tok.encode(text)
+    expected = _reference(reference, ids)
+    r = scoring_client.completions.create(model=NAME, prompt=text, echo=True, max_tokens=1,
+                                          logprobs=1, temperature=0,
+                                          extra_body={"ignore_eos": True})
+    choice = r.choices[0]
+    assert choice.text.startswith(text) and len(choice.text) > len(text)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(ids) + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    got = np.array(lp.token_logprobs[1:len(ids)])
+    want = expected[np.arange(len(ids) - 1), ids[1:]]
+    np.testing.assert_allclose(got, want, atol=2e-4)
+    assert [max(top.values()) for top in lp.top_logprobs[1:len(ids)]] == \
+        pytest.approx(expected[:-1].max(axis=-1), abs=2e-4)
+    greedy = int(np.argmax(expected[-1]))  # the answer's token: the prompt's greedy next
+    assert lp.token_logprobs[-1] == pytest.approx(expected[-1, greedy], abs=2e-4)
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 1
+
+    only = scoring_client.completions.create(model=NAME, prompt=[ids, ids[:4]], echo=True,
+                                             max_tokens=0, logprobs=0)
+    assert [c.index for c in only.choices] == [0, 1]
+    assert only.choices[0].logprobs.token_logprobs[0] is None
+    np.testing.assert_allclose(only.choices[0].logprobs.token_logprobs[1:], want, atol=2e-4)
+    assert len(only.choices[1].logprobs.tokens) == 4
+    assert all(c.finish_reason == "length" for c in only.choices)
+    assert only.choices[0].text == tok.decode(ids)
+    assert only.usage.completion_tokens == 0 and only.usage.prompt_tokens == len(ids) + 4
+
+    chunks = list(scoring_client.completions.create(model=NAME, prompt=text, echo=True,
+                                                    max_tokens=3, logprobs=1, stream=True,
+                                                    extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].text == text
+    first = chunks[0].choices[0].logprobs
+    assert first.token_logprobs[0] is None
+    np.testing.assert_allclose(first.token_logprobs[1:], want, atol=2e-4)
+    streamed = [t for c in chunks[1:] if c.choices[0].logprobs
+                for t in c.choices[0].logprobs.token_logprobs]
+    assert len(streamed) == 3
+
+    plain = scoring_client.completions.create(model=NAME, prompt=text, echo=True, max_tokens=2,
+                                              extra_body={"ignore_eos": True})
+    assert plain.choices[0].text.startswith(text) and plain.choices[0].logprobs is None
+
+
+def test_echo_and_batches_are_refused_where_they_cannot_be_honoured(scoring_client):
+    with pytest.raises(openai.BadRequestError, match="echo is a /v1/completions field"):
+        scoring_client.chat.completions.create(model=NAME, extra_body={"echo": True},
+                                               messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be an integer >= 1"):
+        scoring_client.completions.create(model=NAME, prompt="x", max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="answered whole"):
+        scoring_client.completions.create(model=NAME, prompt=["a", "b"], stream=True)
+    with pytest.raises(openai.BadRequestError, match="at most 64"):
+        scoring_client.completions.create(model=NAME, prompt=["a"] * 65)
+    with pytest.raises(openai.BadRequestError, match="prompt must be"):
+        scoring_client.completions.create(model=NAME, prompt=["a", 3])
+
+
+def test_lm_evaluation_harness_loglikelihoods(scored, scored_dir, scoring_server, monkeypatch):
+    """lm-evaluation-harness's ``local-completions`` model (its own client code, tokenizing
+    with transformers) asks needle serve for loglikelihoods and greedy checks, as its
+    multiple-choice and perplexity tasks do; the sums equal transformers'."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    directory, reference = scored_dir
+    lm = LocalCompletionsAPI(base_url=scoring_server.url + "/v1/completions", model=NAME,
+                             tokenizer_backend="huggingface", tokenizer=str(directory),
+                             tokenized_requests=True, num_concurrent=2, max_retries=1,
+                             batch_size=3)
+    hf = transformers.AutoTokenizer.from_pretrained(directory)
+    pairs = [("the cat sat on", " the mat"), ("a dog ran", " far away"),
+             ("the cat", " sat"), ("once upon a time", " there was a cat")]
+    pairs.append(_greedy_pair(reference, hf, ["the cat", "a dog", "the mat", "the", "a cat sat"]))
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)  # what the harness sends as its bearer token
+    got = lm.loglikelihood(requests, disable_tqdm=True)
+    assert got[-1][1], "the model's own greedy continuation is greedy"
+    for (context, continuation), (total, greedy) in zip(pairs, got):
+        # the harness's split: the whole text's tokens, the context's count of them
+        ids = hf(context + continuation, add_special_tokens=False)["input_ids"]
+        ctx = hf(context, add_special_tokens=False)["input_ids"]
+        expected = _reference(reference, ids)
+        rows = np.arange(len(ctx) - 1, len(ids) - 1)
+        assert total == pytest.approx(expected[rows, ids[len(ctx):]].sum(), abs=1e-3)
+        assert greedy == bool((expected[rows].argmax(-1) == ids[len(ctx):]).all())
+
+
+def _greedy_pair(reference, hf, contexts: list[str]) -> tuple[str, str]:
+    """A (context, continuation) whose continuation is the reference's greedy next token
+    and whose text tokenizes back to the same ids (so the harness's split finds it: a
+    random model's favourite is often a byte of a character, which does not)."""
+    for context in contexts:
+        ctx = hf(context, add_special_tokens=False)["input_ids"]
+        ids = [*ctx, int(_reference(reference, ctx)[-1].argmax())]
+        continuation = hf.decode(ids[len(ctx):])
+        if hf(context + continuation, add_special_tokens=False)["input_ids"] == ids:
+            return context, continuation
+    raise AssertionError("no context's greedy continuation tokenizes back to itself")
