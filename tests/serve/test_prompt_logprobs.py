@@ -56,11 +56,14 @@ def _check_scores(items, ids, expected, top):
                 assert lp == pytest.approx(expected[i - 1, token], abs=2e-4)
 
 
-def test_engine_scores_prompts_across_chunks_and_cached_prefixes(scored, scored_dir):
-    """Prompts longer than a step's token budget are scored chunk by chunk, a prompt whose
-    pages another request has cached is still read (and scored) whole, and max_tokens=0
-    scores without generating."""
-    reference = scored_dir[1]
+def test_engine_scores_prompts_across_chunks_and_cached_prefixes(device, scored_dir):
+    """On every device: prompts longer than a step's token budget are scored chunk by
+    chunk, a prompt whose pages another request has cached is still read (and scored)
+    whole, and max_tokens=0 scores without generating."""
+    from needle.models import load_pretrained
+
+    directory, reference = scored_dir
+    scored = load_pretrained(directory, device=device, dtype="float32")
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, scored.config.vocab_size, n).tolist() for n in (70, 23, 5)]
     engine = Engine(scored, max_seqs=4, max_batch_tokens=32)
@@ -197,6 +200,16 @@ def test_lm_evaluation_harness_loglikelihoods(scored, scored_dir, scoring_server
         rows = np.arange(len(ctx) - 1, len(ids) - 1)
         assert total == pytest.approx(expected[rows, ids[len(ctx):]].sum(), abs=1e-3)
         assert greedy == bool((expected[rows].argmax(-1) == ids[len(ctx):]).all())
+    # its generation tasks through the same client: greedy answers cut at `until`
+    until = ["\n", "Question:", "Answer:", "</s>", "<|endoftext|>", "###"]  # over OpenAI's 4
+    asks = [Instance("generate_until", {}, (context, {"until": until, "max_gen_toks": 6}), i)
+            for i, (context, _) in enumerate(pairs)]
+    answers = lm.generate_until(asks, disable_tqdm=True)
+    for (context, _), answer in zip(pairs, answers):
+        ids = hf(context, add_special_tokens=False)["input_ids"]  # as the harness sends it
+        text = scored.tokenizer.decode(scored.generate(ids, 6, temperature=0))
+        cut = min([text.find(u) for u in until if u in text], default=len(text))
+        assert answer == text[:cut]
 
 
 def _greedy_pair(reference, hf, contexts: list[str]) -> tuple[str, str]:

@@ -41,6 +41,9 @@ class ApiError(NeedleError):
 
 
 MAX_PROMPTS = 64  # prompts in one completions request
+# OpenAI takes 4 stop strings; evaluation harnesses send a task's `until` list and the
+# end-of-text strings, often more (vLLM sets no limit)
+MAX_STOP = 32
 
 
 @dataclass
@@ -110,9 +113,10 @@ def _stop(body: dict) -> tuple[str, ...]:
         return ()
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or len(stop) > 4 or \
+    if not isinstance(stop, list) or len(stop) > MAX_STOP or \
             any(not isinstance(s, str) or not s for s in stop):
-        raise _bad("stop must be a non-empty string or a list of up to 4 of them", "stop")
+        raise _bad(f"stop must be a non-empty string or a list of up to {MAX_STOP} of them",
+                   "stop")
     return tuple(stop)
 
 
