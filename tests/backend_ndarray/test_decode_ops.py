@@ -78,6 +78,41 @@ def test_add_rmsnorm_3d_and_eps(device, dtype, rng):
     assert_close(out, want_out, dtype, "reduction")
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(1, 7), (3, 1152), (2, 2, 2560), (2, 20000)], ids=str)
+def test_add_rmsnorm_with_the_deltas_post_norm(device, dtype, shape, rng):
+    """delta_weight (Gemma's sandwich norms): delta is rmsnorm(delta) * delta_weight,
+    rounded to the dtype, before the add and the next norm; one pass gives what the two
+    ops give (20,000 values: the streaming path of the GPUs' row kernels)."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    x, delta = random(rng, shape, dtype, -3, 3), random(rng, shape, dtype, -4, 4)
+    w, dw = (random(rng, shape[-1:], dtype, 0.5, 1.5) for _ in range(2))
+    eps = 1e-6
+    d = _wide(delta)
+    normed = _rounded(d / np.sqrt((d * d).mean(-1, keepdims=True) + eps) * _wide(dw), dtype)
+    want_total, want_out = _add_rmsnorm(x, normed, w, eps, dtype)
+    a = on(device, x)
+    total, out = nd.add_rmsnorm(a, on(device, delta), on(device, w), eps, inplace=True,
+                                delta_weight=on(device, dw))
+    assert total is a and out.shape == shape and out.dtype == dtype
+    # the normed delta may round the other way from float64's (float32 sums): one unit in
+    # its last place, which x + delta's cancellation can make large beside the sum
+    unit = np.finfo(np.float32 if dtype == "bfloat16" else np_dtype(dtype)).eps
+    unit = 2.0 ** -7 if dtype == "bfloat16" else unit
+    scale = np.abs(_wide(x)) + np.abs(normed)
+    r = 1 / np.sqrt((want_total ** 2).mean(-1, keepdims=True) + eps)
+    for got, want, size in ((total, want_total, scale), (out, want_out, scale * r * _wide(w))):
+        err = np.abs(got.numpy().astype(np.float64) - want)
+        assert (err <= 2 * unit * size + 1e-6).all(), f"worst {err.max()}"
+    post = on(device, delta).rmsnorm(on(device, dw), eps)
+    total2, out2 = nd.add_rmsnorm(on(device, x), post, on(device, w), eps)
+    assert_close(total, total2.numpy(), dtype, "reduction")
+    assert_close(out, out2.numpy(), dtype, "reduction")
+    with pytest.raises(ShapeError, match="delta_weight"):
+        nd.add_rmsnorm(a, on(device, delta), on(device, w), delta_weight=on(device, dw[:3]))
+
+
 def test_add_rmsnorm_views_and_errors(device, rng):
     """A non-compact x works out of place (x untouched) but not in place; shapes, dtypes and
     the weight's length must match."""

@@ -20,3 +20,20 @@ def model(model_dir):
     from needle.models import load_pretrained
 
     return load_pretrained(model_dir, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def scored_dir(tmp_path_factory):
+    """A tiny Llama (no chat template) and transformers' float32 reading of it."""
+    from ..models.hf_models import build_with_tokenizer
+
+    directory = tmp_path_factory.mktemp("scored_model")
+    reference = build_with_tokenizer(directory, max_position_embeddings=256)
+    return directory, reference.eval()
+
+
+@pytest.fixture(scope="session")
+def scored(scored_dir):
+    from needle.models import load_pretrained
+
+    return load_pretrained(scored_dir[0], device="cpu", dtype="float32")

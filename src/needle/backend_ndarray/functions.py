@@ -370,11 +370,16 @@ def matmul_swiglu(x: NDArray, weight: NDArray) -> NDArray:
 
 
 def add_rmsnorm(x: NDArray, delta: NDArray, weight: NDArray, eps: float = 1e-6,
-                inplace: bool = False) -> tuple[NDArray, NDArray]:
+                inplace: bool = False,
+                delta_weight: NDArray | None = None) -> tuple[NDArray, NDArray]:
     """(x + delta, rmsnorm(x + delta) * weight) in one pass over the rows: a transformer's
     residual add and the next pre-norm. The sum is rounded to the dtype before it is
     normalized, exactly as ``rmsnorm(x + delta)``. With ``inplace`` the sum is written into
-    ``x`` (which must then be compact) and x is returned as the first result."""
+    ``x`` (which must then be compact) and x is returned as the first result.
+
+    ``delta_weight``: delta is first ``rmsnorm(delta) * delta_weight`` (rounded, as
+    ``delta.rmsnorm(delta_weight)``): Gemma 2's and 3's sandwich norms, where a block's
+    output is normed before it joins the residual stream; one pass instead of two."""
     x._check_device(delta)
     if x.shape != delta.shape:
         raise ShapeError(f"add_rmsnorm: x {x.shape} and delta {delta.shape} must have one shape")
@@ -386,12 +391,17 @@ def add_rmsnorm(x: NDArray, delta: NDArray, weight: NDArray, eps: float = 1e-6,
         raise ShapeError("add_rmsnorm(inplace=True) needs a compact x; pass a compact array "
                          "or inplace=False")
     w = x._param(weight, dim, "add_rmsnorm weight")
+    dw = None if delta_weight is None else x._param(delta_weight, dim,
+                                                    "add_rmsnorm delta_weight")
     d = delta.compact()
     total = a if inplace else a._empty_like()
     out = a._empty_like()
-    if a.size:
+    if a.size and dw is None:
         x.device.backend.add_rmsnorm(a._handle, d._handle, w._handle, total._handle,
                                      out._handle, dim, float(eps))
+    elif a.size:
+        x.device.backend.add_rmsnorm_post(a._handle, d._handle, dw._handle, w._handle,
+                                          total._handle, out._handle, dim, float(eps))
     return total, out
 
 

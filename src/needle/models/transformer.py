@@ -95,16 +95,13 @@ class Transformer:
         cfg, w = self.cfg, self.weights
         x = self._embed(ids)
         delta = None  # the previous block's output, added to x by the next norm
+        delta_norm = None  # its post-norm (sandwich norms), taken in the same pass
         masks: dict = {}  # the composed layers' attention masks, made once a pass
         for i, layer in enumerate(w.layers):
-            x, h = _add_norm(x, delta, layer.attn_norm, cfg)
+            x, h = _add_norm(x, delta, layer.attn_norm, cfg, delta_norm)
             a = self._attention(i, layer, h, cache, masks)
-            if layer.post_attn_norm is not None:
-                a = a.rmsnorm(layer.post_attn_norm, cfg.rms_norm_eps)
-            x, h = _add_norm(x, a, layer.mlp_norm, cfg)
-            delta = layer.down(self._gate_up(layer, h))
-            if layer.post_mlp_norm is not None:
-                delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
+            x, h = _add_norm(x, a, layer.mlp_norm, cfg, layer.post_attn_norm)
+            delta, delta_norm = layer.down(self._gate_up(layer, h)), layer.post_mlp_norm
         if last_row is not None:  # that position's sum and norm only
             x = _row(x, last_row)
             delta = None if delta is None else _row(delta, last_row)
@@ -112,7 +109,7 @@ class Transformer:
             last = x.shape[1] - 1
             x = x[:, last, :].compact()
             delta = None if delta is None else delta[:, last, :]
-        return self._logits(_add_norm(x, delta, w.final_norm, cfg)[1])
+        return self._logits(_add_norm(x, delta, w.final_norm, cfg, delta_norm)[1])
 
     def _attention(self, i: int, layer: LayerWeights, h: NDArray, cache: KVCache | None,
                    masks: dict) -> NDArray:
@@ -172,25 +169,22 @@ class Transformer:
             residual[...] = x
             x = residual
         delta = None  # the previous block's output, added to x by the next norm
+        delta_norm = None  # its post-norm (sandwich norms), taken in the same pass
         for i, layer in enumerate(w.layers):
-            if self.five_ops[i]:
+            if self.five_ops[i]:  # (a layer with sandwich norms never precedes one)
                 x = self._fused_layer(i, layer, x if delta is None else x + delta, state, cache)
                 delta = None
                 continue
-            x, h = _add_norm(x, delta, layer.attn_norm, cfg)
+            x, h = _add_norm(x, delta, layer.attn_norm, cfg, delta_norm)
             a = layer.o(self._decode_attention(i, layer, h, state, cache))
-            if layer.post_attn_norm is not None:
-                a = a.rmsnorm(layer.post_attn_norm, cfg.rms_norm_eps)
-            x, h = _add_norm(x, a, layer.mlp_norm, cfg)
-            delta = layer.down(self._gate_up(layer, h))
-            if layer.post_mlp_norm is not None:
-                delta = delta.rmsnorm(layer.post_mlp_norm, cfg.rms_norm_eps)
+            x, h = _add_norm(x, a, layer.mlp_norm, cfg, layer.post_attn_norm)
+            delta, delta_norm = layer.down(self._gate_up(layer, h)), layer.post_mlp_norm
         if delta is None and _plain(w.lm_head, self.packed_fused, extended=True):
             norm = None if w.head_folded else w.final_norm  # after a five-op layer
             product = nd.rmsnorm_matvec(x, norm, w.lm_head.weight, cfg.rms_norm_eps)
             logits = attention.softcap(w.lm_head.whole(product), cfg.final_softcap)
         else:
-            logits = self._logits(_add_norm(x, delta, w.final_norm, cfg)[1])
+            logits = self._logits(_add_norm(x, delta, w.final_norm, cfg, delta_norm)[1])
         return logits.reshape((1, cfg.vocab_size))
 
     def _fused_layer(self, i: int, layer: LayerWeights, x: NDArray, state: DecodeState,
@@ -299,12 +293,14 @@ def _fusable(cfg: ModelConfig, layer: LayerWeights, packed: bool) -> bool:
             and all(_plain(p, packed, extended=True) for p in (layer.o, layer.down)))
 
 
-def _add_norm(x: NDArray, delta: NDArray | None, weight: NDArray,
-              cfg: ModelConfig) -> tuple[NDArray, NDArray]:
-    """(x + delta, rmsnorm(x + delta)), the sum written into x."""
+def _add_norm(x: NDArray, delta: NDArray | None, weight: NDArray, cfg: ModelConfig,
+              delta_norm: NDArray | None = None) -> tuple[NDArray, NDArray]:
+    """(x + delta, rmsnorm(x + delta)), the sum written into x; with ``delta_norm`` (Gemma's
+    sandwich post-norms) delta is rmsnorm(delta) * delta_norm first, in the same pass."""
     if delta is None:
         return x, x.rmsnorm(weight, cfg.rms_norm_eps)
-    return nd.add_rmsnorm(x, delta, weight, cfg.rms_norm_eps, inplace=True)
+    return nd.add_rmsnorm(x, delta, weight, cfg.rms_norm_eps, inplace=True,
+                          delta_weight=delta_norm)
 
 
 def _row(x: NDArray, index: NDArray) -> NDArray:

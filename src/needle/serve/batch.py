@@ -133,23 +133,19 @@ def hidden_states(model, cache: PagedKVCache, batch: DeviceBatch) -> NDArray:
     rotary = {id(r): (r.cos.take(positions), r.sin.take(positions))
               for r in tr.rope.distinct()}
     x = tr._embed(ids)  # (1, T, hidden)
-    eps = cfg.rms_norm_eps
     delta = None  # the last sublayer's output, added to x by the next norm (add_rmsnorm)
+    delta_norm = None  # its post-norm (sandwich norms), taken in the same pass
     for i, layer in enumerate(w.layers):
-        x, h = _add_norm(x, delta, layer.attn_norm, cfg)
+        x, h = _add_norm(x, delta, layer.attn_norm, cfg, delta_norm)
         q, k, v = tr._roped_heads(layer, layer.qkv(h), *rotary[id(tr.rope.for_layer(i))])
         nd.paged_write(k.reshape((t, hkv, d)), v.reshape((t, hkv, d)), slots, cache.keys[i],
                        cache.values[i])
         a = _attention(cfg, q.reshape((t, hq, d)), cache.keys[i], cache.values[i], batch,
                        cfg.layer_windows[i])
         a = layer.o(a.reshape((1, t, hq * d)))
-        if layer.post_attn_norm is not None:
-            a = a.rmsnorm(layer.post_attn_norm, eps)
-        x, h = _add_norm(x, a, layer.mlp_norm, cfg)
-        delta = layer.down(tr._gate(layer.gate_up(h)))
-        if layer.post_mlp_norm is not None:
-            delta = delta.rmsnorm(layer.post_mlp_norm, eps)
-    x, h = _add_norm(x, delta, w.final_norm, cfg)
+        x, h = _add_norm(x, a, layer.mlp_norm, cfg, layer.post_attn_norm)
+        delta, delta_norm = layer.down(tr._gate(layer.gate_up(h))), layer.post_mlp_norm
+    x, h = _add_norm(x, delta, w.final_norm, cfg, delta_norm)
     return h.reshape((t, x.shape[-1]))
 
 

@@ -69,6 +69,14 @@ class NNOps(GpuBase):
                          (x.buffer, delta.buffer, w.buffer, total.buffer, out.buffer),
                          NORM[x.dtype].pack(rows, dim, eps), ACC[x.dtype])
 
+    def add_rmsnorm_post(self, x: GpuArray, delta: GpuArray, dw: GpuArray, w: GpuArray,
+                         total: GpuArray, out: GpuArray, dim: int, eps: float) -> None:
+        """add_rmsnorm of rmsnorm(delta) * dw (numpy_ref.add_rmsnorm_post)."""
+        rows = x.size // dim
+        self._row_kernel("add_rmsnorm_post", x.dtype, rows, dim,
+                         (x.buffer, delta.buffer, dw.buffer, w.buffer, total.buffer, out.buffer),
+                         NORM[x.dtype].pack(rows, dim, eps), ACC[x.dtype])
+
     def layernorm(self, x: GpuArray, w: GpuArray, b: GpuArray, out: GpuArray, dim: int,
                   eps: float) -> None:
         """out = (x - mean) / sqrt(var + eps) * w + b, per row (biased variance)."""

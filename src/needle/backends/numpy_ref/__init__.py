@@ -80,6 +80,7 @@ from .memory import (
 )
 from .nn import (
     add_rmsnorm,
+    add_rmsnorm_post,
     attention,
     attention_backward,
     attention_backward_supported,

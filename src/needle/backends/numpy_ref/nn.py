@@ -44,6 +44,21 @@ def add_rmsnorm(x: Array, delta: Array, w: Array, total: Array, out: Array, dim:
     _store(out, (v * r * _f(w.array)).reshape(-1))
 
 
+def add_rmsnorm_post(x: Array, delta: Array, dw: Array, w: Array, total: Array, out: Array,
+                     dim: int, eps: float) -> None:
+    """``add_rmsnorm`` of ``rmsnorm(delta) * dw`` (rounded to the dtype, as a separate rmsnorm
+    would): Gemma 2's and 3's sandwich norms, the block's output normed before it joins the
+    residual stream and the next pre-norm taken."""
+    d = _f(delta.array).reshape(-1, dim)
+    rd = 1 / np.sqrt((d * d).mean(axis=1, keepdims=True) + np.asarray(eps, d.dtype))
+    normed = (d * rd * _f(dw.array)).astype(x.array.dtype).reshape(-1)
+    s = (_f(x.array) + _f(normed)).astype(x.array.dtype)
+    _store(total, s)
+    v = _f(s).reshape(-1, dim)
+    r = 1 / np.sqrt((v * v).mean(axis=1, keepdims=True) + np.asarray(eps, v.dtype))
+    _store(out, (v * r * _f(w.array)).reshape(-1))
+
+
 def layernorm(x: Array, w: Array, b: Array, out: Array, dim: int, eps: float) -> None:
     """out = (x - mean) / sqrt(var + eps) * w + b, per row (biased variance)."""
     v = _f(x.array).reshape(-1, dim)

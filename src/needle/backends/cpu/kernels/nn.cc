@@ -57,12 +57,15 @@ template <class S> void rmsnorm_kernel(const void* x_, const void* w_, void* out
 
 // total = x + delta rounded to S (total may be x itself: element i is read before it is
 // written), then out = rmsnorm(total) * w from the rounded sum, as rmsnorm(x + delta) does.
-template <class S> void add_rmsnorm_kernel(const void* x_, const void* d_, const void* w_,
-                                           void* total_, void* out_, int64_t rows, int64_t dim,
-                                           double eps) {
+// With dw (add_rmsnorm_post), delta is first rmsnorm(delta) * dw, rounded to S as the
+// separate rmsnorm rounds it.
+template <class S> void add_rmsnorm_kernel(const void* x_, const void* d_, const void* dw_,
+                                           const void* w_, void* total_, void* out_,
+                                           int64_t rows, int64_t dim, double eps) {
   using C = compute_t<S>;
   const S* x = (const S*)x_;
   const S* dl = (const S*)d_;
+  const S* dw = (const S*)dw_;
   const S* w = (const S*)w_;
   S* total = (S*)total_;
   S* out = (S*)out_;
@@ -71,8 +74,16 @@ template <class S> void add_rmsnorm_kernel(const void* x_, const void* d_, const
     const S* b = dl + r * dim;
     S* t = total + r * dim;
     S* o = out + r * dim;
+    if (dw != nullptr) {
+      const C md = lane_sum<C>(dim, [&](int64_t i) { const C v = load(b[i]); return v * v; });
+      const C rd = C(1) / std::sqrt(md / (C)dim + (C)eps);
 #pragma omp simd
-    for (int64_t i = 0; i < dim; ++i) t[i] = store<S>(load(a[i]) + load(b[i]));
+      for (int64_t i = 0; i < dim; ++i)
+        t[i] = store<S>(load(a[i]) + load(store<S>(load(b[i]) * rd * load(dw[i]))));
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < dim; ++i) t[i] = store<S>(load(a[i]) + load(b[i]));
+    }
     const C ms = lane_sum<C>(dim, [&](int64_t i) { const C v = load(t[i]); return v * v; });
     const C inv = C(1) / std::sqrt(ms / (C)dim + (C)eps);
 #pragma omp simd
@@ -209,8 +220,8 @@ using LayerFn = void (*)(const void*, const void*, const void*, void*, int64_t, 
 using RopeFn = void (*)(const void*, const void*, const void*, void*, int64_t, int64_t, int64_t,
                         int64_t);
 using BinFn = void (*)(const void*, const void*, void*, int64_t);
-using AddRmsFn = void (*)(const void*, const void*, const void*, void*, void*, int64_t, int64_t,
-                         double);
+using AddRmsFn = void (*)(const void*, const void*, const void*, const void*, void*, void*,
+                         int64_t, int64_t, double);
 using SwigluFn = void (*)(const void*, void*, int64_t, int64_t);
 using QkNormFn = void (*)(const void*, const void*, const void*, void*, int64_t, int64_t,
                           int64_t, int64_t, double);
@@ -253,17 +264,34 @@ void rmsnorm(const Array& x, const Array& w, Array& out, int64_t dim, double eps
   without_gil([&] { f(x.data, w.data, out.data, rows, dim, eps); });
 }
 
+void add_rmsnorm_any(const Array& x, const Array& delta, const Array* dw, const Array& w,
+                     Array& total, Array& out, int64_t dim, double eps, const char* fn) {
+  const int64_t rows = rows_of(x, dim, fn);
+  for (const Array* a : std::initializer_list<const Array*>{&delta, &w, &total, &out})
+    check_same_dtype(x, *a, fn);
+  check_size(delta, x.size, fn, "delta");
+  check_size(w, dim, fn, "w");
+  check_size(total, x.size, fn, "total");
+  check_size(out, x.size, fn, "out");
+  if (dw != nullptr) {
+    check_same_dtype(x, *dw, fn);
+    check_size(*dw, dim, fn, "dw");
+  }
+  const void* dw_data = dw != nullptr ? dw->data : nullptr;
+  const AddRmsFn f = kAddRmsnorm[x.dtype];
+  without_gil([&] {
+    f(x.data, delta.data, dw_data, w.data, total.data, out.data, rows, dim, eps);
+  });
+}
+
 void add_rmsnorm(const Array& x, const Array& delta, const Array& w, Array& total, Array& out,
                  int64_t dim, double eps) {
-  const int64_t rows = rows_of(x, dim, "add_rmsnorm");
-  for (const Array* a : std::initializer_list<const Array*>{&delta, &w, &total, &out})
-    check_same_dtype(x, *a, "add_rmsnorm");
-  check_size(delta, x.size, "add_rmsnorm", "delta");
-  check_size(w, dim, "add_rmsnorm", "w");
-  check_size(total, x.size, "add_rmsnorm", "total");
-  check_size(out, x.size, "add_rmsnorm", "out");
-  const AddRmsFn f = kAddRmsnorm[x.dtype];
-  without_gil([&] { f(x.data, delta.data, w.data, total.data, out.data, rows, dim, eps); });
+  add_rmsnorm_any(x, delta, nullptr, w, total, out, dim, eps, "add_rmsnorm");
+}
+
+void add_rmsnorm_post(const Array& x, const Array& delta, const Array& dw, const Array& w,
+                      Array& total, Array& out, int64_t dim, double eps) {
+  add_rmsnorm_any(x, delta, &dw, w, total, out, dim, eps, "add_rmsnorm_post");
 }
 
 void layernorm(const Array& x, const Array& w, const Array& b, Array& out, int64_t dim,
@@ -357,6 +385,9 @@ void bind_nn(nb::module_& m) {
   m.def("add_rmsnorm", &add_rmsnorm, nb::arg("x"), nb::arg("delta"), nb::arg("w"),
         nb::arg("total"), nb::arg("out"), nb::arg("dim"), nb::arg("eps"),
         "total = x + delta (rounded), out = rmsnorm(total) * w, per row; total may be x");
+  m.def("add_rmsnorm_post", &add_rmsnorm_post, nb::arg("x"), nb::arg("delta"), nb::arg("dw"),
+        nb::arg("w"), nb::arg("total"), nb::arg("out"), nb::arg("dim"), nb::arg("eps"),
+        "add_rmsnorm of rmsnorm(delta) * dw (rounded): Gemma's sandwich norms");
   m.def("swiglu", &swiglu, nb::arg("x"), nb::arg("out"), nb::arg("dim"),
         "out = silu(x[:, :dim]) * x[:, dim:] per row of x (rows, 2 * dim)");
   m.def("qk_rmsnorm", &qk_rmsnorm, nb::arg("x"), nb::arg("q_weight"), nb::arg("k_weight"),

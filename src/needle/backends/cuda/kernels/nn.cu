@@ -274,9 +274,12 @@ __device__ __forceinline__ void layernorm_rows(const T* __restrict__ a, const T*
 
 // ---- add_rmsnorm: total = x + delta (rounded), out = rmsnorm(total) * w --------------------
 // x and total may be one array (no __restrict__ on them): each thread reads its elements of
-// x before it writes the same elements of total.
+// x before it writes the same elements of total. With dw (add_rmsnorm_post: Gemma's
+// sandwich norms), delta is first replaced by rmsnorm(delta) * dw, rounded as the separate
+// rmsnorm rounds it.
 template <class T>
 __device__ __forceinline__ void add_rmsnorm_rows(const T* x_all, const T* __restrict__ d_all,
+                                                 const T* __restrict__ dw,
                                                  const T* __restrict__ w, T* total_all,
                                                  T* __restrict__ out, i64 rows, i64 dim,
                                                  typename Acc<T>::type eps, unsigned char* smem) {
@@ -302,6 +305,18 @@ __device__ __forceinline__ void add_rmsnorm_rows(const T* x_all, const T* __rest
       r.vec = false;
       for (int s = 0; s < CACHE; s++) r.v[s] = e.v[s] = C(0);
     }
+    if (dw != nullptr) {  // uniform: the post-norm of delta first
+      C sd = C(0);
+#pragma unroll
+      for (int s = 0; s < CACHE; s++) sd += e.v[s] * e.v[s];
+      sd = row_reduce(sd, SumF(), reinterpret_cast<C*>(smem));
+      const C rd = C(1) / m_sqrt(sd / (C)dim + eps);
+#pragma unroll
+      for (int s = 0; s < CACHE; s++) {
+        const i64 j = e.index(s);
+        e.v[s] = live && j < dim ? (C)load(store<T>(e.v[s] * rd * (C)load(dw[j]))) : C(0);
+      }
+    }
     C ss = C(0);
 #pragma unroll
     for (int s = 0; s < CACHE; s++) {
@@ -315,10 +330,23 @@ __device__ __forceinline__ void add_rmsnorm_rows(const T* x_all, const T* __rest
     r.write(out + base, dim, [&](C v, i64 j) { return v * rs * (C)load(w[j]); });
     return;
   }
+  C rd = C(0);  // the streaming path: delta's post-norm from a first pass over it
+  if (dw != nullptr) {
+    C sd = C(0);
+    if (live)
+      for (i64 j = threadIdx.x; j < dim; j += blockDim.x) {
+        const C v = load(d_all[base + j]);
+        sd += v * v;
+      }
+    rd = C(1) / m_sqrt(row_reduce(sd, SumF(), reinterpret_cast<C*>(smem)) / (C)dim + eps);
+  }
   C ss = C(0);
   if (live)
     for (i64 j = threadIdx.x; j < dim; j += blockDim.x) {
-      const T t = store<T>((C)load(x_all[base + j]) + (C)load(d_all[base + j]));
+      const C d = dw == nullptr ? (C)load(d_all[base + j])
+                                : (C)load(store<T>((C)load(d_all[base + j]) * rd *
+                                                   (C)load(dw[j])));
+      const T t = store<T>((C)load(x_all[base + j]) + d);
       total_all[base + j] = t;
       const C v = load(t);
       ss += v * v;
@@ -459,7 +487,16 @@ ONLY(bf16, FA(bf16, bf16_t, 128))
                                                T* __restrict__ out, NormParams<Scalar<T>::type> p) { \
     pdl_entry();                                                                               \
     extern __shared__ __align__(16) unsigned char smem[];                                      \
-    add_rmsnorm_rows<T>(x, d, w, total, out, p.rows, p.dim, p.eps, smem);                      \
+    add_rmsnorm_rows<T>(x, d, nullptr, w, total, out, p.rows, p.dim, p.eps, smem);             \
+  }                                                                                            \
+  extern "C" __global__ void add_rmsnorm_post_##SFX(const T* x, const T* __restrict__ d,        \
+                                                    const T* __restrict__ dw,                  \
+                                                    const T* __restrict__ w, T* total,         \
+                                                    T* __restrict__ out,                       \
+                                                    NormParams<Scalar<T>::type> p) {           \
+    pdl_entry();                                                                               \
+    extern __shared__ __align__(16) unsigned char smem[];                                      \
+    add_rmsnorm_rows<T>(x, d, dw, w, total, out, p.rows, p.dim, p.eps, smem);                  \
   }                                                                                            \
   extern "C" __global__ void swiglu_##SFX(const T* __restrict__ x, T* __restrict__ out, RowParams p) { \
     pdl_entry();                                                                               \

@@ -137,6 +137,41 @@ kernel void add_rmsnorm(device const T* x [[buffer(0)]], device const T* delta [
     out[base + j] = store<T>(load(total[base + j]) * r * load(w[j]));
 }
 
+// add_rmsnorm with delta first replaced by rmsnorm(delta) * dw, rounded to T as the separate
+// rmsnorm rounds it (Gemma's sandwich norms: the block's output normed before it is added)
+template <class T>
+kernel void add_rmsnorm_post(device const T* x [[buffer(0)]], device const T* delta [[buffer(1)]],
+                             device const T* dw [[buffer(2)]], device const T* w [[buffer(3)]],
+                             device T* total [[buffer(4)]], device T* out [[buffer(5)]],
+                             constant NormParams<float>& p [[buffer(6)]],
+                             threadgroup float* smem [[threadgroup(0)]], ROW_ARGS) {
+  const long row = long(group.x) * tpg.y + tid.y;
+  const bool live = row < p.rows;
+  const long base = (live ? row : 0) * p.dim;
+  float sd = 0.0f;
+  if (live)
+    for (long j = tid.x; j < p.dim; j += tpg.x) {
+      const float v = load(delta[base + j]);
+      sd += v * v;
+    }
+  sd = row_reduce<RowSum>(sd, smem, tid, tpg);
+  const float rd = 1.0f / sqrt(sd / float(p.dim) + p.eps);
+  float ss = 0.0f;
+  if (live)
+    for (long j = tid.x; j < p.dim; j += tpg.x) {
+      const float d = load(store<T>(load(delta[base + j]) * rd * load(dw[j])));
+      const T s = store<T>(load(x[base + j]) + d);
+      total[base + j] = s;
+      const float v = load(s);
+      ss += v * v;
+    }
+  ss = row_reduce<RowSum>(ss, smem, tid, tpg);
+  if (!live) return;
+  const float r = 1.0f / sqrt(ss / float(p.dim) + p.eps);
+  for (long j = tid.x; j < p.dim; j += tpg.x)
+    out[base + j] = store<T>(load(total[base + j]) * r * load(w[j]));
+}
+
 template <class T>
 kernel void layernorm(device const T* x [[buffer(0)]], device const T* w [[buffer(1)]],
                       device const T* b [[buffer(2)]], device T* out [[buffer(3)]],
@@ -540,6 +575,7 @@ kernel void geglu(device const T* x [[buffer(0)]], device T* out [[buffer(1)]],
   INSTANTIATE(NAME(log_softmax_##SFX), softmax_rows<T, true>)                    \
   INSTANTIATE(NAME(rmsnorm_##SFX), rmsnorm<T>)                                   \
   INSTANTIATE(NAME(add_rmsnorm_##SFX), add_rmsnorm<T>)                           \
+  INSTANTIATE(NAME(add_rmsnorm_post_##SFX), add_rmsnorm_post<T>)                 \
   INSTANTIATE(NAME(layernorm_##SFX), layernorm<T>)                               \
   INSTANTIATE(NAME(rope_##SFX), rope<T>)                                         \
   INSTANTIATE(NAME(swiglu_##SFX), swiglu<T>)                                     \
