@@ -63,6 +63,26 @@ def test_unconsumed_capsule_releases_what_it_keeps():
     assert len(dlpack._live) == before
 
 
+def test_capsules_are_released_whatever_others_do_to_ctypes_pythonapi():
+    """dill (which datasets imports) sets ctypes.pythonapi's PyCapsule functions to take
+    Python objects; needle's capsule destructor, which passes pointers, must not go through
+    those shared function objects (it did: exported buffers were then kept forever)."""
+    import ctypes
+
+    fns = [getattr(ctypes.pythonapi, f"PyCapsule_{n}") for n in ("IsValid", "GetPointer")]
+    saved = [(f.argtypes, f.restype) for f in fns]
+    try:
+        for f in fns:
+            f.argtypes = [ctypes.py_object, ctypes.c_char_p]  # as dill's _dill.py does
+        before = len(dlpack._live)
+        cap = dlpack.export(0, (1,), (1,), "float32", 1, 0, object())
+        del cap
+        assert len(dlpack._live) == before
+    finally:
+        for f, (argtypes, restype) in zip(fns, saved):
+            f.argtypes, f.restype = argtypes, restype
+
+
 def test_consume_reads_numpy_capsules():
     x = np.arange(12, dtype=np.int64).reshape(3, 4)[:, ::2]
     t = dlpack.consume(x.__dlpack__())

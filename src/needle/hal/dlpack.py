@@ -47,7 +47,10 @@ _Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
 DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
                             ("deleter", _Deleter)]
 
-_api = ctypes.pythonapi
+# Our own handles on the C API, not ctypes.pythonapi: its function objects are shared by every
+# module, and a library that sets their argtypes to its liking (one of lm-evaluation-harness's
+# dependencies does) would have the capsule destructor's calls read our pointers as objects
+_api = ctypes.PyDLL(None)
 _CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _CapsuleDestructor]
