@@ -111,6 +111,15 @@ def test_lm_evaluation_harness_loglikelihoods(scored, scored_dir, scoring_server
     monkeypatch.setenv("OPENAI_API_KEY", KEY)  # what the harness sends as its bearer token
     got = lm.loglikelihood(requests, disable_tqdm=True)
     assert got[-1][1], "the model's own greedy continuation is greedy"
+    # left to choose its tokenizer, the harness finds the server's (vLLM's endpoints) and
+    # needs no copy of it: the same split, the same sums
+    remote = LocalCompletionsAPI(base_url=scoring_server.url + "/v1/completions", model=NAME,
+                                 tokenized_requests=True, max_retries=1, batch_size=3,
+                                 auth_token=KEY)
+    assert type(remote.tokenizer).__name__ == "RemoteTokenizer"
+    again = remote.loglikelihood(requests, disable_tqdm=True)
+    assert [g for _, g in again] == [g for _, g in got]
+    assert [t for t, _ in again] == pytest.approx([t for t, _ in got], abs=1e-4)
     for (context, continuation), (total, greedy) in zip(pairs, got):
         # the harness's split: the whole text's tokens, the context's count of them
         ids = hf(context + continuation, add_special_tokens=False)["input_ids"]
@@ -142,3 +151,31 @@ def _greedy_pair(reference, hf, contexts: list[str]) -> tuple[str, str]:
         if hf(context + continuation, add_special_tokens=False)["input_ids"] == ids:
             return context, continuation
     raise AssertionError("no context's greedy continuation tokenizes back to itself")
+
+
+def test_vllm_tokenizer_endpoints(scored, scoring_server):
+    """POST /tokenize (a prompt, or a chat's messages), POST /detokenize, GET
+    /tokenizer_info, in vLLM's shapes, behind the API key; bad bodies are 400s."""
+    import httpx
+
+    auth, url, tok = {"Authorization": f"Bearer {KEY}"}, scoring_server.url, scored.tokenizer
+    r = httpx.post(url + "/tokenize", headers=auth, json={"prompt": "the cat sat"}).json()
+    assert r["tokens"] == tok.encode("the cat sat") and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] == scored.max_seq_len
+    bare = httpx.post(url + "/tokenize", headers=auth,
+                      json={"prompt": "the cat", "add_special_tokens": False}).json()
+    assert bare["tokens"] == tok.encode("the cat", add_special_tokens=False)
+    back = httpx.post(url + "/detokenize", headers=auth, json={"tokens": r["tokens"]}).json()
+    assert back["prompt"] == tok.decode(r["tokens"], skip_special_tokens=False)
+    info = httpx.get(url + "/tokenizer_info", headers=auth).json()
+    assert "eos_token" in info and info["model_max_length"] == scored.max_seq_len
+    for path, body, what in (("/tokenize", {}, "prompt"),
+                             ("/tokenize", {"prompt": "x", "add_special_tokens": 1}, "true"),
+                             ("/detokenize", {"tokens": [1, "2"]}, "list of token ids"),
+                             ("/detokenize", {"tokens": [10 ** 6]}, "outside the vocabulary"),
+                             ("/tokenize", {"messages": [{"role": "user", "content": "x"}]},
+                              "chat template")):
+        bad = httpx.post(url + path, headers=auth, json=body)
+        assert bad.status_code == 400 and what in bad.json()["error"]["message"], (path, body)
+    assert httpx.post(url + "/tokenize", json={"prompt": "x"}).status_code == 401
+

@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from ..errors import GenerationError, NeedleError
 from . import openai_api as api
+from . import tokenize_api
 from .engine import Engine, EngineStoppedError
 from .request import Request, TokenEvent
 from .scheduler import QueueFullError, RequestTooLargeError
@@ -61,6 +62,10 @@ class Server:
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            # vLLM's tokenizer endpoints (lm-evaluation-harness uses them when present)
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
+            Route("/tokenizer_info", self.tokenizer_info, methods=["GET"]),
         ]
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error},
                              lifespan=self._lifespan)
@@ -130,6 +135,36 @@ class Server:
                    n, f'{{reason="{reason}"}}')
         return PlainTextResponse("\n".join(lines) + "\n",
                                  media_type="text/plain; version=0.0.4")
+
+    # --- the tokenizer -----------------------------------------------------------------------
+    async def tokenize(self, request: HttpRequest) -> JSONResponse:
+        model = self.engine.model
+        return await self._with_tokenizer(request, lambda body, tok: tokenize_api.tokenize(
+            body, tok, model.max_seq_len))
+
+    async def detokenize(self, request: HttpRequest) -> JSONResponse:
+        vocab = self.engine.model.config.vocab_size
+        return await self._with_tokenizer(request, lambda body, tok: tokenize_api.detokenize(
+            body, tok, vocab))
+
+    async def tokenizer_info(self, request: HttpRequest) -> JSONResponse:
+        model = self.engine.model
+        return await self._with_tokenizer(request, lambda _, tok: tokenize_api.tokenizer_info(
+            tok, model.generation_config, model.max_seq_len), read_body=False)
+
+    async def _with_tokenizer(self, request: HttpRequest, answer, read_body: bool = True):
+        """``answer(body, tokenizer)`` as JSON, behind the API key; a 400 where the model has
+        no tokenizer."""
+        if (denied := self._check_key(request)) is not None:
+            return denied
+        tokenizer = self.engine.model.tokenizer
+        try:
+            body = await self._body(request) if read_body else {}
+            if tokenizer is None:
+                raise api.ApiError(400, "this model has no tokenizer (tokenizer.json)")
+            return JSONResponse(answer(body, tokenizer))
+        except api.ApiError as e:
+            return _error(e)
 
     # --- generation ------------------------------------------------------------------------
     async def completions(self, request: HttpRequest):
