@@ -464,6 +464,38 @@ def test_tensor_core_decode_ranges(dtype, d, q_heads, kv_heads, splits):
             assert relerr(got, st.expected(qkv, p)) < tol, (splits, p)
 
 
+@gpu
+@pytest.mark.parametrize("dtype,q_heads,kv_heads", [("bfloat16", 4, 1), ("float16", 8, 4),
+                                                    ("bfloat16", 16, 1)])
+@pytest.mark.parametrize("splits", [1, 7, 64])
+@pytest.mark.parametrize("window", [0, 512])
+def test_flash_decode_of_256_wide_heads(dtype, q_heads, kv_heads, splits, window):
+    """Gemma's 256-wide heads decode through the warp-per-head flash kernel (two 64 KiB
+    tiles in flight; the tensor-core kernels take 64 and 128) with 1, 7 and 64 ranges a KV
+    head, with and without a sliding window, against the float64 step; float32 keeps the
+    split kernel (its tiles would not fit)."""
+    from tests.backend_ndarray.test_decode_ops import DecodeState
+
+    be = DEV.backend
+    st = DecodeState(DEV, dtype, q_heads, kv_heads, 256, 3000, RNG)
+    sfx = "bf16" if dtype == "bfloat16" else "f16"
+    with be.tuned(decode_splits=splits):
+        for p in (0, 63, 64, 700, 2999):
+            qkv = st.qkv()
+            with be.profile() as prof:
+                got = st.run(qkv, p, window=window or None).numpy()
+            assert {k for k in prof.totals if k.startswith("attention")} == \
+                {f"attention_decode_flash256_{sfx}"}
+            tol = 2e-2 if dtype == "bfloat16" else 5e-3
+            assert relerr(got, st.expected(qkv, p, window or None)) < tol, (splits, p)
+    wide = DecodeState(DEV, "float32", 4, 1, 256, 300, RNG)
+    qkv = wide.qkv()
+    with be.profile() as prof:
+        got = wide.run(qkv, 200).numpy()
+    assert "attention_decode_fused_f32" in prof.totals
+    assert relerr(got, wide.expected(qkv, 200)) < 1e-4
+
+
 def _tc_decode_kernel(be, d: int, dtype: str, capacity: int, splits: int) -> str:
     """The tensor-core decode kernel a cache takes: its most ranges a KV head are the
     splits, at most one per 4 (D 64) or 2 (D 128) tiles of 64 positions; 2-8 of them merge

@@ -188,14 +188,16 @@ class AttentionOps(NNOps):
                     span: int) -> tuple[str, str, int] | None:
         """(family, kernel, ranges a KV head) of flash decoding (tuning ``decode_attention``)
         for a cache read up to ``span`` positions, or None where it does not apply: head
-        sizes 64 and 128, at most 16 query heads per KV head (and 16-byte aligned caches,
-        which the caller checks)."""
+        sizes 64 and 128, and 256 in half types (Gemma's; the warp-per-head kernel alone,
+        two 64 KiB tiles in flight), at most 16 query heads per KV head (and 16-byte aligned
+        caches, which the caller checks)."""
         kind = self.tuning.decode_attention
-        if not (kind in ("flash", "tc") and dt in FUSED_DTYPES and head_dim in (64, 128)
+        sizes = (64, 128, 256) if dt in HALF else (64, 128)
+        if not (kind in ("flash", "tc") and dt in FUSED_DTYPES and head_dim in sizes
                 and q_heads // kv_heads <= 16):
             return None
         most = min(self.tuning.decode_splits, cdiv(span, 64))  # <= 64: the merge
-        if not (kind == "tc" and self.tuning.mma and dt in HALF):
+        if head_dim == 256 or not (kind == "tc" and self.tuning.mma and dt in HALF):
             return "decode", f"attention_decode_flash{head_dim}_{SUFFIX[dt]}", most
         # a range is at least the tiles a group keeps in flight
         ranges = min(most, cdiv(cdiv(span, 64), _DECODE_TC_TILES[head_dim]))
@@ -283,7 +285,7 @@ class AttentionOps(NNOps):
                 threads, shared = 128, 16 * head_dim * 2 + 64 * 1024 + 2 * head_dim * 2
             else:
                 kern.check_threads(32 * group)
-                stages = 2 if dt == "float32" else 3
+                stages = 2 if dt == "float32" or head_dim == 256 else 3  # decode.cu's Stages
                 # the staged key and value tiles, each warp's roped query and scores, the
                 # new row
                 threads = 32 * group

@@ -307,6 +307,12 @@ __device__ __forceinline__ void online_softmax_tile(const float (&sc)[2], float&
 // over the value rows vs (lane l owns dims l, l + 32, ...; the rows past `rows` must be
 // zeros: probability 0 times garbage could be NaN). qs: the warp's query, float32.
 constexpr int FLASH_TILE = 64;
+// The dims lane l owns of a head: l, l + 32, ... (e-th: l + 32e); at D = 256 (half types,
+// where a lane's 8 dims are 16 bytes) l * 8 .. l * 8 + 7, so that p·V reads a lane's values
+// of a row in one 16-byte load instead of eight 2-byte ones.
+template <int D> __device__ __forceinline__ int flash_dim(int lane, int e) {
+  return D == 256 ? lane * (D / 32) + e : lane + 32 * e;
+}
 template <class T, int D>
 __device__ __forceinline__ void flash_tile(const T* ks, const T* vs, const float* qs,
                                            float* sc_s, int rows, float scale, float& m,
@@ -331,8 +337,15 @@ __device__ __forceinline__ void flash_tile(const T* ks, const T* vs, const float
 #pragma unroll 4
   for (int r = 0; r < FLASH_TILE; r++) {
     const float pj = __shfl_sync(0xffffffffu, r < 32 ? pr[0] : pr[1], r % 32);
+    if constexpr (D == 256) {
+      static_assert(PER == V, "a lane's dims are one 16-byte vector");
+      const Vec<T, V> vv = *reinterpret_cast<const Vec<T, V>*>(vs + r * D + lane * V);
 #pragma unroll
-    for (int e = 0; e < PER; e++) acc[e] += pj * load(vs[r * D + lane + 32 * e]);
+      for (int e = 0; e < PER; e++) acc[e] += pj * load(vv.v[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < PER; e++) acc[e] += pj * load(vs[r * D + lane + 32 * e]);
+    }
   }
 }
 
@@ -373,7 +386,7 @@ __device__ __forceinline__ void flash_merge(const float (&acc)[D / 32], float m,
   constexpr int PER = D / 32;
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int e = 0; e < PER; e++) part_o[(base + s) * D + lane + 32 * e] = acc[e];
+  for (int e = 0; e < PER; e++) part_o[(base + s) * D + flash_dim<D>(lane, e)] = acc[e];
   if (lane == 0) {
     part_ml[(base + s) * 2] = m;
     part_ml[(base + s) * 2 + 1] = l;
@@ -389,17 +402,19 @@ __device__ __forceinline__ void flash_merge(const float (&acc)[D / 32], float m,
   float r_o[PER];
 #pragma unroll
   for (int e = 0; e < PER; e++) r_o[e] = 0.f;
-  // partials in batches of B (16 at D = 64; 8 at D = 128, whose groups may be 16 warps), every
+  // partials in batches of B (16 at D = 64; 8 at D = 128, whose groups may be 16 warps; 4
+  // at D = 256), every
   // load of a batch issued before any is used, and the weights worked out while the first
   // batch is on its way: one L2 round trip a batch (past S the loads give 0, the weights 0)
-  constexpr int B = D == 64 ? 16 : 8;
+  constexpr int B = D == 64 ? 16 : D == 128 ? 8 : 4;
   for (int r0 = 0; r0 < S; r0 += B) {
     float v[B][PER];
 #pragma unroll
     for (int u = 0; u < B; u++)
 #pragma unroll
       for (int e = 0; e < PER; e++)
-        v[u][e] = r0 + u < S ? __ldcg(part_o + (base + r0 + u) * D + lane + 32 * e) : 0.f;
+        v[u][e] = r0 + u < S ? __ldcg(part_o + (base + r0 + u) * D + flash_dim<D>(lane, e))
+                             : 0.f;
     if (r0 == 0) {
       const float mm = warp_max(fmaxf(mi[0], mi[1]));
 #pragma unroll
@@ -415,6 +430,6 @@ __device__ __forceinline__ void flash_merge(const float (&acc)[D / 32], float m,
     }
   }
 #pragma unroll
-  for (int e = 0; e < PER; e++) o[lane + 32 * e] = store<T>(r_o[e] / total);
+  for (int e = 0; e < PER; e++) o[flash_dim<D>(lane, e)] = store<T>(r_o[e] / total);
   if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch
 }

@@ -204,8 +204,10 @@ ONLY(f32, FUSED_GEMV(f32, float))
 
 namespace fd {
 constexpr int TILE = FLASH_TILE;
-template <class T> struct Stages {  // tiles in flight: 16 or 32 KiB each (64 KiB in float32)
-  static constexpr int N = sizeof(T) == 4 ? 2 : 3;
+// tiles in flight: 16 or 32 KiB each (64 KiB in float32); head size 256 (Gemma's, half
+// types only) keeps two of 64 KiB, which with the warps' queries fits an A100's shared memory
+template <class T, int D> struct Stages {
+  static constexpr int N = sizeof(T) == 4 || D == 256 ? 2 : 3;
 };
 
 // 16 bytes global -> shared, asynchronously on sm_80+ (zeros where !live; src is not read)
@@ -250,7 +252,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
                                       T* keys, T* values, float* __restrict__ part_o,
                                       float* __restrict__ part_ml, T* __restrict__ out,
                                       unsigned* counters, const DecodeParams& p, float* smem) {
-  constexpr int HALF = D / 2, PER = D / 32, NS = Stages<T>::N;
+  constexpr int HALF = D / 2, PER = D / 32, NS = Stages<T, D>::N;
   const int G = blockDim.x / 32, g = threadIdx.x / 32, lane = threadIdx.x % 32;
   const i64 h = blockIdx.x, s = blockIdx.y, hq = h * G + g;
   const i64 pos = position[0];
@@ -261,7 +263,8 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
   }
   // positions lo..pos (lo: 0, or the start of a sliding window), n of them, in S ranges
   const i64 lo = window_start(pos, p.window), n = pos + 1 - lo;
-  const i64 S = decode_ranges(n, p.splits, NS);
+  // (256-wide heads: a range may be one tile; a tile is long work for a warp a head)
+  const i64 S = decode_ranges(n, p.splits, D == 256 ? 1 : NS);
   if (s >= S) return;
   const i64 per = (n + S - 1) / S, start = lo + s * per;
   const i64 end = start + per < pos + 1 ? start + per : pos + 1;
@@ -340,7 +343,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
   }
   if (S == 1) {
 #pragma unroll
-    for (int e = 0; e < PER; e++) out[hq * D + lane + 32 * e] = store<T>(acc[e] / l);
+    for (int e = 0; e < PER; e++) out[hq * D + flash_dim<D>(lane, e)] = store<T>(acc[e] / l);
     return;
   }
   // 4. partials, then the merge in the group that finishes last for this KV head
@@ -357,6 +360,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
     fd::flash<T, D>(qkv, cs, sn, pos, keys, values, part_o, part_ml, out, counters, p, fd_smem); \
   }
 #define FLASH_DECODE_ALL(SFX, T) FLASH_DECODE(SFX, T, 64) FLASH_DECODE(SFX, T, 128)
-ONLY(f16, FLASH_DECODE_ALL(f16, half_t))
-ONLY(bf16, FLASH_DECODE_ALL(bf16, bf16_t))
+#define FLASH_DECODE_HALF(SFX, T) FLASH_DECODE_ALL(SFX, T) FLASH_DECODE(SFX, T, 256)
+ONLY(f16, FLASH_DECODE_HALF(f16, half_t))
+ONLY(bf16, FLASH_DECODE_HALF(bf16, bf16_t))
 ONLY(f32, FLASH_DECODE_ALL(f32, float))

@@ -192,7 +192,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ q, const T* __restri
   }
   if (S == 1) {
 #pragma unroll
-    for (int e = 0; e < PER; e++) o[lane + 32 * e] = store<T>(acc[e] / l);
+    for (int e = 0; e < PER; e++) o[flash_dim<D>(lane, e)] = store<T>(acc[e] / l);
     return;
   }
   flash_merge<T, D>(acc, m, l, part_o, part_ml, (t * p.q_heads + hq) * p.splits, s, S,
