@@ -120,6 +120,27 @@ def test_lm_evaluation_harness_loglikelihoods(scored, scored_dir, scoring_server
     again = remote.loglikelihood(requests, disable_tqdm=True)
     assert [g for _, g in again] == [g for _, g in got]
     assert [t for t, _ in again] == pytest.approx([t for t, _ in got], abs=1e-4)
+    # perplexity tasks (loglikelihood_rolling): a text scored in windows (the harness's own
+    # split, from its utils) of at most max_length tokens, the first after its prefix token;
+    # the sum of the server's scores is transformers'
+    from lm_eval import utils as harness
+
+    text = "once upon a time the cat sat on the mat and the dog ran far away " * 2
+    short = LocalCompletionsAPI(base_url=scoring_server.url + "/v1/completions", model=NAME,
+                                tokenized_requests=True, max_retries=1, auth_token=KEY,
+                                max_length=16)
+    [total] = short.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)],
+                                          disable_tqdm=True)
+    ids = short.tok_encode(text)
+    windows = [harness.make_disjoint_window(w) for w in harness.get_rolling_token_windows(
+        ids, short.prefix_token_id, short.max_length - 1, 1)]
+    assert len(windows) > 2
+    want = 0.0
+    for context, continuation in windows:
+        seq = list(context) + list(continuation)
+        scores = _reference(reference, seq)
+        want += sum(scores[len(context) - 1 + i, t] for i, t in enumerate(continuation))
+    assert total == pytest.approx(want, abs=2e-3)
     for (context, continuation), (total, greedy) in zip(pairs, got):
         # the harness's split: the whole text's tokens, the context's count of them
         ids = hf(context + continuation, add_special_tokens=False)["input_ids"]
