@@ -74,12 +74,12 @@ def _model_case(rng, q_heads, kv_heads, d, lengths, page_size=16):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("heads", [(32, 4, 64), (8, 1, 128), (12, 12, 64), (16, 2, 80)],
-                         ids=str)
+@pytest.mark.parametrize("heads", [(32, 4, 64), (8, 1, 128), (12, 12, 64), (16, 2, 80),
+                                   (4, 1, 256), (8, 4, 256)], ids=str)
 def test_paged_attention_model_shapes(device, dtype, heads, rng):
-    """Head sizes 64 and 128 with 1 to 16 query heads per KV head over sequences of 1 to 700
-    positions (CUDA: the flash kernel, its ranges merged in the kernel for the long ones;
-    head size 80 takes the general kernel)."""
+    """Head sizes 64, 128 and 256 (Gemma's) with 1 to 16 query heads per KV head over
+    sequences of 1 to 700 positions (CUDA: the flash kernel, its ranges merged in the kernel
+    for the long ones, at 256 in half types only; head size 80 takes the general kernel)."""
     if not supports(device, dtype):
         pytest.skip(f"{device.name} has no {dtype}")
     q, kp, vp, tables, seq_of, positions = _model_case(rng, *heads, [1, 17, 130, 700, 64])

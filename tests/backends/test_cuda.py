@@ -496,6 +496,25 @@ def test_flash_decode_of_256_wide_heads(dtype, q_heads, kv_heads, splits, window
     assert relerr(got, wide.expected(qkv, 200)) < 1e-4
 
 
+@gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_paged_flash_kernel_of_256_wide_heads(dtype):
+    """Serving's paged attention takes the flash kernel at head size 256 in half types (its
+    values in the model-shapes test of test_paged.py), the general kernel in float32."""
+    rng = np.random.default_rng(0)
+    q = on(rng.standard_normal((3, 4, 256)).astype(np.float32)).astype(dtype)
+    pool = [on(rng.standard_normal((8, 16, 1, 256)).astype(np.float32)).astype(dtype)
+            for _ in range(2)]
+    tables = np.array([[0, 1, 2, -1], [3, 4, -1, -1], [5, 6, 7, -1]], np.int32)
+    be = DEV.backend
+    with be.profile() as prof:
+        nd.paged_attention(q, *pool, tables, np.arange(3, dtype=np.int32),
+                           np.array([40, 20, 47], np.int32), 256 ** -0.5)
+    sfx = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}[dtype]
+    want = f"paged_attention_flash256_{sfx}" if dtype != "float32" else f"paged_attention_{sfx}"
+    assert want in prof.totals, prof.table()
+
+
 def _tc_decode_kernel(be, d: int, dtype: str, capacity: int, splits: int) -> str:
     """The tensor-core decode kernel a cache takes: its most ranges a KV head are the
     splits, at most one per 4 (D 64) or 2 (D 128) tiles of 64 positions; 2-8 of them merge

@@ -309,7 +309,8 @@ class AttentionOps(NNOps):
         tables, a group per (token, KV head, range of positions) with a warp per query head
         of the group; ranges enough for about two groups per SM, merged in the kernel."""
         group = q_heads // kv_heads
-        if not (self.tuning.paged_flash and head_dim in (64, 128) and group <= 16
+        sizes = (64, 128, 256) if dt in HALF else (64, 128)  # 256: Gemma's, half types
+        if not (self.tuning.paged_flash and head_dim in sizes and group <= 16
                 and dt in ("float16", "bfloat16", "float32") and kv_heads <= MAX_GRID_YZ
                 and all(aligned16(x.buffer) for x in (q, key_pages, value_pages))):
             return False

@@ -4,8 +4,8 @@
 // positions 0..p in chunks of 128 through its block table: a thread per position scores
 // q·k, the group takes the chunk's max and sum of exp (online softmax), and threads over
 // head_dim accumulate p·V. Scores and sums in C (float, double for f64).
-// paged_attention_flash{64,128}: the serving path's kernel (head_dim 64 or 128, at most 16
-// query heads per KV head): flash decoding through the block table, below.
+// paged_attention_flash{64,128} (and 256 in half types: Gemma's heads): the serving path's
+// kernel (at most 16 query heads per KV head): flash decoding through the block table, below.
 #include "common.cuh"
 
 struct PagedWriteParams { i64 tokens, row, num_slots; };
@@ -230,9 +230,10 @@ __device__ __forceinline__ void flash(const T* __restrict__ q, const T* __restri
                     pf_smem);                                                                  \
   }
 #define PAGED_FLASH_ALL(SFX, T) PAGED_FLASH(SFX, T, 64) PAGED_FLASH(SFX, T, 128)
+#define PAGED_FLASH_HALF(SFX, T) PAGED_FLASH_ALL(SFX, T) PAGED_FLASH(SFX, T, 256)
 
-ONLY(f16, PAGED_FLASH_ALL(f16, half_t))
-ONLY(bf16, PAGED_FLASH_ALL(bf16, bf16_t))
+ONLY(f16, PAGED_FLASH_HALF(f16, half_t))
+ONLY(bf16, PAGED_FLASH_HALF(bf16, bf16_t))
 ONLY(f32, PAGED_FLASH_ALL(f32, float))
 ONLY(f16, PAGED(f16, half_t, float))
 ONLY(bf16, PAGED(bf16, bf16_t, float))
