@@ -285,9 +285,12 @@ class Engine:
             list(request.output[max(start - n, 0):max(stop - n, 0)])
 
     def _batch(self, work: list[Work], max_pages: int | None = None,
-               dense_prompts: bool = True) -> batch_step.StepBatch:
+               dense_prompts: bool = True) -> tuple[batch_step.StepBatch,
+                                                    list[scoring.ScoredRow]]:
         """The step's tokens laid end to end (decode tokens first, as the scheduler plans
-        them); prompt chunks marked for dense attention unless ``dense_prompts`` is off."""
+        them); prompt chunks marked for dense attention unless ``dense_prompts`` is off.
+        With it, the rows of prompt positions whose next token a request scores (its
+        ``score_rows``), and what each scores."""
         tokens, positions, seq_of, slots, rows, scored = [], [], [], [], [], []
         max_pages = max_pages or max(len(w.request.table.pages) for w in work)
         tables = -np.ones((len(work), max_pages), np.int32)
