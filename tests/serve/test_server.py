@@ -228,8 +228,10 @@ def test_models_health_metrics(running, client):
 def test_bad_requests_get_openai_errors(running, client):
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model=NAME, prompt="x", temperature=5)
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        client.completions.create(model=NAME, prompt="x", n=2)
+    with pytest.raises(openai.BadRequestError, match="answered whole"):
+        client.completions.create(model=NAME, prompt="x", n=2, stream=True)
+    with pytest.raises(openai.BadRequestError, match="at most 64"):
+        client.completions.create(model=NAME, prompt=["x", "y"], n=40)
     chat = [{"role": "user", "content": "x"}]
     # what needle cannot honour is refused, not ignored
     with pytest.raises(openai.BadRequestError, match="response_format is not supported"):
@@ -351,3 +353,27 @@ def test_chat_template_kwargs_reach_the_template(model, client):
     with pytest.raises(openai.BadRequestError, match="may not set tools"):
         client.chat.completions.create(model=NAME, messages=chat, max_tokens=2,
                                        extra_body={"chat_template_kwargs": {"tools": []}})
+
+
+def test_n_choices_are_seeded_answers(model, client):
+    """n answers a prompt n times: seeded, choice j is the answer of seed + j (choice 0 the
+    n = 1 answer), greedy ones are all the greedy answer; chat and completions, a list of
+    prompts times n in order; usage counts each prompt once."""
+    messages = [{"role": "user", "content": "Tell me a story"}]
+    opts = dict(max_tokens=8, temperature=1.0, seed=11, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(model=NAME, messages=messages, n=3, **opts)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for j, c in enumerate(r.choices):
+        one = client.chat.completions.create(model=NAME, messages=messages,
+                                             **{**opts, "seed": 11 + j})
+        assert c.message.content == one.choices[0].message.content
+    assert len({c.message.content for c in r.choices}) > 1  # different draws
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens
+    assert r.usage.completion_tokens == 24
+    greedy = client.completions.create(model=NAME, prompt=["Once", "The cat"], n=2,
+                                       max_tokens=5, temperature=0)
+    texts = [c.text for c in greedy.choices]
+    assert texts[0] == texts[1] == _expected_completion(model, "Once", 5)
+    assert texts[2] == texts[3] == _expected_completion(model, "The cat", 5)
+    assert [c.index for c in greedy.choices] == [0, 1, 2, 3]
+

@@ -2,18 +2,21 @@
 engine request, and the JSON of responses, stream chunks and errors.
 
 Only the HTTP layer (``server.py``) uses this module; it has no HTTP in it, so the
-validation is testable on its own. Fields OpenAI defines that needle cannot honour (n > 1,
-non-zero presence/frequency penalties, tools, a JSON response_format, logit_bias, audio)
-are refused with a 400 that says so, never silently ignored. Completions take a list of
-prompts (a choice each) and ``echo`` (the prompt returned before the completion; with
-``logprobs``, every prompt token scored: how lm-evaluation-harness computes
-loglikelihoods; ``max_tokens: 0`` then scores alone). Extensions accepted as vLLM does:
-top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, and chat's
-chat_template_kwargs (variables for the chat template, e.g. Qwen3's enable_thinking).
+validation is testable on its own. Fields OpenAI defines that needle cannot honour
+(best_of, non-zero presence/frequency penalties, tools, a JSON response_format, logit_bias,
+audio, and several choices streamed) are refused with a 400 that says so, never silently
+ignored. ``n`` answers a prompt n times (a seed given: its j-th answer draws with seed +
+j). Completions take a list of prompts (a choice each) and ``echo`` (the prompt returned
+before the completion; with ``logprobs``, every prompt token scored: how
+lm-evaluation-harness computes loglikelihoods; ``max_tokens: 0`` then scores alone).
+Extensions accepted as vLLM does: top_k, min_p, repetition_penalty, stop_token_ids,
+ignore_eos, and chat's chat_template_kwargs (variables for the chat template, e.g. Qwen3's
+enable_thinking).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import time
 import uuid
@@ -40,7 +43,7 @@ class ApiError(NeedleError):
                           "code": self.code}}
 
 
-MAX_PROMPTS = 64  # prompts in one completions request
+MAX_PROMPTS = 64  # choices in one request: prompts times n
 # OpenAI takes 4 stop strings; evaluation harnesses send a task's `until` list and the
 # end-of-text strings, often more (vLLM sets no limit)
 MAX_STOP = 32
@@ -53,6 +56,19 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     echo: bool = False  # completions: the prompt's text (and logprobs) before the answer's
+    n: int = 1  # choices a prompt (choice i * n + j is prompt i's j-th)
+
+    def submissions(self) -> list[tuple[object, RequestParams]]:
+        """(prompt, settings) of each choice, in choice order: a prompt's j-th answer
+        draws with seed + j where a seed is given (the first is the n = 1 answer)."""
+        out = []
+        for prompt in self.prompts:
+            for j in range(self.n):
+                s = self.params.sampling
+                seed = None if s.seed is None else s.seed + j
+                out.append((prompt, dataclasses.replace(
+                    self.params, sampling=dataclasses.replace(s, seed=seed))))
+        return out
 
     @property
     def prompt(self):
@@ -84,8 +100,6 @@ def _int(body: dict, name: str, lo: int, default=None):
 
 
 def _refuse_unsupported(body: dict) -> None:
-    if body.get("n", 1) != 1:
-        raise _bad("n must be 1: needle returns one choice per request", "n")
     if body.get("best_of", 1) not in (1, None):
         raise _bad("best_of is not supported", "best_of")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -220,14 +234,23 @@ def _prompts(body: dict) -> list:
                "either", "prompt")
 
 
+def _n(body: dict, prompts: int, stream: bool) -> int:
+    n = _int(body, "n", 1, 1)
+    if n * prompts > MAX_PROMPTS:
+        raise _bad(f"{prompts} prompt(s) times n = {n} is {n * prompts} choices; at most "
+                   f"{MAX_PROMPTS} a request", "n")
+    if stream and n * prompts > 1:
+        raise _bad("several choices (n > 1, or a list of prompts) are answered whole: send "
+                   "stream: false, or one streamed request a choice", "stream")
+    return n
+
+
 def parse_completion(body: dict, generation_config) -> ParsedRequest:
     prompts = _prompts(body)
     params = request_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS, generation_config)
     stream, include_usage = _stream_flags(body)
-    if stream and len(prompts) > 1:
-        raise _bad("a batch of prompts is answered whole: send stream: false, or one "
-                   "prompt per streamed request", "stream")
-    return ParsedRequest(prompts, params, stream, include_usage, bool(body.get("echo")))
+    return ParsedRequest(prompts, params, stream, include_usage, bool(body.get("echo")),
+                         _n(body, len(prompts), stream))
 
 
 def _content(message: dict, i: int) -> str:
@@ -297,7 +320,8 @@ def parse_chat(body: dict, tokenizer, generation_config) -> ParsedRequest:
                                             return_dict=False, **extra)
     except NeedleError as e:
         raise _bad(f"the chat template failed: {e}", "messages") from e
-    return ParsedRequest([list(ids)], params, *_stream_flags(body))
+    stream, include_usage = _stream_flags(body)
+    return ParsedRequest([list(ids)], params, stream, include_usage, n=_n(body, 1, stream))
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -330,13 +354,16 @@ def completion_chunk(rid: str, model: str, text: str, reason: str | None,
                                          "finish_reason": reason}]}
 
 
-def chat_completion(rid: str, model: str, text: str, reason: str | None, u: dict,
-                    logprobs: dict | None = None) -> dict:
+def chat_choice(index: int, text: str, reason: str | None,
+                logprobs: dict | None = None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs, "finish_reason": reason}
+
+
+def chat_completion(rid: str, model: str, choices: list[dict], u: dict) -> dict:
+    """A chat response of ``chat_choice``s (n of them)."""
     return {"id": rid, "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "message": {"role": "assistant",
-                                                                 "content": text},
-                                         "logprobs": logprobs, "finish_reason": reason}],
-            "usage": u}
+            "model": model, "choices": choices, "usage": u}
 
 
 def chat_chunk(rid: str, model: str, delta: dict, reason: str | None,

@@ -223,10 +223,11 @@ class Server:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
         submitted: list[Request] = []
+        choices = parsed.submissions()  # (prompt, settings) a choice
         try:
-            for i, prompt in enumerate(parsed.prompts):
+            for i, (prompt, params) in enumerate(choices):
                 submitted.append(self.engine.submit(
-                    prompt, parsed.params,
+                    prompt, params,
                     listener=lambda ev, i=i: loop.call_soon_threadsafe(events.put_nowait,
                                                                        (i, ev))))
         except NeedleError as e:  # a batch is taken whole or not at all
@@ -251,16 +252,19 @@ class Server:
         if failed:
             return _error(api.ApiError(500, f"generation failed: {failed[0].error}",
                                        kind="server_error"))
-        u = api.usage(sum(len(r.prompt) for r in submitted),
+        # a prompt's tokens counted once, however many answers it has (as OpenAI counts)
+        firsts = submitted[::parsed.n]
+        u = api.usage(sum(len(r.prompt) for r in firsts),
                       sum(len(r.output) for r in submitted),
-                      sum(r.cached_tokens for r in submitted))
+                      sum(r.cached_tokens for r in firsts))
         if chat:
-            r, reason = submitted[0], api.finish_reason(final[0].finish_reason)
-            return JSONResponse(api.chat_completion(rid, self.model_name, r.text, reason, u,
-                                                    self._logprobs(r, r.logprobs, chat)))
-        choices = [self._completion_choice(i, prompt, r, final[i], parsed.echo)
-                   for i, (prompt, r) in enumerate(zip(parsed.prompts, submitted))]
-        return JSONResponse(api.completion(rid, self.model_name, choices, u))
+            return JSONResponse(api.chat_completion(rid, self.model_name, [
+                api.chat_choice(i, r.text, api.finish_reason(ev.finish_reason),
+                                self._logprobs(r, r.logprobs, chat))
+                for i, (r, ev) in enumerate(zip(submitted, final))], u))
+        answers = [self._completion_choice(i, prompt, r, final[i], parsed.echo)
+                   for i, ((prompt, _), r) in enumerate(zip(choices, submitted))]
+        return JSONResponse(api.completion(rid, self.model_name, answers, u))
 
     def _completion_choice(self, index: int, prompt, r: Request, final: TokenEvent,
                            echo: bool) -> dict:
