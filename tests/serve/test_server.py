@@ -228,8 +228,6 @@ def test_models_health_metrics(running, client):
 def test_bad_requests_get_openai_errors(running, client):
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model=NAME, prompt="x", temperature=5)
-    with pytest.raises(openai.BadRequestError, match="answered whole"):
-        client.completions.create(model=NAME, prompt="x", n=2, stream=True)
     with pytest.raises(openai.BadRequestError, match="at most 64"):
         client.completions.create(model=NAME, prompt=["x", "y"], n=40)
     chat = [{"role": "user", "content": "x"}]
@@ -376,4 +374,26 @@ def test_n_choices_are_seeded_answers(model, client):
     assert texts[0] == texts[1] == _expected_completion(model, "Once", 5)
     assert texts[2] == texts[3] == _expected_completion(model, "The cat", 5)
     assert [c.index for c in greedy.choices] == [0, 1, 2, 3]
+    # streamed: every choice's chunks under its index, each ending once, usage at the end
+    chunks = list(client.chat.completions.create(
+        model=NAME, messages=messages, n=3, stream=True, logprobs=True,
+        stream_options={"include_usage": True}, **opts))
+    got = {0: "", 1: "", 2: ""}
+    ends, tokens = [], {0: 0, 1: 0, 2: 0}
+    for chunk in chunks[:-1]:
+        [c] = chunk.choices
+        got[c.index] += c.delta.content or ""
+        tokens[c.index] += len(c.logprobs.content) if c.logprobs else 0
+        if c.finish_reason:
+            ends.append(c.index)
+    assert [got[j] for j in range(3)] == [c.message.content for c in r.choices]
+    assert sorted(ends) == [0, 1, 2] and tokens == {0: 8, 1: 8, 2: 8}
+    assert chunks[-1].usage.completion_tokens == 24 and not chunks[-1].choices
+    streamed = list(client.completions.create(model=NAME, prompt=["Once", "The cat"],
+                                              max_tokens=5, temperature=0, stream=True,
+                                              echo=True))
+    text = {0: "", 1: ""}
+    for chunk in streamed:
+        text[chunk.choices[0].index] += chunk.choices[0].text
+    assert text == {0: "Once" + texts[0], 1: "The cat" + texts[2]}
 

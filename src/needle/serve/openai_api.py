@@ -4,14 +4,13 @@ engine request, and the JSON of responses, stream chunks and errors.
 Only the HTTP layer (``server.py``) uses this module; it has no HTTP in it, so the
 validation is testable on its own. Fields OpenAI defines that needle cannot honour
 (best_of, non-zero presence/frequency penalties, tools, a JSON response_format, logit_bias,
-audio, and several choices streamed) are refused with a 400 that says so, never silently
-ignored. ``n`` answers a prompt n times (a seed given: its j-th answer draws with seed +
-j). Completions take a list of prompts (a choice each) and ``echo`` (the prompt returned
-before the completion; with ``logprobs``, every prompt token scored: how
-lm-evaluation-harness computes loglikelihoods; ``max_tokens: 0`` then scores alone).
-Extensions accepted as vLLM does: top_k, min_p, repetition_penalty, stop_token_ids,
-ignore_eos, and chat's chat_template_kwargs (variables for the chat template, e.g. Qwen3's
-enable_thinking).
+audio) are refused with a 400 that says so, never silently ignored. ``n`` answers a
+prompt n times (a seed given: its j-th answer draws with seed + j). Completions take a list
+of prompts (a choice each) and ``echo`` (the prompt returned before the completion; with
+``logprobs``, every prompt token scored: how lm-evaluation-harness computes
+loglikelihoods; ``max_tokens: 0`` then scores alone). Extensions accepted as vLLM does:
+top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, and chat's
+chat_template_kwargs (variables for the chat template, e.g. Qwen3's enable_thinking).
 """
 
 from __future__ import annotations
@@ -234,14 +233,11 @@ def _prompts(body: dict) -> list:
                "either", "prompt")
 
 
-def _n(body: dict, prompts: int, stream: bool) -> int:
+def _n(body: dict, prompts: int) -> int:
     n = _int(body, "n", 1, 1)
     if n * prompts > MAX_PROMPTS:
         raise _bad(f"{prompts} prompt(s) times n = {n} is {n * prompts} choices; at most "
                    f"{MAX_PROMPTS} a request", "n")
-    if stream and n * prompts > 1:
-        raise _bad("several choices (n > 1, or a list of prompts) are answered whole: send "
-                   "stream: false, or one streamed request a choice", "stream")
     return n
 
 
@@ -250,7 +246,7 @@ def parse_completion(body: dict, generation_config) -> ParsedRequest:
     params = request_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS, generation_config)
     stream, include_usage = _stream_flags(body)
     return ParsedRequest(prompts, params, stream, include_usage, bool(body.get("echo")),
-                         _n(body, len(prompts), stream))
+                         _n(body, len(prompts)))
 
 
 def _content(message: dict, i: int) -> str:
@@ -320,8 +316,7 @@ def parse_chat(body: dict, tokenizer, generation_config) -> ParsedRequest:
                                             return_dict=False, **extra)
     except NeedleError as e:
         raise _bad(f"the chat template failed: {e}", "messages") from e
-    stream, include_usage = _stream_flags(body)
-    return ParsedRequest([list(ids)], params, stream, include_usage, n=_n(body, 1, stream))
+    return ParsedRequest([list(ids)], params, *_stream_flags(body), n=_n(body, 1))
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -348,9 +343,9 @@ def completion(rid: str, model: str, choices: list[dict], u: dict) -> dict:
 
 
 def completion_chunk(rid: str, model: str, text: str, reason: str | None,
-                     logprobs: dict | None = None) -> dict:
+                     logprobs: dict | None = None, index: int = 0) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "text": text, "logprobs": logprobs,
+            "model": model, "choices": [{"index": index, "text": text, "logprobs": logprobs,
                                          "finish_reason": reason}]}
 
 
@@ -367,9 +362,9 @@ def chat_completion(rid: str, model: str, choices: list[dict], u: dict) -> dict:
 
 
 def chat_chunk(rid: str, model: str, delta: dict, reason: str | None,
-               logprobs: dict | None = None) -> dict:
+               logprobs: dict | None = None, index: int = 0) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+            "model": model, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
                                          "finish_reason": reason}]}
 
 

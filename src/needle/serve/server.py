@@ -28,6 +28,7 @@ from . import tokenize_api
 from .engine import Engine, EngineStoppedError
 from .request import Request, TokenEvent
 from .scheduler import QueueFullError, RequestTooLargeError
+from .sse import Stream
 
 MAX_BODY_BYTES = 4 << 20  # a request body larger than this is refused with 413
 
@@ -236,9 +237,10 @@ class Server:
             return _error(_engine_error(e))
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         if parsed.stream:
-            return StreamingResponse(self._sse(submitted[0], events, rid, chat,
-                                               parsed.include_usage,
-                                               parsed.prompt if parsed.echo else None),
+            stream = Stream(submitted, [p for p, _ in choices], parsed.n, rid, self.model_name,
+                            chat, model.tokenizer, parsed.echo)
+            return StreamingResponse(self._streamed(stream, events, parsed.include_usage,
+                                                    submitted),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
@@ -305,71 +307,16 @@ class Server:
                 final[i] = event
         return [final[i] for i in range(n)]
 
-    async def _sse(self, submitted: Request, events: asyncio.Queue, rid: str, chat: bool,
-                   include_usage: bool, echo=None):
-        """Server-sent events: a chunk per piece of text, the finish reason, then [DONE]. A
-        disconnect cancels this generator; ``finally`` cancels the sequence. ``echo`` (a
-        completion's prompt as sent) comes first, with its tokens' logprobs if asked."""
-        name = self.model_name
-        tokenizer = self.engine.model.tokenizer
-
-        def sse(obj) -> str:
-            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-        pending, offset = [], 0  # logprobs of tokens whose text is held back; text sent
-
-        def echoed() -> str:
-            """The echo chunk (its prompt is read by the time the first event comes)."""
-            nonlocal offset
-            lp = None
-            if submitted.params.logprobs is not None:
-                lp = api.completion_logprobs([], tokenizer, 0, submitted.prompt,
-                                             submitted.prompt_logprobs)
-                offset = sum(len(t) for t in lp["tokens"])
-            text = api.prompt_text(echo, submitted.prompt, tokenizer)
-            return sse(api.completion_chunk(rid, name, text, None, lp))
-
-        def logprobs() -> dict | None:
-            nonlocal pending, offset
-            out = self._logprobs(submitted, pending, chat, offset)
-            offset += sum(len(api.token_text(tokenizer, t.token)) for t in pending)
-            pending = []
-            return out
-
+    async def _streamed(self, stream: Stream, events: asyncio.Queue, include_usage: bool,
+                        submitted: list[Request]):
+        """The answer's server-sent events (``sse.py``). A disconnect cancels this
+        generator; ``finally`` cancels the sequences."""
         try:
-            if chat:
-                yield sse(api.chat_chunk(rid, name, {"role": "assistant", "content": ""}, None))
-            while True:
-                _, event = await events.get()
-                if echo is not None:
-                    yield echoed()
-                    echo = None
-                if event.finish_reason == "error":
-                    yield sse(api.ApiError(500, f"generation failed: {event.error}",
-                                           kind="server_error").body())
-                    break
-                if event.logprob is not None:
-                    pending.append(event.logprob)
-                reason = api.finish_reason(event.finish_reason)
-                if event.text:
-                    yield sse(api.chat_chunk(rid, name, {"content": event.text}, None,
-                                             logprobs()) if chat
-                              else api.completion_chunk(rid, name, event.text, None,
-                                                        logprobs()))
-                if reason is not None:
-                    yield sse(api.chat_chunk(rid, name, {}, reason, logprobs() if pending
-                                             else None) if chat
-                              else api.completion_chunk(rid, name, "", reason,
-                                                        logprobs() if pending else None))
-                    if include_usage:
-                        obj = "chat.completion.chunk" if chat else "text_completion"
-                        u = api.usage(len(submitted.prompt), len(submitted.output),
-                                      submitted.cached_tokens)
-                        yield sse(api.usage_chunk(rid, name, obj, u))
-                    break
-            yield "data: [DONE]\n\n"
+            async for chunk in stream.events(events, include_usage):
+                yield chunk
         finally:
-            self.engine.cancel(submitted)
+            for r in submitted:
+                self.engine.cancel(r)
 
 
 def serve(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 8000,
