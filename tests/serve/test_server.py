@@ -208,6 +208,7 @@ def test_cancelled_stream_frees_its_pages(running, client):
 
 def test_models_health_metrics(running, client):
     assert [m.id for m in client.models.list()] == [NAME]
+    assert client.models.list().data[0].max_model_len == running.engine.model.max_seq_len
     assert httpx.get(running.url + "/health").json()["status"] == "ok"
     client.completions.create(model=NAME, prompt="x", max_tokens=2)
     text = httpx.get(running.url + "/metrics").text

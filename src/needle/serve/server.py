@@ -96,7 +96,8 @@ class Server:
             return denied
         return JSONResponse({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": int(self.started),
-             "owned_by": "needle"}]})
+             "owned_by": "needle",
+             "max_model_len": self.engine.model.max_seq_len}]})  # as vLLM's model card
 
     async def metrics(self, request: HttpRequest) -> PlainTextResponse:
         s = self.engine.stats()
