@@ -435,6 +435,23 @@ def test_matmul_swiglu_is_the_product_then_swiglu(device, dtype, m, n, p, rng):
                                atol=2e-2 if dtype == "bfloat16" else 1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("m,n,p", [(1, 1152, 6912), (1, 8, 3), (5, 64, 70)])
+def test_matmul_geglu_is_the_product_then_geglu(device, dtype, m, n, p, rng):
+    """Gemma's GeGLU of a fused gate/up product: the numbers of the product rounded to the
+    dtype and then geglu, on every device (CUDA's one-pass kernel for one row: bitwise)."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    x = on(device, random(rng, (m, n), dtype, -1, 1))
+    w = on(device, random(rng, (2 * p, n), dtype, -1, 1))
+    got = nd.matmul_geglu(x, w)
+    want = (x @ w.transpose()).geglu()
+    assert got.shape == (m, p) and got.dtype == dtype
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    with pytest.raises(ShapeError, match="matmul_geglu"):
+        nd.matmul_geglu(x, w[:-1])
+
+
 def test_matmul_swiglu_checks_its_operands(device, rng):
     x = on(device, random(rng, (4, 8), "float32"))
     with pytest.raises(ShapeError, match="fused gate/up weight"):

@@ -61,6 +61,9 @@ CAPABILITY_TESTS = {
     "matmul_swiglu": [
         "backend_ndarray/test_transformer_ops.py::test_matmul_swiglu_is_the_product_then_swiglu",
         "backends/test_cuda_tma.py::test_glu_gemm_writes_the_activation_in_one_pass"],
+    "matmul_geglu": [
+        "backend_ndarray/test_transformer_ops.py::test_matmul_geglu_is_the_product_then_geglu",
+        "backends/test_cuda_gemv.py::test_gemv_geglu_is_the_product_then_geglu"],
     "folded_norm_matvec": [
         "backend_ndarray/test_fused_matvec.py::test_a_norm_folded_into_the_weight",
         "models/test_llama_vs_hf.py::test_folded_norms_match_the_checkpoint_weights"],

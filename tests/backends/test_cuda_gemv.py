@@ -41,6 +41,21 @@ def test_gemv_glu_is_the_product_then_swiglu(n, p, dtype):
     np.testing.assert_array_equal(got.numpy(), composed.numpy())
 
 
+@gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("n,p", [(1152, 6912), (64, 3), (100, 70)])
+def test_gemv_geglu_is_the_product_then_geglu(n, p, dtype):
+    """One row's GeGLU projection (Gemma's decode step) in one kernel, bitwise the
+    composed gemv_t and geglu kernels."""
+    x = _on(RNG.standard_normal((1, n)), dtype)
+    w = _on(RNG.standard_normal((2 * p, n)) / np.sqrt(n), dtype)
+    with DEV.backend.profile() as prof:
+        got = nd.matmul_geglu(x, w)
+    assert set(prof.totals) == {f"gemv_geglu_{SFX[dtype]}"}, prof.totals
+    composed = (x @ w.permute((1, 0))).geglu()
+    np.testing.assert_array_equal(got.numpy(), composed.numpy())
+
+
 def _capture_replays(step, inputs, trials=3):
     """Capture ``step()``, then for each trial give ``inputs`` new values and compare the
     replay with an eager run of the same step (bitwise: the same kernels)."""

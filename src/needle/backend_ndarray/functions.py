@@ -347,25 +347,36 @@ def matmul_swiglu(x: NDArray, weight: NDArray) -> NDArray:
     rows first, to (..., p). The same numbers as ``(x @ weight.T).swiglu()`` (the product is
     rounded to the dtype first); a backend with capability ``matmul_swiglu`` does both in
     one pass and never writes the (..., 2p) product."""
+    return _matmul_glu(x, weight, "swiglu")
+
+
+def matmul_geglu(x: NDArray, weight: NDArray) -> NDArray:
+    """``matmul_swiglu`` with Gemma's GeGLU: ``(x @ weight.T).geglu()``'s numbers, in one
+    pass where the backend has capability ``matmul_geglu`` (CUDA: one row, a decode step)."""
+    return _matmul_glu(x, weight, "geglu")
+
+
+def _matmul_glu(x: NDArray, weight: NDArray, act: str) -> NDArray:
+    name = f"matmul_{act}"
     x._check_device(weight)
     if weight.ndim != 2 or weight.shape[0] % 2 or x.ndim == 0 or x.shape[-1] != weight.shape[1]:
-        raise ShapeError(f"matmul_swiglu: x {x.shape} and a fused gate/up weight {weight.shape} "
+        raise ShapeError(f"{name}: x {x.shape} and a fused gate/up weight {weight.shape} "
                          "(2p, n) must share n, and the weight needs an even number of rows")
     if x.dtype != weight.dtype or not dtypes.is_floating(x.dtype):
-        raise DTypeError(f"matmul_swiglu: x ({x.dtype}) and weight ({weight.dtype}) must be "
+        raise DTypeError(f"{name}: x ({x.dtype}) and weight ({weight.dtype}) must be "
                          "floating-point arrays of one dtype")
     backend = x.device.backend
-    if not has(backend, "matmul_swiglu"):
-        return (x @ weight.transpose()).swiglu()
+    if not has(backend, name):
+        return getattr(x @ weight.transpose(), act)()
     n, p = weight.shape[1], weight.shape[0] // 2
     a, w = x.compact(), weight.compact()
     m = a.size // n if n else 0
     out = NDArray.make(x.shape[:-1] + (p,), device=x.device, dtype=x.dtype)
     if out.size:
-        if n == 0:  # sums of nothing: silu(0) * 0
+        if n == 0:  # sums of nothing: act(0) * 0
             out.fill(0)
         else:
-            backend.matmul_swiglu(a._handle, w._handle, out._handle, m, n, p)
+            getattr(backend, name)(a._handle, w._handle, out._handle, m, n, p)
     return out
 
 

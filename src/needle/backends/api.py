@@ -57,6 +57,7 @@ CAPABILITIES = {
                              "(numpy_ref/nn.py), with no heads-first copies",
     "matmul_swiglu": "matmul_swiglu(): a product with a fused gate/up weight and its SwiGLU "
                      "in one pass (numpy_ref/nn.py), without writing the 2p-wide product",
+    "matmul_geglu": "matmul_geglu(): matmul_swiglu with Gemma's GeGLU (numpy_ref/nn.py)",
     "folded_norm_matvec": "folded_rmsnorm_matvec(): one row's RMSNorm and projection in one "
                           "pass with the norm's scale folded into the weight, r * (W x), the "
                           "normed vector never rounded (numpy_ref/decode.py); the decode step "
@@ -275,6 +276,13 @@ class MatmulSwiglu(Protocol):
     def matmul_swiglu(self, a: Array, w: Array, out: Array, m: int, n: int, p: int) -> None: ...
 
 
+class MatmulGeglu(Protocol):
+    """geglu(a @ wᵀ) with w a fused gate/up weight (numpy_ref/nn.py defines it); the array
+    layer composes matmul and geglu where a backend lacks it."""
+
+    def matmul_geglu(self, a: Array, w: Array, out: Array, m: int, n: int, p: int) -> None: ...
+
+
 class FoldedNormMatvec(Protocol):
     """rmsnorm_matvec of one row with norm_weight None (numpy_ref/decode.py defines it); the
     array layer composes rmsnorm (rounded) and the product where a backend lacks it."""
@@ -325,6 +333,7 @@ CAPABILITY_PROTOCOLS: dict[str, type] = {
     "precompile": Precompile, "paged_attention": PagedAttention, "int8": QuantizedWeights,
     "int4": QuantizedWeights, "fused_quant_matvec": FusedQuantMatvec,
     "token_major_attention": TokenMajorAttention, "matmul_swiglu": MatmulSwiglu,
+    "matmul_geglu": MatmulGeglu,
     "folded_norm_matvec": FoldedNormMatvec, "multi_tensor_adam": MultiTensorAdam,
     "attention_backward": AttentionBackward,
 }

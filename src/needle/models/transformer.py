@@ -239,13 +239,13 @@ class Transformer:
         return x if self.embed_scale is None else x * self.embed_scale
 
     def _gate_up(self, layer: LayerWeights, h: NDArray) -> NDArray:
-        """The gated activation of h's fused gate/up projection: one pass
-        (``nd.matmul_swiglu``, no 2 x intermediate-wide product in memory) for plain
-        weights and SiLU, else the projection and then the activation."""
+        """The gated activation of h's fused gate/up projection: one pass for plain weights
+        (``nd.matmul_swiglu`` / ``nd.matmul_geglu``, no 2 x intermediate-wide product in
+        memory where the backend fuses them), else the projection and then the activation."""
         gate_up = layer.gate_up
-        if (self.cfg.arch.activation == "silu" and isinstance(gate_up.weight, NDArray)
-                and gate_up.bias is None):
-            return nd.matmul_swiglu(h, gate_up.weight)
+        if isinstance(gate_up.weight, NDArray) and gate_up.bias is None:
+            glu = nd.matmul_swiglu if self.cfg.arch.activation == "silu" else nd.matmul_geglu
+            return glu(h, gate_up.weight)
         return self._gate(gate_up(h))
 
     def _gate(self, gate_up: NDArray) -> NDArray:

@@ -61,6 +61,7 @@ class CudaBackend(ProductOps, AttentionOps, GemvOps, QuantGemmOps, QuantSkinnyOp
         caps.add("token_major_attention")
         caps.add("attention_backward")
         caps.add("matmul_swiglu")
+        caps.add("matmul_geglu")
         caps.add("multi_tensor_adam")
         if self.tuning.folded_norm:
             caps.add("folded_norm_matvec")

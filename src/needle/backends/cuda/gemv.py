@@ -29,9 +29,11 @@ GEMV_PARAMS = struct.Struct("qqf")  # matmul.cu GemvParams: n, p, eps
 
 
 class GemvOps(MatmulOps):
-    def _gemv_glu(self, a: GpuArray, w: GpuArray, out: GpuArray, n: int, p: int) -> None:
-        """out (p,) = silu(a @ w[:p].T) * (a @ w[p:].T) for one row a (n,), w (2p, n)."""
-        self._gemv_pairs("gemv_glu", a, w, out, MATMUL.pack(1, n, p, 1, 0, 0, 0, 1, 1, n), p)
+    def _gemv_glu(self, a: GpuArray, w: GpuArray, out: GpuArray, n: int, p: int,
+                  kernel: str = "gemv_glu") -> None:
+        """out (p,) = silu(a @ w[:p].T) * (a @ w[p:].T) for one row a (n,), w (2p, n);
+        ``gemv_geglu``: gelu_tanh(...) * (...)."""
+        self._gemv_pairs(kernel, a, w, out, MATMUL.pack(1, n, p, 1, 0, 0, 0, 1, 1, n), p)
 
     def _gemv_pairs(self, name: str, a: GpuArray, w: GpuArray, out: GpuArray, params: bytes,
                     p: int) -> None:

@@ -235,6 +235,16 @@ class ProductOps:
         self.matmul(a, w, product, m, n, 2 * p, transpose_b=True)
         self.swiglu(product, out, p)
 
+    def matmul_geglu(self, a, w, out, m: int, n: int, p: int) -> None:
+        """numpy_ref.matmul_geglu: one row (a decode step) by ``gemv_geglu``, gate and up rows
+        in a pair of warps as gemv_glu; more rows the product into a workspace and geglu."""
+        if m == 1 and a.dtype in GEMV_DTYPES:
+            self._gemv_glu(a, w, out, n, p, "gemv_geglu")
+            return
+        product = self._new_array(m * 2 * p, a.dtype)
+        self.matmul(a, w, product, m, n, 2 * p, transpose_b=True)
+        self.geglu(product, out, p)
+
     def _launch_tma(self, plan, a, b, out, m: int, p: int, stride_a: int,
                     stride_b: int) -> None:
         """Launch a plan of ``_tma_gemm`` into ``out``. The kernel stores C by TMA through a

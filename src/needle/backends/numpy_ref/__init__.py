@@ -90,6 +90,7 @@ from .nn import (
     geglu,
     layernorm,
     log_softmax,
+    matmul_geglu,
     matmul_swiglu,
     qk_rmsnorm,
     rmsnorm,
@@ -108,6 +109,7 @@ name = "cpu_numpy"
 # what each capability promises: backends/api.py
 capabilities = frozenset({"host_memory", "sampling", "paged_attention", "int8", "int4",
                           "fused_quant_matvec", "token_major_attention", "matmul_swiglu",
+                          "matmul_geglu",
                           "folded_norm_matvec", "multi_tensor_adam", "attention_backward"})
 
 

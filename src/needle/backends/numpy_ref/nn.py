@@ -133,6 +133,14 @@ def matmul_swiglu(a: Array, w: Array, out: Array, m: int, n: int, p: int) -> Non
     swiglu(product, out, p)
 
 
+def matmul_geglu(a: Array, w: Array, out: Array, m: int, n: int, p: int) -> None:
+    """``matmul_swiglu`` with Gemma's GeGLU (capability ``matmul_geglu``): the numbers of
+    ``matmul`` then ``geglu``."""
+    product = Array(m * 2 * p, out.dtype)
+    matmul(a, w, product, m, n, 2 * p, transpose_b=True)
+    geglu(product, out, p)
+
+
 def attention(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,
               kv_heads: int, q_len: int, kv_len: int, kv_capacity: int, head_dim: int,
               scale: float, causal: bool, window: int = 0) -> None:

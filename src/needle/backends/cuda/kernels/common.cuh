@@ -262,6 +262,11 @@ __device__ __forceinline__ T projection_out(float a, float b, typename Acc<T>::t
     const C g = load(store<T>((C)a)), u = load(store<T>((C)b));
     return store<T>(g * sigmoid(g) * u);
   }
+  if (KIND == 3) {  // GeGLU: GELU's tanh form, as nn.cu's geglu computes it
+    const C g = load(store<T>((C)a)), u = load(store<T>((C)b));
+    const C inner = (g + g * g * g * C(0.044715)) * C(0.7978845608028654);
+    return store<T>(g * (tanh(inner) + C(1)) * C(0.5) * u);
+  }
   return store<T>((C)a);
 }
 

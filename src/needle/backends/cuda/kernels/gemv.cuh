@@ -90,8 +90,9 @@ __device__ __forceinline__ void gemv_t(const T* __restrict__ a, const T* __restr
   out[j] = KIND == 2 ? projection_out<T, 2>((float)acc, 0.f, load(out[j])) : store<T>(acc);
 }
 
-// blockDim.y even: warps (2i, 2i + 1) of a group compute output blockIdx.x * blockDim.y / 2 + i
-template <class T, bool NORM>
+// blockDim.y even: warps (2i, 2i + 1) of a group compute output blockIdx.x * blockDim.y / 2 + i;
+// ACT: projection_out's kind, 1 SwiGLU, 3 GeGLU (gemv_geglu)
+template <class T, bool NORM, int ACT = 1>
 __device__ __forceinline__ void gemv_glu(const T* __restrict__ a, const T* __restrict__ B,
                                          T* __restrict__ out, i64 n, i64 p, float eps,
                                          float* handed) {
@@ -104,7 +105,7 @@ __device__ __forceinline__ void gemv_glu(const T* __restrict__ a, const T* __res
   if (up && threadIdx.x == 0) handed[threadIdx.y / 2] = (float)acc;
   __syncthreads();
   if (live && !up && threadIdx.x == 0)
-    out[j] = projection_out<T, 1>((float)acc, handed[threadIdx.y / 2], Cmp(0));
+    out[j] = projection_out<T, ACT>((float)acc, handed[threadIdx.y / 2], Cmp(0));
 }
 
 // part[s][j] = sum over this split's k of a[k] * B[k][j]: B stored (n, p); lanes over

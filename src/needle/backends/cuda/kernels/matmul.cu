@@ -384,6 +384,12 @@ __device__ __forceinline__ void matmul_generic(const T* __restrict__ A, const T*
     __shared__ float handed[16];                                                               \
     gemv_glu<T, false>(a, b, out, p.n, p.p, 0.f, handed);                                      \
   }                                                                                            \
+  extern "C" __global__ void gemv_geglu_##SFX(const T* __restrict__ a, const T* __restrict__ b, \
+                                              T* __restrict__ out, MatmulParams p) {           \
+    pdl_entry();                                                                               \
+    __shared__ float handed[16];                                                               \
+    gemv_glu<T, false, 3>(a, b, out, p.n, p.p, 0.f, handed);                                   \
+  }                                                                                            \
   extern "C" __global__ void gemv_glu_norm_##SFX(const T* __restrict__ a,                      \
                                                  const T* __restrict__ b, T* __restrict__ out, \
                                                  GemvParams p) {                               \
