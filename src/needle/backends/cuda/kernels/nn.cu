@@ -302,7 +302,7 @@ __device__ __forceinline__ void add_rmsnorm_rows(const T* x_all, const T* __rest
         }
       }
     } else {
-      r.vec = false;
+      r.vec = e.vec = false;  // (e.index is read by the post-norm below)
       for (int s = 0; s < CACHE; s++) r.v[s] = e.v[s] = C(0);
     }
     if (dw != nullptr) {  // uniform: the post-norm of delta first
