@@ -55,6 +55,7 @@ _COMMANDS = {
     "warmup": ("needle.warmup_cli", "compile a device's kernels ahead of use"),
     "serve": ("needle.serve_cli", "an OpenAI-compatible server for a local language model"),
     "quantize": ("needle.quantize_cli", "write an int8/int4 quantized copy of a model"),
+    "perplexity": ("needle.perplexity_cli", "a language model's perplexity on a text file"),
     "run": ("needle.distributed.launcher", "run N ranks of a script (distributed jobs)"),
 }
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"needle: unknown command {argv[0]!r}", file=out)
         print("usage: needle [--version] {" + ",".join(_COMMANDS) + "} [options]\n", file=out)
         for name, (_, help_) in _COMMANDS.items():
-            print(f"  {name:<9} {help_}", file=out)
+            print(f"  {name:<10} {help_}", file=out)
         return 2 if unknown else 0
     target, _ = _COMMANDS[argv[0]]
     try:
