@@ -15,11 +15,16 @@ import time
 from .errors import ModelFormatError
 
 
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    """Options of every command that loads a model and generates (generate, chat)."""
+def add_model_dir(p: argparse.ArgumentParser) -> None:
+    """The MODEL_DIR argument of every command that loads a model."""
     p.add_argument("model_dir", metavar="MODEL_DIR",
                    help="folder with config.json, tokenizer.json and *.safetensors, or a "
                         ".gguf file")
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Options of every command that loads a model and generates (generate, chat)."""
+    add_model_dir(p)
     p.add_argument("--max-tokens", type=int, default=None,
                    help="new tokens at most per answer (default 128, or what fits)")
     p.add_argument("--temperature", type=float, default=None,

@@ -14,14 +14,13 @@ import time
 from pathlib import Path
 
 from .errors import ArgumentError
+from .generate_cli import add_model_dir
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="needle perplexity",
                                 description="Perplexity of a local model on a text file.")
-    p.add_argument("model_dir", metavar="MODEL_DIR",
-                   help="folder with config.json, tokenizer.json and *.safetensors, or a "
-                        ".gguf file")
+    add_model_dir(p)
     p.add_argument("text", metavar="TEXT_FILE", help="UTF-8 text to score ('-': stdin)")
     p.add_argument("--context", type=int, default=None,
                    help="tokens a window holds (default: the smaller of 2,048 and the "
