@@ -69,18 +69,23 @@ def tokenizer_of(model_dir: str):
     return Tokenizer.from_directory(model_dir)
 
 
+def model_config(model_dir: str):
+    """The ModelConfig of a checkpoint directory or a GGUF file, without loading weights."""
+    from .models.config import ModelConfig
+    from .models.gguf import GGUFFile, is_gguf
+
+    return (GGUFFile(model_dir).config() if is_gguf(model_dir)
+            else ModelConfig.from_file(model_dir))
+
+
 def load(args, needed: int):
     """The model of ``args``; ``needed``: the positions the command needs (a KV cache that
     long, within what the model was trained for, unless --max-seq-len says otherwise)."""
     from .models import load_pretrained
-    from .models.config import ModelConfig
-    from .models.gguf import GGUFFile, is_gguf
 
     max_seq_len = args.max_seq_len
     if max_seq_len is None:
-        cfg = (GGUFFile(args.model_dir).config() if is_gguf(args.model_dir)
-               else ModelConfig.from_file(args.model_dir))
-        max_seq_len = min(needed, cfg.max_position_embeddings)
+        max_seq_len = min(needed, model_config(args.model_dir).max_position_embeddings)
     if getattr(args, "tp", 1) > 1:  # this rank's share (``needle.distributed``)
         from .distributed import load_tensor_parallel
 

@@ -52,10 +52,8 @@ def _read(path: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from .generate_cli import tokenizer_of
+    from .generate_cli import model_config, tokenizer_of
     from .models import load_pretrained
-    from .models.config import ModelConfig
-    from .models.gguf import GGUFFile, is_gguf
     from .models.perplexity import perplexity
 
     text = _read(args.text)
@@ -65,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_tokens < 2:
             raise ArgumentError(f"--max-tokens must be >= 2, got {args.max_tokens}")
         ids = ids[:args.max_tokens]
-    cfg = (GGUFFile(args.model_dir).config() if is_gguf(args.model_dir)
-           else ModelConfig.from_file(args.model_dir))
+    cfg = model_config(args.model_dir)
     context = args.context or min(2048, cfg.max_position_embeddings)
     if context > cfg.max_position_embeddings:
         raise ArgumentError(f"--context {context} exceeds the model's max_position_embeddings "

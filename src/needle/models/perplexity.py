@@ -5,8 +5,8 @@ every ``stride`` tokens (transformers' "perplexity of fixed-length models" recip
 token is scored once, by the first window that holds it with at least one token before it,
 so a stride shorter than the context gives later windows' tokens more to condition on. The
 first token of the text has nothing before it and is not scored. The log-softmax is taken
-on the device in float32, a slice of rows at a time (a 2,048-token window of a 128k-token
-vocabulary would be 1 GiB of float32); only each row's target value comes back.
+on the device in float32, a slice of rows at a time; only each row's target value comes
+back (``token_logprobs.py``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import backend_ndarray as nd
 from ..errors import ArgumentError
-
-SLICE_VALUES = 1 << 24  # logits a slice of rows holds (64 MiB of float32)
+from .token_logprobs import log_softmax, rows_per_slice, values_at
 
 
 @dataclass
@@ -56,14 +54,9 @@ def token_logprobs(model, ids: list[int], first: int = 1) -> np.ndarray:
     logits = model.forward([ids])  # (1, T, vocab)
     t, vocab = logits.shape[1], logits.shape[2]
     logits = logits.reshape((t, vocab))
-    rows = max(1, SLICE_VALUES // vocab)
-    out = []
-    for a in range(first - 1, t - 1, rows):
-        b = min(a + rows, t - 1)
-        scores = logits[a:b].astype("float32").log_softmax()  # (b - a, vocab)
-        where = np.arange(b - a, dtype=np.int64) * vocab + np.asarray(ids[a + 1:b + 1])
-        flat = scores.reshape(((b - a) * vocab, 1))
-        out.append(flat.take(nd.array(where, device=scores.device)).numpy().reshape(-1))
+    rows = rows_per_slice(vocab)
+    out = [values_at(log_softmax(logits[a:min(a + rows, t - 1)]), ids[a + 1:a + 1 + rows])
+           for a in range(first - 1, t - 1, rows)]
     return np.concatenate(out).astype(np.float64)
 
 

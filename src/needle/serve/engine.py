@@ -174,7 +174,7 @@ class Engine:
                 self._queued = self._launch(following, fed=True)
                 self.metrics.queued_ahead += 1
             tokens = queued.tokens()
-            prompt_scores = queued.prompt_scores()
+            prompt_scores = scoring.read(queued.prompt_slices, queued.scored)
         except Exception as e:  # noqa: BLE001 - every request of the step learns why
             self._queued = None
             with self._lock:
@@ -301,7 +301,7 @@ class Engine:
             prompt = w.request.prompt
             if w.request.params.prompt_logprobs is not None and w.start < len(prompt):
                 # each position but the prompt's last scores the prompt token after it
-                scored += [(at + p - w.start, scoring.ScoredRow(w.request, p + 1, prompt[p + 1]))
+                scored += [(at + p - w.start, scoring.ScoredRow(w.request, prompt[p + 1]))
                            for p in range(w.start, min(stop, len(prompt) - 1))]
             tables[i, :len(table.pages)] = table.pages
             if w.start < len(w.request.prompt) and dense_prompts:  # a chunk of the prompt
@@ -350,9 +350,7 @@ class Engine:
         if scored_rows:
             queued.scores = choice.log_softmax_rows(self._logits, scored_rows)
         if scored:
-            queued.scored = scored
-            slices, top = self._prompt_scores, [s.request.params.prompt_logprobs for s in scored]
-            queued.prompt_scores = lambda: scoring.read(slices, scored, top)
+            queued.scored, queued.prompt_slices = scored, self._prompt_scores
         return queued
 
     def execute(self, batch: batch_step.StepBatch, captured: bool, greedy: bool,
@@ -457,7 +455,7 @@ class _Queued:
     chains: bool  # a captured step whose successor may be fed its tokens on the device
     scores: dict | None = None  # sampling row -> its log-softmax (host), where asked for
     scored: list = field(default_factory=list)  # the prompt rows scored (scoring.ScoredRow)
-    prompt_scores: Callable[[], list[TokenLogprob]] = lambda: []  # their TokenLogprobs
+    prompt_slices: list = field(default_factory=list)  # their log-softmax (device)
 
     def tokens(self) -> list[int]:
         return [int(t) for t in self.read().reshape(-1)]

@@ -422,6 +422,14 @@ def prompt_text(prompt, ids: list[int], tokenizer) -> str:
     return tokenizer.decode(ids) if tokenizer is not None else ""
 
 
+def choices_usage(requests: list, n: int) -> dict:
+    """The usage of a request's choices (n answers a prompt, in choice order): a prompt's
+    tokens counted once, however many answers it has, as OpenAI counts them."""
+    firsts = requests[::n]
+    return usage(sum(len(r.prompt) for r in firsts), sum(len(r.output) for r in requests),
+                 sum(r.cached_tokens for r in firsts))
+
+
 def usage_chunk(rid: str, model: str, obj: str, u: dict) -> dict:
     return {"id": rid, "object": obj, "created": int(time.time()), "model": model,
             "choices": [], "usage": u}

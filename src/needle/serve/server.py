@@ -255,11 +255,7 @@ class Server:
         if failed:
             return _error(api.ApiError(500, f"generation failed: {failed[0].error}",
                                        kind="server_error"))
-        # a prompt's tokens counted once, however many answers it has (as OpenAI counts)
-        firsts = submitted[::parsed.n]
-        u = api.usage(sum(len(r.prompt) for r in firsts),
-                      sum(len(r.output) for r in submitted),
-                      sum(r.cached_tokens for r in firsts))
+        u = api.choices_usage(submitted, parsed.n)
         if chat:
             return JSONResponse(api.chat_completion(rid, self.model_name, [
                 api.chat_choice(i, r.text, api.finish_reason(ev.finish_reason),

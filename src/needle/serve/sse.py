@@ -64,10 +64,7 @@ class Stream:
             if event.finish_reason is not None:
                 c.done, left = True, left - 1
         if include_usage:
-            firsts = [c.request for c in self.choices[::self.n]]  # a prompt counted once
-            u = api.usage(sum(len(r.prompt) for r in firsts),
-                          sum(len(c.request.output) for c in self.choices),
-                          sum(r.cached_tokens for r in firsts))
+            u = api.choices_usage([c.request for c in self.choices], self.n)
             kind = "chat.completion.chunk" if self.chat else "text_completion"
             yield sse(api.usage_chunk(self.rid, self.model, kind, u))
         yield "data: [DONE]\n\n"

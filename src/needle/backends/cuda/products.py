@@ -231,9 +231,7 @@ class ProductOps:
                 and aligned16(a.buffer) and aligned16(w.buffer)
                 and self._tma_gemm(a, w, out, m, n, p, 1, 0, 0, True, glu=True)):
             return
-        product = self._new_array(m * 2 * p, a.dtype)
-        self.matmul(a, w, product, m, n, 2 * p, transpose_b=True)
-        self.swiglu(product, out, p)
+        self._product_then(self.swiglu, a, w, out, m, n, p)
 
     def matmul_geglu(self, a, w, out, m: int, n: int, p: int) -> None:
         """numpy_ref.matmul_geglu: one row (a decode step) by ``gemv_geglu``, gate and up rows
@@ -241,9 +239,13 @@ class ProductOps:
         if m == 1 and a.dtype in GEMV_DTYPES:
             self._gemv_glu(a, w, out, n, p, "gemv_geglu")
             return
+        self._product_then(self.geglu, a, w, out, m, n, p)
+
+    def _product_then(self, gated, a, w, out, m: int, n: int, p: int) -> None:
+        """The (m, 2p) gate/up product into a workspace, then ``gated`` (swiglu, geglu)."""
         product = self._new_array(m * 2 * p, a.dtype)
         self.matmul(a, w, product, m, n, 2 * p, transpose_b=True)
-        self.geglu(product, out, p)
+        gated(product, out, p)
 
     def _launch_tma(self, plan, a, b, out, m: int, p: int, stride_a: int,
                     stride_b: int) -> None:

@@ -128,17 +128,20 @@ def matmul_swiglu(a: Array, w: Array, out: Array, m: int, n: int, p: int) -> Non
     """out (m, p) = swiglu(a @ wᵀ) for a (m, n) and a fused gate/up weight w (2p, n), gate
     rows first (capability ``matmul_swiglu``): the product is rounded to the dtype before
     the activation, so the numbers are those of ``matmul`` then ``swiglu``."""
-    product = Array(m * 2 * p, out.dtype)
-    matmul(a, w, product, m, n, 2 * p, transpose_b=True)
-    swiglu(product, out, p)
+    _product_then(swiglu, a, w, out, m, n, p)
 
 
 def matmul_geglu(a: Array, w: Array, out: Array, m: int, n: int, p: int) -> None:
     """``matmul_swiglu`` with Gemma's GeGLU (capability ``matmul_geglu``): the numbers of
     ``matmul`` then ``geglu``."""
+    _product_then(geglu, a, w, out, m, n, p)
+
+
+def _product_then(gated, a: Array, w: Array, out: Array, m: int, n: int, p: int) -> None:
+    """The (m, 2p) gate/up product, rounded to the dtype, then ``gated`` (swiglu, geglu)."""
     product = Array(m * 2 * p, out.dtype)
     matmul(a, w, product, m, n, 2 * p, transpose_b=True)
-    geglu(product, out, p)
+    gated(product, out, p)
 
 
 def attention(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,
