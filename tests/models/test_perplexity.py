@@ -95,3 +95,24 @@ def test_a_quantized_copy_is_scored_beside_its_source(scored, capsys, tmp_path):
     assert results[0]["tokens_scored"] == results[1]["tokens_scored"]
     assert results[1]["perplexity"] == pytest.approx(results[0]["perplexity"], rel=1e-2)
     assert results[1]["perplexity"] != results[0]["perplexity"]
+
+
+def test_perplexity_on_every_device(scored, capsys, device):
+    """The command on each device (cuda, metal, numpy reference) gives transformers'
+    figure: float32 within 1e-3, and bfloat16 (the dtype a Hub checkpoint is read in)
+    within 3% where the device has it."""
+    directory, reference, text = scored
+    from needle.models.tokenizer import Tokenizer
+
+    from ..conftest import supports
+
+    ids = Tokenizer.from_directory(directory).encode(TEXT)
+    want, _ = _transformers_perplexity(reference, ids, 64, 32)
+    for dtype, rel in (("float32", 1e-3), ("bfloat16", 3e-2)):
+        if not supports(device, dtype):
+            continue
+        args = ["perplexity", str(directory), str(text), "--device", device.name, "--dtype",
+                dtype, "--json", "--quiet", "--context", "64", "--stride", "32"]
+        assert main(args) == 0, capsys.readouterr().err
+        got = json.loads(capsys.readouterr().out)
+        assert got["perplexity"] == pytest.approx(want, rel=rel), dtype
