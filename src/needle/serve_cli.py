@@ -81,6 +81,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-tokens", type=_positive, default=None,
                    help="tokens a step: decode tokens plus prompt chunks (default 2048, or "
                         "twice --max-seqs); smaller cuts long prompts into more steps")
+    p.add_argument("--tool-call-parser", default="auto",
+                   choices=("auto", "hermes", "llama3_json", "mistral", "none"),
+                   help="how answers are read for tool calls (default auto: from the chat "
+                        "template; none: tools are refused unless tool_choice is none)")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="forget a finished request's KV pages at once (default: keep them "
                         "for prompts that begin alike, such as a conversation's next turn, "
@@ -162,7 +166,8 @@ def _serve(args) -> int:
     # instead of killing the process before it lets the other ranks go
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        serve(engine, name, args.host, args.port, args.api_key)
+        serve(engine, name, args.host, args.port, args.api_key,
+              tool_call_parser=args.tool_call_parser)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass
     finally:

@@ -3,12 +3,13 @@ engine request, and the JSON of responses, stream chunks and errors.
 
 Only the HTTP layer (``server.py``) uses this module; it has no HTTP in it, so the
 validation is testable on its own. Fields OpenAI defines that needle cannot honour
-(best_of, non-zero presence/frequency penalties, tools, a JSON response_format, logit_bias,
-audio) are refused with a 400 that says so, never silently ignored. ``n`` answers a
-prompt n times (a seed given: its j-th answer draws with seed + j). Completions take a list
-of prompts (a choice each) and ``echo`` (the prompt returned before the completion; with
-``logprobs``, every prompt token scored: how lm-evaluation-harness computes
-loglikelihoods; ``max_tokens: 0`` then scores alone). Extensions accepted as vLLM does:
+(best_of, non-zero presence/frequency penalties, a JSON response_format, logit_bias, audio,
+tool_choice "required") are refused with a 400 that says so, never silently ignored. Chat
+takes ``tools`` (``tools.py``: rendered by the chat template, the answer read for calls).
+``n`` answers a prompt n times (a seed given: its j-th answer draws with seed + j).
+Completions take a list of prompts (a choice each) and ``echo`` (the prompt returned before
+the completion; with ``logprobs``, every prompt token scored: how lm-evaluation-harness
+computes loglikelihoods; ``max_tokens: 0`` then scores alone). Extensions accepted as vLLM does:
 top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, and chat's
 chat_template_kwargs (variables for the chat template, e.g. Qwen3's enable_thinking).
 """
@@ -23,23 +24,12 @@ from dataclasses import dataclass
 
 from ..errors import NeedleError
 from ..models.sampling import SamplingParams
+from .api_error import ApiError
+from .api_error import bad as _bad
 from .request import MAX_LOGPROBS, RequestParams, TokenLogprob
+from .tools import ToolCall, ToolCallParser, ToolRequest, template_message, tool_request
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-class ApiError(NeedleError):
-    """An error answered as OpenAI does: HTTP status and {"error": {...}}."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = (
-            status, message, param, code, kind)
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
 
 
 MAX_PROMPTS = 64  # choices in one request: prompts times n
@@ -56,6 +46,7 @@ class ParsedRequest:
     include_usage: bool
     echo: bool = False  # completions: the prompt's text (and logprobs) before the answer's
     n: int = 1  # choices a prompt (choice i * n + j is prompt i's j-th)
+    tools: ToolRequest | None = None  # chat: the tools offered, if any
 
     def submissions(self) -> list[tuple[object, RequestParams]]:
         """(prompt, settings) of each choice, in choice order: a prompt's j-th answer
@@ -72,10 +63,6 @@ class ParsedRequest:
     @property
     def prompt(self):
         return self.prompts[0]
-
-
-def _bad(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param)
 
 
 def _number(body: dict, name: str, lo: float, hi: float, default=None, *, open_lo=False):
@@ -104,8 +91,6 @@ def _refuse_unsupported(body: dict) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) not in (None, 0, 0.0):
             raise _bad(f"{name} is not supported (use repetition_penalty)", name)
-    if body.get("tools") or body.get("functions"):
-        raise _bad("tools are not supported", "tools")
     if body.get("suffix"):
         raise _bad("suffix is not supported", "suffix")
     fmt = body.get("response_format")
@@ -278,7 +263,7 @@ def chat_messages(body: dict) -> list[dict]:
             raise _bad(f"messages[{i}] needs a role of system, user, assistant or tool",
                        "messages")
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _content(m, i)})
+        out.append({"role": role, "content": _content(m, i), **template_message(m, i)})
     return out
 
 
@@ -304,19 +289,26 @@ def _template_kwargs(body: dict) -> dict:
     return extra
 
 
-def parse_chat(body: dict, tokenizer, generation_config) -> ParsedRequest:
+def parse_chat(body: dict, tokenizer, generation_config,
+               tool_parser: ToolCallParser | None = None) -> ParsedRequest:
+    """A chat body checked and its conversation rendered (with the tools it offers, where
+    ``tool_choice`` is not "none") to prompt ids; ``tool_parser``: the server's format of
+    tool calls, None where the model has none."""
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer, so it cannot chat; use "
                             "/v1/completions with token ids", "messages")
     messages = chat_messages(body)
     extra = _template_kwargs(body)
+    tools = tool_request(body, tool_parser)
     params = request_params(body, None, generation_config, chat=True)
+    offered = tools.tools if tools is not None and tools.parse else None
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+        ids = tokenizer.apply_chat_template(messages, tools=offered, add_generation_prompt=True,
                                             return_dict=False, **extra)
     except NeedleError as e:
         raise _bad(f"the chat template failed: {e}", "messages") from e
-    return ParsedRequest([list(ids)], params, *_stream_flags(body), n=_n(body, 1))
+    return ParsedRequest([list(ids)], params, *_stream_flags(body), n=_n(body, 1),
+                         tools=tools if offered else None)
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -349,10 +341,15 @@ def completion_chunk(rid: str, model: str, text: str, reason: str | None,
                                          "finish_reason": reason}]}
 
 
-def chat_choice(index: int, text: str, reason: str | None,
-                logprobs: dict | None = None) -> dict:
-    return {"index": index, "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs, "finish_reason": reason}
+def chat_choice(index: int, text: str | None, reason: str | None,
+                logprobs: dict | None = None, calls: list[ToolCall] = ()) -> dict:
+    """A chat choice: the answer's text, or the text before its tool calls (None where
+    there is none) and the calls, whose finish reason is then "tool_calls"."""
+    message = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [c.as_openai() for c in calls]
+        reason = "tool_calls"
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
 
 
 def chat_completion(rid: str, model: str, choices: list[dict], u: dict) -> dict:

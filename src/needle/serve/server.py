@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from ..errors import GenerationError, NeedleError
 from . import openai_api as api
-from . import tokenize_api
+from . import tokenize_api, tools
 from .engine import Engine, EngineStoppedError
 from .request import Request, TokenEvent
 from .scheduler import QueueFullError, RequestTooLargeError
@@ -53,8 +53,11 @@ def _engine_error(e: NeedleError) -> api.ApiError:
 class Server:
     """The ASGI app (``self.app``) of one engine and model name."""
 
-    def __init__(self, engine: Engine, model_name: str, api_key: str | None = None):
+    def __init__(self, engine: Engine, model_name: str, api_key: str | None = None,
+                 tool_call_parser: str = "auto"):
         self.engine, self.model_name, self.api_key = engine, model_name, api_key
+        # how answers are read for tool calls (None: this model's template renders no tools)
+        self.tool_parser = tools.parser_for(tool_call_parser, engine.model.tokenizer)
         self.started = time.time()
         routes = [
             Route("/", self.chat_page, methods=["GET"]),
@@ -215,7 +218,8 @@ class Server:
         model = self.engine.model
         try:
             body = await self._body(request)
-            parsed = (api.parse_chat(body, model.tokenizer, model.generation_config) if chat
+            parsed = (api.parse_chat(body, model.tokenizer, model.generation_config,
+                                     self.tool_parser) if chat
                       else api.parse_completion(body, model.generation_config))
             if model.tokenizer is None and any(isinstance(p, str) for p in parsed.prompts):
                 raise api.ApiError(400, "this model has no tokenizer: send the prompt as "
@@ -239,7 +243,7 @@ class Server:
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         if parsed.stream:
             stream = Stream(submitted, [p for p, _ in choices], parsed.n, rid, self.model_name,
-                            chat, model.tokenizer, parsed.echo)
+                            chat, model.tokenizer, parsed.echo, self._calls_reader(parsed))
             return StreamingResponse(self._streamed(stream, events, parsed.include_usage,
                                                     submitted),
                                      media_type="text/event-stream",
@@ -257,13 +261,25 @@ class Server:
                                        kind="server_error"))
         u = api.choices_usage(submitted, parsed.n)
         if chat:
+            read = self._calls_reader(parsed)
             return JSONResponse(api.chat_completion(rid, self.model_name, [
-                api.chat_choice(i, r.text, api.finish_reason(ev.finish_reason),
-                                self._logprobs(r, r.logprobs, chat))
+                self._chat_choice(i, r, ev, read)
                 for i, (r, ev) in enumerate(zip(submitted, final))], u))
         answers = [self._completion_choice(i, prompt, r, final[i], parsed.echo)
                    for i, ((prompt, _), r) in enumerate(zip(choices, submitted))]
         return JSONResponse(api.completion(rid, self.model_name, answers, u))
+
+    def _chat_choice(self, index: int, r: Request, final: TokenEvent,
+                     read: tools.CallsReader) -> dict:
+        content, calls = read.content_and_calls(r)
+        return api.chat_choice(index, content, api.finish_reason(final.finish_reason),
+                               self._logprobs(r, r.logprobs, True), calls)
+
+    def _calls_reader(self, parsed: api.ParsedRequest) -> tools.CallsReader:
+        """How this request's answers are read for tool calls (not at all without tools)."""
+        on = parsed.tools is not None and parsed.tools.parse
+        return tools.CallsReader(self.tool_parser if on else None, self.engine.model.tokenizer,
+                                 parsed.tools is None or parsed.tools.parallel)
 
     def _completion_choice(self, index: int, prompt, r: Request, final: TokenEvent,
                            echo: bool) -> dict:
@@ -317,11 +333,12 @@ class Server:
 
 
 def serve(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-          api_key: str | None = None, log_level: str = "info") -> None:
+          api_key: str | None = None, log_level: str = "info",
+          tool_call_parser: str = "auto") -> None:
     """Run the server until Ctrl-C (which drains the running requests, then exits)."""
     import uvicorn
 
-    server = Server(engine, model_name, api_key)
+    server = Server(engine, model_name, api_key, tool_call_parser)
     config = uvicorn.Config(server.app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=60)
     uvicorn.Server(config).run()

@@ -10,11 +10,8 @@ and ``/tokenize`` and, finding them, needs no copy of the model's tokenizer. Lik
 from __future__ import annotations
 
 from ..errors import NeedleError
-from .openai_api import ApiError, chat_messages
-
-
-def _bad(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param)
+from .api_error import bad as _bad
+from .openai_api import chat_messages
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:

@@ -1,0 +1,205 @@
+"""Tool calling through ``needle serve``: the official ``openai`` client offers a function,
+gets the model's call back (whole and streamed), runs it and sends the result, and gets the
+model's answer; the prompts are the ids transformers renders for the same conversation.
+The formats' readers (hermes, Llama 3 JSON, Mistral) are also checked on their own."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+import tokenizers
+
+from needle.serve import openai_api, tools
+
+from . import tool_model
+from .test_server import Running
+
+KEY = "test-key"
+
+
+@pytest.fixture(scope="module")
+def tool_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tool_model")
+    tool_model.build(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tool_llm(tool_dir):
+    from needle.models import load_pretrained
+
+    return load_pretrained(tool_dir, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def tool_client(tool_llm):
+    server = Running(tool_llm, name="tools", api_key=KEY, max_seqs=4)
+    yield openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    server.stop()
+
+
+def test_prompts_with_tools_are_rendered_as_transformers_renders_them(tool_dir, tool_llm):
+    reference = tool_model.reference_tokenizer(tool_dir)
+    for messages in (tool_model.QUESTION, tool_model.conversation_after_call("call_7")):
+        body = {"messages": messages, "tools": tool_model.TOOLS}
+        ours = openai_api.parse_chat(body, tool_llm.tokenizer, tool_llm.generation_config,
+                                     tools.HermesParser()).prompt
+        assert ours == tool_model.transformers_prompt(reference, messages)
+    # tool_choice "none": the tools stay out of the prompt and the answer is not read
+    none = openai_api.parse_chat({"messages": tool_model.QUESTION, "tools": tool_model.TOOLS,
+                                  "tool_choice": "none"}, tool_llm.tokenizer,
+                                 tool_llm.generation_config, tools.HermesParser())
+    assert none.tools is None
+    assert none.prompt == reference.apply_chat_template(
+        tool_model.QUESTION, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def test_the_openai_client_runs_a_tool_loop(tool_client):
+    answer = tool_client.chat.completions.create(
+        model="tools", messages=tool_model.QUESTION, tools=tool_model.TOOLS, temperature=0)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == tool_model.ARGUMENTS
+    assert call.id.startswith("call_")
+    # the client runs the tool and sends back the call and its result
+    messages = tool_model.QUESTION + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": tool_model.RESULT}]
+    final = tool_client.chat.completions.create(
+        model="tools", messages=messages, tools=tool_model.TOOLS, temperature=0)
+    assert final.choices[0].finish_reason == "stop"
+    assert final.choices[0].message.content == tool_model.ANSWER
+    assert final.choices[0].message.tool_calls is None
+
+
+def test_a_streamed_tool_call_arrives_whole(tool_client):
+    stream = tool_client.chat.completions.create(
+        model="tools", messages=tool_model.QUESTION, tools=tool_model.TOOLS, temperature=0,
+        stream=True, stream_options={"include_usage": True})
+    content, calls, reasons, usage = "", {}, [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for call in c.delta.tool_calls or ():
+                got = calls.setdefault(call.index, {"id": call.id, "name": "", "args": ""})
+                got["name"] += call.function.name or ""
+                got["args"] += call.function.arguments or ""
+            if c.finish_reason is not None:
+                reasons.append(c.finish_reason)
+    assert content == "" and reasons == ["tool_calls"]
+    assert [c["name"] for c in calls.values()] == ["get_weather"]
+    assert json.loads(calls[0]["args"]) == tool_model.ARGUMENTS
+    assert usage.completion_tokens > 10
+    # the streamed answer of the second turn is the plain text
+    text = "".join(c.choices[0].delta.content or "" for c in tool_client.chat.completions.create(
+        model="tools", messages=tool_model.conversation_after_call(calls[0]["id"]),
+        tools=tool_model.TOOLS, temperature=0, stream=True) if c.choices)
+    assert text == tool_model.ANSWER
+
+
+def test_tool_requests_needle_cannot_honour_are_refused(tool_client, tool_llm):
+    ask = dict(model="tools", messages=tool_model.QUESTION)
+    cases = [({"tools": tool_model.TOOLS, "tool_choice": "required"}, "constrained decoding"),
+             ({"tools": tool_model.TOOLS, "tool_choice": {
+                 "type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+             ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+              "letters, digits"),
+             ({"tools": tool_model.TOOLS * 2}, "twice"),
+             ({"tool_choice": "auto"}, "tool_choice needs tools"),
+             ({"functions": [{"name": "f"}]}, "deprecated")]
+    for extra, message in cases:
+        with pytest.raises(openai.BadRequestError, match=message):
+            tool_client.chat.completions.create(**ask, **extra)
+    bad_call = tool_model.QUESTION + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]
+    with pytest.raises(openai.BadRequestError, match="not valid JSON"):
+        tool_client.chat.completions.create(model="tools", messages=bad_call)
+    # a model whose template has no tool-call format: tools refused, tool_choice none fine
+    plain = tools.parser_for("auto", _chatml_only(tool_llm.tokenizer))
+    assert plain is None
+    with pytest.raises(openai_api.ApiError, match="no tool-call format"):
+        openai_api.parse_chat({"messages": tool_model.QUESTION, "tools": tool_model.TOOLS},
+                              tool_llm.tokenizer, tool_llm.generation_config, plain)
+
+
+def _chatml_only(tokenizer):
+    import copy
+
+    other = copy.copy(tokenizer)
+    other.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    return other
+
+
+# --- the formats' readers ---------------------------------------------------------------------
+def _calls(answer):
+    return [(c.name, json.loads(c.arguments)) for c in answer.calls]
+
+
+def test_hermes_reader():
+    p = tools.HermesParser()
+    text = ('Let me look.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>{"name": "b", "arguments": "{\\"y\\": [2]}"}')  # no end tag at EOS
+    answer = p.read(text, [], None)
+    assert answer.content == "Let me look."
+    assert _calls(answer) == [("a", {"x": 1}), ("b", {"y": [2]})]
+    assert p.read("no calls here", [], None) is None
+    assert p.read('<tool_call>{"name": "a", "arguments": {', [], None) is None  # cut off
+    assert p.read('<tool_call>{"arguments": {}}</tool_call>', [], None) is None  # no name
+    # a stream holds back what may be the start of the tag, and everything from it on
+    assert p.streamable("Hello <tool_", [], None) == len("Hello ")
+    assert p.streamable("Hello <b>", [], None) == len("Hello <b>")
+    assert p.streamable("Hi <tool_call>{", [], None) == len("Hi ")
+    reader = tools.CallsReader(p, None, parallel=False)
+    assert len(reader.read(text, []).calls) == 1
+
+
+def test_llama3_json_reader():
+    p = tools.Llama3JsonParser()
+    answer = p.read(' {"name": "a", "parameters": {"x": "1"}}; {"name": "b", "parameters": '
+                    '{}}', [], None)
+    assert answer.content is None and _calls(answer) == [("a", {"x": "1"}), ("b", {})]
+    assert _calls(p.read('<|python_tag|>{"name": "a", "arguments": {}}', [], None)) == [
+        ("a", {})]
+    assert p.read('{"answer": 42}', [], None) is None  # JSON, but not a call
+    assert p.read("The answer is {x}.", [], None) is None
+    assert p.streamable("  {", [], None) == 0
+    assert p.streamable("Sure", [], None) == 4
+
+
+def _mistral_tokenizer():
+    """A word-level tokenizer with Mistral's control tokens (special, so decoding for the
+    client drops them, as it does for a real Mistral tokenizer)."""
+    from needle.models.tokenizer import Tokenizer
+
+    words = ["Checking", "now", "get_weather", '{"city":', '"Paris"}', '[{"name":',
+             '"get_weather",', '"arguments":', "}]"]
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+        {w: i for i, w in enumerate(words)}, unk_token="Checking"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="##", cleanup=False)
+    tok.add_special_tokens(["</s>", "[TOOL_CALLS]", "[ARGS]"])
+    out = Tokenizer(tok, special_tokens={"eos_token": "</s>"})
+    return out, lambda text: tok.encode(text, add_special_tokens=False).ids
+
+
+def test_mistral_reader():
+    tok, encode = _mistral_tokenizer()
+    p = tools.MistralParser()
+    v3 = encode('Checking now [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": '
+                '"Paris"} }] </s>')
+    answer = p.read(tok.decode(v3), v3, tok)
+    assert answer.content == "Checking now"
+    assert _calls(answer) == [("get_weather", {"city": "Paris"})]
+    assert len(answer.calls[0].id) == 9  # Mistral's templates check for 9 characters
+    v11 = encode('[TOOL_CALLS] get_weather [ARGS] {"city": "Paris"} </s>')
+    assert _calls(p.read(tok.decode(v11), v11, tok)) == [("get_weather", {"city": "Paris"})]
+    plain = encode("Checking now")
+    assert p.read(tok.decode(plain), plain, tok) is None
+    assert p.streamable(tok.decode(v3), v3, tok) == len("Checking now")
