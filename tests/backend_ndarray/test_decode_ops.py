@@ -17,7 +17,7 @@ import needle.backend_ndarray as nd
 from needle.backends.api import has
 from needle.errors import ArgumentError, ArgumentTypeError, DTypeError, ShapeError
 
-from ..conftest import assert_close, assert_equal, check_unsupported_dtype
+from ..conftest import assert_close, assert_equal, check_unsupported_dtype, tolerance
 from .compare import FLOATS, np_dtype, on, random
 
 
@@ -240,17 +240,18 @@ class DecodeState:
                       -1, 1)
 
     def run(self, qkv: np.ndarray, p: int, max_positions: int | None = None,
-            window: int | None = None) -> nd.NDArray:
+            window: int | None = None, softcap: float | None = None) -> nd.NDArray:
         """The device step at position p (written into the position array on the device),
         its kernel chosen for ``max_positions`` where the backend chooses by it."""
         self.pos_dev.fill(p)
         return nd.attention_decode(on(self.device, qkv), self.cos_dev, self.sin_dev,
                                    self.pos_dev, self.k_dev, self.v_dev, self.q_heads,
-                                   self.scale, max_positions, window)
+                                   self.scale, max_positions, window, softcap)
 
-    def expected(self, qkv: np.ndarray, p: int, window: int | None = None) -> np.ndarray:
+    def expected(self, qkv: np.ndarray, p: int, window: int | None = None,
+                 softcap: float | None = None) -> np.ndarray:
         """The float64 step: updates the numpy caches and returns the output (attending to
-        positions p - window + 1..p with a window)."""
+        positions p - window + 1..p with a window; scores soft-capped with a softcap)."""
         hq, hkv, d, h = self.q_heads, self.kv_heads, self.d, self.d // 2
         v = _wide(qkv).reshape(hq + 2 * hkv, d)
         c, s = _wide(self.cos[p]), _wide(self.sin[p])
@@ -265,6 +266,8 @@ class DecodeState:
         vv = np.repeat(_wide(self.values[:, lo:p + 1]), group, axis=0)
         scale = 1 / math.sqrt(d) if self.scale is None else self.scale
         scores = np.einsum("hd,htd->ht", roped[:hq], k) * scale
+        if softcap:
+            scores = softcap * np.tanh(scores / softcap)
         e = np.exp(scores - scores.max(axis=1, keepdims=True))
         return np.einsum("ht,htd->hd", e / e.sum(axis=1, keepdims=True), vv).reshape(-1)
 
@@ -367,11 +370,51 @@ def test_attention_decode_sliding_window(device, dtype, case, rng):
             st.check_caches(p)
 
 
+# name: (q_heads, kv_heads, head_dim, capacity, window, positions); Gemma 2's shapes (2B:
+# 8/4 heads of 256, windows of 4096 on every other layer) and each CUDA kernel's head sizes
+# (64 and 128: the warp-per-head flash kernel, which soft-capped scores take instead of the
+# tensor-core one; 96: the split kernel)
+SOFTCAP_CASES = {
+    "gemma2_d256": (8, 4, 256, 300, None, [0, 5, 64, 299]),
+    "gemma2_d256_w70": (8, 4, 256, 300, 70, [69, 70, 71, 299]),
+    "d64_long": (8, 2, 64, 3000, None, [63, 64, 1000, 2999]),
+    "d128": (16, 8, 128, 200, None, [0, 127, 128, 199]),
+    "d96_w50": (4, 2, 96, 400, 50, [10, 49, 50, 399]),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("case", list(SOFTCAP_CASES))
+def test_attention_decode_soft_capped(device, dtype, case, rng):
+    """Gemma 2's soft-capped scores (cap · tanh(s / cap) after the scale, before the
+    softmax) against the float64 step, with a scale and cap for which the cap binds: the
+    same steps uncapped are further from the capped reference than the tolerance."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    hq, hkv, d, cap, window, positions = SOFTCAP_CASES[case]
+    st = DecodeState(device, dtype, hq, hkv, d, cap, rng, scale=1.0)
+    for p in positions:
+        qkv = st.qkv()
+        keys, values = st.keys.copy(), st.values.copy()
+        got = st.run(qkv, p, None, window, 1.5)
+        want = st.expected(qkv, p, window, 1.5)
+        assert_close(got, want, dtype, "reduction")
+        st.check_caches(p)
+        if p > 8:  # enough positions for the cap to change the weights
+            st.keys, st.values = keys, values
+            uncapped = st.expected(qkv, p, window)
+            assert np.abs(uncapped - want).max() > 3 * tolerance(dtype, "reduction")
+            st.keys[:, p] = st.k_dev.numpy()[:, p]
+
+
 def test_attention_decode_window_errors(device, rng):
     st = DecodeState(device, "float32", 2, 1, 8, 10, rng)
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ArgumentError, match="window"):
             st.run(st.qkv(), 3, None, bad)
+    for bad in (0, -1.5, float("nan"), float("inf"), True, "2"):
+        with pytest.raises(ArgumentError, match="softcap"):
+            st.run(st.qkv(), 3, None, None, bad)
     # a window at least the cache's length binds nowhere: the plain step's numbers
     qkv = st.qkv()
     assert_close(st.run(qkv, 9, None, 10), st.expected(qkv, 9), "float32", "reduction")

@@ -187,3 +187,41 @@ def test_paged_attention_sliding_window(device, dtype, heads, window, rng):
     with pytest.raises(ArgumentError, match="window"):
         nd.paged_attention(*(nd.array(x, device=device) for x in (q, kp, vp)), tables, seq_of,
                            positions, None, 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("heads,window", [((8, 4, 256), None), ((8, 4, 256), 40),
+                                          ((8, 2, 64), None), ((4, 4, 128), 70),
+                                          ((16, 2, 80), None)], ids=str)
+def test_paged_attention_soft_capped(device, dtype, heads, window, rng):
+    """Gemma 2's soft-capped scores (cap · tanh(s / cap) after the scale): each device
+    against the reference, and the reference against the cap applied by hand to the
+    gathered cache (CUDA: the flash kernels at 64, 128 and 256, the general one at 80)."""
+    if not supports(device, dtype):
+        pytest.skip(f"{device.name} has no {dtype}")
+    q, kp, vp, tables, seq_of, positions = _model_case(rng, *heads, [1, 17, 130, 700, 64])
+    cap = 1.5
+
+    def run(dev, softcap):
+        a = [nd.array(x, dtype=dtype, device=dev) for x in (q, kp, vp)]
+        return nd.paged_attention(a[0], a[1], a[2], tables, seq_of, positions, 0.5, window,
+                                  softcap).numpy().astype(np.float64)
+
+    want = run(nd.cpu_numpy(), cap)
+    np.testing.assert_allclose(run(device, cap), want, rtol=TOL[dtype], atol=TOL[dtype])
+    assert np.abs(run(nd.cpu_numpy(), None) - want).max() > 10 * TOL[dtype]  # the cap binds
+    q_heads, kv_heads, d = heads
+    rounded = [nd.array(x, dtype=dtype, device=nd.cpu_numpy()).numpy().astype(np.float64)
+               for x in (q, kp, vp)]
+    for t, (s, p) in enumerate(zip(seq_of, positions)):
+        j = np.arange(max(0, p - window + 1) if window else 0, p + 1)
+        slots = tables[s][j // 16] * 16 + j % 16
+        k = rounded[1].reshape(-1, kv_heads, d)[slots].repeat(q_heads // kv_heads, axis=1)
+        v = rounded[2].reshape(-1, kv_heads, d)[slots].repeat(q_heads // kv_heads, axis=1)
+        scores = cap * np.tanh(np.einsum("hd,thd->ht", rounded[0][t], k) * 0.5 / cap)
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        weights /= weights.sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(want[t], np.einsum("ht,thd->hd", weights, v),
+                                   rtol=TOL[dtype], atol=TOL[dtype])
+    with pytest.raises(ArgumentError, match="softcap"):
+        run(device, -1.0)

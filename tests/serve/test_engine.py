@@ -224,12 +224,13 @@ def end_as_one_at_a_time(engine, prompts, single, sampling) -> None:
     assert stats.used == 0 and stats.reserved == 0 and not engine.has_work()
 
 
-@pytest.mark.parametrize("name", ["mistral_window", "gemma3"])
+@pytest.mark.parametrize("name", ["mistral_window", "gemma3", "gemma2"])
 def test_sliding_window_models_batch_like_generate(device, tmp_path, name):
     """Models whose windows bind (Mistral's 5 positions on every layer; Gemma 3's 6 on two
-    layers of three, two rotary tables): prompt chunks and decode steps through the paged
-    kernels' windows give ``generate``'s tokens, sequences longer than their windows, a
-    prompt split over several steps (8 tokens a step)."""
+    layers of three, two rotary tables; Gemma 2's 6 on every other layer, with soft-capped
+    scores and logits): prompt chunks and decode steps through the paged kernels' windows
+    (and soft caps) give ``generate``'s tokens and transformers', sequences longer than
+    their windows, a prompt split over several steps (8 tokens a step)."""
     from needle.models import load_pretrained
 
     from ..models.hf_models import build, reference_greedy
@@ -244,15 +245,3 @@ def test_sliding_window_models_batch_like_generate(device, tmp_path, name):
     reqs = [engine.submit(p, RequestParams(max_tokens=10, ignore_eos=True)) for p in prompts]
     engine.run_until_idle()
     assert [r.output for r in reqs] == single
-
-
-def test_soft_capped_models_are_refused(tmp_path):
-    from needle.models import load_pretrained
-    from needle.serve.batch import UnsupportedModelError
-
-    from ..models.hf_models import build
-
-    build("gemma2", tmp_path)
-    m = load_pretrained(tmp_path, device="cpu_numpy", dtype="float32", max_seq_len=64)
-    with pytest.raises(UnsupportedModelError, match="soft-capped"):
-        Engine(m)

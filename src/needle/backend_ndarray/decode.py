@@ -19,7 +19,7 @@ import numbers
 from ..backends.api import has
 from ..errors import ArgumentError, ArgumentTypeError, DeviceError, DTypeError, ShapeError
 from . import dtypes
-from .functions import matmul_swiglu, window_arg
+from .functions import matmul_swiglu, softcap_arg, window_arg
 from .ndarray import NDArray, ones
 from .quant import QuantizedMatrix, _activation_dtype, _h, quant_matmul
 
@@ -27,7 +27,7 @@ from .quant import QuantizedMatrix, _activation_dtype, _h, quant_matmul
 def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray,
                      keys: NDArray, values: NDArray, q_heads: int,
                      scale: float | None = None, max_positions: int | None = None,
-                     window: int | None = None) -> NDArray:
+                     window: int | None = None, softcap: float | None = None) -> NDArray:
     """One token's attention step against a KV cache, at a position held on the device.
 
     ``qkv``: the token's fused query/key/value projection, (q_heads + 2 * kv_heads) *
@@ -45,6 +45,8 @@ def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray
     is the same at any position, also past the bound.
     ``window`` (a positive int; None: every position): a sliding window, the step at p
     attending to positions p - window + 1..p only (Mistral, Gemma 3's local layers).
+    ``softcap`` (a positive number; None: none): the scaled scores s soft-capped to
+    softcap · tanh(s / softcap) before the softmax (Gemma 2).
     See ``numpy_ref.attention_decode``.
     """
     for t in (cos, sin, position, keys, values):
@@ -76,6 +78,7 @@ def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray
                              f"{t.shape}")
     bound = _positions_bound(max_positions, capacity)
     window = window_arg(window, "attention_decode", capacity)
+    cap = softcap_arg(softcap, "attention_decode")
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
     c, s = cos.astype(qkv.dtype).compact(), sin.astype(qkv.dtype).compact()
     a = qkv.compact()
@@ -85,9 +88,9 @@ def attention_decode(qkv: NDArray, cos: NDArray, sin: NDArray, position: NDArray
                values._handle, out._handle, q_heads, kv_heads, d, capacity, cos.shape[0], scale,
                window)
     if bound < capacity and has(be, "decode_bands"):
-        be.attention_decode_within(*handles, bound)
+        be.attention_decode_within(*handles, bound, softcap=cap)
     else:
-        be.attention_decode(*handles)
+        be.attention_decode(*handles, softcap=cap)
     return out
 
 

@@ -179,6 +179,18 @@ def window_arg(window, op: str, keys: int | None = None) -> int:
     return 0 if keys is not None and window >= keys else int(window)
 
 
+def softcap_arg(softcap, op: str) -> float:
+    """A soft cap of attention scores as the backends take it: a positive finite number, or
+    0.0 for None; ArgumentError otherwise."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or \
+            not math.isfinite(softcap) or softcap <= 0:
+        raise ArgumentError(f"{op}: softcap must be a positive number or None, got "
+                            f"{softcap!r}")
+    return float(softcap)
+
+
 def _attention_shapes(q: NDArray, k: NDArray, v: NDArray, kv_len: int | None,
                       causal: bool) -> tuple[int, int, int, int, int, int, int]:
     """attention's checks; (batch, q_heads, q_len, head_dim, kv_heads, capacity, kv_len)."""

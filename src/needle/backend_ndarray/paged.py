@@ -12,7 +12,7 @@ import numpy as np
 from ..backends.api import has
 from ..errors import DeviceError, DTypeError, IndexOutOfRangeError, ShapeError
 from . import dtypes
-from .functions import window_arg
+from .functions import softcap_arg, window_arg
 from .ndarray import NDArray
 
 
@@ -75,11 +75,12 @@ def paged_write(k: NDArray, v: NDArray, slots, key_pages: NDArray,
 
 def paged_attention(q: NDArray, key_pages: NDArray, value_pages: NDArray, block_tables,
                     seq_of, positions, scale: float | None = None,
-                    window: int | None = None) -> NDArray:
+                    window: int | None = None, softcap: float | None = None) -> NDArray:
     """Causal attention of q (tokens, q_heads, head_dim), token t over positions
     0..positions[t] of the sequence whose block-table row is seq_of[t] (with a sliding
-    ``window``, a positive int: over positions[t] - window + 1..positions[t]); returns q's
-    shape. See ``numpy_ref.paged_attention``."""
+    ``window``, a positive int: over positions[t] - window + 1..positions[t]; with
+    ``softcap``, scores soft-capped as Gemma 2's); returns q's shape. See
+    ``numpy_ref.paged_attention``."""
     _need_capability(q.device, "paged_attention")
     num_pages, page_size, kv_heads, d = _check_pages(key_pages, value_pages, "paged_attention")
     if q.ndim != 3 or q.shape[2] != d or kv_heads == 0 or q.shape[1] % kv_heads:
@@ -104,11 +105,12 @@ def paged_attention(q: NDArray, key_pages: NDArray, value_pages: NDArray, block_
     pos = _int32(positions, q.device, "positions", tokens)
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
     window = window_arg(window, "paged_attention")
+    cap = softcap_arg(softcap, "paged_attention")
     qc = q.compact()
     out = qc._empty_like()
     if out.size:
         q.device.backend.paged_attention(qc._handle, key_pages._handle, value_pages._handle,
                                          tables._handle, rows._handle, pos._handle,
                                          out._handle, tokens, q_heads, kv_heads, d, page_size,
-                                         max_pages, num_pages, scale, window)
+                                         max_pages, num_pages, scale, window, softcap=cap)
     return out

@@ -145,7 +145,7 @@ class ArrayBackend(Protocol):
     def attention_decode(self, qkv: Array, cos: Array, sin: Array, position: Array,
                          keys: Array, values: Array, out: Array, q_heads: int, kv_heads: int,
                          head_dim: int, capacity: int, table_rows: int,
-                         scale: float, window: int) -> None: ...
+                         scale: float, window: int, softcap: float = 0.0) -> None: ...
 
     # the decode step's fused projections (numpy_ref/decode.py)
     def rmsnorm_matvec(self, x: Array, w: Array, weight: Array, out: Array, rows: int,
@@ -223,7 +223,8 @@ class DecodeBands(Protocol):
     def attention_decode_within(self, qkv: Array, cos: Array, sin: Array, position: Array,
                                 keys: Array, values: Array, out: Array, q_heads: int,
                                 kv_heads: int, head_dim: int, capacity: int, table_rows: int,
-                                scale: float, window: int, max_positions: int) -> None: ...
+                                scale: float, window: int, max_positions: int,
+                                softcap: float = 0.0) -> None: ...
 
 
 class PagedAttention(Protocol):
@@ -233,7 +234,7 @@ class PagedAttention(Protocol):
                         block_tables: Array, seq_of: Array, positions: Array, out: Array,
                         tokens: int, q_heads: int, kv_heads: int, head_dim: int,
                         page_size: int, max_pages: int, num_pages: int,
-                        scale: float, window: int) -> None: ...
+                        scale: float, window: int, softcap: float = 0.0) -> None: ...
 
 
 class QuantizedWeights(Protocol):

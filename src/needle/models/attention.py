@@ -1,14 +1,11 @@
-"""Attention that the fused kernels do not cover, composed from array ops.
+"""A prompt's attention where the fused kernel does not cover it, composed from array ops.
 
-The fused kernels (``nd.attention`` for a sequence, ``nd.attention_decode`` for one token)
-compute causal attention, within a sliding window where a layer has one. Layers whose
-scores are soft-capped (Gemma 2) take these paths instead: scores = Q Kᵀ · scale,
-cap · tanh(scores / cap), the causal-and-window mask, softmax, times V. They move the
-scores through memory (an S × S matrix for a prompt of S tokens), which is why layers that
-need neither use the fused kernels.
-
-The decode path keeps every shape fixed and reads the position only on the device, so a
-captured decode step replays it for any position, like the fused one.
+The fused kernels compute causal attention within a sliding window where a layer has one:
+``nd.attention`` for a sequence, ``nd.attention_decode`` for one token (which also
+soft-caps scores). A prompt of layers whose scores are soft-capped (Gemma 2) takes this
+path: scores = Q Kᵀ · scale, cap · tanh(scores / cap), the causal-and-window mask,
+softmax, times V. It moves the scores through memory (an S × S matrix for a prompt of S
+tokens), which is why other layers use the fused kernel.
 """
 
 from __future__ import annotations
@@ -17,14 +14,12 @@ import numpy as np
 
 from .. import backend_ndarray as nd
 from ..backend_ndarray import NDArray
-from .cache import DecodeState, RotaryTables
 from .config import ModelConfig
 
 
 def is_fused(cfg: ModelConfig, layer: int) -> bool:
-    """Whether layer ``layer`` can use the fused kernels (``nd.attention``,
-    ``nd.attention_decode``, which take its sliding window if it has one): no
-    soft-capping."""
+    """Whether layer ``layer``'s prompt attention can use the fused kernel
+    (``nd.attention``, which takes its sliding window if it has one): no soft-capping."""
     return cfg.attn_softcap is None
 
 
@@ -69,31 +64,3 @@ def _mask(s: int, kv_len: int, group: int, window: int | None) -> np.ndarray:
     if window is not None:
         allowed &= key > query - window
     return np.where(allowed, 0.0, -np.inf).astype(np.float32)
-
-
-def decode(cfg: ModelConfig, qkv: NDArray, keys: NDArray, values: NDArray,
-           rope: RotaryTables, state: DecodeState, window: int | None) -> NDArray:
-    """One token's attention at the position in ``state.position``: RoPE at that row of
-    the tables, its key and value added into that (zero) row of the caches, attention over
-    positions 0..p (and within the window). Returns (q_heads * head_dim,)."""
-    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    capacity = keys.shape[2]
-    position = state.position
-    cos, sin = rope.cos.take(position), rope.sin.take(position)  # (1, d / 2)
-    flat = qkv.reshape((hq + 2 * hkv, d))
-    q = flat[:hq].reshape((1, 1, hq, d)).rope(cos, sin)
-    k = flat[hq:hq + hkv].reshape((1, 1, hkv, d)).rope(cos, sin)
-    rows, head_rows = state.composed_constants(capacity)
-    at = head_rows + position  # row p of each KV head in the (kv_heads * capacity, d) caches
-    nd.scatter_add(at, k.reshape((hkv, d)), hkv * capacity,
-                   out=keys.reshape((hkv * capacity, d)))
-    nd.scatter_add(at, flat[hq + hkv:], hkv * capacity,
-                   out=values.reshape((hkv * capacity, d)))
-    grouped = q.reshape((1, hkv, hq // hkv, d))
-    scores = (grouped @ keys.swapaxes(2, 3)).astype("float32") * cfg.attn_scale
-    scores = softcap(scores, cfg.attn_softcap)
-    scores = nd.where(rows <= position, scores, -np.inf)
-    if window is not None:
-        scores = nd.where(rows > position - window, scores, -np.inf)
-    probs = scores.softmax().astype(qkv.dtype)
-    return (probs @ values).reshape((hq * d,))

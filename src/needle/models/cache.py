@@ -3,10 +3,7 @@ the rotary tables, and the two small buffers a captured decode step reads its in
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import backend_ndarray as nd
-from ..backend_ndarray import NDArray
 from .config import ModelConfig, RopeConfig
 
 
@@ -15,11 +12,8 @@ class KVCache:
 
     Both are stored (1, kv_heads, capacity, head_dim) in the model's dtype (one sequence):
     prefill writes positions 0..n-1 (a captured prefill also its padding's rows past n) and
-    each decode step writes its own position, and a step reads no row past its own. Where a
-    model has a layer on the composed attention path (``attention.py``), whose decode step
-    adds its key and value into its row, the decoder keeps rows past the length zero
-    (``clear`` and ``forget_from``); fused layers overwrite their row, so other models may
-    leave stale rows there.
+    each decode step writes its own position, and a step reads no row past its own, so rows
+    past the length may hold a longer earlier sequence's keys.
     """
 
     def __init__(self, cfg: ModelConfig, capacity: int, device, dtype: str = "float32"):
@@ -34,14 +28,6 @@ class KVCache:
     def clear(self) -> None:
         for array in self.keys + self.values:
             array.fill(0)
-
-    def forget_from(self, length: int, written: int) -> None:
-        """Zero positions ``length`` and later (a rewind); ``written``: the rows that may
-        hold values (those past it are zero already)."""
-        stop = min(written, self.capacity)
-        if length < stop:
-            for array in self.keys + self.values:
-                array[:, :, length:stop, :] = 0
 
     @property
     def nbytes(self) -> int:
@@ -81,20 +67,7 @@ class DecodeState:
         # the most positions this step may read, host-side (the decoder's band, see
         # nd.attention_decode_bands): a hint for the attention kernel's choice; None: the cache
         self.max_positions: int | None = None
-        # constants of the composed attention path: cache row indices and head offsets
-        self.cache_rows: NDArray | None = None
-        self.head_rows: NDArray | None = None
-        self._cfg, self._device = cfg, device
 
     def set(self, token: int, position: int) -> None:
         self.token[...] = token
         self.position[...] = position
-
-    def composed_constants(self, capacity: int) -> tuple[NDArray, NDArray]:
-        """(0..capacity-1, kv head h's first row h * capacity), made once, int32."""
-        if self.cache_rows is None:
-            self.cache_rows = nd.array(np.arange(capacity, dtype=np.int32), device=self._device)
-            self.head_rows = nd.array(
-                np.arange(self._cfg.num_kv_heads, dtype=np.int32) * capacity,
-                device=self._device)
-        return self.cache_rows, self.head_rows

@@ -52,11 +52,7 @@ class Decoder:
         self._on_device = None  # (token, position) the state buffers already hold
         self._sampling = None  # (params, seeds, seen) device buffers of the sampled step
         self.last_logits = None
-        self._written = 0  # rows of the cache that may be nonzero: [0, _written)
-        # rows past the length must be zero where a layer's composed attention adds into
-        # them (KVCache); fused layers never read past a step's own position
-        self._zero_past_length = not model.transformer.all_fused
-        self.length = 0
+        self.length = 0  # a step reads no cache row past its own: stale rows are harmless
 
     @property
     def length(self) -> int:
@@ -66,15 +62,6 @@ class Decoder:
     @length.setter
     def length(self, value: int) -> None:
         self._length = value
-        self._written = max(self._written, value)
-
-    def _forget_from(self, length: int) -> None:
-        """Make ``length`` the sequence's length; where rows past the length must stay
-        zero, zero those written from ``length`` on."""
-        if self._zero_past_length:
-            self.cache.forget_from(length, self._written)
-            self._written = length
-        self.length = length
 
     @property
     def captured(self) -> bool:
@@ -94,11 +81,6 @@ class Decoder:
         same."""
         host = self.model.host_ids([list(ids)])[0]  # checked before anything is written
         n = len(host)
-        if self._written > n:  # rows an earlier, longer sequence left
-            self._forget_from(n)
-        # the rows this prefill writes (also if it fails halfway): 0..n-1, or its padded
-        # bucket's (only models whose layers are all fused capture prefills)
-        self._written = max(self._written, self.prefills.rows(n))
         if self.prefills.applies(n):
             logits = self.prefills.run(host)
         else:
@@ -112,7 +94,7 @@ class Decoder:
         ``length`` (a decode step reads only the positions before its own)."""
         if not 0 < length <= self.length:
             raise GenerationError(f"can rewind to 1..{self.length} positions, not {length}")
-        self._forget_from(length)
+        self.length = length
         self._on_device = None
 
     def step(self, token: int):
@@ -228,7 +210,7 @@ class Decoder:
             if ahead:  # steps queued beyond the tokens taken: undo them
                 for read in ahead:
                     read()
-                self._forget_from(self.length - len(ahead))
+                self.length -= len(ahead)
                 self._on_device = None
                 self.last_logits = None
 

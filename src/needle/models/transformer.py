@@ -38,9 +38,10 @@ class Transformer:
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, rope: RotaryTables):
         self.cfg, self.weights, self.rope = cfg, weights, rope
+        # layers whose prompt attention is the fused kernel (not soft-capped); every layer's
+        # decode step is ``nd.attention_decode``, which soft-caps where the model does
         self.fused = [attention.is_fused(cfg, i) for i in range(cfg.num_layers)]
-        # no layer on the composed attention path (which adds a step's key and value into
-        # zeroed cache rows, and uploads its masks from the host)
+        # no layer's prompt on the composed path (which uploads its masks from the host)
         self.all_fused = all(self.fused)
         backend = weights.embed.device.backend
         self.packed_fused = has(backend, "fused_quant_matvec")
@@ -62,9 +63,8 @@ class Transformer:
         parallelism's all-reducing ones are not plain)."""
         choice = os.environ.get("NEEDLE_FUSED_DECODE", "auto")
         backend = self.weights.embed.device.backend
-        self.five_ops = [self.fused[i] and _fusable(self.cfg, layer, self.packed_fused)
-                         and _fuse(choice, backend, layer)
-                         for i, layer in enumerate(self.weights.layers)]
+        self.five_ops = [_fusable(self.cfg, layer, self.packed_fused)
+                         and _fuse(choice, backend, layer) for layer in self.weights.layers]
 
     def _fold_norms(self) -> None:
         """Where the backend runs a norm inside the next projection (``folded_norm_matvec``):
@@ -152,13 +152,9 @@ class Transformer:
 
     # --- one token -----------------------------------------------------------------------
     def decode_bands(self, cache: KVCache) -> tuple[int, ...]:
-        """Where the fused decode attention over ``cache`` changes kernel
-        (``nd.attention_decode_bands``; every fused layer's cache has one shape):
-        ``(capacity,)`` when no layer is fused."""
-        first = next((i for i, f in enumerate(self.fused) if f), None)
-        if first is None:
-            return (cache.capacity,)
-        return nd.attention_decode_bands(cache.keys[first], self.cfg.num_heads)
+        """Where the decode attention over ``cache`` changes kernel
+        (``nd.attention_decode_bands``; every layer's cache has one shape)."""
+        return nd.attention_decode_bands(cache.keys[0], self.cfg.num_heads)
 
     def decode_step(self, state: DecodeState, cache: KVCache) -> NDArray:
         """Logits (1, vocab) for ``state.token`` at ``state.position``, extending ``cache``."""
@@ -202,7 +198,7 @@ class Transformer:
         rope = self.rope.for_layer(i)
         a = nd.attention_decode(qkv, rope.cos, rope.sin, state.position, cache.keys[i],
                                 cache.values[i], cfg.num_heads, cfg.attn_scale,
-                                state.max_positions, cfg.layer_windows[i])
+                                state.max_positions, cfg.layer_windows[i], cfg.attn_softcap)
         layer.o.add_into(a.reshape(x.shape[:-1] + (a.size,)), x)
         gated = nd.rmsnorm_matvec(x, None if folded else layer.mlp_norm,
                                   layer.gate_up.weight, eps, activation="swiglu")
@@ -216,14 +212,9 @@ class Transformer:
         if layer.q_norm is not None:
             qkv = self._qk_norm(qkv, layer)
         rope = self.rope.for_layer(i)
-        if self.fused[i]:
-            out = nd.attention_decode(qkv, rope.cos, rope.sin, state.position,
-                                      cache.keys[i], cache.values[i], cfg.num_heads,
-                                      cfg.attn_scale, state.max_positions,
-                                      cfg.layer_windows[i])
-        else:
-            out = attention.decode(cfg, qkv, cache.keys[i], cache.values[i], rope, state,
-                                   cfg.layer_windows[i])
+        out = nd.attention_decode(qkv, rope.cos, rope.sin, state.position, cache.keys[i],
+                                  cache.values[i], cfg.num_heads, cfg.attn_scale,
+                                  state.max_positions, cfg.layer_windows[i], cfg.attn_softcap)
         return out.reshape((1, 1, out.size))
 
     def _qk_norm(self, qkv: NDArray, layer: LayerWeights) -> NDArray:

@@ -17,14 +17,10 @@ import numpy as np
 
 from .. import backend_ndarray as nd
 from ..backend_ndarray import NDArray
-from ..errors import NeedleError
+from ..models import attention
 from ..models.transformer import _add_norm
 from .choice import SamplingRows
 from .pages import PagedKVCache
-
-
-class UnsupportedModelError(NeedleError):
-    """The model has layers the paged engine cannot run (soft-capped attention)."""
 
 
 @dataclass
@@ -47,17 +43,6 @@ class StepBatch:
     # prompt tokens whose next-token distribution a request scores (scoring.py): their
     # logits are computed apart from the choosing rows', in slices
     score_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
-
-
-def check_supported(model) -> None:
-    """UnsupportedModelError unless every layer can use the fused path (no soft-capped
-    scores; sliding windows are fine: the paged and prompt kernels take them)."""
-    tr = model.transformer
-    if not all(tr.fused):
-        bad = [i for i, f in enumerate(tr.fused) if not f]
-        raise UnsupportedModelError(
-            f"layers {bad} of this {model.config.arch.family} model use soft-capped attention, "
-            "which the paged engine does not run yet; use model.generate for one sequence")
 
 
 class DeviceBatch:
@@ -141,7 +126,7 @@ def hidden_states(model, cache: PagedKVCache, batch: DeviceBatch) -> NDArray:
         nd.paged_write(k.reshape((t, hkv, d)), v.reshape((t, hkv, d)), slots, cache.keys[i],
                        cache.values[i])
         a = _attention(cfg, q.reshape((t, hq, d)), cache.keys[i], cache.values[i], batch,
-                       cfg.layer_windows[i])
+                       cfg.layer_windows[i], tr.fused[i])
         a = layer.o(a.reshape((1, t, hq * d)))
         x, h = _add_norm(x, a, layer.mlp_norm, cfg, layer.post_attn_norm)
         delta, delta_norm = layer.down(tr._gate(layer.gate_up(h))), layer.post_mlp_norm
@@ -150,20 +135,22 @@ def hidden_states(model, cache: PagedKVCache, batch: DeviceBatch) -> NDArray:
 
 
 def _attention(cfg, q: NDArray, keys: NDArray, values: NDArray, batch: DeviceBatch,
-               window: int | None) -> NDArray:
+               window: int | None, fused: bool) -> NDArray:
     """Attention of every token of the step (tokens, q_heads, d): the decode tokens (and
     all of them when there are no prompt chunks) through their pages, each prompt chunk as
-    a dense causal attention over its sequence's keys and values gathered from the pool."""
+    a dense causal attention over its sequence's keys and values gathered from the pool
+    (the fused kernel, or where scores are soft-capped, ``fused`` False, the composed
+    one)."""
     if not batch.chunks:
         return nd.paged_attention(q, keys, values, batch.tables, batch.seq_of,
-                                  batch.positions, cfg.attn_scale, window)
+                                  batch.positions, cfg.attn_scale, window, cfg.attn_softcap)
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     first = batch.chunks[0][0]
     parts = []
     if first:
         parts.append(nd.paged_attention(q[:first], keys, values, batch.tables,
                                         batch.seq_of[:first], batch.positions[:first],
-                                        cfg.attn_scale, window))
+                                        cfg.attn_scale, window, cfg.attn_softcap))
     flat_k, flat_v = (x.reshape((x.shape[0] * x.shape[1], hkv * d)) for x in (keys, values))
     heads_first = (0, 2, 1, 3)
     for start, count, slots in batch.chunks:
@@ -171,6 +158,7 @@ def _attention(cfg, q: NDArray, keys: NDArray, values: NDArray, batch: DeviceBat
         k = flat_k.take(slots).reshape((1, length, hkv, d)).permute(heads_first)
         v = flat_v.take(slots).reshape((1, length, hkv, d)).permute(heads_first)
         qc = q[start:start + count].reshape((1, count, hq, d)).permute(heads_first)
-        out = nd.attention(qc, k, v, scale=cfg.attn_scale, causal=True, window=window)
+        out = (nd.attention(qc, k, v, scale=cfg.attn_scale, causal=True, window=window)
+               if fused else attention.prefill(cfg, qc, k, v, length, window))
         parts.append(out.permute(heads_first).reshape((count, hq, d)))
     return parts[0] if len(parts) == 1 else nd.concatenate(parts, axis=0)

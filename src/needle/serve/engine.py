@@ -56,7 +56,6 @@ class Engine:
         if not isinstance(model, CausalLM):
             raise GenerationError(f"Engine: model must be a CausalLM (from load_pretrained), got "
                                   f"{type(model).__name__}")
-        batch_step.check_supported(model)
         for name, value in (("max_seqs", max_seqs), ("page_size", page_size),
                             ("max_queue", max_queue), ("kv_memory", kv_memory)):
             if value is None and name == "kv_memory":  # room for max_seqs full sequences

@@ -185,19 +185,21 @@ class AttentionOps(NNOps):
                             raw_args=raw)
 
     def _flash_plan(self, dt, q_heads: int, kv_heads: int, head_dim: int,
-                    span: int) -> tuple[str, str, int] | None:
+                    span: int, softcap: float = 0.0) -> tuple[str, str, int] | None:
         """(family, kernel, ranges a KV head) of flash decoding (tuning ``decode_attention``)
         for a cache read up to ``span`` positions, or None where it does not apply: head
         sizes 64 and 128, and 256 in half types (Gemma's; the warp-per-head kernel alone,
         two 64 KiB tiles in flight), at most 16 query heads per KV head (and 16-byte aligned
-        caches, which the caller checks)."""
+        caches, which the caller checks). Soft-capped scores (Gemma 2) take the warp-per-head
+        kernel: the tensor-core one does not cap."""
         kind = self.tuning.decode_attention
         sizes = (64, 128, 256) if dt in HALF else (64, 128)
         if not (kind in ("flash", "tc") and dt in FUSED_DTYPES and head_dim in sizes
                 and q_heads // kv_heads <= 16):
             return None
         most = min(self.tuning.decode_splits, cdiv(span, 64))  # <= 64: the merge
-        if head_dim == 256 or not (kind == "tc" and self.tuning.mma and dt in HALF):
+        if head_dim == 256 or softcap or not (kind == "tc" and self.tuning.mma
+                                              and dt in HALF):
             return "decode", f"attention_decode_flash{head_dim}_{SUFFIX[dt]}", most
         # a range is at least the tiles a group keeps in flight
         ranges = min(most, cdiv(cdiv(span, 64), _DECODE_TC_TILES[head_dim]))
@@ -212,12 +214,13 @@ class AttentionOps(NNOps):
     def _launch_decode(self, kern, threads: int, shared: int, splits: int, chunk: int, dt,
                        qkv, cos, sin, position, keys, values, out, q_heads: int,
                        kv_heads: int, head_dim: int, capacity: int, table_rows: int,
-                       scale: float, window: int) -> None:
+                       scale: float, window: int, softcap: float) -> None:
         """One launch of a one-kernel attention_decode (the ABI of docs/kernels.md's
         attention_decode_fused): groups (KV head, split), partials, one counter per KV
         head for the merging group."""
         part_o, part_ml, params = self._decode_launch_state(
-            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk, scale, window)
+            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk, scale, window,
+            softcap)
         height = kern.cluster_height  # decode_tc on sm_90: clusters of a KV head's ranges
         self.queue.dispatch(kern, (kv_heads, cdiv(splits, height) * height, 1), (threads, 1, 1),
                             (qkv.buffer, cos.buffer, sin.buffer, position.buffer,
@@ -226,7 +229,7 @@ class AttentionOps(NNOps):
 
     def attention_decode(self, qkv, cos, sin, position, keys, values, out, q_heads: int,
                          kv_heads: int, head_dim: int, capacity: int, table_rows: int,
-                         scale: float, window: int = 0) -> None:
+                         scale: float, window: int = 0, softcap: float = 0.0) -> None:
         """One launch. Flash decoding where it applies (tuning ``decode_attention``): the
         cache up to the position cut into at most 32 (or 64) ranges per KV head, 64-position
         tiles of keys and values staged in shared memory with an online softmax, the last
@@ -237,18 +240,18 @@ class AttentionOps(NNOps):
         chunk's keys and values (padded rows) and the merge weights in shared memory, and
         the last group of each KV head to finish merges."""
         self._attention_decode(capacity, qkv, cos, sin, position, keys, values, out, q_heads,
-                               kv_heads, head_dim, capacity, table_rows, scale, window)
+                               kv_heads, head_dim, capacity, table_rows, scale, window, softcap)
 
     def attention_decode_within(self, qkv, cos, sin, position, keys, values, out,
                                 q_heads: int, kv_heads: int, head_dim: int, capacity: int,
                                 table_rows: int, scale: float, window: int,
-                                max_positions: int) -> None:
+                                max_positions: int, softcap: float = 0.0) -> None:
         """Capability ``decode_bands``: ``attention_decode`` with the kernel and its ranges
         chosen for a cache read up to ``max_positions``. Exact past it too: the kernels cut
         the positions up to the one on the device into their ranges, whatever the bound."""
         self._attention_decode(min(capacity, max(1, max_positions)), qkv, cos, sin, position,
                                keys, values, out, q_heads, kv_heads, head_dim, capacity,
-                               table_rows, scale, window)
+                               table_rows, scale, window, softcap)
 
     def attention_decode_bands(self, dtype: str, q_heads: int, kv_heads: int,
                                head_dim: int, capacity: int) -> tuple[int, ...]:
@@ -266,17 +269,18 @@ class AttentionOps(NNOps):
 
     def _attention_decode(self, span: int, qkv, cos, sin, position, keys, values, out,
                           q_heads: int, kv_heads: int, head_dim: int, capacity: int,
-                          table_rows: int, scale: float, window: int = 0) -> None:
+                          table_rows: int, scale: float, window: int = 0,
+                          softcap: float = 0.0) -> None:
         """attention_decode with the kernel chosen for a cache read up to ``span`` (at most
         ``window`` positions, where a sliding window is given)."""
         dt = self._need(qkv.dtype, ("float16", "bfloat16", "float32", "float64"),
                         "attention_decode")
         args = (dt, qkv, cos, sin, position, keys, values, out, q_heads, kv_heads, head_dim,
-                capacity, table_rows, scale, window)
+                capacity, table_rows, scale, window, softcap)
         if window:
             span = min(span, window)
         group, item = q_heads // kv_heads, ITEMSIZE[dt]
-        plan = self._flash_plan(dt, q_heads, kv_heads, head_dim, span)
+        plan = self._flash_plan(dt, q_heads, kv_heads, head_dim, span, softcap)
         if plan is not None and aligned16(keys.buffer) and aligned16(values.buffer):
             family, name, ranges = plan
             kern = self._kernel(family, name)
@@ -304,7 +308,8 @@ class AttentionOps(NNOps):
 
     def _paged_attention_special(self, dt, q, key_pages, value_pages, block_tables, seq_of,
                                  positions, out, tokens, q_heads, kv_heads, head_dim,
-                                 page_size, max_pages, num_pages, scale, window) -> bool:
+                                 page_size, max_pages, num_pages, scale, window,
+                                 softcap) -> bool:
         """paged_attention_flash (kernels/paged.cu): flash decoding through the block
         tables, a group per (token, KV head, range of positions) with a warp per query head
         of the group; ranges enough for about two groups per SM, merged in the kernel."""
@@ -324,7 +329,7 @@ class AttentionOps(NNOps):
         part_o = self._workspace(heads * splits * head_dim * 4)
         part_ml = self._workspace(heads * splits * 2 * 4)
         params = PAGED_FLASH.pack(tokens, q_heads, kv_heads, page_size, max_pages, num_pages,
-                                  splits, scale, window)
+                                  splits, scale, window, softcap)
         self.queue.dispatch(kern, (tokens, kv_heads, splits), (32 * group, 1, 1),
                             (q.buffer, key_pages.buffer, value_pages.buffer,
                              block_tables.buffer, seq_of.buffer, positions.buffer, part_o,

@@ -189,13 +189,13 @@ class NNOps(GpuBase):
 
     def _decode_launch_state(self, dt: str, q_heads: int, kv_heads: int, head_dim: int,
                              capacity: int, table_rows: int, splits: int, chunk: int,
-                             scale: float, window: int = 0) -> tuple:
+                             scale: float, window: int = 0, softcap: float = 0.0) -> tuple:
         """(part_o, part_ml, params): the per-split partial outputs (heads, splits, d) and
         softmax statistics (heads, splits, [m, l]) both decode kernels use, and their params."""
         part_o = self._workspace(q_heads * splits * head_dim * ACC[dt])
         part_ml = self._workspace(q_heads * splits * 2 * ACC[dt])
         params = DECODE.pack(q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk,
-                             window, *split_scale(scale))
+                             window, *split_scale(scale), softcap)
         return part_o, part_ml, params
 
     def _decode_check(self, kern, group: int, head_dim: int, shared: int, splits: int) -> None:
@@ -210,7 +210,8 @@ class NNOps(GpuBase):
     def attention_decode(self, qkv: GpuArray, cos: GpuArray, sin: GpuArray,
                          position: GpuArray, keys: GpuArray, values: GpuArray, out: GpuArray,
                          q_heads: int, kv_heads: int, head_dim: int, capacity: int,
-                         table_rows: int, scale: float, window: int = 0) -> None:
+                         table_rows: int, scale: float, window: int = 0,
+                         softcap: float = 0.0) -> None:
         """One decode step's attention (see numpy_ref.attention_decode): a group per (KV
         head, chunk of the cache) computes every query head of its group (chunks past the
         position, or before a sliding window, return at once), then a second launch merges
@@ -222,7 +223,8 @@ class NNOps(GpuBase):
         kern = self._kernel("nn", f"attention_decode_{SUFFIX[dt]}")
         self._decode_check(kern, group, head_dim, shared, splits)
         part_o, part_ml, params = self._decode_launch_state(
-            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk, scale, window)
+            dt, q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk, scale, window,
+            softcap)
         self.queue.dispatch(kern, (kv_heads, splits, 1), (128, 1, 1),
                             (qkv.buffer, cos.buffer, sin.buffer, position.buffer, keys.buffer,
                              values.buffer, part_o, part_ml), params, shared)

@@ -10,10 +10,10 @@ from .array import FLOATS, SUFFIX, GpuArray, padded
 from .base import GpuBase
 
 WRITE = struct.Struct("3q")  # PagedWriteParams: tokens, row, num_slots
-PAGED = padded("7qfi")  # PagedParams: tokens, heads, kv heads, head dim, page size, max pages,
-# pages, scale, window (0: none)
-PAGED_FLASH = padded("7qfi")  # PagedFlashParams (paged.cu): tokens, heads, kv heads, page size,
-# max pages, pages, splits, scale, window
+PAGED = padded("7qfif")  # PagedParams: tokens, heads, kv heads, head dim, page size, max pages,
+# pages, scale, window (0: none), softcap (0: none)
+PAGED_FLASH = padded("7qfif")  # PagedFlashParams (paged.cu): tokens, heads, kv heads, page size,
+# max pages, pages, splits, scale, window, softcap
 THREADS = 128  # the kernels' group size (paged.cu, paged.metal)
 MAX_HEAD_DIM = 256
 
@@ -34,7 +34,7 @@ class PagedOps(GpuBase):
                         block_tables: GpuArray, seq_of: GpuArray, positions: GpuArray,
                         out: GpuArray, tokens: int, q_heads: int, kv_heads: int,
                         head_dim: int, page_size: int, max_pages: int, num_pages: int,
-                        scale: float, window: int = 0) -> None:
+                        scale: float, window: int = 0, softcap: float = 0.0) -> None:
         """A device's own kernel where it has one; else a group per (token, query head)
         walks the token's pages (from its window's start) in chunks of 128."""
         dt = self._need(q.dtype, FLOATS, "paged_attention")
@@ -45,12 +45,13 @@ class PagedOps(GpuBase):
             return
         if self._paged_attention_special(dt, q, key_pages, value_pages, block_tables, seq_of,
                                          positions, out, tokens, q_heads, kv_heads, head_dim,
-                                         page_size, max_pages, num_pages, scale, window):
+                                         page_size, max_pages, num_pages, scale, window,
+                                         softcap):
             return
         kern = self._kernel("paged", f"paged_attention_{SUFFIX[dt]}")
         kern.check_threads(THREADS)
         params = PAGED.pack(tokens, q_heads, kv_heads, head_dim, page_size, max_pages,
-                            num_pages, scale, window)
+                            num_pages, scale, window, softcap)
         self.queue.dispatch(kern, (tokens, q_heads, 1), (THREADS, 1, 1),
                             (q.buffer, key_pages.buffer, value_pages.buffer,
                              block_tables.buffer, seq_of.buffer, positions.buffer,
@@ -58,6 +59,7 @@ class PagedOps(GpuBase):
 
     def _paged_attention_special(self, dt, q, key_pages, value_pages, block_tables, seq_of,
                                  positions, out, tokens, q_heads, kv_heads, head_dim,
-                                 page_size, max_pages, num_pages, scale, window) -> bool:
+                                 page_size, max_pages, num_pages, scale, window,
+                                 softcap) -> bool:
         """A device's faster kernel for the shapes it suits; True when one ran."""
         return False

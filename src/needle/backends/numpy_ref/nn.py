@@ -285,9 +285,19 @@ def attention_backward_supported(dtype: str, head_dim: int, rows: tuple[int, ...
     return True
 
 
+def soft_cap(scores: np.ndarray, cap: float) -> np.ndarray:
+    """Gemma 2's soft-capped attention scores: cap · tanh(scores / cap) in the scores' dtype
+    (cap 0: the scores as they are)."""
+    if cap <= 0:
+        return scores
+    c = np.asarray(cap, scores.dtype)
+    return c * np.tanh(scores / c)
+
+
 def attention_decode(qkv: Array, cos: Array, sin: Array, position: Array, keys: Array,
                      values: Array, out: Array, q_heads: int, kv_heads: int, head_dim: int,
-                     capacity: int, table_rows: int, scale: float, window: int = 0) -> None:
+                     capacity: int, table_rows: int, scale: float, window: int = 0,
+                     softcap: float = 0.0) -> None:
     """One decode step of grouped-query attention at the position held in device memory.
 
     All arrays but ``position`` share one floating dtype; scores, softmax and the weighted
@@ -302,7 +312,8 @@ def attention_decode(qkv: Array, cos: Array, sin: Array, position: Array, keys: 
     2. the key and value stored at ``keys[h, p]`` and ``values[h, p]``, for every KV head h;
     3. ``out`` (q_heads * head_dim, dtype of ``qkv``) = softmax(scale * q · keys[h, lo:p+1]ᵀ)
        · values[h, lo:p+1] per query head, h = head // (q_heads // kv_heads), where lo is 0,
-       or with a sliding ``window`` > 0, max(0, p - window + 1).
+       or with a sliding ``window`` > 0, max(0, p - window + 1). With ``softcap`` > 0 (Gemma
+       2) the scaled scores s become softcap · tanh(s / softcap) before the softmax.
 
     Positions outside 0..min(capacity, table_rows)-1 write nothing to the cache and give NaN
     outputs (the kernels cannot raise; the caller checks positions on the host).
@@ -327,7 +338,7 @@ def attention_decode(qkv: Array, cos: Array, sin: Array, position: Array, keys: 
     lo = max(0, p - window + 1) if window > 0 else 0
     kk = np.repeat(_f(kc[:, lo:p + 1]), group, axis=0)  # (q_heads, p + 1 - lo, d)
     vv = np.repeat(_f(vc[:, lo:p + 1]), group, axis=0)
-    scores = np.einsum("hd,htd->ht", q, kk) * np.asarray(scale, q.dtype)
+    scores = soft_cap(np.einsum("hd,htd->ht", q, kk) * np.asarray(scale, q.dtype), softcap)
     e = np.exp(scores - scores.max(axis=1, keepdims=True))
     probs = e / e.sum(axis=1, keepdims=True)
     _store(out, np.einsum("ht,htd->hd", probs, vv).reshape(-1))

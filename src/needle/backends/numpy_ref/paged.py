@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .core import Array, _f, _store
+from .nn import soft_cap
 
 
 def paged_write(k: Array, v: Array, slots: Array, key_pages: Array, value_pages: Array,
@@ -31,7 +32,7 @@ def paged_write(k: Array, v: Array, slots: Array, key_pages: Array, value_pages:
 def paged_attention(q: Array, key_pages: Array, value_pages: Array, block_tables: Array,
                     seq_of: Array, positions: Array, out: Array, tokens: int, q_heads: int,
                     kv_heads: int, head_dim: int, page_size: int, max_pages: int,
-                    num_pages: int, scale: float, window: int = 0) -> None:
+                    num_pages: int, scale: float, window: int = 0, softcap: float = 0.0) -> None:
     """Causal grouped-query attention of ``tokens`` queries, each over its own sequence's
     pages.
 
@@ -40,7 +41,8 @@ def paged_attention(q: Array, key_pages: Array, value_pages: Array, block_tables
     ``positions`` (tokens,) int32: query t belongs to the sequence of block-table row
     ``seq_of[t]``, sits at position p = ``positions[t]`` and sees that sequence's keys at
     positions 0..p (its own key included: write it first with ``paged_write``), or with a
-    sliding ``window`` > 0 at positions max(0, p - window + 1)..p. Query head
+    sliding ``window`` > 0 at positions max(0, p - window + 1)..p; with ``softcap`` > 0
+    (Gemma 2) the scaled scores s become softcap · tanh(s / softcap). Query head
     h reads KV head h // (q_heads // kv_heads). Scores, softmax and the weighted sum are
     computed in float32 (float64 for float64) and rounded once to ``out``'s dtype.
     A query whose pages are out of range (p < 0, p // page_size >= max_pages, or a page id
@@ -62,7 +64,8 @@ def paged_attention(q: Array, key_pages: Array, value_pages: Array, block_tables
             slots = slots[max(0, p - window + 1):]
         kk = np.repeat(_f(kp[slots]).transpose(1, 0, 2), group, axis=0)  # (q_heads, p+1, d)
         vv = np.repeat(_f(vp[slots]).transpose(1, 0, 2), group, axis=0)
-        scores = np.einsum("hd,htd->ht", qq[t], kk) * np.asarray(scale, qq.dtype)
+        scores = soft_cap(np.einsum("hd,htd->ht", qq[t], kk) * np.asarray(scale, qq.dtype),
+                          softcap)
         e = np.exp(scores - scores.max(axis=1, keepdims=True))
         result[t] = np.einsum("ht,htd->hd", e / e.sum(axis=1, keepdims=True), vv)
     _store(out, result.reshape(-1))

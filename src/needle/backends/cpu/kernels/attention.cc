@@ -108,6 +108,7 @@ struct DecodeArgs {
   int64_t q_heads, kv_heads, head_dim, capacity, table_rows;
   double scale;
   int64_t window;  // a sliding window (positions p - window + 1..p), 0: none
+  double softcap;  // scores soft-capped (Gemma 2: common.h soft_cap), 0: none
 };
 
 // One token's step (numpy_ref.attention_decode): rope the queries and the key with row p of
@@ -160,7 +161,9 @@ template <class S> void attention_decode_kernel(const void* qkv_, const void* co
     const S* vc = values + (h / group * g.capacity + lo) * D;
     std::vector<C> s((size_t)n), o((size_t)D, C(0));
     for (int64_t j = 0; j < n; ++j)
-      s[j] = lane_sum<C>(D, [&](int64_t d) { return qh[d] * load(kc[j * D + d]); }) * scale;
+      s[j] = soft_cap(
+          lane_sum<C>(D, [&](int64_t d) { return qh[d] * load(kc[j * D + d]); }) * scale,
+          g.softcap);
     softmax_row(s.data(), n);
     for (int64_t j = 0; j < n; ++j) {
       const C pj = s[j];
@@ -209,7 +212,7 @@ void attention(const Array& q, const Array& k, const Array& v, Array& out, int64
 void attention_decode(const Array& qkv, const Array& cos, const Array& sin,
                       const Array& position, Array& keys, Array& values, Array& out,
                       int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t capacity,
-                      int64_t table_rows, double scale, int64_t window) {
+                      int64_t table_rows, double scale, int64_t window, double softcap) {
   const char* fn = "attention_decode";
   if (q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads || head_dim <= 0 || head_dim % 2 ||
       capacity < 0 || table_rows < 0 || window < 0)
@@ -226,7 +229,8 @@ void attention_decode(const Array& qkv, const Array& cos, const Array& sin,
   check_size(values, kv_heads * capacity * head_dim, fn, "values");
   check_size(out, q_heads * head_dim, fn, "out");
   const DecodeFn f = kAttentionDecode[qkv.dtype];
-  const DecodeArgs g{q_heads, kv_heads, head_dim, capacity, table_rows, scale, window};
+  const DecodeArgs g{q_heads, kv_heads, head_dim, capacity, table_rows, scale, window,
+                     softcap};
   const int32_t p = position.as<int32_t>()[0];
   without_gil([&] {
     f(qkv.data, cos.data, sin.data, p, keys.data, values.data, out.data, g);
@@ -239,7 +243,7 @@ void bind_attention(nb::module_& m) {
   m.def("attention_decode", &attention_decode, nb::arg("qkv"), nb::arg("cos"), nb::arg("sin"),
         nb::arg("position"), nb::arg("keys"), nb::arg("values"), nb::arg("out"),
         nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("capacity"),
-        nb::arg("table_rows"), nb::arg("scale"), nb::arg("window"),
+        nb::arg("table_rows"), nb::arg("scale"), nb::arg("window"), nb::arg("softcap") = 0.0,
         "one decode step: rope q and k at position[0], store k and v in the caches, attend "
         "(within the last `window` positions when window > 0)");
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),

@@ -373,4 +373,9 @@ inline int64_t window_start(int64_t p, int64_t window) {
   return window > 0 && p >= window ? p - window + 1 : 0;
 }
 
+// Gemma 2's soft-capped attention scores, cap * tanh(s / cap), after the scale; cap 0: s
+template <class C> inline C soft_cap(C s, double cap) {
+  return cap > 0 ? (C)cap * std::tanh(s / (C)cap) : s;
+}
+
 }  // namespace needle

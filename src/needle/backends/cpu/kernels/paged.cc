@@ -14,6 +14,7 @@ struct PagedArgs {
   int64_t tokens, q_heads, kv_heads, head_dim, page_size, max_pages, num_pages;
   double scale;
   int64_t window;  // a sliding window (positions p - window + 1..p), 0: none
+  double softcap;  // scores soft-capped (Gemma 2: common.h soft_cap), 0: none
 };
 
 using WriteFn = void (*)(const void*, const void*, const int32_t*, void*, void*, int64_t,
@@ -64,7 +65,7 @@ template <class S> void one_token(const S* q, const S* kp, const S* vp, const in
       for (int64_t h = 0; h < G; ++h) {
         C s = 0;
         for (int64_t i = 0; i < D; ++i) s += qf[h * D + i] * (C)load(kr[i]);
-        s *= (C)g.scale;
+        s = soft_cap(s * (C)g.scale, g.softcap);
         const C mn = std::max(m[h], s), corr = std::exp(m[h] - mn), e = std::exp(s - mn);
         C* a = acc.data() + h * D;
         for (int64_t i = 0; i < D; ++i) a[i] = a[i] * corr + e * (C)load(vr[i]);
@@ -125,7 +126,7 @@ void paged_attention(const Array& q, const Array& key_pages, const Array& value_
                      const Array& block_tables, const Array& seq_of, const Array& positions,
                      Array& out, int64_t tokens, int64_t q_heads, int64_t kv_heads,
                      int64_t head_dim, int64_t page_size, int64_t max_pages, int64_t num_pages,
-                     double scale, int64_t window) {
+                     double scale, int64_t window, double softcap) {
   if (tokens < 0 || head_dim < 0 || q_heads < 0 || kv_heads <= 0 || q_heads % kv_heads ||
       page_size <= 0 || max_pages <= 0 || num_pages < 0)
     raise("ShapeError", "paged_attention: need kv_heads > 0 dividing q_heads, page_size > 0 "
@@ -152,7 +153,7 @@ void paged_attention(const Array& q, const Array& key_pages, const Array& value_
   if (q.size == 0) return;
   if (window < 0) raise("ShapeError", "paged_attention: window must be >= 0");
   const PagedArgs g{tokens, q_heads, kv_heads, head_dim, page_size, max_pages, num_pages, scale,
-                    window};
+                    window, softcap};
   without_gil([&] {
     f(q.data, key_pages.data, value_pages.data, block_tables.as<int32_t>(),
       seq_of.as<int32_t>(), positions.as<int32_t>(), out.data, g);
@@ -169,7 +170,7 @@ void bind_paged(nb::module_& m) {
         nb::arg("value_pages"), nb::arg("block_tables"), nb::arg("seq_of"),
         nb::arg("positions"), nb::arg("out"), nb::arg("tokens"), nb::arg("q_heads"),
         nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("page_size"), nb::arg("max_pages"),
-        nb::arg("num_pages"), nb::arg("scale"), nb::arg("window") = 0,
+        nb::arg("num_pages"), nb::arg("scale"), nb::arg("window") = 0, nb::arg("softcap") = 0.0,
         "Causal attention of many queries over their sequences' pages; see numpy_ref.");
 }
 

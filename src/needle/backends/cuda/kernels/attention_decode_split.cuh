@@ -124,7 +124,7 @@ __device__ __forceinline__ void split(const T* __restrict__ qkv, const T* __rest
     C acc = C(0);
 #pragma unroll 8
     for (int d = 0; d < D; d++) acc += qg[d] * (C)load(kr[d]);
-    S[g * chunk + t] = start + t < lo ? neg_inf<C>() : acc * scale;
+    S[g * chunk + t] = start + t < lo ? neg_inf<C>() : soft_cap(acc * scale, p.softcap);
   }
   __syncthreads();
   for (int g = warp; g < G; g += nt / 32) {  // a warp per head: max, exp, sum

@@ -202,7 +202,15 @@ struct DecodeParams {
   i64 q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
   i64 window;  // a sliding window (positions p - window + 1..p), 0: none
   float scale, scale_lo;  // float64 kernels use scale + scale_lo
+  float softcap;          // scores become softcap * tanh(score / softcap) (Gemma 2); 0: none
 };
+
+// Gemma 2's soft-capped attention scores, cap * tanh(s / cap), after the scale; cap 0: s
+template <class C> __device__ __forceinline__ C soft_cap(C s, float cap) {
+  if (cap <= 0.f) return s;
+  if constexpr (sizeof(C) == 8) return (C)cap * tanh(s / (C)cap);
+  else return cap * tanhf(s / cap);
+}
 
 // the first position a decode step at pos attends to: 0, or the start of its sliding window
 __device__ __forceinline__ i64 window_start(i64 pos, i64 window) {
@@ -320,8 +328,8 @@ template <int D> __device__ __forceinline__ int flash_dim(int lane, int e) {
 }
 template <class T, int D>
 __device__ __forceinline__ void flash_tile(const T* ks, const T* vs, const float* qs,
-                                           float* sc_s, int rows, float scale, float& m,
-                                           float& l, float (&acc)[D / 32]) {
+                                           float* sc_s, int rows, float scale, float softcap,
+                                           float& m, float& l, float (&acc)[D / 32]) {
   constexpr int PER = D / 32, V = 16 / sizeof(T), LPR = D / V, RPI = 32 / LPR;
   const int lane = threadIdx.x % 32, kr = lane / LPR, kc = lane % LPR;
 #pragma unroll 8
@@ -333,7 +341,7 @@ __device__ __forceinline__ void flash_tile(const T* ks, const T* vs, const float
     for (int e = 0; e < V; e++) part += qs[kc * V + e] * load(kv.v[e]);
 #pragma unroll
     for (int o = LPR / 2; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-    if (kc == 0) sc_s[jj] = jj < rows ? part * scale : neg_inf<float>();
+    if (kc == 0) sc_s[jj] = jj < rows ? soft_cap(part * scale, softcap) : neg_inf<float>();
   }
   __syncwarp();
   const float sc[2] = {sc_s[lane], sc_s[lane + 32]};

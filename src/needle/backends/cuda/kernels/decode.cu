@@ -338,7 +338,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ qkv, const T* __rest
       }
       __syncthreads();
     }
-    flash_tile<T, D>(ks, vs, qs, sc_s, rows, scale, m, l, acc);
+    flash_tile<T, D>(ks, vs, qs, sc_s, rows, scale, p.softcap, m, l, acc);
     __syncthreads();  // the stage is free for tile t + NS
   }
   if (S == 1) {

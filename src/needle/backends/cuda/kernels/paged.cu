@@ -12,12 +12,14 @@ struct PagedWriteParams { i64 tokens, row, num_slots; };
 struct PagedParams {
   i64 tokens, q_heads, kv_heads, head_dim, page_size, max_pages, num_pages;
   float scale;
-  int window;  // a sliding window (positions p - window + 1..p), 0: none
+  int window;     // a sliding window (positions p - window + 1..p), 0: none
+  float softcap;  // scores soft-capped (Gemma 2: common.cuh soft_cap), 0: none
 };
 struct PagedFlashParams {  // gpu/paged.py PAGED_FLASH
   i64 tokens, q_heads, kv_heads, page_size, max_pages, num_pages, splits;
   float scale;
   int window;
+  float softcap;
 };
 
 namespace paged {
@@ -88,7 +90,7 @@ __device__ void attend(const T* __restrict__ q, const T* __restrict__ kp,
       const T* kr = kp + slot * row + kh * D;
       C dot = 0;
       for (i64 i = 0; i < D; i++) dot += qs[i] * (C)load(kr[i]);
-      s = dot * scale;
+      s = soft_cap(dot * scale, p.softcap);
       slot_s[tid] = slot;
     }
     const C mn = group_reduce<C, true>(s > m ? s : m, red);
@@ -188,7 +190,7 @@ __device__ __forceinline__ void flash(const T* __restrict__ q, const T* __restri
       *reinterpret_cast<uint4*>((value ? vs : ks) + r * D + c * V) = chunk;
     }
     __syncthreads();
-    flash_tile<T, D>(ks, vs, qs, sc_s, rows, scale, m, l, acc);
+    flash_tile<T, D>(ks, vs, qs, sc_s, rows, scale, p.softcap, m, l, acc);
   }
   if (S == 1) {
 #pragma unroll

@@ -81,6 +81,11 @@ inline bool is_nan(C x) {
   return x != x;
 }
 
+// Gemma 2's soft-capped attention scores, cap * tanh(s / cap), after the scale; cap 0: s
+inline float soft_cap(float s, float cap) {
+  return cap > 0.0f ? cap * tanh(s / cap) : s;
+}
+
 // NaN-propagating max/min (numpy.maximum / numpy.minimum)
 template <class C>
 inline C nan_max(C a, C b) {

@@ -29,6 +29,7 @@ struct DecodeParams {
   long q_heads, kv_heads, head_dim, capacity, table_rows, splits, chunk;
   long window;  // a sliding window (positions p - window + 1..p), 0: none
   float scale, scale_lo;  // scale = scale + scale_lo in double; float kernels use scale
+  float softcap;          // scores become softcap * tanh(score / softcap) (Gemma 2); 0: none
 };
 
 #define ROW_ARGS                                                                 \
@@ -463,7 +464,8 @@ kernel void attention_decode(device const T* qkv [[buffer(0)]], device const T* 
         if (d < D) dot += Qs[g * D + d] * kv[e];
       }
       dot = simd_sum(dot);
-      if (lane == 0) Ps[g * chunk + j] = c0 + j < lo ? -INFINITY : dot * p.scale;
+      if (lane == 0)
+        Ps[g * chunk + j] = c0 + j < lo ? -INFINITY : soft_cap(dot * p.scale, p.softcap);
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);

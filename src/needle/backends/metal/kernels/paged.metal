@@ -13,7 +13,8 @@ struct PagedWriteParams {
 struct PagedParams {
   long tokens, q_heads, kv_heads, head_dim, page_size, max_pages, num_pages;
   float scale;
-  int window;  // a sliding window (positions p - window + 1..p), 0: none
+  int window;     // a sliding window (positions p - window + 1..p), 0: none
+  float softcap;  // scores soft-capped (Gemma 2: common.h soft_cap), 0: none
 };
 
 #define PAGED_ARGS                                                               \
@@ -91,7 +92,7 @@ kernel void paged_attention(device const T* q [[buffer(0)]], device const T* kp 
       device const T* kr = kp + slot * row + kh * D;
       float dot = 0.0f;
       for (long i = 0; i < D; i++) dot += qs[i] * float(load(kr[i]));
-      s = dot * p.scale;
+      s = soft_cap(dot * p.scale, p.softcap);
       slot_s[ti] = slot;
     }
     const float mn = paged_reduce<true>(max(s, m), red, ti);
