@@ -1,7 +1,8 @@
-"""Gemma 3 (1B shapes) on one device: decode, time to first token and serving, against
-transformers on the same weights, in one run.
+"""Gemma 3 (1B shapes) or Gemma 2 (2B shapes) on one device: decode, time to first token
+and serving, against transformers on the same weights, in one run.
 
     python -m benchmarks.gemma3 [--device cuda] [--prompts 16,1000,3000] [--quick]
+    python -m benchmarks.gemma3 --family gemma2 [--device cuda]
 
 The model is Gemma-3-1B-shaped (hidden 1152, 26 layers of which 22 slide over a 512-position
 window, 4 query heads and 1 KV head of 256, intermediate 6912, a tied 262,144-token
@@ -9,7 +10,10 @@ vocabulary; about 1.0 B parameters) with random bf16 weights, made by transforme
 ``Gemma3ForCausalLM`` and written with ``save_pretrained`` (as the Hub's checkpoint is);
 ``--quick`` uses a tiny one in float32 (a smoke test on the CPU). needle loads the directory
 with ``load_pretrained``; transformers (eager, its default generate and cache) runs the very
-same model object it wrote.
+same model object it wrote. ``--family gemma2``: Gemma-2-2B-shaped instead (hidden 2304, 26
+layers alternating 4,096-position windows and global attention, 8 query heads and 4 KV
+heads of 256, intermediate 9216, a tied 256,000-token vocabulary, attention scores capped
+at 50 and logits at 30; about 2.6 B parameters).
 
 Printed per prompt length: needle's decode tokens/s (greedy, 128 tokens after the prompt,
 the time of the first token taken off), its time to first token (the prompt's prefill and
@@ -39,20 +43,33 @@ GEMMA3_1B = dict(vocab_size=262144, hidden_size=1152, intermediate_size=6912,
                  num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
                  head_dim=256, sliding_window=512, max_position_embeddings=32768,
                  query_pre_attn_scalar=256)
+GEMMA2_2B = dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216,
+                 num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                 head_dim=256, sliding_window=4096, max_position_embeddings=8192,
+                 query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                 final_logit_softcapping=30.0)
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
             num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=8,
             max_position_embeddings=512, query_pre_attn_scalar=16)
 
 
-def build(directory: Path, quick: bool, torch_device: str):
+def build(directory: Path, quick: bool, torch_device: str, family: str = "gemma3"):
     """The transformers model (bf16, or float32 with ``quick``), saved to ``directory``."""
     import torch
     import transformers
 
-    config = transformers.Gemma3TextConfig(**(TINY if quick else GEMMA3_1B))
+    if family == "gemma2":
+        config = transformers.Gemma2Config(**(
+            {**TINY, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+            if quick else GEMMA2_2B))
+        config._attn_implementation = "eager"  # transformers' choice for soft-capped models
+        model_class = transformers.Gemma2ForCausalLM
+    else:
+        config = transformers.Gemma3TextConfig(**(TINY if quick else GEMMA3_1B))
+        model_class = transformers.Gemma3ForCausalLM
     torch.manual_seed(0)
     with torch.device(torch_device):
-        model = transformers.Gemma3ForCausalLM(config).eval()
+        model = model_class(config).eval()
     if not quick:
         model = model.to(torch.bfloat16)
     model.save_pretrained(directory)
@@ -137,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="prompt lengths, comma-separated")
     parser.add_argument("--tokens", type=int, default=128, help="decode tokens timed")
     parser.add_argument("--quick", action="store_true", help="a tiny model (CPU smoke test)")
+    parser.add_argument("--family", choices=("gemma3", "gemma2"), default="gemma3",
+                        help="Gemma-3-1B shapes (default) or Gemma-2-2B shapes")
     args = parser.parse_args(argv)
     device = nd.device_from_name(args.device) if args.device else nd.default_device()
     torch_device = "cuda" if device.kind == "cuda" else "cpu"
@@ -144,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         lengths = [min(n, 100) for n in lengths]
     with tempfile.TemporaryDirectory() as tmp:
-        hf = build(Path(tmp), args.quick, torch_device)
+        hf = build(Path(tmp), args.quick, torch_device, args.family)
         model = load_pretrained(tmp, device=device, max_seq_len=4096 if not args.quick else 256)
     rng = np.random.default_rng(0)
     rows = {n: compare(model, hf, rng.integers(3, model.config.vocab_size, n).tolist(),

@@ -228,12 +228,15 @@ def test_serving_benchmark_runs_quick_on_cpu(tmp_path, capsys):
     assert result["decode"][0]["tokens_per_s"] > 0
 
 
-def test_gemma3_benchmark_runs_quick_on_cpu(capsys):
-    """``python -m benchmarks.gemma3 --quick``: a tiny Gemma 3 written by transformers, needle
-    against it on the same weights (logits agree), the limit and the serving rates printed."""
+@pytest.mark.parametrize("family", ["gemma3", "gemma2"])
+def test_gemma_benchmark_runs_quick_on_cpu(capsys, family):
+    """``python -m benchmarks.gemma3 --quick [--family gemma2]``: a tiny Gemma 3 (or soft-capped
+    Gemma 2) written by transformers, needle against it on the same weights (logits agree),
+    the limit and the serving rates printed."""
     from benchmarks import gemma3  # transformers: the dev install's (README)
 
-    gemma3.main(["--device", "cpu", "--quick", "--prompts", "12,40", "--tokens", "8"])
+    gemma3.main(["--device", "cpu", "--quick", "--prompts", "12,40", "--tokens", "8",
+                 "--family", family])
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip()[:2] in ("12", "40")]
     assert [r[0] for r in rows] == ["12", "40"]

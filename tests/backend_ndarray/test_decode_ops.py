@@ -383,12 +383,13 @@ SOFTCAP_CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-@pytest.mark.parametrize("case", list(SOFTCAP_CASES))
+@pytest.mark.parametrize("case,dtype", [(c, dt) for c in SOFTCAP_CASES for dt in (
+    "float32", "bfloat16", *(("float64",) if SOFTCAP_CASES[c][2] < 256 else ()))])
 def test_attention_decode_soft_capped(device, dtype, case, rng):
     """Gemma 2's soft-capped scores (cap · tanh(s / cap) after the scale, before the
     softmax) against the float64 step, with a scale and cap for which the cap binds: the
-    same steps uncapped are further from the capped reference than the tolerance."""
+    same steps uncapped are further from the capped reference than the tolerance (float64
+    below 256-wide heads, whose chunks CUDA's split kernel cannot hold in float64)."""
     if check_unsupported_dtype(device, dtype):
         return
     hq, hkv, d, cap, window, positions = SOFTCAP_CASES[case]
