@@ -233,9 +233,10 @@ def test_bad_requests_get_openai_errors(running, client):
         client.completions.create(model=NAME, prompt=["x", "y"], n=40)
     chat = [{"role": "user", "content": "x"}]
     # what needle cannot honour is refused, not ignored
-    with pytest.raises(openai.BadRequestError, match="response_format is not supported"):
-        client.chat.completions.create(model=NAME, messages=chat,
-                                       response_format={"type": "json_object"})
+    with pytest.raises(openai.BadRequestError, match="tool_choice must be"):
+        client.chat.completions.create(model=NAME, messages=chat, tool_choice="required",
+                                       tools=[{"type": "function",
+                                               "function": {"name": "f"}}])
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
         client.chat.completions.create(model=NAME, messages=chat, logit_bias={"5": 10})
     with pytest.raises(openai.BadRequestError, match="only text output"):

@@ -75,6 +75,10 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (what other libraries load it from)."""
+        return self._tok.to_str()
+
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

@@ -100,6 +100,28 @@ class DeviceRows:
                          out=self.tokens)
 
 
+def constrained(read, logits, rows: list, sampling: SamplingRows | None):
+    """``read`` with the tokens of grammar-constrained rows chosen again on the host:
+    ``rows`` (sampling row j, its grammar.Constraint); each row's logits with the tokens
+    its grammar forbids at -inf, then its argmax (an all-greedy step, ``sampling`` None)
+    or ``nd.sample`` with the row's own settings, as the device would have drawn."""
+    def chosen() -> np.ndarray:
+        tokens = np.array(read(), np.int64).reshape(-1)
+        host = logits.numpy()
+        for j, constraint in rows:
+            masked = constraint.masked(host[j])
+            if sampling is None:
+                tokens[j] = int(np.argmax(masked))
+            else:
+                one = SamplingRows(sampling.params[j:j + 1], sampling.seeds[j:j + 1],
+                                   sampling.positions[j:j + 1],
+                                   None if sampling.seen is None else sampling.seen[j:j + 1])
+                tokens[j] = int(choose_on_host(masked[None], one)[0])
+        return tokens
+
+    return chosen
+
+
 def log_softmax_rows(logits, rows: list[int]) -> dict[int, np.ndarray]:
     """float64 log-softmax of the given rows of device ``logits`` (rows, vocab), on the
     host: what a request asking for logprobs is told (the model's distribution, before

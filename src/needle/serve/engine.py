@@ -26,6 +26,8 @@ from ..models.tokenizer import StreamDecoder
 from . import batch as batch_step
 from . import choice, scoring
 from .captured import DecodeGraphs
+from .grammar import Grammars
+from .metrics import EngineMetrics
 from .pages import PagedKVCache
 from .request import Request, RequestParams, TokenEvent, TokenLogprob
 from .scheduler import Scheduler, Work
@@ -89,6 +91,7 @@ class Engine:
         self._logits = None  # the last step's logits (device), for logprobs
         self._prompt_scores: list = []  # the last step's scored rows' log-softmax (device)
         self._queue_ahead = os.environ.get("NEEDLE_SERVE_AHEAD", "1") != "0"
+        self._grammars: Grammars | None = None  # made on the first constrained request
 
     # --- submitting ------------------------------------------------------------------------
     def submit(self, prompt, params: RequestParams | None = None, listener=None) -> Request:
@@ -129,10 +132,22 @@ class Engine:
                           repetition_penalty=s.repetition_penalty)
         sampler.observe(ids)
         detok = StreamDecoder(model.tokenizer) if model.tokenizer is not None else None
-        request = Request(ids, params, max_tokens, frozenset(stop_ids), detok, sampler=sampler)
+        request = Request(ids, params, max_tokens, frozenset(stop_ids), detok, sampler=sampler,
+                          constraint=self._constraint(params))
         if params.prompt_logprobs is not None:
             request.prompt_logprobs.append(None)  # the first token: nothing precedes it
         return request
+
+    def _constraint(self, params: RequestParams):
+        """A fresh matcher of the request's grammar (None without one); the model's grammar
+        compiler is made on the first (grammar.py)."""
+        if params.grammar is None:
+            return None
+        if self._grammars is None:
+            model = self.model
+            self._grammars = Grammars(model.tokenizer, model.config.vocab_size,
+                                      model.generation_config.eos_token_ids)
+        return self._grammars.constraint(params.grammar)
 
     def cancel(self, request: Request) -> None:
         """Stop a request (waiting or running) between steps; its pages are freed and its
@@ -340,10 +355,15 @@ class Engine:
         read = self.execute(batch, captured, greedy, fed)
         scored_rows = [j for j, w in enumerate(sampling)
                        if w.request.params.logprobs is not None]
+        constrained = [(j, w.request.constraint) for j, w in enumerate(sampling)
+                       if w.request.constraint is not None]
+        if constrained:  # chosen again on the host, from the logits its grammar allows
+            read = choice.constrained(read, self._logits, constrained, batch.sampling)
         # the next step may be fed this one's choices on the device unless a sequence's
-        # repetition penalty needs its seen tokens, which the host has not updated yet, or
-        # a sequence's logprobs need this step's logits before the next step rewrites them
-        chains = captured and not scored_rows and (
+        # repetition penalty needs its seen tokens, which the host has not updated yet, a
+        # sequence's logprobs need this step's logits before the next step rewrites them,
+        # or a grammar chooses a sequence's token on the host
+        chains = captured and not scored_rows and not constrained and (
             greedy or (self.graphs.samples_on_device and batch.sampling.seen is None))
         queued = _Queued(work, sampling, read, chains)
         if scored_rows:
@@ -409,6 +429,8 @@ class Engine:
             reason = "stop"
         elif len(r.output) >= r.max_tokens:
             reason = "length"
+        if r.constraint is not None and r.constraint.consume(token) and reason is None:
+            reason = "stop"  # the grammar is complete: nothing else may follow
         if reason is not None and r.detokenizer is not None:
             piece += r.detokenizer.flush()
         text = r.text + piece
@@ -465,31 +487,3 @@ class _Queued:
         if top is None or not self.scores:
             return None
         return choice.token_logprob(self.scores[row], token, top)
-
-
-class EngineMetrics:
-    """Counters for /metrics: tokens made, and a trailing window for tokens per second."""
-
-    WINDOW = 10.0  # seconds
-
-    def __init__(self):
-        self.generated = 0
-        self.prompt_tokens = 0
-        self.cached_prompt_tokens = 0  # prompt tokens whose keys were found cached
-        self.steps = 0
-        self.queued_ahead = 0  # steps queued before the previous step's tokens were read
-        self.finished: dict[str, int] = {}
-        self._recent: deque[tuple[float, int]] = deque()
-
-    def record_step(self, tokens: int, seconds: float) -> None:
-        now = time.perf_counter()
-        self.generated += tokens
-        self.steps += 1
-        self._recent.append((now, tokens))
-        while self._recent and self._recent[0][0] < now - self.WINDOW:
-            self._recent.popleft()
-
-    def tokens_per_second(self) -> float:
-        now = time.perf_counter()
-        recent = [n for t, n in self._recent if t >= now - self.WINDOW]
-        return sum(recent) / self.WINDOW if recent else 0.0

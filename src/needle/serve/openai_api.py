@@ -3,9 +3,10 @@ engine request, and the JSON of responses, stream chunks and errors.
 
 Only the HTTP layer (``server.py``) uses this module; it has no HTTP in it, so the
 validation is testable on its own. Fields OpenAI defines that needle cannot honour
-(best_of, non-zero presence/frequency penalties, a JSON response_format, logit_bias, audio,
-tool_choice "required") are refused with a 400 that says so, never silently ignored. Chat
-takes ``tools`` (``tools.py``: rendered by the chat template, the answer read for calls).
+(best_of, non-zero presence/frequency penalties, logit_bias, audio, tool_choice "required")
+are refused with a 400 that says so, never silently ignored. Chat
+takes ``tools`` (``tools.py``: rendered by the chat template, the answer read for calls);
+``response_format`` json_object / json_schema constrains the answer (``grammar.py``).
 ``n`` answers a prompt n times (a seed given: its j-th answer draws with seed + j).
 Completions take a list of prompts (a choice each) and ``echo`` (the prompt returned before
 the completion; with ``logprobs``, every prompt token scored: how lm-evaluation-harness
@@ -26,6 +27,7 @@ from ..errors import NeedleError
 from ..models.sampling import SamplingParams
 from .api_error import ApiError
 from .api_error import bad as _bad
+from .grammar import GrammarSpec
 from .request import MAX_LOGPROBS, RequestParams, TokenLogprob
 from .tools import ToolCall, ToolCallParser, ToolRequest, template_message, tool_request
 
@@ -93,16 +95,34 @@ def _refuse_unsupported(body: dict) -> None:
             raise _bad(f"{name} is not supported (use repetition_penalty)", name)
     if body.get("suffix"):
         raise _bad("suffix is not supported", "suffix")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise _bad("response_format is not supported (only {\"type\": \"text\"}): needle "
-                   "does not constrain its output to JSON; ask for JSON in the prompt and "
-                   "check it yourself", "response_format")
     if body.get("logit_bias"):
         raise _bad("logit_bias is not supported", "logit_bias")
     modalities = body.get("modalities")
     if modalities not in (None, ["text"]) or body.get("audio"):
         raise _bad("only text output is supported", "modalities")
+
+
+def _response_format(body: dict) -> GrammarSpec | None:
+    """OpenAI's ``response_format``: "text" (None), "json_object" (any JSON object) or
+    "json_schema" (``{"json_schema": {"name", "schema", "strict"}}``), as a grammar the
+    answer must follow."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarSpec.json_schema({"type": "object"})
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise _bad("response_format json_schema needs {\"json_schema\": {\"name\": ..., "
+                       "\"schema\": {...}}}", "response_format")
+        return GrammarSpec.json_schema(schema)
+    raise _bad("response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} "
+               "or {\"type\": \"json_schema\", \"json_schema\": {...}}", "response_format")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -184,7 +204,7 @@ def request_params(body: dict, default_max_tokens: int | None, generation_config
     sampling: SamplingParams = generation_config.sampling(temperature, top_k, top_p, min_p,
                                                           penalty, seed)
     return RequestParams(sampling, max_tokens, _stop(body), tuple(ids), ignore_eos, logprobs,
-                         prompt_logprobs)
+                         prompt_logprobs, _response_format(body))
 
 
 def _stream_flags(body: dict) -> tuple[bool, bool]:

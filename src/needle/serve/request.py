@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..errors import GenerationError
 from ..models.sampling import Sampler, SamplingParams
+from .grammar import GrammarSpec
 
 _ids = itertools.count()
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
@@ -47,6 +48,8 @@ class RequestParams:
     # off): what scoring a text needs (OpenAI's echo with logprobs; lm-evaluation-harness).
     # The prompt is then read whole, none of it from the prefix cache.
     prompt_logprobs: int | None = None
+    # what the answer must follow (a JSON schema: grammar.py), None: anything
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self):
         for name in ("logprobs", "prompt_logprobs"):
@@ -116,6 +119,7 @@ class Request:
     table: object | None = None  # BlockTable once admitted
     sampler: Sampler | None = None
     listener: object | None = None  # called with each event (the server's loop hook)
+    constraint: object | None = None  # its grammar's matcher (grammar.Constraint), if any
 
     @property
     def length(self) -> int:
