@@ -13,7 +13,7 @@ import needle.backend_ndarray as nd
 from needle.backends.api import has
 from needle.errors import ArgumentError, DTypeError, ShapeError
 
-from ..conftest import assert_close, check_unsupported_dtype
+from ..conftest import assert_close, check_unsupported_dtype, tolerance
 from .compare import FLOATS, LAYOUTS, compare, layout, on, random
 
 # --- take and scatter_add -----------------------------------------------------------------
@@ -277,11 +277,13 @@ def test_silu_mul_non_compact(device, rng):
 
 # --- attention ----------------------------------------------------------------------------
 
-def _attention(q, k, v, scale, causal, kv_len, window=None):
+def _attention(q, k, v, scale, causal, kv_len, window=None, softcap=None):
     group = q.shape[1] // k.shape[1]
     k = np.repeat(k[:, :, :kv_len], group, axis=1)
     v = np.repeat(v[:, :, :kv_len], group, axis=1)
     s = q @ k.swapaxes(-1, -2) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
     if causal:
         q_len = q.shape[2]
         position = np.arange(q_len)[:, None] + (kv_len - q_len)
@@ -356,6 +358,44 @@ def test_attention_sliding_window(device, dtype, case, rng):
     wide = [np.asarray(t, np.float64) for t in (q, k, v)]
     want = _attention(*wide, scale, True, kv_len, window)
     assert_close(got, want, dtype, "reduction")
+
+
+# name: (batch, q_heads, kv_heads, q_len, kv_len, capacity, head_dim, window): Gemma 2's
+# prompts (256-wide heads, windows on every other layer) and the other head sizes, whose
+# tensor-core and float32-tile kernels do not cap (CUDA then takes the nn kernel)
+SOFTCAP_CASES = {
+    "gemma2_prefill_d256": (1, 8, 4, 130, 130, 140, 256, None),
+    "gemma2_prefill_w40_d256": (1, 8, 4, 130, 130, 140, 256, 40),
+    "gqa_prefill_d64": (1, 8, 2, 300, 300, 300, 64, None),
+    "chunk_d128_w50": (2, 8, 2, 70, 200, 210, 128, 50),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", list(SOFTCAP_CASES))
+def test_attention_soft_capped(device, dtype, case, rng):
+    """Gemma 2's soft-capped scores over a prompt (cap · tanh(s / cap) after the scale,
+    before the mask), heads-first and as token-major query rows, against the float64
+    formula; the cap binds (uncapped is further off than the tolerance)."""
+    if check_unsupported_dtype(device, dtype):
+        return
+    b, hq, hkv, sq, kv_len, cap, d, window = SOFTCAP_CASES[case]
+    q = random(rng, (b, hq, sq, d), dtype, -1, 1)
+    k, v = random(rng, (b, hkv, cap, d), dtype, -1, 1), random(rng, (b, hkv, cap, d), dtype, -1, 1)
+    compare(device, lambda qq, kk, vv: nd.attention(qq, kk, vv, 1.0, True, kv_len, window, 1.5),
+            [q, k, v],
+            expected=lambda qq, kk, vv: _attention(qq, kk, vv, 1.0, True, kv_len, window, 1.5),
+            kind="reduction")
+    rows = on(device, np.ascontiguousarray(q.transpose(0, 2, 1, 3)))  # (b, s, hq, d) rows
+    got = nd.attention(rows.permute((0, 2, 1, 3)), on(device, k), on(device, v), 1.0, True,
+                       kv_len, window, 1.5)
+    wide = [np.asarray(t, np.float64) for t in (q, k, v)]
+    want = _attention(*wide, 1.0, True, kv_len, window, 1.5)
+    assert_close(got, want, dtype, "reduction")
+    uncapped = _attention(*wide, 1.0, True, kv_len, window)
+    assert np.abs(uncapped - want).max() > 3 * tolerance(dtype, "reduction")
+    with pytest.raises(ArgumentError, match="softcap"):
+        nd.attention(rows.permute((0, 2, 1, 3)), on(device, k), on(device, v), softcap=0)
 
 
 def test_attention_window_errors(device, rng):

@@ -41,7 +41,7 @@ def test_greedy_tokens_match(checkpoints, greedy_reference, variant, device):
 def test_cached_decode_matches_full_forward(checkpoints, device, name):
     """Prefill + per-token decode steps (the captured path on GPUs) give the logits of a
     full forward pass at every position: fused attention (qwen2), soft-capped windowed
-    attention composed from array ops (gemma2), per-head q/k norms (qwen3), two rotary
+    attention (gemma2), per-head q/k norms (qwen3), two rotary
     tables and windowed layers beside a global one (gemma3)."""
     directory, _ = checkpoints(name)
     model = load_pretrained(directory, device=device, dtype="float32", max_seq_len=40)
@@ -127,15 +127,13 @@ def test_folded_norms_match_the_checkpoint_weights(checkpoints, device, name):
 def test_a_reused_or_rewound_decoder_decodes_as_a_fresh_one(checkpoints, device, name):
     """A short prompt after a long sequence, and a rewound one, decode as in a fresh
     decoder: a step reads no cache row past its own, so the rows a longer sequence left
-    need no clearing (Gemma 2's soft-capped layers too: their decode step is the fused
-    kernel's); on GPUs the prompts are padded (captured prefills) where every layer's
-    prompt attention is fused."""
+    need no clearing (Gemma 2's soft-capped layers too); on GPUs the prompts are padded
+    (captured prefills)."""
     from needle.models.decoder import Decoder
 
     directory, _ = checkpoints(name)
     model = load_pretrained(directory, device=device, dtype="float32", max_seq_len=48)
     decoder = model.decoder()
-    assert model.transformer.all_fused == (name != "gemma2")
     long = PROMPT + [5, 6, 7, 8, 9, 10]
     decoder.prefill(long)
     for t in (11, 12, 13):

@@ -125,27 +125,20 @@ def test_at_most_limit_graphs_are_kept(checkpoints, device, monkeypatch):
 
 
 @RECORDING
-def test_long_and_composed_prompts_run_eagerly(checkpoints, device, monkeypatch):
-    """Prompts past MAX_TOKENS, and models with a layer on the composed attention path
-    (Gemma 2's soft-capped scores: its mask comes from the host), prefill as they are; a
-    sliding window (Mistral's, binding inside the fused kernel) is captured."""
+def test_long_prompts_run_eagerly_windows_and_soft_caps_are_captured(checkpoints, device,
+                                                                   monkeypatch):
+    """Prompts past MAX_TOKENS prefill as they are; a sliding window (Mistral's) and Gemma
+    2's soft-capped windowed layers, both inside the fused kernel, are captured and replay
+    the eager prefill's logits."""
     model, _ = _models(checkpoints, device, monkeypatch)
     decoder = model.decoder()
     assert decoder.prefills.rows(MAX_TOKENS + 1) == MAX_TOKENS + 1
     assert decoder.prefills.rows(3) == 64
-    window, eager = _models(checkpoints, device, monkeypatch, name="mistral_window")
-    decoder = window.decoder()
-    prompt = _prompt(9)
-    for _ in range(3):
-        np.testing.assert_allclose(decoder.prefill(prompt).numpy(),
-                                   eager.prefill(prompt).numpy(), rtol=1e-5, atol=1e-5)
-    assert decoder.prefills.applies(9) and decoder.prefills.captured == [64]
-    capped, eager = _models(checkpoints, device, monkeypatch, name="gemma2")
-    decoder = capped.decoder()
-    prompt = _prompt(9)
-    for _ in range(3):
-        np.testing.assert_allclose(decoder.prefill(prompt).numpy(),
-                                   eager.prefill(prompt).numpy(), rtol=1e-5, atol=1e-5)
-    assert not decoder.prefills.applies(9) and decoder.prefills.captured == []
-    for a in decoder.cache.keys + decoder.cache.values:  # nothing padded past the prompt
-        assert not a.numpy()[:, :, 9:, :].any()
+    for name in ("mistral_window", "gemma2"):
+        captured, eager = _models(checkpoints, device, monkeypatch, name=name)
+        decoder = captured.decoder()
+        prompt = _prompt(9)
+        for _ in range(3):
+            np.testing.assert_allclose(decoder.prefill(prompt).numpy(),
+                                       eager.prefill(prompt).numpy(), rtol=1e-5, atol=1e-5)
+        assert decoder.prefills.applies(9) and decoder.prefills.captured == [64], name

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 import tokenizers
 
 from needle.serve import openai_api, tools
 
 from . import tool_model
-from .test_server import Running
 
 KEY = "test-key"
 
@@ -35,6 +33,11 @@ def tool_llm(tool_dir):
 
 @pytest.fixture(scope="module")
 def tool_client(tool_llm):
+    """The model served, driven by the openai client (the dev extra; the other tests here
+    run without it)."""
+    openai = pytest.importorskip("openai", reason="the openai client is in the dev extra")
+    from .test_server import Running
+
     server = Running(tool_llm, name="tools", api_key=KEY, max_seqs=4)
     yield openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
     server.stop()
@@ -105,6 +108,8 @@ def test_a_streamed_tool_call_arrives_whole(tool_client):
 
 
 def test_tool_requests_needle_cannot_honour_are_refused(tool_client, tool_llm):
+    import openai
+
     ask = dict(model="tools", messages=tool_model.QUESTION)
     cases = [({"tools": tool_model.TOOLS, "tool_choice": "required"}, "constrained decoding"),
              ({"tools": tool_model.TOOLS, "tool_choice": {

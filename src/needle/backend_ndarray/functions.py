@@ -247,19 +247,21 @@ def attention_with_stats(q: NDArray, k: NDArray, v: NDArray, scale: float | None
 
 def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
               causal: bool = False, kv_len: int | None = None,
-              window: int | None = None) -> NDArray:
+              window: int | None = None, softcap: float | None = None) -> NDArray:
     """softmax(q kᵀ · scale) v with grouped-query heads.
 
     q is (batch, q_heads, q_len, head_dim); k and v are (batch, kv_heads, capacity,
     head_dim), of which the first ``kv_len`` positions (default: all) are attended to.
     k and v may be views of a larger cache along the capacity axis. ``window`` (a positive
     int, with ``causal``): a sliding window, the query at position i seeing keys
-    i - window + 1..i only.
+    i - window + 1..i only. ``softcap`` (a positive number; None: none): the scaled scores s
+    soft-capped to softcap · tanh(s / softcap) before the mask and softmax (Gemma 2).
     """
-    bsz, hq, sq, d, hkv, cap, kv_len = _attention_shapes(q, k, v, kv_len, causal)
+    bsz, hq, sq, d, hkv, capacity, kv_len = _attention_shapes(q, k, v, kv_len, causal)
     if window is not None and not causal:
         raise ArgumentError(f"attention: a window ({window!r}) needs causal=True")
     window = window_arg(window, "attention", kv_len)
+    cap = softcap_arg(softcap, "attention")
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
     kc, vc = k.astype(q.dtype).compact(), v.astype(q.dtype).compact()
     backend = q.device.backend
@@ -270,14 +272,14 @@ def attention(q: NDArray, k: NDArray, v: NDArray, scale: float | None = None,
         # neither needs a heads-first copy; the result is the heads-first view of it
         out = NDArray.make((bsz, sq, hq, d), device=q.device, dtype=q.dtype)
         backend.attention_token_major(q._handle, kc._handle, vc._handle, out._handle, bsz, hq,
-                                      hkv, sq, kv_len, cap, d, scale, bool(causal), q_row,
-                                      window)
+                                      hkv, sq, kv_len, capacity, d, scale, bool(causal), q_row,
+                                      window, softcap=cap)
         return out.permute((0, 2, 1, 3))
     qc = q.compact()
     out = qc._empty_like()
     if out.size:
         backend.attention(qc._handle, kc._handle, vc._handle, out._handle, bsz, hq, hkv,
-                          sq, kv_len, cap, d, scale, bool(causal), window)
+                          sq, kv_len, capacity, d, scale, bool(causal), window, softcap=cap)
     return out
 
 

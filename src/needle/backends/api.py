@@ -141,7 +141,8 @@ class ArrayBackend(Protocol):
              heads: int, head_dim: int) -> None: ...
     def attention(self, q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,
                   kv_heads: int, q_len: int, kv_len: int, kv_capacity: int, head_dim: int,
-                  scale: float, causal: bool, window: int) -> None: ...
+                  scale: float, causal: bool, window: int,
+                  softcap: float = 0.0) -> None: ...
     def attention_decode(self, qkv: Array, cos: Array, sin: Array, position: Array,
                          keys: Array, values: Array, out: Array, q_heads: int, kv_heads: int,
                          head_dim: int, capacity: int, table_rows: int,

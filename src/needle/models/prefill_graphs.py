@@ -78,9 +78,7 @@ class PrefillGraphs:
 
     def __init__(self, model, cache, capture, limit: int | None = None):
         self.model, self.cache = model, cache
-        # a layer on the composed attention path uploads its mask from the host (not
-        # recordable) and needs the cache zero past the length: such models run eagerly
-        self._capture = capture if model.transformer.all_fused else None
+        self._capture = capture
         self.limit = _limit_from_env() if limit is None else limit
         self._buckets: OrderedDict[int, _Bucket] = OrderedDict()  # least recently used first
 

@@ -27,7 +27,6 @@ import numpy as np
 from .. import backend_ndarray as nd
 from ..backend_ndarray import NDArray, dtypes
 from ..backends.api import has
-from . import attention
 from .cache import DecodeState, KVCache, RotaryTables
 from .config import ModelConfig
 from .weights import LayerWeights, ModelWeights, Projection, fold_norm
@@ -38,11 +37,6 @@ class Transformer:
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, rope: RotaryTables):
         self.cfg, self.weights, self.rope = cfg, weights, rope
-        # layers whose prompt attention is the fused kernel (not soft-capped); every layer's
-        # decode step is ``nd.attention_decode``, which soft-caps where the model does
-        self.fused = [attention.is_fused(cfg, i) for i in range(cfg.num_layers)]
-        # no layer's prompt on the composed path (which uploads its masks from the host)
-        self.all_fused = all(self.fused)
         backend = weights.embed.device.backend
         self.packed_fused = has(backend, "fused_quant_matvec")
         # where a decode step keeps its residual stream: a fresh array (None), or one the
@@ -96,10 +90,9 @@ class Transformer:
         x = self._embed(ids)
         delta = None  # the previous block's output, added to x by the next norm
         delta_norm = None  # its post-norm (sandwich norms), taken in the same pass
-        masks: dict = {}  # the composed layers' attention masks, made once a pass
         for i, layer in enumerate(w.layers):
             x, h = _add_norm(x, delta, layer.attn_norm, cfg, delta_norm)
-            a = self._attention(i, layer, h, cache, masks)
+            a = self._attention(i, layer, h, cache)
             x, h = _add_norm(x, a, layer.mlp_norm, cfg, layer.post_attn_norm)
             delta, delta_norm = layer.down(self._gate_up(layer, h)), layer.post_mlp_norm
         if last_row is not None:  # that position's sum and norm only
@@ -111,9 +104,10 @@ class Transformer:
             delta = None if delta is None else delta[:, last, :]
         return self._logits(_add_norm(x, delta, w.final_norm, cfg, delta_norm)[1])
 
-    def _attention(self, i: int, layer: LayerWeights, h: NDArray, cache: KVCache | None,
-                   masks: dict) -> NDArray:
-        """Self-attention of a sequence h (batch, seq, hidden) from position 0."""
+    def _attention(self, i: int, layer: LayerWeights, h: NDArray,
+                   cache: KVCache | None) -> NDArray:
+        """Self-attention of a sequence h (batch, seq, hidden) from position 0 (its window
+        and soft cap, where the layer has them, in the fused kernel)."""
         cfg = self.cfg
         b, s, _ = h.shape
         hq, d = cfg.num_heads, cfg.head_dim
@@ -124,15 +118,12 @@ class Transformer:
         if cache is not None:
             cache.keys[i][:, :, :s, :] = k
             cache.values[i][:, :, :s, :] = v
-            if self.fused[i] and b == cache.keys[i].shape[0]:
+            if b == cache.keys[i].shape[0]:
                 # attend over the cache's first s rows as they are (compact arrays):
                 # no heads-first copies of k and v besides the ones the cache holds
                 k, v = cache.keys[i], cache.values[i]
-        if self.fused[i]:
-            out = nd.attention(q, k, v, scale=cfg.attn_scale, causal=True, kv_len=s,
-                               window=cfg.layer_windows[i])
-        else:
-            out = attention.prefill(cfg, q, k, v, s, cfg.layer_windows[i], masks)
+        out = nd.attention(q, k, v, scale=cfg.attn_scale, causal=True, kv_len=s,
+                           window=cfg.layer_windows[i], softcap=cfg.attn_softcap)
         return layer.o(out.permute(heads_first).reshape((b, s, hq * d)))
 
     def _roped_heads(self, layer: LayerWeights, qkv: NDArray, cos: NDArray,
@@ -178,7 +169,7 @@ class Transformer:
         if delta is None and _plain(w.lm_head, self.packed_fused, extended=True):
             norm = None if w.head_folded else w.final_norm  # after a five-op layer
             product = nd.rmsnorm_matvec(x, norm, w.lm_head.weight, cfg.rms_norm_eps)
-            logits = attention.softcap(w.lm_head.whole(product), cfg.final_softcap)
+            logits = _softcap(w.lm_head.whole(product), cfg.final_softcap)
         else:
             logits = self._logits(_add_norm(x, delta, w.final_norm, cfg, delta_norm)[1])
         return logits.reshape((1, cfg.vocab_size))
@@ -246,7 +237,15 @@ class Transformer:
         return gate_up.geglu()  # GELU's tanh form, computed in float32 as PyTorch's
 
     def _logits(self, h: NDArray) -> NDArray:
-        return attention.softcap(self.weights.lm_head(h), self.cfg.final_softcap)
+        return _softcap(self.weights.lm_head(h), self.cfg.final_softcap)
+
+
+def _softcap(logits: NDArray, cap: float | None) -> NDArray:
+    """Gemma 2's soft-capped logits, cap * tanh(x / cap) computed in float32; x as it is
+    when cap is None."""
+    if cap is None:
+        return logits
+    return ((logits.astype("float32") / cap).tanh() * cap).astype(logits.dtype)
 
 
 def _fuse(choice: str, backend, layer: LayerWeights) -> bool:

@@ -17,7 +17,6 @@ import numpy as np
 
 from .. import backend_ndarray as nd
 from ..backend_ndarray import NDArray
-from ..models import attention
 from ..models.transformer import _add_norm
 from .choice import SamplingRows
 from .pages import PagedKVCache
@@ -126,7 +125,7 @@ def hidden_states(model, cache: PagedKVCache, batch: DeviceBatch) -> NDArray:
         nd.paged_write(k.reshape((t, hkv, d)), v.reshape((t, hkv, d)), slots, cache.keys[i],
                        cache.values[i])
         a = _attention(cfg, q.reshape((t, hq, d)), cache.keys[i], cache.values[i], batch,
-                       cfg.layer_windows[i], tr.fused[i])
+                       cfg.layer_windows[i])
         a = layer.o(a.reshape((1, t, hq * d)))
         x, h = _add_norm(x, a, layer.mlp_norm, cfg, layer.post_attn_norm)
         delta, delta_norm = layer.down(tr._gate(layer.gate_up(h))), layer.post_mlp_norm
@@ -135,12 +134,11 @@ def hidden_states(model, cache: PagedKVCache, batch: DeviceBatch) -> NDArray:
 
 
 def _attention(cfg, q: NDArray, keys: NDArray, values: NDArray, batch: DeviceBatch,
-               window: int | None, fused: bool) -> NDArray:
+               window: int | None) -> NDArray:
     """Attention of every token of the step (tokens, q_heads, d): the decode tokens (and
     all of them when there are no prompt chunks) through their pages, each prompt chunk as
     a dense causal attention over its sequence's keys and values gathered from the pool
-    (the fused kernel, or where scores are soft-capped, ``fused`` False, the composed
-    one)."""
+    (each with the layer's window and soft cap)."""
     if not batch.chunks:
         return nd.paged_attention(q, keys, values, batch.tables, batch.seq_of,
                                   batch.positions, cfg.attn_scale, window, cfg.attn_softcap)
@@ -158,7 +156,7 @@ def _attention(cfg, q: NDArray, keys: NDArray, values: NDArray, batch: DeviceBat
         k = flat_k.take(slots).reshape((1, length, hkv, d)).permute(heads_first)
         v = flat_v.take(slots).reshape((1, length, hkv, d)).permute(heads_first)
         qc = q[start:start + count].reshape((1, count, hq, d)).permute(heads_first)
-        out = (nd.attention(qc, k, v, scale=cfg.attn_scale, causal=True, window=window)
-               if fused else attention.prefill(cfg, qc, k, v, length, window))
+        out = nd.attention(qc, k, v, scale=cfg.attn_scale, causal=True, window=window,
+                           softcap=cfg.attn_softcap)
         parts.append(out.permute(heads_first).reshape((count, hq, d)))
     return parts[0] if len(parts) == 1 else nd.concatenate(parts, axis=0)

@@ -29,10 +29,10 @@ _DECODE_CLUSTER = 8  # decode_tc.cu's dtc::CLUSTER: the most ranges its ...c ker
 def _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale,
                  causal, window: int = 0) -> bytes:
     """attention.cuh's AttnParams of a one-pass kernel (splits 1, one chunk of kv_len), the
-    scale as float32 hi + lo."""
+    scale as float32 hi + lo; these kernels do not soft-cap (softcap 0)."""
     hi, lo = split_scale(scale)
     return ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, 1, kv_len,
-                     hi, int(bool(causal)), window, lo)
+                     hi, int(bool(causal)), window, lo, 0.0)
 
 
 class AttentionOps(NNOps):
@@ -46,23 +46,23 @@ class AttentionOps(NNOps):
 
     def attention_token_major(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
                               kv_capacity, head_dim, scale, causal, q_row,
-                              window: int = 0) -> None:
+                              window: int = 0, softcap: float = 0.0) -> None:
         """numpy_ref.attention_token_major: the tensor-core kernel reads and writes the
-        token-major rows directly; other shapes and dtypes go through heads-first copies
-        and the other kernels."""
+        token-major rows directly; other shapes and dtypes, and soft-capped scores (which
+        only nn.cu's kernel caps), go through heads-first copies and the other kernels."""
         shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal,
                  window)
         rows = ((q_len * q_row, head_dim, q_row),
                 (q_len * q_heads * head_dim, head_dim, q_heads * head_dim))
-        if (self._attention_tc(q, k, v, out, *shape, *rows)
-                or self._attention_simt(q, k, v, out, *shape, *rows)):
+        if not softcap and (self._attention_tc(q, k, v, out, *shape, *rows)
+                            or self._attention_simt(q, k, v, out, *shape, *rows)):
             return
         shape = (batch, q_heads, q_len, head_dim)
         qh = self._new_array(out.size, q.dtype)
         self.compact(q, qh, shape, (q_len * q_row, head_dim, q_row, 1), 0)
         oh = self._new_array(out.size, out.dtype)
         self.attention(qh, k, v, oh, batch, q_heads, kv_heads, q_len, kv_len, kv_capacity,
-                       head_dim, scale, causal, window)
+                       head_dim, scale, causal, window, softcap)
         self.compact(oh, out, (batch, q_len, q_heads, head_dim),
                      (q_heads * q_len * head_dim, head_dim, q_len * head_dim, 1), 0)
 

@@ -49,7 +49,8 @@ NORM = {dt: padded("qq" + _SCALAR[dt]) for dt in FLOATS}
 # qk_rmsnorm's params: rows, query heads, KV heads, head size, eps
 QK_NORM = {dt: padded("4q" + _SCALAR[dt]) for dt in FLOATS}
 ROPE = struct.Struct("4q")
-ATTN = padded("9qfiif")  # AttnParams: sizes, splits, chunk, scale, causal, window, scale_lo
+ATTN = padded("9qfiiff")  # AttnParams: sizes, splits, chunk, scale, causal, window, scale_lo,
+#                           softcap (0: none)
 DECODE = padded("8qfff")  # attention_decode: heads, kv heads, head dim, capacity, table rows,
 #  splits, chunk, window (0: none), scale (hi + lo: Metal has no double), softcap (0: none)
 FUSED_GEMV = padded("3qfi")  # decode.cu's FusedGemvParams: k, p, rows per warp, eps, flags

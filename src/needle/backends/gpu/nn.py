@@ -98,14 +98,17 @@ class NNOps(GpuBase):
     # --- attention -------------------------------------------------------------------------
     def attention(self, q: GpuArray, k: GpuArray, v: GpuArray, out: GpuArray, batch: int,
                   q_heads: int, kv_heads: int, q_len: int, kv_len: int, kv_capacity: int,
-                  head_dim: int, scale: float, causal: bool, window: int = 0) -> None:
-        """Scaled dot-product attention with grouped-query heads (see numpy_ref.attention)."""
+                  head_dim: int, scale: float, causal: bool, window: int = 0,
+                  softcap: float = 0.0) -> None:
+        """Scaled dot-product attention with grouped-query heads (see numpy_ref.attention):
+        a device's own kernel where it has one (none caps scores), else the ``nn`` kernel,
+        else composed from products and a softmax."""
         dt = self._need(q.dtype, FLOATS, "attention")
         if head_dim > 256:
             raise ShapeError(f"attention on the GPU supports head_dim <= 256, got {head_dim}")
         shape = (batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale, causal,
                  window)
-        if self._attention_special(q, k, v, out, *shape):
+        if not softcap and self._attention_special(q, k, v, out, *shape):
             return
         group = q_heads // kv_heads
         kern = self._kernel("nn", f"attention_{SUFFIX[dt]}")
@@ -122,7 +125,7 @@ class NNOps(GpuBase):
         shared = (32 * head_dim + 32 * (head_dim + 1) + 32 * head_dim) * ACC[dt]
         if shared + kern.static_shared > self.device.max_shared_bytes:
             # the fused kernel's tiles do not fit (Metal's 32 KiB with head_dim above ~72)
-            self._attention_composed(q, k, v, out, *shape)
+            self._attention_composed(q, k, v, out, *shape, softcap)
             return
         kern.reserve_shared(shared)
         rows_out = batch * q_heads * q_len
@@ -132,7 +135,7 @@ class NNOps(GpuBase):
             part_ml = self._workspace(rows_out * splits * 2 * 4)
         hi, lo = split_scale(scale)
         params = ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
-                           splits, chunk, hi, int(bool(causal)), window, lo)
+                           splits, chunk, hi, int(bool(causal)), window, lo, softcap)
         self.queue.dispatch(kern, (gx, gy, splits), (32, 8, 1),
                             (q.buffer, k.buffer, v.buffer, out.buffer, part_o, part_ml),
                             params, shared)
@@ -147,10 +150,12 @@ class NNOps(GpuBase):
         return False
 
     def _attention_composed(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
-                            kv_capacity, head_dim, scale, causal, window) -> None:
+                            kv_capacity, head_dim, scale, causal, window,
+                            softcap: float = 0.0) -> None:
         """Attention from existing kernels, one KV head at a time: scores = Q Kᵀ · scale
-        (+ a causal mask of -inf), softmax, then P V. For head sizes whose fused kernel
-        does not fit in the device's group memory; it moves the scores through memory."""
+        (soft-capped: cap · tanh(scores / cap)) (+ a causal mask of -inf), softmax, then
+        P V. For head sizes whose fused kernel does not fit in the device's group memory; it
+        moves the scores through memory."""
         dt, group = q.dtype, q_heads // kv_heads
         rows = group * q_len  # the query rows of the heads that share one KV head
         item = ITEMSIZE[dt]
@@ -171,7 +176,10 @@ class NNOps(GpuBase):
             ks = part(k, slot * kv_capacity * head_dim, kv_len * head_dim)
             vs = part(v, slot * kv_capacity * head_dim, kv_len * head_dim)
             self.matmul(qs, ks, scores, rows, head_dim, kv_len, transpose_b=True)
-            self.scalar_mul(scores, scale, scores)
+            self.scalar_mul(scores, scale / softcap if softcap else scale, scores)
+            if softcap:
+                self.ewise_tanh(scores, scores)
+                self.scalar_mul(scores, softcap, scores)
             if mask is not None:
                 self.ewise_add(scores, mask, scores)
             self.softmax(scores, probs, kv_len)

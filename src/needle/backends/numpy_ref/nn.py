@@ -146,24 +146,25 @@ def _product_then(gated, a: Array, w: Array, out: Array, m: int, n: int, p: int)
 
 def attention(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,
               kv_heads: int, q_len: int, kv_len: int, kv_capacity: int, head_dim: int,
-              scale: float, causal: bool, window: int = 0) -> None:
+              scale: float, causal: bool, window: int = 0, softcap: float = 0.0) -> None:
     """Scaled dot-product attention with grouped-query heads.
 
     q and out are (batch, q_heads, q_len, head_dim); k and v are (batch, kv_heads,
     kv_capacity, head_dim) of which the first kv_len positions are used (a KV cache).
     Query head h reads KV head h // (q_heads // kv_heads). With ``causal``, query i sits at
     position kv_len - q_len + i and sees keys j <= that position; with a sliding ``window``
-    > 0 also only keys j > that position - window.
+    > 0 also only keys j > that position - window. With ``softcap`` > 0 (Gemma 2) the scaled
+    scores s become softcap · tanh(s / softcap) before the mask and the softmax.
     """
     qq = _f(q.array).reshape(batch, q_heads, q_len, head_dim)
-    _store(out, _attend(qq, k, v, kv_heads, kv_len, kv_capacity, scale, causal,
-                        window).reshape(-1))
+    _store(out, _attend(qq, k, v, kv_heads, kv_len, kv_capacity, scale, causal, window,
+                        softcap).reshape(-1))
 
 
 def attention_token_major(q: Array, k: Array, v: Array, out: Array, batch: int, q_heads: int,
                           kv_heads: int, q_len: int, kv_len: int, kv_capacity: int,
                           head_dim: int, scale: float, causal: bool, q_row: int,
-                          window: int = 0) -> None:
+                          window: int = 0, softcap: float = 0.0) -> None:
     """``attention`` with q and out in token-major rows (capability
     ``token_major_attention``): query head h of position i in batch b starts at element
     (b * q_len + i) * q_row + h * head_dim of q (q_row >= q_heads * head_dim: the rows of a
@@ -172,12 +173,12 @@ def attention_token_major(q: Array, k: Array, v: Array, out: Array, batch: int, 
     rows = _f(q.array)[:batch * q_len * q_row].reshape(batch, q_len, q_row)
     qq = rows[:, :, :q_heads * head_dim].reshape(batch, q_len, q_heads, head_dim)
     o = _attend(qq.transpose(0, 2, 1, 3), k, v, kv_heads, kv_len, kv_capacity, scale, causal,
-                window)
+                window, softcap)
     _store(out, o.transpose(0, 2, 1, 3).reshape(-1))
 
 
 def _attend(qq: np.ndarray, k: Array, v: Array, kv_heads: int, kv_len: int, kv_capacity: int,
-            scale: float, causal: bool, window: int = 0) -> np.ndarray:
+            scale: float, causal: bool, window: int = 0, softcap: float = 0.0) -> np.ndarray:
     """softmax(q kᵀ · scale) v for qq (batch, q_heads, q_len, head_dim) in compute dtype."""
     batch, q_heads, _, head_dim = qq.shape
     group = q_heads // kv_heads
@@ -185,16 +186,16 @@ def _attend(qq: np.ndarray, k: Array, v: Array, kv_heads: int, kv_len: int, kv_c
     vv = _f(v.array).reshape(batch, kv_heads, kv_capacity, head_dim)[:, :, :kv_len]
     kk = np.repeat(kk, group, axis=1)
     vv = np.repeat(vv, group, axis=1)
-    return np.matmul(_softmax_last(_scores(qq, kk, scale, causal, window)), vv)
+    return np.matmul(_softmax_last(_scores(qq, kk, scale, causal, window, softcap)), vv)
 
 
 def _scores(qq: np.ndarray, kk: np.ndarray, scale: float, causal: bool,
-            window: int = 0) -> np.ndarray:
+            window: int = 0, softcap: float = 0.0) -> np.ndarray:
     """scale q kᵀ for qq (batch, heads, q_len, d) and kk repeated to the same heads; with
     ``causal`` the keys past each query's position (kv_len - q_len + i) score -inf, and with
     a ``window`` > 0 those at or before that position - window too."""
     q_len, kv_len = qq.shape[2], kk.shape[2]
-    s = np.matmul(qq, kk.transpose(0, 1, 3, 2)) * np.asarray(scale, qq.dtype)
+    s = soft_cap(np.matmul(qq, kk.transpose(0, 1, 3, 2)) * np.asarray(scale, qq.dtype), softcap)
     if causal:
         qpos = np.arange(q_len)[:, None] + (kv_len - q_len)
         key = np.arange(kv_len)[None, :]

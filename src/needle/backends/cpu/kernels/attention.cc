@@ -20,6 +20,7 @@ struct AttentionArgs {
   double scale;
   bool causal;
   int64_t window;  // with causal: a sliding window (keys position - window + 1..position), 0: none
+  double softcap;  // scores soft-capped (Gemma 2: common.h soft_cap), 0: none
 };
 
 // One work item: query rows [i0, i0 + qb) of head (b, h). Scores and outputs go through the
@@ -73,7 +74,7 @@ template <class S> void attention_block(const S* q, const S* k, const S* v, S* o
     const int64_t n = g.causal ? std::min(visible, shift + i0 + i + 1 - key0) : visible;
     const int64_t lo = windowed ? std::max<int64_t>(0, shift + i0 + i - g.window + 1 - key0) : 0;
 #pragma omp simd
-    for (int64_t j = lo; j < n; ++j) s[j] *= scale;
+    for (int64_t j = lo; j < n; ++j) s[j] = soft_cap(s[j] * scale, g.softcap);
     softmax_row(s + lo, n - lo);
     for (int64_t j = 0; j < lo; ++j) s[j] = 0;
     for (int64_t j = n; j < visible; ++j) s[j] = 0;
@@ -189,9 +190,9 @@ const KernelTable<DecodeFn> kAttentionDecode =
 void attention(const Array& q, const Array& k, const Array& v, Array& out, int64_t batch,
                int64_t q_heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
                int64_t kv_capacity, int64_t head_dim, double scale, bool causal,
-               int64_t window) {
+               int64_t window, double softcap) {
   const AttentionArgs g{batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim,
-                        scale, causal, window};
+                        scale, causal, window, softcap};
   if (batch < 0 || q_len < 0 || head_dim < 0 || q_heads < 0 || kv_heads <= 0 ||
       q_heads % kv_heads || kv_len < 1 || kv_len > kv_capacity || (causal && kv_len < q_len) ||
       window < 0)
@@ -249,7 +250,7 @@ void bind_attention(nb::module_& m) {
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("batch"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("q_len"),
         nb::arg("kv_len"), nb::arg("kv_capacity"), nb::arg("head_dim"), nb::arg("scale"),
-        nb::arg("causal"), nb::arg("window") = 0);
+        nb::arg("causal"), nb::arg("window") = 0, nb::arg("softcap") = 0.0);
 }
 
 }  // namespace needle

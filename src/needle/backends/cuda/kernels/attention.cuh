@@ -8,6 +8,8 @@ struct AttnParams {
   int causal;
   int window;      // with causal: a sliding window (keys position - window + 1..position)
   float scale_lo;  // scale - (float)scale: float64 kernels use scale + scale_lo
+  float softcap;   // scores become softcap * tanh(score / softcap) (Gemma 2); 0: none. Only
+                   // nn.cu's attention kernel caps: the host sends capped calls there
 };
 
 // The first key a group of query rows r0..last (of q_len positions a head) may see: 0, or

@@ -93,6 +93,7 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
       pj[i] = C(0);
       live[i] = r0 + warp * RPW + i < rows_total;
       if (!live[i]) continue;
+      s[i] = soft_cap(s[i], p.softcap);  // q was scaled: s is the scaled score
       if (key >= k_end || key > limit[i] || key < first[i]) s[i] = neg_inf<C>();
       const C mt = warp_max(s[i]);
       const C mn = m[i] > mt ? m[i] : mt;

@@ -20,6 +20,8 @@ struct AttnParams {
   float scale;
   int causal;
   int window;  // with causal: a sliding window (keys position - window + 1..position), 0: none
+  float scale_lo;  // unused here (CUDA's float64 kernels)
+  float softcap;   // scores become softcap * tanh(score / softcap) (Gemma 2); 0: none
 };
 
 struct SwigluParams {
@@ -309,6 +311,7 @@ kernel void attention(device const T* q [[buffer(0)]], device const T* k [[buffe
       threadgroup const float* qr = Qs + r * D;
       threadgroup const float* kr = Ks + lane * (D + 1);
       for (int d = 0; d < D; d++) s += qr[d] * kr[d];
+      s = soft_cap(s, p.softcap);  // q was scaled: s is the scaled score
       if (key >= k_end || key > limit[i] || key < first[i]) s = -INFINITY;
       const float mn = max(m[i], simd_max(s));
       if (mn == -INFINITY) continue;  // nothing visible yet (uniform)
