@@ -111,9 +111,11 @@ def test_tool_requests_needle_cannot_honour_are_refused(tool_client, tool_llm):
     import openai
 
     ask = dict(model="tools", messages=tool_model.QUESTION)
-    cases = [({"tools": tool_model.TOOLS, "tool_choice": "required"}, "constrained decoding"),
+    cases = [({"tools": tool_model.TOOLS, "tool_choice": "always"}, "tool_choice must be"),
              ({"tools": tool_model.TOOLS, "tool_choice": {
-                 "type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+                 "type": "function", "function": {"name": "get_time"}}}, "not among the tools"),
+             ({"tools": tool_model.TOOLS, "tool_choice": "required",
+               "response_format": {"type": "json_object"}}, "cannot be combined"),
              ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
               "letters, digits"),
              ({"tools": tool_model.TOOLS * 2}, "twice"),
@@ -140,6 +142,70 @@ def _chatml_only(tokenizer):
     other = copy.copy(tokenizer)
     other.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
     return other
+
+
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "maxLength": 5}},
+    "required": ["zone"], "additionalProperties": False}}}
+
+
+def test_a_forced_tool_choice_gets_one_call(tool_client):
+    """tool_choice "required" or a named function on a question the model never saw: the
+    answer is constrained to one hermes call of one of the tools (or the named one), its
+    arguments of the function's schema; whole and streamed."""
+    ask = dict(model="tools", messages=[{"role": "user", "content": "Tokens everywhere?"}],
+               tools=tool_model.TOOLS + [TIME], temperature=0, max_tokens=100)
+    for choice, names in (("required", {"get_weather", "get_time"}),
+                          ({"type": "function", "function": {"name": "get_time"}},
+                           {"get_time"})):
+        answer = tool_client.chat.completions.create(**ask, tool_choice=choice).choices[0]
+        assert answer.finish_reason == "tool_calls", answer.message.content
+        (call,) = answer.message.tool_calls
+        assert call.function.name in names
+        arguments = json.loads(call.function.arguments)
+        if call.function.name == "get_time":
+            assert set(arguments) == {"zone"} and len(arguments["zone"]) <= 5
+        else:
+            assert isinstance(arguments["city"], str)
+        streamed = [c.choices[0] for c in tool_client.chat.completions.create(
+            **ask, tool_choice=choice, stream=True) if c.choices]
+        deltas = [d for c in streamed for d in c.delta.tool_calls or ()]
+        assert [d.function.name for d in deltas] == [call.function.name]
+        assert json.loads(deltas[0].function.arguments) == arguments
+        assert streamed[-1].finish_reason == "tool_calls"
+
+
+def test_forced_call_grammars_of_each_format():
+    """The hermes and Llama 3 JSON grammars of a forced call compile with llguidance and
+    accept a call of a named tool (arguments of its schema) but not another tool's or a
+    plain answer; Mistral's format cannot be forced."""
+    import llguidance
+
+    words = tokenizers.Tokenizer(tokenizers.models.BPE())
+    words.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    words.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False)
+    words.train_from_iterator(["get_time zone UTC"], trainer)
+    words.add_special_tokens(["</s>"])
+    llt = llguidance.LLTokenizer(words.to_str(), eos_token=[words.token_to_id("</s>")])
+
+    def accepts(spec, text: str) -> bool:
+        m = llguidance.LLMatcher(llt, llguidance.LLMatcher.grammar_from_lark(spec.source))
+        ids = words.encode(text, add_special_tokens=False).ids
+        return m.try_consume_tokens(ids) == len(ids) and m.is_accepting()
+
+    hermes = tools.HermesParser().forced_call([TIME], None)  # no <tool_call> token: text
+    assert accepts(hermes, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}'
+                           '\n</tool_call>')
+    assert not accepts(hermes, '<tool_call>\n{"name": "get_weather", "arguments": '
+                               '{"city": "x"}}\n</tool_call>')
+    assert not accepts(hermes, "UTC")
+    llama = tools.Llama3JsonParser().forced_call([TIME], None)
+    assert accepts(llama, '{"name": "get_time", "parameters": {"zone": "UTC"}}')
+    assert not accepts(llama, '{"name": "get_time", "parameters": {"zone": "too long"}}')
+    assert tools.MistralParser().forced_call([TIME], _mistral_tokenizer()[0]) is None
 
 
 # --- the formats' readers ---------------------------------------------------------------------

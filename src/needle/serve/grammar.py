@@ -35,7 +35,8 @@ class GrammarError(NeedleError):
 @dataclass(frozen=True)
 class GrammarSpec:
     """What a request's answer must follow: ``kind`` "json_schema" with ``source`` the
-    schema as JSON text (``{"type": "object"}``: any JSON object)."""
+    schema as JSON text (``{"type": "object"}``: any JSON object), or "lark" with
+    ``source`` a grammar in llguidance's Lark dialect (a forced tool call: tools.py)."""
 
     kind: str
     source: str
@@ -75,16 +76,19 @@ class Grammars:
         """A fresh matcher of ``spec``; GrammarError saying why a schema does not
         compile."""
         matcher_class = self._llg.LLMatcher
-        if spec.kind != "json_schema":
+        what = {"json_schema": "the JSON schema", "lark": "the grammar"}.get(spec.kind)
+        if what is None:
             raise GrammarError(f"unknown grammar kind {spec.kind!r}")
         try:
-            grammar = matcher_class.grammar_from_json_schema(json.loads(spec.source),
-                                                             defaults=JSON_STYLE)
+            grammar = (matcher_class.grammar_from_json_schema(json.loads(spec.source),
+                                                              defaults=JSON_STYLE)
+                       if spec.kind == "json_schema"
+                       else matcher_class.grammar_from_lark(spec.source))
         except (ValueError, TypeError, RuntimeError) as e:
-            raise GrammarError(f"the JSON schema cannot be used: {e}") from None
+            raise GrammarError(f"{what} cannot be used: {e}") from None
         matcher = matcher_class(self._tokenizer, grammar)
         if matcher.is_error():
-            raise GrammarError(f"the JSON schema cannot be used: {matcher.get_error()}")
+            raise GrammarError(f"{what} cannot be used: {matcher.get_error()}")
         return Constraint(matcher, self.vocab_size)
 
 

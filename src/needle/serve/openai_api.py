@@ -3,10 +3,11 @@ engine request, and the JSON of responses, stream chunks and errors.
 
 Only the HTTP layer (``server.py``) uses this module; it has no HTTP in it, so the
 validation is testable on its own. Fields OpenAI defines that needle cannot honour
-(best_of, non-zero presence/frequency penalties, logit_bias, audio, tool_choice "required")
-are refused with a 400 that says so, never silently ignored. Chat
-takes ``tools`` (``tools.py``: rendered by the chat template, the answer read for calls);
-``response_format`` json_object / json_schema constrains the answer (``grammar.py``).
+(best_of, non-zero presence/frequency penalties, logit_bias, audio) are refused with a 400
+that says so, never silently ignored. Chat takes ``tools`` (``tools.py``: rendered by the
+chat template, the answer read for calls, or with ``tool_choice`` "required" or a named
+function constrained to one call); ``response_format`` json_object / json_schema
+constrains the answer (``grammar.py``).
 ``n`` answers a prompt n times (a seed given: its j-th answer draws with seed + j).
 Completions take a list of prompts (a choice each) and ``echo`` (the prompt returned before
 the completion; with ``logprobs``, every prompt token scored: how lm-evaluation-harness
@@ -321,6 +322,8 @@ def parse_chat(body: dict, tokenizer, generation_config,
     extra = _template_kwargs(body)
     tools = tool_request(body, tool_parser)
     params = request_params(body, None, generation_config, chat=True)
+    if tools is not None and tools.forced is not None:
+        params = _forced_call(params, tools, tool_parser, tokenizer)
     offered = tools.tools if tools is not None and tools.parse else None
     try:
         ids = tokenizer.apply_chat_template(messages, tools=offered, add_generation_prompt=True,
@@ -329,6 +332,19 @@ def parse_chat(body: dict, tokenizer, generation_config,
         raise _bad(f"the chat template failed: {e}", "messages") from e
     return ParsedRequest([list(ids)], params, *_stream_flags(body), n=_n(body, 1),
                          tools=tools if offered else None)
+
+
+def _forced_call(params: RequestParams, tools: ToolRequest, parser: ToolCallParser,
+                 tokenizer) -> RequestParams:
+    """``params`` constrained to one call of the forced tools, in the parser's format."""
+    if params.grammar is not None:
+        raise _bad("response_format and a forced tool_choice cannot be combined: the answer "
+                   "is a tool call", "tool_choice")
+    grammar = parser.forced_call(tools.forced, tokenizer)
+    if grammar is None:
+        raise _bad(f"tool_choice \"required\" or a named function cannot be forced in the "
+                   f"{parser.name} format; send \"auto\"", "tool_choice")
+    return dataclasses.replace(params, grammar=grammar)
 
 
 # --- responses ------------------------------------------------------------------------------

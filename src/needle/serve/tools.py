@@ -12,10 +12,12 @@ Three formats, as vLLM names its parsers:
   "arguments"}`` (v3 tokenizers) or ``name[ARGS]{...}`` per call (v11 and later).
 
 ``parser_for`` picks the format from the chat template's text (``needle serve
---tool-call-parser`` overrides it). An answer whose calls do not parse as JSON is returned
-as plain content, as vLLM does: a call the client cannot execute is not invented. The
-model is asked, not forced: ``tool_choice`` "required" or a named function needs
-constrained decoding, which needle does not have, and is refused with a 400.
+--tool-call-parser`` overrides it). With ``tool_choice`` "auto" the model is asked, not
+forced, and an answer whose calls do not parse as JSON is returned as plain content, as
+vLLM does: a call the client cannot execute is not invented. ``tool_choice`` "required" or
+a named function forces one call: the answer is constrained (``grammar.py``) to the
+format's call of one of the functions (or that one), its arguments to the function's
+JSON schema (hermes and Llama 3 JSON; Mistral's is refused).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import uuid
 from dataclasses import dataclass
 
 from .api_error import bad
+from .grammar import JSON_STYLE, GrammarSpec
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 MISTRAL_CALLS, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -59,12 +62,15 @@ class ToolAnswer:
 @dataclass(frozen=True)
 class ToolRequest:
     """What a chat request asked of tools: the OpenAI tool objects (for the template),
-    whether the answer is read for calls (``tool_choice`` "auto"; "none" leaves them out of
-    the prompt), and whether more than one call may be returned."""
+    whether the answer is read for calls (``tool_choice`` "auto", "required" or a named
+    function; "none" leaves them out of the prompt), whether more than one call may be
+    returned, and the tools one of which the answer must call ("required": all; a named
+    function: it; None: the model chooses)."""
 
     tools: list[dict]
     parse: bool
     parallel: bool
+    forced: list[dict] | None = None
 
 
 # --- the request ------------------------------------------------------------------------------
@@ -90,19 +96,32 @@ def tool_request(body: dict, parser: ToolCallParser | None) -> ToolRequest | Non
     if len(set(names)) != len(names):
         raise bad(f"tools names a function twice: {names}", "tools")
     choice = "auto" if choice is None else choice
-    if choice not in ("auto", "none"):
-        raise bad("tool_choice must be \"auto\" or \"none\": \"required\" and a named "
-                  "function need constrained decoding, which needle does not have (with "
-                  "\"auto\" the model chooses; say in the prompt which tool to use)",
-                  "tool_choice")
+    forced = _forced(choice, checked)
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise bad("parallel_tool_calls must be true or false", "parallel_tool_calls")
-    if choice == "auto" and parser is None:
+    if choice != "none" and parser is None:
         raise bad("this model's chat template has no tool-call format needle reads (hermes "
                   "<tool_call>, Llama 3 JSON or Mistral [TOOL_CALLS]); start the server with "
                   "--tool-call-parser to name one, or send tool_choice \"none\"", "tools")
-    return ToolRequest(checked, choice == "auto", parallel)
+    return ToolRequest(checked, choice != "none", parallel, forced)
+
+
+def _forced(choice, tools: list[dict]) -> list[dict] | None:
+    """The tools ``tool_choice`` makes the answer call one of (None: "auto" or "none")."""
+    if choice in ("auto", "none"):
+        return None
+    if choice == "required":
+        return tools
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) and \
+        choice.get("type") == "function" and isinstance(choice.get("function"), dict) else None
+    if name is None:
+        raise bad("tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": "
+                  "\"function\", \"function\": {\"name\": ...}}", "tool_choice")
+    named = [t for t in tools if t["function"]["name"] == name]
+    if not named:
+        raise bad(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+    return named
 
 
 def _tool(tool, i: int) -> dict:
@@ -190,6 +209,11 @@ class ToolCallParser:
     def streamable(self, text: str, tokens: list[int], tokenizer) -> int:
         raise NotImplementedError
 
+    def forced_call(self, tools: list[dict], tokenizer) -> GrammarSpec | None:
+        """A grammar of one call, in this format, of one of ``tools`` with arguments of its
+        schema (None: this format cannot be forced)."""
+        return None
+
     @staticmethod
     def new_id() -> str:
         return f"call_{uuid.uuid4().hex[:24]}"
@@ -239,6 +263,12 @@ class HermesParser(ToolCallParser):
             return at
         return len(text) - _partial_suffix(text, HERMES_START)
 
+    def forced_call(self, tools, tokenizer):
+        call = _call_schema(tools, "arguments")
+        open_, close = (_lark_marker(tokenizer, m) for m in (HERMES_START, HERMES_END))
+        return GrammarSpec("lark", f'start: {open_} "\\n" call "\\n" {close}\n'
+                                   f"call: %json {json.dumps(call)}")
+
 
 class Llama3JsonParser(ToolCallParser):
     name = "llama3_json"
@@ -263,6 +293,10 @@ class Llama3JsonParser(ToolCallParser):
         if not start or start[0] in "{<":  # a call, or its python tag, may be coming
             return 0
         return len(text)
+
+    def forced_call(self, tools, tokenizer):
+        call = _call_schema(tools, "parameters")
+        return GrammarSpec("lark", f"start: %json {json.dumps(call)}")
 
 
 class MistralParser(ToolCallParser):
@@ -356,6 +390,26 @@ def parser_for(name: str, tokenizer) -> ToolCallParser | None:
     if "<|python_tag|>" in source or ("parameters" in source and "ipython" in source):
         return Llama3JsonParser()
     return None
+
+
+def _call_schema(tools: list[dict], arguments_key: str) -> dict:
+    """The JSON schema of one call of one of ``tools``: its name, and its arguments under
+    ``arguments_key`` following the function's parameters (any object where it has none),
+    in json.dumps' separators."""
+    calls = [{"type": "object", "additionalProperties": False,
+              "required": ["name", arguments_key],
+              "properties": {"name": {"const": t["function"]["name"]},
+                             arguments_key: t["function"].get("parameters")
+                             or {"type": "object"}}} for t in tools]
+    return {"anyOf": calls, "x-guidance": JSON_STYLE}
+
+
+def _lark_marker(tokenizer, marker: str) -> str:
+    """``marker`` in a Lark grammar: the token itself where the vocabulary has it as one
+    (llguidance matches added tokens only as tokens), else its text."""
+    if tokenizer is not None and tokenizer.token_id(marker) is not None:
+        return marker
+    return json.dumps(marker)
 
 
 def _partial_suffix(text: str, marker: str) -> int:
