@@ -237,8 +237,8 @@ def test_bad_requests_get_openai_errors(running, client):
         client.chat.completions.create(model=NAME, messages=chat, tool_choice="required",
                                        tools=[{"type": "function",
                                                "function": {"name": "f"}}])
-    with pytest.raises(openai.BadRequestError, match="logit_bias"):
-        client.chat.completions.create(model=NAME, messages=chat, logit_bias={"5": 10})
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        client.completions.create(model=NAME, prompt="x", best_of=3)
     with pytest.raises(openai.BadRequestError, match="only text output"):
         client.chat.completions.create(model=NAME, messages=chat, modalities=["audio"],
                                        audio={"voice": "alloy", "format": "wav"})

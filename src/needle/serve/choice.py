@@ -100,16 +100,26 @@ class DeviceRows:
                          out=self.tokens)
 
 
-def constrained(read, logits, rows: list, sampling: SamplingRows | None):
-    """``read`` with the tokens of grammar-constrained rows chosen again on the host:
-    ``rows`` (sampling row j, its grammar.Constraint); each row's logits with the tokens
-    its grammar forbids at -inf, then its argmax (an all-greedy step, ``sampling`` None)
-    or ``nd.sample`` with the row's own settings, as the device would have drawn."""
+def needs_host(request) -> bool:
+    """Whether a request's token is chosen on the host from changed logits: a grammar
+    (grammar.py), a logit bias or penalties (logit_rules.py)."""
+    return request.constraint is not None or bool(request.params.logit_rules)
+
+
+def chosen_on_host(read, logits, rows: list, sampling: SamplingRows | None):
+    """``read`` with the tokens of some rows chosen again on the host: ``rows`` (sampling
+    row j, its request); each row's logits with its bias and penalties applied and the
+    tokens its grammar forbids at -inf, then its argmax (an all-greedy step, ``sampling``
+    None) or ``nd.sample`` with the row's own settings, as the device would have drawn."""
     def chosen() -> np.ndarray:
         tokens = np.array(read(), np.int64).reshape(-1)
         host = logits.numpy()
-        for j, constraint in rows:
-            masked = constraint.masked(host[j])
+        for j, request in rows:
+            masked = host[j]
+            if request.params.logit_rules:
+                masked = request.params.logit_rules.apply(masked, request.output)
+            if request.constraint is not None:
+                masked = request.constraint.masked(masked)
             if sampling is None:
                 tokens[j] = int(np.argmax(masked))
             else:

@@ -115,6 +115,11 @@ class Engine:
                                       "(tokenizer.json); pass token ids instead")
             prompt = model.tokenizer.encode(prompt)
         ids = prompt_ids(prompt, model.config.vocab_size)
+        outside = [t for t, _ in params.logit_rules.bias
+                   if not 0 <= t < model.config.vocab_size]
+        if outside:
+            raise GenerationError(f"logit_bias names token {outside[0]}, outside the "
+                                  f"vocabulary [0, {model.config.vocab_size})")
         room = model.max_seq_len - len(ids)
         if room < (0 if params.max_tokens == 0 else 1):  # 0: scoring the prompt alone
             raise GenerationError(f"the prompt has {len(ids)} tokens; the model's max_seq_len "
@@ -355,15 +360,14 @@ class Engine:
         read = self.execute(batch, captured, greedy, fed)
         scored_rows = [j for j, w in enumerate(sampling)
                        if w.request.params.logprobs is not None]
-        constrained = [(j, w.request.constraint) for j, w in enumerate(sampling)
-                       if w.request.constraint is not None]
-        if constrained:  # chosen again on the host, from the logits its grammar allows
-            read = choice.constrained(read, self._logits, constrained, batch.sampling)
+        on_host = [(j, w.request) for j, w in enumerate(sampling) if choice.needs_host(w.request)]
+        if on_host:  # chosen again on the host: a grammar's mask, a bias, penalties
+            read = choice.chosen_on_host(read, self._logits, on_host, batch.sampling)
         # the next step may be fed this one's choices on the device unless a sequence's
         # repetition penalty needs its seen tokens, which the host has not updated yet, a
         # sequence's logprobs need this step's logits before the next step rewrites them,
-        # or a grammar chooses a sequence's token on the host
-        chains = captured and not scored_rows and not constrained and (
+        # or a sequence's token is chosen on the host
+        chains = captured and not scored_rows and not on_host and (
             greedy or (self.graphs.samples_on_device and batch.sampling.seen is None))
         queued = _Queued(work, sampling, read, chains)
         if scored_rows:

@@ -3,11 +3,11 @@ engine request, and the JSON of responses, stream chunks and errors.
 
 Only the HTTP layer (``server.py``) uses this module; it has no HTTP in it, so the
 validation is testable on its own. Fields OpenAI defines that needle cannot honour
-(best_of, non-zero presence/frequency penalties, logit_bias, audio) are refused with a 400
-that says so, never silently ignored. Chat takes ``tools`` (``tools.py``: rendered by the
-chat template, the answer read for calls, or with ``tool_choice`` "required" or a named
-function constrained to one call); ``response_format`` json_object / json_schema
-constrains the answer (``grammar.py``).
+(best_of, suffix, audio) are refused with a 400 that says so, never silently ignored;
+logit_bias and the presence / frequency penalties are applied (``logit_rules.py``). Chat
+takes ``tools`` (``tools.py``: rendered by the chat template, the answer read for calls,
+or with ``tool_choice`` "required" or a named function constrained to one call);
+``response_format`` json_object / json_schema constrains the answer (``grammar.py``).
 ``n`` answers a prompt n times (a seed given: its j-th answer draws with seed + j).
 Completions take a list of prompts (a choice each) and ``echo`` (the prompt returned before
 the completion; with ``logprobs``, every prompt token scored: how lm-evaluation-harness
@@ -29,6 +29,7 @@ from ..models.sampling import SamplingParams
 from .api_error import ApiError
 from .api_error import bad as _bad
 from .grammar import GrammarSpec
+from .logit_rules import LogitRules
 from .request import MAX_LOGPROBS, RequestParams, TokenLogprob
 from .tools import ToolCall, ToolCallParser, ToolRequest, template_message, tool_request
 
@@ -91,13 +92,8 @@ def _int(body: dict, name: str, lo: int, default=None):
 def _refuse_unsupported(body: dict) -> None:
     if body.get("best_of", 1) not in (1, None):
         raise _bad("best_of is not supported", "best_of")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise _bad(f"{name} is not supported (use repetition_penalty)", name)
     if body.get("suffix"):
         raise _bad("suffix is not supported", "suffix")
-    if body.get("logit_bias"):
-        raise _bad("logit_bias is not supported", "logit_bias")
     modalities = body.get("modalities")
     if modalities not in (None, ["text"]) or body.get("audio"):
         raise _bad("only text output is supported", "modalities")
@@ -124,6 +120,28 @@ def _response_format(body: dict) -> GrammarSpec | None:
         return GrammarSpec.json_schema(schema)
     raise _bad("response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} "
                "or {\"type\": \"json_schema\", \"json_schema\": {...}}", "response_format")
+
+
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
+
+
+def _logit_rules(body: dict) -> LogitRules:
+    """OpenAI's ``logit_bias`` ({token id: -100..100}) and ``presence_penalty`` /
+    ``frequency_penalty`` (-2..2)."""
+    bias = body.get("logit_bias") or {}
+    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+        raise _bad(f"logit_bias must be an object of up to {MAX_LOGIT_BIAS} token ids to "
+                   "numbers in [-100, 100]", "logit_bias")
+    pairs = []
+    for key, value in bias.items():
+        token = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else None
+        if token is None or not isinstance(value, numbers.Real) or isinstance(value, bool) \
+                or not -100 <= value <= 100:
+            raise _bad(f"logit_bias entry {key!r}: {value!r} must be a token id and a number "
+                       "in [-100, 100]", "logit_bias")
+        pairs.append((token, float(value)))
+    return LogitRules(tuple(sorted(pairs)), _number(body, "presence_penalty", -2.0, 2.0, 0.0),
+                      _number(body, "frequency_penalty", -2.0, 2.0, 0.0))
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -205,7 +223,7 @@ def request_params(body: dict, default_max_tokens: int | None, generation_config
     sampling: SamplingParams = generation_config.sampling(temperature, top_k, top_p, min_p,
                                                           penalty, seed)
     return RequestParams(sampling, max_tokens, _stop(body), tuple(ids), ignore_eos, logprobs,
-                         prompt_logprobs, _response_format(body))
+                         prompt_logprobs, _response_format(body), _logit_rules(body))
 
 
 def _stream_flags(body: dict) -> tuple[bool, bool]:

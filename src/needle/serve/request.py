@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..errors import GenerationError
 from ..models.sampling import Sampler, SamplingParams
 from .grammar import GrammarSpec
+from .logit_rules import LogitRules
 
 _ids = itertools.count()
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
@@ -50,6 +51,8 @@ class RequestParams:
     prompt_logprobs: int | None = None
     # what the answer must follow (a JSON schema: grammar.py), None: anything
     grammar: GrammarSpec | None = None
+    # OpenAI's logit_bias and presence / frequency penalties (logit_rules.py)
+    logit_rules: LogitRules = LogitRules()
 
     def __post_init__(self):
         for name in ("logprobs", "prompt_logprobs"):
