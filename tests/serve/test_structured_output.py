@@ -68,6 +68,19 @@ def test_every_device_answers_in_the_schema(device, model_dir):
         json.loads(free.text)
 
 
+def test_a_tokenizer_larger_than_the_models_vocabulary(model):
+    """A tokenizer with ids past the model's logits rows (or a model padded past the
+    tokenizer): the mask covers the model's rows and the grammar still applies."""
+    from needle.serve.grammar import Grammars
+
+    tok = model.tokenizer
+    eos = model.generation_config.eos_token_ids
+    for vocab in (tok.vocab_size - 20, tok.vocab_size + 50):
+        constraint = Grammars(tok, vocab, eos).constraint(GRAMMAR)
+        allowed = constraint.allowed()
+        assert allowed.shape == (vocab,) and allowed[tok.token_id("{")] and allowed.sum() == 1
+
+
 def test_schemas_llguidance_refuses_are_clear_errors(model):
     engine = Engine(model, max_seqs=2)
     with pytest.raises(GrammarError, match="JSON schema cannot be used"):

@@ -69,7 +69,10 @@ class Grammars:
         self.vocab_size = vocab_size
         llg = _llguidance()
         self._llg = llg
-        self._tokenizer = llg.LLTokenizer(tokenizer.to_json(), n_vocab=vocab_size,
+        # the model's logits rows (which may be padded past the tokenizer's ids) or the
+        # tokenizer's ids (which may name tokens the model has no row for), whichever is more
+        self._mask_size = max(vocab_size, tokenizer.vocab_size)
+        self._tokenizer = llg.LLTokenizer(tokenizer.to_json(), n_vocab=self._mask_size,
                                           eos_token=sorted(eos_ids))
 
     def constraint(self, spec: GrammarSpec) -> Constraint:
@@ -89,15 +92,15 @@ class Grammars:
         matcher = matcher_class(self._tokenizer, grammar)
         if matcher.is_error():
             raise GrammarError(f"{what} cannot be used: {matcher.get_error()}")
-        return Constraint(matcher, self.vocab_size)
+        return Constraint(matcher, self.vocab_size, self._mask_size)
 
 
 class Constraint:
     """One answer's matcher: the tokens allowed next, and the tokens chosen so far."""
 
-    def __init__(self, matcher, vocab_size: int):
+    def __init__(self, matcher, vocab_size: int, mask_size: int | None = None):
         self._matcher, self.vocab_size = matcher, vocab_size
-        self._bits = np.zeros((vocab_size + 31) // 32, np.int32)
+        self._bits = np.zeros(((mask_size or vocab_size) + 31) // 32, np.int32)
 
     def allowed(self) -> np.ndarray:
         """(vocab,) bool: the tokens the grammar allows next."""
