@@ -108,25 +108,31 @@ def needs_host(request) -> bool:
 
 def chosen_on_host(read, logits, rows: list, sampling: SamplingRows | None):
     """``read`` with the tokens of some rows chosen again on the host: ``rows`` (sampling
-    row j, its request); each row's logits with its bias and penalties applied and the
-    tokens its grammar forbids at -inf, then its argmax (an all-greedy step, ``sampling``
-    None) or ``nd.sample`` with the row's own settings, as the device would have drawn."""
+    row j, its request); the rows' logits with each one's bias and penalties applied and
+    the tokens its grammar forbids at -inf (every grammar's mask in one call), then their
+    argmaxes (an all-greedy step, ``sampling`` None) or ``nd.sample`` of them with each
+    row's own settings, as the device would have drawn."""
+    picked = [j for j, _ in rows]
+
     def chosen() -> np.ndarray:
         tokens = np.array(read(), np.int64).reshape(-1)
-        host = logits.numpy()
-        for j, request in rows:
-            masked = host[j]
+        block = np.asarray(logits.numpy()[picked], np.float32)  # (n, vocab)
+        for i, (_, request) in enumerate(rows):
             if request.params.logit_rules:
-                masked = request.params.logit_rules.apply(masked, request.output)
-            if request.constraint is not None:
-                masked = request.constraint.masked(masked)
-            if sampling is None:
-                tokens[j] = int(np.argmax(masked))
-            else:
-                one = SamplingRows(sampling.params[j:j + 1], sampling.seeds[j:j + 1],
-                                   sampling.positions[j:j + 1],
-                                   None if sampling.seen is None else sampling.seen[j:j + 1])
-                tokens[j] = int(choose_on_host(masked[None], one)[0])
+                block[i] = request.params.logit_rules.apply(block[i], request.output)
+        grammars = [(i, r.constraint) for i, (_, r) in enumerate(rows)
+                    if r.constraint is not None]
+        if grammars:
+            allowed = grammars[0][1].grammars.allowed_rows([c for _, c in grammars])
+            at = [i for i, _ in grammars]
+            block[at] = np.where(allowed, block[at], -np.inf)
+        if sampling is None:
+            tokens[picked] = block.argmax(axis=1)
+        else:
+            part = SamplingRows(sampling.params[picked], sampling.seeds[picked],
+                                sampling.positions[picked],
+                                None if sampling.seen is None else sampling.seen[picked])
+            tokens[picked] = choose_on_host(block, part)
         return tokens
 
     return chosen

@@ -74,6 +74,7 @@ class Grammars:
         self._mask_size = max(vocab_size, tokenizer.vocab_size)
         self._tokenizer = llg.LLTokenizer(tokenizer.to_json(), n_vocab=self._mask_size,
                                           eos_token=sorted(eos_ids))
+        self._executor = llg.LLExecutor()  # a step's masks computed on several threads
 
     def constraint(self, spec: GrammarSpec) -> Constraint:
         """A fresh matcher of ``spec``; GrammarError saying why a schema does not
@@ -92,27 +93,29 @@ class Grammars:
         matcher = matcher_class(self._tokenizer, grammar)
         if matcher.is_error():
             raise GrammarError(f"{what} cannot be used: {matcher.get_error()}")
-        return Constraint(matcher, self.vocab_size, self._mask_size)
+        return Constraint(matcher, self)
+
+    def allowed_rows(self, constraints: list[Constraint]) -> np.ndarray:
+        """(len(constraints), vocab) bool: the tokens each grammar allows next, the masks
+        computed together on llguidance's threads."""
+        words = (self._mask_size + 31) // 32
+        bits = np.zeros((len(constraints), words), np.int32)
+        self._executor.unsafe_compute_mask_ptr(
+            [(c._matcher, i) for i, c in enumerate(constraints)], bits.ctypes.data, words * 4,
+            len(constraints))
+        unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
+        return unpacked[:, :self.vocab_size].astype(bool)
 
 
 class Constraint:
     """One answer's matcher: the tokens allowed next, and the tokens chosen so far."""
 
-    def __init__(self, matcher, vocab_size: int, mask_size: int | None = None):
-        self._matcher, self.vocab_size = matcher, vocab_size
-        self._bits = np.zeros(((mask_size or vocab_size) + 31) // 32, np.int32)
+    def __init__(self, matcher, grammars: Grammars):
+        self._matcher, self.grammars = matcher, grammars
 
     def allowed(self) -> np.ndarray:
         """(vocab,) bool: the tokens the grammar allows next."""
-        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
-        return bits[:self.vocab_size].astype(bool)
-
-    def masked(self, logits: np.ndarray) -> np.ndarray:
-        """float32 logits (vocab,) with the tokens the grammar forbids at -inf."""
-        out = np.asarray(logits, np.float32).copy()
-        out[~self.allowed()] = -np.inf
-        return out
+        return self.grammars.allowed_rows([self])[0]
 
     def consume(self, token: int) -> bool:
         """Advance past ``token``; True when the answer is complete (the grammar stopped,
