@@ -243,3 +243,18 @@ def test_gemma_benchmark_runs_quick_on_cpu(capsys, family):
     assert all(float(r[4]) < 1e-4 for r in rows)  # float32: needle's logits are transformers'
     assert "limit" in out and out.count("streams:") == 3
     assert "serving: 64 of 64 greedy tokens as generate's" in out  # float32: all of them
+
+
+def test_host_choice_benchmark_runs_quick_on_cpu(capsys):
+    """``python -m benchmarks.host_choice --quick``: the three ways of choosing, at each
+    stream count, timed."""
+    from benchmarks import host_choice
+
+    host_choice.main(["--device", "cpu", "--quick"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.replace("(", " ").replace(")", " ").split() for line in lines
+            if line.strip()[:2] in ("1 ", "8 ", "32")]
+    assert [r[0] for r in rows] == ["1", "8", "32"]
+    assert all(len(r) == 7 for r in rows)  # ms a step and steps timed, three cases a row
+    assert all(float(ms) > 0 and 0 < int(steps) <= 64
+               for r in rows for ms, steps in zip(r[1::2], r[2::2]))
