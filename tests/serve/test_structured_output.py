@@ -81,6 +81,16 @@ def test_a_tokenizer_larger_than_the_models_vocabulary(model):
         assert allowed.shape == (vocab,) and allowed[tok.token_id("{")] and allowed.sum() == 1
 
 
+def test_properties_come_in_the_schemas_order(model):
+    """As OpenAI writes them: an object's keys in the order its schema lists them."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["zeta", "alpha"],
+              "properties": {"zeta": {"enum": ["a"]}, "alpha": {"enum": ["b"]}}}
+    engine = Engine(model, max_seqs=2)
+    r = engine.submit([1, 2, 3], _params(0.0, 1, GrammarSpec.json_schema(schema)))
+    engine.run_until_idle()
+    assert r.text == '{"zeta": "a", "alpha": "b"}'
+
+
 def test_schemas_llguidance_refuses_are_clear_errors(model):
     engine = Engine(model, max_seqs=2)
     with pytest.raises(GrammarError, match="JSON schema cannot be used"):

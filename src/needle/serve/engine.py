@@ -148,10 +148,11 @@ class Engine:
         compiler is made on the first (grammar.py)."""
         if params.grammar is None:
             return None
-        if self._grammars is None:
-            model = self.model
-            self._grammars = Grammars(model.tokenizer, model.config.vocab_size,
-                                      model.generation_config.eos_token_ids)
+        with self._lock:  # one compiler, whichever thread submits first
+            if self._grammars is None:
+                model = self.model
+                self._grammars = Grammars(model.tokenizer, model.config.vocab_size,
+                                          model.generation_config.eos_token_ids)
         return self._grammars.constraint(params.grammar)
 
     def cancel(self, request: Request) -> None:

@@ -43,7 +43,8 @@ class GrammarSpec:
 
     @staticmethod
     def json_schema(schema: dict) -> GrammarSpec:
-        return GrammarSpec("json_schema", json.dumps(schema, sort_keys=True))
+        # keys in the schema's order: an object's properties are written in that order
+        return GrammarSpec("json_schema", json.dumps(schema))
 
 
 def _llguidance():

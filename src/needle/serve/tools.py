@@ -76,9 +76,9 @@ class ToolRequest:
 # --- the request ------------------------------------------------------------------------------
 def tool_request(body: dict, parser: ToolCallParser | None) -> ToolRequest | None:
     """The request's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` checked (None:
-    no tools). A 400 for what needle cannot do: ``functions`` (OpenAI's older form),
-    ``tool_choice`` "required" or a named function, or tools for a model whose template
-    has no tool-call format needle reads."""
+    no tools). A 400 for what needle cannot do: ``functions`` (OpenAI's older form), a
+    ``tool_choice`` naming no offered function, or tools for a model whose template has no
+    tool-call format needle reads."""
     if body.get("functions") is not None or body.get("function_call") is not None:
         raise bad("functions and function_call are OpenAI's deprecated form: send tools "
                   "(and tool_choice) instead", "functions")
