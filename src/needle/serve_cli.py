@@ -85,6 +85,10 @@ def parser() -> argparse.ArgumentParser:
                    choices=("auto", "hermes", "llama3_json", "mistral", "none"),
                    help="how answers are read for tool calls (default auto: from the chat "
                         "template; none: tools are refused unless tool_choice is none)")
+    p.add_argument("--reasoning-parser", default="auto", choices=("auto", "think", "none"),
+                   help="how chat answers' thinking (<think>...</think>) is returned as "
+                        "reasoning_content apart from the content (default auto: where the "
+                        "chat template mentions <think>; none: all of it as content)")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="forget a finished request's KV pages at once (default: keep them "
                         "for prompts that begin alike, such as a conversation's next turn, "
@@ -167,7 +171,8 @@ def _serve(args) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         serve(engine, name, args.host, args.port, args.api_key,
-              tool_call_parser=args.tool_call_parser)
+              tool_call_parser=args.tool_call_parser,
+              reasoning_parser=args.reasoning_parser)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass
     finally:

@@ -81,21 +81,25 @@ def transformers_prompt(tokenizer, messages: list[dict]) -> list[int]:
                                          tokenize=True, return_dict=False)
 
 
-def build(directory: Path, steps: int = 400) -> None:
-    """Train and save the model and its tokenizer in ``directory``."""
+def build(directory: Path, steps: int = 400, template: str = TEMPLATE,
+          answers: tuple[str, str] = (CALL, ANSWER)) -> None:
+    """Train and save the model and its tokenizer in ``directory``: ``answers`` are what it
+    learns to say to the question and after the tool's result (a reasoning model's
+    include their thinking)."""
     from ..models.bpe import train
 
     tok = train(300)
     tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    tok.add_tokens(["<tool_call>", "</tool_call>"])  # not special: clients see them
+    # not special: clients see them (as Qwen's tokenizers have them)
+    tok.add_tokens(["<tool_call>", "</tool_call>", "<think>", "</think>"])
     tok.save(str(directory / "tokenizer.json"))
     eos = tok.token_to_id("<|im_end|>")
     (directory / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-         "chat_template": TEMPLATE}))
+         "chat_template": template}))
     reference = reference_tokenizer(directory)
-    examples = [(transformers_prompt(reference, QUESTION), CALL),
-                (transformers_prompt(reference, conversation_after_call("call_0")), ANSWER)]
+    examples = [(transformers_prompt(reference, QUESTION), answers[0]),
+                (transformers_prompt(reference, conversation_after_call("call_0")), answers[1])]
     sequences = [(prompt, tok.encode(answer, add_special_tokens=False).ids + [eos])
                  for prompt, answer in examples]
     longest = max(len(p) + len(a) for p, a in sequences)

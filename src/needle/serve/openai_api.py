@@ -396,10 +396,14 @@ def completion_chunk(rid: str, model: str, text: str, reason: str | None,
 
 
 def chat_choice(index: int, text: str | None, reason: str | None,
-                logprobs: dict | None = None, calls: list[ToolCall] = ()) -> dict:
+                logprobs: dict | None = None, calls: list[ToolCall] = (),
+                reasoning: str | None = None) -> dict:
     """A chat choice: the answer's text, or the text before its tool calls (None where
-    there is none) and the calls, whose finish reason is then "tool_calls"."""
+    there is none) and the calls, whose finish reason is then "tool_calls"; a reasoning
+    model's thinking as ``reasoning_content`` (vLLM's field)."""
     message = {"role": "assistant", "content": text}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning or None
     if calls:
         message["tool_calls"] = [c.as_openai() for c in calls]
         reason = "tool_calls"

@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from ..errors import GenerationError, NeedleError
 from . import openai_api as api
-from . import tokenize_api, tools
+from . import reasoning, tokenize_api, tools
 from .engine import Engine, EngineStoppedError
 from .request import Request, TokenEvent
 from .scheduler import QueueFullError, RequestTooLargeError
@@ -54,10 +54,13 @@ class Server:
     """The ASGI app (``self.app``) of one engine and model name."""
 
     def __init__(self, engine: Engine, model_name: str, api_key: str | None = None,
-                 tool_call_parser: str = "auto"):
+                 tool_call_parser: str = "auto", reasoning_parser: str = "auto"):
         self.engine, self.model_name, self.api_key = engine, model_name, api_key
+        tokenizer = engine.model.tokenizer
         # how answers are read for tool calls (None: this model's template renders no tools)
-        self.tool_parser = tools.parser_for(tool_call_parser, engine.model.tokenizer)
+        self.tool_parser = tools.parser_for(tool_call_parser, tokenizer)
+        # how chat answers' thinking is told from their answer (None: not)
+        self.reasoning = reasoning.parser_for(reasoning_parser, tokenizer)
         self.started = time.time()
         routes = [
             Route("/", self.chat_page, methods=["GET"]),
@@ -243,7 +246,8 @@ class Server:
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         if parsed.stream:
             stream = Stream(submitted, [p for p, _ in choices], parsed.n, rid, self.model_name,
-                            chat, model.tokenizer, parsed.echo, self._calls_reader(parsed))
+                            chat, model.tokenizer, parsed.echo, self._calls_reader(parsed),
+                            self.reasoning)
             return StreamingResponse(self._streamed(stream, events, parsed.include_usage,
                                                     submitted),
                                      media_type="text/event-stream",
@@ -271,9 +275,13 @@ class Server:
 
     def _chat_choice(self, index: int, r: Request, final: TokenEvent,
                      read: tools.CallsReader) -> dict:
-        content, calls = read.content_and_calls(r)
+        thought, text = None, r.text
+        if self.reasoning is not None:
+            opened = self.reasoning.opened_by(r.prompt, self.engine.model.tokenizer)
+            thought, text = self.reasoning.split(r.text, opened)
+        content, calls = read.content_and_calls(r, text)
         return api.chat_choice(index, content, api.finish_reason(final.finish_reason),
-                               self._logprobs(r, r.logprobs, True), calls)
+                               self._logprobs(r, r.logprobs, True), calls, thought)
 
     def _calls_reader(self, parsed: api.ParsedRequest) -> tools.CallsReader:
         """How this request's answers are read for tool calls (not at all without tools)."""
@@ -334,11 +342,11 @@ class Server:
 
 def serve(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 8000,
           api_key: str | None = None, log_level: str = "info",
-          tool_call_parser: str = "auto") -> None:
+          tool_call_parser: str = "auto", reasoning_parser: str = "auto") -> None:
     """Run the server until Ctrl-C (which drains the running requests, then exits)."""
     import uvicorn
 
-    server = Server(engine, model_name, api_key, tool_call_parser)
+    server = Server(engine, model_name, api_key, tool_call_parser, reasoning_parser)
     config = uvicorn.Config(server.app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=60)
     uvicorn.Server(config).run()

@@ -6,9 +6,11 @@ The engine's events of every choice arrive on one queue as (choice, event); a ch
 logprobs ride with the chunk that carries their tokens' text (text held back at a possible
 stop string keeps its logprobs waiting). With ``echo`` a choice's first chunk is its prompt
 (and the prompt's logprobs), sent when its first event comes: by then the prompt is read.
-A chat answer read for tool calls sends its text as content until a call may be starting
-(the parser says how far); at the end its calls go out a delta each, whole, then the
-finish reason "tool_calls" (or, where no call parses, the held text as content).
+A reasoning model's thinking goes out as ``reasoning_content`` deltas (reasoning.py), its
+answer as content. A chat answer read for tool calls sends its text as content until a
+call may be starting (the parser says how far); at the end its calls go out a delta each,
+whole, then the finish reason "tool_calls" (or, where no call parses, the held text as
+content).
 """
 
 from __future__ import annotations
@@ -34,18 +36,23 @@ class _Choice:
         self.pending: list = []
         self.offset = 0
         self.done = False
-        self.text, self.sent = "", 0  # read for tool calls: the answer so far, sent of it
+        # an answer read for its thinking or tool calls: the text so far, the characters of
+        # its answer and of its thinking sent, whether the prompt opened the thinking
+        self.text, self.sent, self.sent_thought = "", 0, 0
+        self.opened: bool | None = None
 
 
 class Stream:
     """The events of ``requests`` (choice i is requests[i]) as SSE text."""
 
     def __init__(self, requests: list[Request], prompts: list, n: int, rid: str, model: str,
-                 chat: bool, tokenizer, echo: bool, calls: CallsReader | None = None):
+                 chat: bool, tokenizer, echo: bool, calls: CallsReader | None = None,
+                 reasoning=None):
         self.choices = [_Choice(i, r, prompts[i] if echo else None)
                         for i, r in enumerate(requests)]
         self.n, self.rid, self.model, self.chat, self.tokenizer = n, rid, model, chat, tokenizer
         self.calls = calls if calls is not None and calls.parser is not None else None
+        self.reasoning = reasoning if chat else None  # reasoning.ThinkParser, or None
 
     async def events(self, queue: asyncio.Queue, include_usage: bool) -> AsyncIterator[str]:
         if self.chat:
@@ -88,29 +95,41 @@ class Stream:
         if event.logprob is not None:
             c.pending.append(event.logprob)
         reason = api.finish_reason(event.finish_reason)
-        if self.calls is not None:
-            yield from self._tool_chunks(c, event.text, reason)
+        if self.calls is not None or self.reasoning is not None:
+            yield from self._read_chunks(c, event.text, reason)
             return
         if event.text:
             yield self._chunk(c, event.text, None, self._logprobs(c))
         if reason is not None:
             yield self._chunk(c, "", reason, self._logprobs(c) if c.pending else None)
 
-    def _tool_chunks(self, c: _Choice, text: str, reason):
-        """An answer read for tool calls: content as far as it surely is content; at the
-        end the calls (or the rest as content, where none parses)."""
+    def _read_chunks(self, c: _Choice, text: str, reason):
+        """A chat answer read for its thinking (``reasoning_content`` deltas, then the
+        answer as content) and/or for tool calls (content as far as it surely is content;
+        at the end the calls, or the rest as content where none parses)."""
         c.text += text
+        final = reason is not None
+        answer = c.text
+        if self.reasoning is not None:
+            if c.opened is None:  # did the prompt open the thinking?
+                c.opened = self.reasoning.opened_by(c.request.prompt, self.tokenizer)
+            thought, answer = self.reasoning.split(c.text, c.opened, final)
+            if len(thought) > c.sent_thought:
+                yield sse(api.chat_chunk(self.rid, self.model,
+                                         {"reasoning_content": thought[c.sent_thought:]}, None,
+                                         index=c.index))
+                c.sent_thought = len(thought)
         tokens = c.request.output
-        answer = None if reason is None else self.calls.read(c.text, tokens)
-        upto = len(c.text) if reason is not None and answer is None else \
-            self.calls.streamable(c.text, tokens)
+        calls = self.calls.read(answer, tokens) if final and self.calls is not None else None
+        upto = len(answer) if self.calls is None or (final and calls is None) else \
+            self.calls.streamable(answer, tokens)
         if upto > c.sent:
-            yield self._chunk(c, c.text[c.sent:upto], None, self._logprobs(c))
+            yield self._chunk(c, answer[c.sent:upto], None, self._logprobs(c))
             c.sent = upto
-        if reason is None:
+        if not final:
             return
-        if answer is not None:
-            for k, call in enumerate(answer.calls):
+        if calls is not None:
+            for k, call in enumerate(calls.calls):
                 yield sse(api.chat_chunk(self.rid, self.model,
                                          {"tool_calls": [call.as_openai(k)]}, None,
                                          index=c.index))

@@ -355,11 +355,13 @@ class CallsReader:
             answer = ToolAnswer(answer.content, answer.calls[:1])
         return answer
 
-    def content_and_calls(self, request) -> tuple[str | None, list[ToolCall]]:
-        """A finished request's message: its text and no calls, or the text before its
-        calls and the calls."""
-        answer = self.read(request.text, request.output)
-        return (request.text, []) if answer is None else (answer.content, answer.calls)
+    def content_and_calls(self, request, text: str | None = None
+                          ) -> tuple[str | None, list[ToolCall]]:
+        """A finished request's message: its text (or ``text``, its answer past its
+        thinking) and no calls, or the text before its calls and the calls."""
+        text = request.text if text is None else text
+        answer = self.read(text, request.output)
+        return (text, []) if answer is None else (answer.content, answer.calls)
 
     def streamable(self, text: str, tokens: list[int]) -> int:
         """How much of an unfinished answer's text a stream may send as content."""
