@@ -75,6 +75,14 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def template_text(self) -> str:
+        """The chat template's source ("" without one; named templates' joined), for
+        telling what a model's template does."""
+        source = self.chat_template
+        if isinstance(source, list):  # named templates: {"name": ..., "template": ...}
+            source = " ".join(t.get("template", "") for t in source if isinstance(t, dict))
+        return source if isinstance(source, str) else ""
+
     def to_json(self) -> str:
         """The tokenizer as ``tokenizer.json`` text (what other libraries load it from)."""
         return self._tok.to_str()

@@ -13,6 +13,8 @@ off; by default it is on where the chat template mentions ``<think>``.
 
 from __future__ import annotations
 
+from .marks import partial_suffix
+
 START, END = "<think>", "</think>"
 
 
@@ -43,17 +45,9 @@ class ThinkParser:
         at = body.find(END)
         if at < 0:  # still thinking (or cut off while thinking); a stream holds back the
             # newlines that may end the thinking, as the whole answer strips them
-            held = body if final else body[:len(body) - _held(body)].rstrip("\n")
+            held = body if final else body[:len(body) - partial_suffix(body, END)].rstrip("\n")
             return held.lstrip("\n"), ""
         return body[:at].strip("\n"), body[at + len(END):].lstrip("\n")
-
-
-def _held(text: str) -> int:
-    """The length of the end of ``text`` that may be the start of the closing tag."""
-    for n in range(min(len(END) - 1, len(text)), 0, -1):
-        if text.endswith(END[:n]):
-            return n
-    return 0
 
 
 PARSERS = {"think": ThinkParser}
@@ -66,7 +60,4 @@ def parser_for(name: str, tokenizer) -> ThinkParser | None:
         return None
     if name != "auto":
         return PARSERS[name]()
-    source = tokenizer.chat_template
-    if isinstance(source, list):  # named templates
-        source = " ".join(t.get("template", "") for t in source if isinstance(t, dict))
-    return ThinkParser() if isinstance(source, str) and START in source else None
+    return ThinkParser() if START in tokenizer.template_text() else None

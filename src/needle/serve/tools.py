@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from .api_error import bad
 from .grammar import JSON_STYLE, GrammarSpec
+from .marks import partial_suffix
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 MISTRAL_CALLS, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -261,7 +262,7 @@ class HermesParser(ToolCallParser):
         at = text.find(HERMES_START)
         if at >= 0:
             return at
-        return len(text) - _partial_suffix(text, HERMES_START)
+        return len(text) - partial_suffix(text, HERMES_START)
 
     def forced_call(self, tools, tokenizer):
         call = _call_schema(tools, "arguments")
@@ -380,10 +381,8 @@ def parser_for(name: str, tokenizer) -> ToolCallParser | None:
         return None
     if name != "auto":
         return PARSERS[name]()
-    source = tokenizer.chat_template
-    if isinstance(source, list):  # named templates
-        source = " ".join(t.get("template", "") for t in source if isinstance(t, dict))
-    if not isinstance(source, str) or "tools" not in source:
+    source = tokenizer.template_text()
+    if "tools" not in source:
         return None
     if HERMES_START in source:
         return HermesParser()
@@ -412,14 +411,6 @@ def _lark_marker(tokenizer, marker: str) -> str:
     if tokenizer is not None and tokenizer.token_id(marker) is not None:
         return marker
     return json.dumps(marker)
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """The length of the longest end of ``text`` that begins ``marker`` (0: none)."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
 
 
 def _token_at(tokens: list[int], tokenizer, token: str) -> int | None:
