@@ -24,9 +24,10 @@ from starlette.routing import Route
 
 from ..errors import GenerationError, NeedleError
 from . import openai_api as api
-from . import reasoning, tokenize_api, tools
+from . import reasoning, responses_api, tokenize_api, tools
 from .engine import Engine, EngineStoppedError
 from .request import Request, TokenEvent
+from .responses_sse import ResponseStream
 from .scheduler import QueueFullError, RequestTooLargeError
 from .sse import Stream
 
@@ -69,6 +70,7 @@ class Server:
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
             # vLLM's tokenizer endpoints (lm-evaluation-harness uses them when present)
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
@@ -176,10 +178,13 @@ class Server:
 
     # --- generation ------------------------------------------------------------------------
     async def completions(self, request: HttpRequest):
-        return await self._generate(request, chat=False)
+        return await self._generate(request, "completions")
 
     async def chat_completions(self, request: HttpRequest):
-        return await self._generate(request, chat=True)
+        return await self._generate(request, "chat")
+
+    async def responses(self, request: HttpRequest):
+        return await self._generate(request, "responses")
 
     def _check_key(self, request: HttpRequest) -> JSONResponse | None:
         if self.api_key is None:
@@ -215,13 +220,17 @@ class Server:
                                kind="not_found_error")
         return body
 
-    async def _generate(self, request: HttpRequest, chat: bool):
+    async def _generate(self, request: HttpRequest, kind: str):
+        """A completions, chat or Responses API request (the last read as the chat request
+        it amounts to, ``responses_api.py``)."""
         if (denied := self._check_key(request)) is not None:
             return denied
         model = self.engine.model
+        chat = kind != "completions"
         try:
             body = await self._body(request)
-            parsed = (api.parse_chat(body, model.tokenizer, model.generation_config,
+            asked = responses_api.chat_body(body) if kind == "responses" else body
+            parsed = (api.parse_chat(asked, model.tokenizer, model.generation_config,
                                      self.tool_parser) if chat
                       else api.parse_completion(body, model.generation_config))
             if model.tokenizer is None and any(isinstance(p, str) for p in parsed.prompts):
@@ -243,6 +252,8 @@ class Server:
             for r in submitted:
                 self.engine.cancel(r)
             return _error(_engine_error(e))
+        if kind == "responses":
+            return await self._respond(request, body, parsed, submitted, events)
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         if parsed.stream:
             stream = Stream(submitted, [p for p, _ in choices], parsed.n, rid, self.model_name,
@@ -272,6 +283,34 @@ class Server:
         answers = [self._completion_choice(i, prompt, r, final[i], parsed.echo)
                    for i, ((prompt, _), r) in enumerate(zip(choices, submitted))]
         return JSONResponse(api.completion(rid, self.model_name, answers, u))
+
+    async def _respond(self, request: HttpRequest, body: dict, parsed: api.ParsedRequest,
+                       submitted: list[Request], events: asyncio.Queue):
+        """The Responses API's answer to one submitted request, whole or streamed."""
+        rid, r = responses_api.new_id("resp"), submitted[0]
+        tokenizer = self.engine.model.tokenizer
+        if parsed.stream:
+            stream = ResponseStream(r, rid, self.model_name, body, tokenizer, self.reasoning,
+                                    self._calls_reader(parsed))
+            return StreamingResponse(self._streamed(stream, events, False, submitted),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            final = await self._final_events(request, events, 1)
+        finally:
+            self.engine.cancel(r)
+        if final is None:
+            return JSONResponse({}, status_code=499)
+        if final[0].finish_reason == "error":
+            return _error(api.ApiError(500, f"generation failed: {final[0].error}",
+                                       kind="server_error"))
+        thought, text = None, r.text
+        if self.reasoning is not None:
+            thought, text = self.reasoning.split(r.text,
+                                                 self.reasoning.opened_by(r.prompt, tokenizer))
+        content, calls = self._calls_reader(parsed).content_and_calls(r, text)
+        output = responses_api.output_items(thought, content, calls)
+        return JSONResponse(responses_api.response(rid, self.model_name, body, output, r))
 
     def _chat_choice(self, index: int, r: Request, final: TokenEvent,
                      read: tools.CallsReader) -> dict:
