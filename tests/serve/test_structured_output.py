@@ -155,3 +155,31 @@ def test_bad_response_formats_are_400s(client):
                              "type": "nope"}}}, "JSON schema cannot be used")]:
         with pytest.raises(openai.BadRequestError, match=message):
             client.chat.completions.create(model=NAME, messages=messages, response_format=fmt)
+
+
+def test_vllms_structured_outputs(client):
+    """vLLM's extensions, as its clients send them in extra_body: ``structured_outputs``
+    with a choice, a regular expression or a schema, and the older ``guided_*`` names;
+    one kind at a time."""
+    import openai
+
+    ask = dict(model=NAME, messages=[{"role": "user", "content": "Hello there"}],
+               max_tokens=40, temperature=1.0, seed=7)
+    for extra in ({"structured_outputs": {"choice": ["red pill", "blue pill"]}},
+                  {"guided_choice": ["red pill", "blue pill"]}):
+        choice = client.chat.completions.create(**ask, extra_body=extra).choices[0]
+        assert choice.message.content in ("red pill", "blue pill")
+        assert choice.finish_reason == "stop"
+    for extra in ({"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}},
+                  {"guided_regex": "[0-9]{3}-[a-z]{2}"}):
+        text = client.completions.create(model=NAME, prompt="Tokens", max_tokens=20,
+                                         extra_body=extra).choices[0].text
+        assert len(text) == 6 and text[:3].isdigit() and text[3] == "-" and text[4:].isalpha()
+    for extra in ({"structured_outputs": {"json": SCHEMA}}, {"guided_json": json.dumps(SCHEMA)}):
+        ask["max_tokens"] = 60
+        _valid(client.chat.completions.create(**ask, extra_body=extra).choices[0].message.content)
+    with pytest.raises(openai.BadRequestError, match="one kind of structured output"):
+        client.chat.completions.create(**ask, response_format={"type": "json_object"},
+                                       extra_body={"guided_choice": ["a"]})
+    with pytest.raises(openai.BadRequestError, match="list of strings"):
+        client.chat.completions.create(**ask, extra_body={"guided_choice": []})

@@ -36,10 +36,16 @@ class GrammarError(NeedleError):
 class GrammarSpec:
     """What a request's answer must follow: ``kind`` "json_schema" with ``source`` the
     schema as JSON text (``{"type": "object"}``: any JSON object), or "lark" with
-    ``source`` a grammar in llguidance's Lark dialect (a forced tool call: tools.py)."""
+    ``source`` a grammar in llguidance's Lark dialect (a forced tool call: tools.py), or
+    "regex" with ``source`` a regular expression (Rust's syntax) the whole answer matches."""
 
     kind: str
     source: str
+
+    @staticmethod
+    def choice(options: list[str]) -> GrammarSpec:
+        """Exactly one of ``options``."""
+        return GrammarSpec("lark", "start: " + " | ".join(json.dumps(o) for o in options))
 
     @staticmethod
     def json_schema(schema: dict) -> GrammarSpec:
@@ -81,14 +87,18 @@ class Grammars:
         """A fresh matcher of ``spec``; GrammarError saying why a schema does not
         compile."""
         matcher_class = self._llg.LLMatcher
-        what = {"json_schema": "the JSON schema", "lark": "the grammar"}.get(spec.kind)
+        what = {"json_schema": "the JSON schema", "lark": "the grammar",
+                "regex": "the regular expression"}.get(spec.kind)
         if what is None:
             raise GrammarError(f"unknown grammar kind {spec.kind!r}")
         try:
-            grammar = (matcher_class.grammar_from_json_schema(json.loads(spec.source),
-                                                              defaults=JSON_STYLE)
-                       if spec.kind == "json_schema"
-                       else matcher_class.grammar_from_lark(spec.source))
+            if spec.kind == "json_schema":
+                grammar = matcher_class.grammar_from_json_schema(json.loads(spec.source),
+                                                                 defaults=JSON_STYLE)
+            elif spec.kind == "regex":
+                grammar = matcher_class.grammar_from_regex(spec.source)
+            else:
+                grammar = matcher_class.grammar_from_lark(spec.source)
         except (ValueError, TypeError, RuntimeError) as e:
             raise GrammarError(f"{what} cannot be used: {e}") from None
         matcher = matcher_class(self._tokenizer, grammar)

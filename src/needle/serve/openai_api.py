@@ -28,8 +28,8 @@ from ..errors import NeedleError
 from ..models.sampling import SamplingParams
 from .api_error import ApiError
 from .api_error import bad as _bad
-from .grammar import GrammarSpec
-from .logit_rules import LogitRules
+from .api_error import number as _number
+from .guidance_api import grammar_field, logit_rules_field
 from .request import MAX_LOGPROBS, RequestParams, TokenLogprob
 from .tools import ToolCall, ToolCallParser, ToolRequest, template_message, tool_request
 
@@ -69,17 +69,6 @@ class ParsedRequest:
         return self.prompts[0]
 
 
-def _number(body: dict, name: str, lo: float, hi: float, default=None, *, open_lo=False):
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or \
-            not (lo < value if open_lo else lo <= value) or value > hi:
-        interval = f"({lo}, {hi}]" if open_lo else f"[{lo}, {hi}]"
-        raise _bad(f"{name} must be a number in {interval}, got {value!r}", name)
-    return float(value)
-
-
 def _int(body: dict, name: str, lo: int, default=None):
     value = body.get(name, default)
     if value is None:
@@ -97,51 +86,6 @@ def _refuse_unsupported(body: dict) -> None:
     modalities = body.get("modalities")
     if modalities not in (None, ["text"]) or body.get("audio"):
         raise _bad("only text output is supported", "modalities")
-
-
-def _response_format(body: dict) -> GrammarSpec | None:
-    """OpenAI's ``response_format``: "text" (None), "json_object" (any JSON object) or
-    "json_schema" (``{"json_schema": {"name", "schema", "strict"}}``), as a grammar the
-    answer must follow."""
-    fmt = body.get("response_format")
-    if fmt is None:
-        return None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return GrammarSpec.json_schema({"type": "object"})
-    if kind == "json_schema":
-        spec = fmt.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        if not isinstance(schema, dict):
-            raise _bad("response_format json_schema needs {\"json_schema\": {\"name\": ..., "
-                       "\"schema\": {...}}}", "response_format")
-        return GrammarSpec.json_schema(schema)
-    raise _bad("response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} "
-               "or {\"type\": \"json_schema\", \"json_schema\": {...}}", "response_format")
-
-
-MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
-
-
-def _logit_rules(body: dict) -> LogitRules:
-    """OpenAI's ``logit_bias`` ({token id: -100..100}) and ``presence_penalty`` /
-    ``frequency_penalty`` (-2..2)."""
-    bias = body.get("logit_bias") or {}
-    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
-        raise _bad(f"logit_bias must be an object of up to {MAX_LOGIT_BIAS} token ids to "
-                   "numbers in [-100, 100]", "logit_bias")
-    pairs = []
-    for key, value in bias.items():
-        token = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else None
-        if token is None or not isinstance(value, numbers.Real) or isinstance(value, bool) \
-                or not -100 <= value <= 100:
-            raise _bad(f"logit_bias entry {key!r}: {value!r} must be a token id and a number "
-                       "in [-100, 100]", "logit_bias")
-        pairs.append((token, float(value)))
-    return LogitRules(tuple(sorted(pairs)), _number(body, "presence_penalty", -2.0, 2.0, 0.0),
-                      _number(body, "frequency_penalty", -2.0, 2.0, 0.0))
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -223,7 +167,7 @@ def request_params(body: dict, default_max_tokens: int | None, generation_config
     sampling: SamplingParams = generation_config.sampling(temperature, top_k, top_p, min_p,
                                                           penalty, seed)
     return RequestParams(sampling, max_tokens, _stop(body), tuple(ids), ignore_eos, logprobs,
-                         prompt_logprobs, _response_format(body), _logit_rules(body))
+                         prompt_logprobs, grammar_field(body), logit_rules_field(body))
 
 
 def _stream_flags(body: dict) -> tuple[bool, bool]:
