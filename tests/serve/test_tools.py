@@ -50,6 +50,12 @@ def test_prompts_with_tools_are_rendered_as_transformers_renders_them(tool_dir, 
         ours = openai_api.parse_chat(body, tool_llm.tokenizer, tool_llm.generation_config,
                                      tools.HermesParser()).prompt
         assert ours == tool_model.transformers_prompt(reference, messages)
+    # vLLM's /tokenize renders the tools too: the ids chat would prompt with
+    from needle.serve import tokenize_api
+
+    counted = tokenize_api.tokenize({"messages": tool_model.QUESTION, "tools": tool_model.TOOLS},
+                                    tool_llm.tokenizer, 1024)
+    assert counted["tokens"] == tool_model.transformers_prompt(reference, tool_model.QUESTION)
     # tool_choice "none": the tools stay out of the prompt and the answer is not read
     none = openai_api.parse_chat({"messages": tool_model.QUESTION, "tools": tool_model.TOOLS,
                                   "tool_choice": "none"}, tool_llm.tokenizer,

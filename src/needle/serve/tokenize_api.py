@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..errors import NeedleError
 from .api_error import bad as _bad
 from .openai_api import chat_messages
+from .tools import tool
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:
@@ -23,12 +24,16 @@ def _flag(body: dict, name: str, default: bool) -> bool:
 
 def tokenize(body: dict, tokenizer, max_model_len: int) -> dict:
     """``{"prompt": text, "add_special_tokens": true}`` or a chat's ``{"messages": [...],
-    "add_generation_prompt": true}`` -> ``{"count", "max_model_len", "tokens"}``."""
+    "add_generation_prompt": true, "tools": [...]}`` -> ``{"count", "max_model_len",
+    "tokens"}`` (the tokens chat would prompt the model with, its tools rendered too)."""
     if "messages" in body:
         messages = chat_messages(body)
+        offered = [tool(t, i) for i, t in enumerate(body["tools"])] \
+            if isinstance(body.get("tools"), list) and body["tools"] else None
         try:
             ids = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=_flag(body, "add_generation_prompt", True),
+                messages, tools=offered,
+                add_generation_prompt=_flag(body, "add_generation_prompt", True),
                 return_dict=False)
         except NeedleError as e:
             raise _bad(f"the chat template failed: {e}", "messages") from e

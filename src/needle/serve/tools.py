@@ -92,7 +92,7 @@ def tool_request(body: dict, parser: ToolCallParser | None) -> ToolRequest | Non
     if not isinstance(tools, list):
         raise bad("tools must be a list of {\"type\": \"function\", \"function\": {...}} "
                   "objects", "tools")
-    checked = [_tool(t, i) for i, t in enumerate(tools)]
+    checked = [tool(t, i) for i, t in enumerate(tools)]
     names = [t["function"]["name"] for t in checked]
     if len(set(names)) != len(names):
         raise bad(f"tools names a function twice: {names}", "tools")
@@ -125,15 +125,15 @@ def _forced(choice, tools: list[dict]) -> list[dict] | None:
     return named
 
 
-def _tool(tool, i: int) -> dict:
-    """One tool object checked: a function with a name and (optionally) a description and
-    JSON-schema parameters, rebuilt from those fields only."""
+def tool(given, i: int) -> dict:
+    """One tool object checked (``tools[i]``): a function with a name and (optionally) a
+    description and JSON-schema parameters, rebuilt from those fields only."""
     where = f"tools[{i}]"
-    if not isinstance(tool, dict) or tool.get("type") != "function" or \
-            not isinstance(tool.get("function"), dict):
+    if not isinstance(given, dict) or given.get("type") != "function" or \
+            not isinstance(given.get("function"), dict):
         raise bad(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
                   "\"parameters\": {...}}}}", "tools")
-    fn = tool["function"]
+    fn = given["function"]
     name = fn.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", name):
         raise bad(f"{where}.function.name must be 1-64 letters, digits, '_', '.' or '-', got "
