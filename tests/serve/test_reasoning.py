@@ -82,3 +82,29 @@ def test_the_openai_client_gets_thinking_apart(thinker):
         assert (thought, content) == ("The tool says sunny.", tool_model.ANSWER)
     finally:
         server.stop()
+
+
+def test_the_command_line_options(tmp_path):
+    """``needle serve --reasoning-parser none --tool-call-parser hermes`` as a process: the
+    thinking stays in the content (before the call, which is still read); by default it is
+    reasoning_content."""
+    pytest.importorskip("openai", reason="the openai client is in the dev extra")
+    from .serve_job import NAME, ServeJob
+
+    tool_model.build(tmp_path, template=TEMPLATE,
+                     answers=(THINK_CALL + tool_model.CALL, THINK_ANSWER + tool_model.ANSWER))
+    for options, thinking_apart in ((("--reasoning-parser", "none", "--tool-call-parser",
+                                      "hermes"), False), ((), True)):
+        job = ServeJob(tmp_path, *options)
+        try:
+            message = job.client.chat.completions.create(
+                model=NAME, messages=tool_model.QUESTION, tools=tool_model.TOOLS,
+                temperature=0).choices[0].message
+        finally:
+            assert job.stop()[0] == 0
+        assert message.tool_calls[0].function.name == "get_weather"
+        thought = (message.model_extra or {}).get("reasoning_content")
+        if thinking_apart:
+            assert thought and message.content is None
+        else:
+            assert thought is None and message.content.startswith("<think>")
