@@ -86,3 +86,36 @@ def test_stop_button_ends_the_answer_and_frees_pages(model):
         assert _wait_idle(server.engine)
     finally:
         server.stop()
+
+
+def test_a_thinking_models_thinking_folds_above_its_answer(tmp_path):
+    """A reasoning model (trained in the test to think, then answer): the page shows the
+    thinking in a box above the answer, folded once the answer begins."""
+    from needle.models import load_pretrained
+
+    from . import tool_model
+    from .test_reasoning import TEMPLATE
+
+    answer = "Hello to you."
+    tool_model.build(tmp_path, template=TEMPLATE, tools=None,
+                     answers=("<think>\nA greeting.\n</think>\n\n" + answer, answer))
+    server = Running(load_pretrained(tmp_path, device="cpu", dtype="float32"), max_seqs=2)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(f"{server.url}/?key={KEY}")
+                sync_api.expect(page.locator("#model")).to_have_text(NAME)
+                page.fill("#input", tool_model.QUESTION[0]["content"])
+                page.keyboard.press("Enter")
+                sync_api.expect(page.locator("#send")).to_be_enabled(timeout=30_000)
+                bubble = page.locator(".msg.assistant").last
+                box = bubble.locator("details.thinking")
+                assert box.locator("div").text_content() == "A greeting."
+                assert box.get_attribute("open") is None  # folded
+                assert bubble.locator(":scope > div").last.text_content() == answer
+            finally:
+                browser.close()
+    finally:
+        server.stop()

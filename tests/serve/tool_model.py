@@ -68,7 +68,7 @@ def reference_tokenizer(directory: Path):
     return transformers.PreTrainedTokenizerFast.from_pretrained(directory)
 
 
-def transformers_prompt(tokenizer, messages: list[dict]) -> list[int]:
+def transformers_prompt(tokenizer, messages: list[dict], tools=TOOLS) -> list[int]:
     """The prompt ids transformers renders (tool-call arguments as objects, its convention)."""
     converted = []
     for m in messages:
@@ -77,15 +77,15 @@ def transformers_prompt(tokenizer, messages: list[dict]) -> list[int]:
             m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(
                 c["function"]["arguments"])}} for c in m["tool_calls"]]
         converted.append(m)
-    return tokenizer.apply_chat_template(converted, tools=TOOLS, add_generation_prompt=True,
+    return tokenizer.apply_chat_template(converted, tools=tools, add_generation_prompt=True,
                                          tokenize=True, return_dict=False)
 
 
 def build(directory: Path, steps: int = 400, template: str = TEMPLATE,
-          answers: tuple[str, str] = (CALL, ANSWER)) -> None:
+          answers: tuple[str, str] = (CALL, ANSWER), tools=TOOLS) -> None:
     """Train and save the model and its tokenizer in ``directory``: ``answers`` are what it
     learns to say to the question and after the tool's result (a reasoning model's
-    include their thinking)."""
+    include their thinking), its prompts rendered with ``tools`` offered (None: none)."""
     from ..models.bpe import train
 
     tok = train(300)
@@ -98,8 +98,9 @@ def build(directory: Path, steps: int = 400, template: str = TEMPLATE,
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
          "chat_template": template}))
     reference = reference_tokenizer(directory)
-    examples = [(transformers_prompt(reference, QUESTION), answers[0]),
-                (transformers_prompt(reference, conversation_after_call("call_0")), answers[1])]
+    examples = [(transformers_prompt(reference, QUESTION, tools), answers[0]),
+                (transformers_prompt(reference, conversation_after_call("call_0"), tools),
+                 answers[1])]
     sequences = [(prompt, tok.encode(answer, add_special_tokens=False).ids + [eos])
                  for prompt, answer in examples]
     longest = max(len(p) + len(a) for p, a in sequences)
