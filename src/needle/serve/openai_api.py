@@ -272,6 +272,25 @@ def _template_kwargs(body: dict) -> dict:
     return extra
 
 
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def _reasoning_effort(body: dict, extra: dict) -> dict:
+    """OpenAI's ``reasoning_effort``: "none" and "minimal" ask a reasoning model not to
+    think, which a template with Qwen3's switch hears as ``enable_thinking: false`` (unless
+    chat_template_kwargs sets it); the other efforts leave the model's thinking as it is
+    (needle has no budget of thinking tokens)."""
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return extra
+    if effort not in EFFORTS:
+        raise _bad(f"reasoning_effort must be one of {', '.join(EFFORTS)}, got {effort!r}",
+                   "reasoning_effort")
+    if effort in ("none", "minimal") and "enable_thinking" not in extra:
+        return {**extra, "enable_thinking": False}
+    return extra
+
+
 def parse_chat(body: dict, tokenizer, generation_config,
                tool_parser: ToolCallParser | None = None) -> ParsedRequest:
     """A chat body checked and its conversation rendered (with the tools it offers, where
@@ -281,7 +300,7 @@ def parse_chat(body: dict, tokenizer, generation_config,
         raise ApiError(400, "this model has no tokenizer, so it cannot chat; use "
                             "/v1/completions with token ids", "messages")
     messages = chat_messages(body)
-    extra = _template_kwargs(body)
+    extra = _reasoning_effort(body, _template_kwargs(body))
     tools = tool_request(body, tool_parser)
     params = request_params(body, None, generation_config, chat=True)
     if tools is not None and tools.forced is not None:

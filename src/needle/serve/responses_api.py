@@ -6,13 +6,13 @@ as a response's output items.
 items the model made earlier and ``function_call_output`` items with their results),
 ``instructions`` (a system message first), function ``tools`` (flat, as this API has them)
 and ``tool_choice``, ``text.format`` (json_object / json_schema: structured output),
-``max_output_tokens``, ``temperature``, ``top_p``, ``parallel_tool_calls`` and
-``metadata`` map onto chat's fields, so templates, tool calls, reasoning, grammars and
-sampling are chat's. needle keeps no responses: ``previous_response_id`` is refused (send
-the conversation in ``input``), and so are tools other than functions, ``include`` and
-image inputs. The output is a ``reasoning`` item where the model thought, a ``message``
-item with the text, and a ``function_call`` item a call; a response cut at
-``max_output_tokens`` is ``incomplete``. Streamed, the events are the API's:
+``max_output_tokens``, ``temperature``, ``top_p``, ``parallel_tool_calls``,
+``reasoning.effort`` and ``metadata`` map onto chat's fields, so templates, tool calls,
+reasoning, grammars and sampling are chat's. needle keeps no responses:
+``previous_response_id`` is refused (send the conversation in ``input``), and so are tools
+other than functions, ``include`` and image inputs. The output is a ``reasoning`` item
+where the model thought, a ``message`` item with the text, and a ``function_call`` item a
+call; a response cut at ``max_output_tokens`` is ``incomplete``. Streamed, the events are the API's:
 ``response.created``, ``response.in_progress``, each item's ``output_item.added``, its text
 or arguments as deltas and its ``done`` events, then ``response.completed`` (or
 ``response.incomplete``) with the whole response, every event numbered.
@@ -57,6 +57,9 @@ def chat_body(body: dict) -> dict:
             k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
     elif fmt is not None:
         chat["response_format"] = fmt
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
     for ours, theirs in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
                          ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls"),
                          ("stream", "stream")):
