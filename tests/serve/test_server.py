@@ -239,6 +239,8 @@ def test_bad_requests_get_openai_errors(running, client):
                                                "function": {"name": "f"}}])
     with pytest.raises(openai.BadRequestError, match="best_of"):
         client.completions.create(model=NAME, prompt="x", best_of=3)
+    with pytest.raises(openai.BadRequestError, match="web search"):
+        client.chat.completions.create(model=NAME, messages=chat, web_search_options={})
     with pytest.raises(openai.BadRequestError, match="only text output"):
         client.chat.completions.create(model=NAME, messages=chat, modalities=["audio"],
                                        audio={"voice": "alloy", "format": "wav"})

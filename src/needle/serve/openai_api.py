@@ -86,6 +86,9 @@ def _refuse_unsupported(body: dict) -> None:
     modalities = body.get("modalities")
     if modalities not in (None, ["text"]) or body.get("audio"):
         raise _bad("only text output is supported", "modalities")
+    if body.get("web_search_options") is not None:
+        raise _bad("web search is not supported: needle answers from the model alone",
+                   "web_search_options")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
