@@ -23,8 +23,9 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, S
 from starlette.routing import Route
 
 from ..errors import GenerationError, NeedleError
+from . import anthropic_api, reasoning, responses_api, tokenize_api, tools
 from . import openai_api as api
-from . import reasoning, responses_api, tokenize_api, tools
+from .anthropic_sse import MessageStream
 from .engine import Engine, EngineStoppedError
 from .request import Request, TokenEvent
 from .responses_sse import ResponseStream
@@ -34,8 +35,10 @@ from .sse import Stream
 MAX_BODY_BYTES = 4 << 20  # a request body larger than this is refused with 413
 
 
-def _error(e: api.ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+def _error(e: api.ApiError, kind: str = "") -> JSONResponse:
+    """The error as JSON: OpenAI's shape, or Anthropic's for ``kind`` "messages"."""
+    body = anthropic_api.error_body(e) if kind == "messages" else e.body()
+    return JSONResponse(body, status_code=e.status)
 
 
 def _engine_error(e: NeedleError) -> api.ApiError:
@@ -71,6 +74,7 @@ class Server:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),  # Anthropic's
             # vLLM's tokenizer endpoints (lm-evaluation-harness uses them when present)
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
@@ -186,15 +190,25 @@ class Server:
     async def responses(self, request: HttpRequest):
         return await self._generate(request, "responses")
 
-    def _check_key(self, request: HttpRequest) -> JSONResponse | None:
+    async def messages(self, request: HttpRequest):
+        return await self._generate(request, "messages")
+
+    def _check_key(self, request: HttpRequest, kind: str = "") -> JSONResponse | None:
+        """None where the request carries the API key (``Authorization: Bearer <key>``, or
+        Anthropic's ``x-api-key: <key>``), else the 401 (in Anthropic's shape for
+        ``kind`` "messages")."""
         if self.api_key is None:
             return None
-        given = request.headers.get("authorization", "")
+        bearer = request.headers.get("authorization", "")
+        if request.headers.get("x-api-key") is not None:
+            bearer = "Bearer " + request.headers["x-api-key"]
         expected = f"Bearer {self.api_key}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
+        if not hmac.compare_digest(bearer.encode(), expected.encode()):
             return _error(api.ApiError(401, "missing or wrong API key: send the header "
-                                            "'Authorization: Bearer <key>'",
-                                       code="invalid_api_key", kind="authentication_error"))
+                                            "'Authorization: Bearer <key>' (or 'x-api-key: "
+                                            "<key>')",
+                                       code="invalid_api_key", kind="authentication_error"),
+                          kind)
         return None
 
     async def _body(self, request: HttpRequest) -> dict:
@@ -221,15 +235,16 @@ class Server:
         return body
 
     async def _generate(self, request: HttpRequest, kind: str):
-        """A completions, chat or Responses API request (the last read as the chat request
-        it amounts to, ``responses_api.py``)."""
-        if (denied := self._check_key(request)) is not None:
+        """A completions, chat, Responses API or Messages API request (the last two read as
+        the chat request they amount to: ``responses_api.py``, ``anthropic_api.py``)."""
+        if (denied := self._check_key(request, kind)) is not None:
             return denied
         model = self.engine.model
         chat = kind != "completions"
         try:
             body = await self._body(request)
-            asked = responses_api.chat_body(body) if kind == "responses" else body
+            asked = {"responses": responses_api.chat_body,
+                     "messages": anthropic_api.chat_body}.get(kind, lambda b: b)(body)
             parsed = (api.parse_chat(asked, model.tokenizer, model.generation_config,
                                      self.tool_parser) if chat
                       else api.parse_completion(body, model.generation_config))
@@ -237,7 +252,7 @@ class Server:
                 raise api.ApiError(400, "this model has no tokenizer: send the prompt as "
                                         "token ids", "prompt")
         except api.ApiError as e:
-            return _error(e)
+            return _error(e, kind)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
         submitted: list[Request] = []
@@ -251,9 +266,11 @@ class Server:
         except NeedleError as e:  # a batch is taken whole or not at all
             for r in submitted:
                 self.engine.cancel(r)
-            return _error(_engine_error(e))
+            return _error(_engine_error(e), kind)
         if kind == "responses":
             return await self._respond(request, body, parsed, submitted, events)
+        if kind == "messages":
+            return await self._message(request, parsed, submitted, events)
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         if parsed.stream:
             stream = Stream(submitted, [p for p, _ in choices], parsed.n, rid, self.model_name,
@@ -276,9 +293,8 @@ class Server:
                                        kind="server_error"))
         u = api.choices_usage(submitted, parsed.n)
         if chat:
-            read = self._calls_reader(parsed)
             return JSONResponse(api.chat_completion(rid, self.model_name, [
-                self._chat_choice(i, r, ev, read)
+                self._chat_choice(i, r, ev, parsed)
                 for i, (r, ev) in enumerate(zip(submitted, final))], u))
         answers = [self._completion_choice(i, prompt, r, final[i], parsed.echo)
                    for i, ((prompt, _), r) in enumerate(zip(choices, submitted))]
@@ -290,11 +306,43 @@ class Server:
         rid, r = responses_api.new_id("resp"), submitted[0]
         tokenizer = self.engine.model.tokenizer
         if parsed.stream:
-            stream = ResponseStream(r, rid, self.model_name, body, tokenizer, self.reasoning,
-                                    self._calls_reader(parsed))
-            return StreamingResponse(self._streamed(stream, events, False, submitted),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return self._event_stream(ResponseStream(
+                r, rid, self.model_name, body, tokenizer, self.reasoning,
+                self._calls_reader(parsed)), events, submitted)
+        final = await self._final_of(request, events, r, "responses")
+        if isinstance(final, JSONResponse):
+            return final
+        output = responses_api.output_items(*self._answer(r, parsed))
+        return JSONResponse(responses_api.response(rid, self.model_name, body, output, r))
+
+    async def _message(self, request: HttpRequest, parsed: api.ParsedRequest,
+                       submitted: list[Request], events: asyncio.Queue):
+        """The Messages API's answer to one submitted request, whole or streamed."""
+        mid, r = anthropic_api.new_id("msg"), submitted[0]
+        tokenizer = self.engine.model.tokenizer
+        if parsed.stream:
+            return self._event_stream(MessageStream(
+                r, mid, self.model_name, tokenizer, self.reasoning,
+                self._calls_reader(parsed)), events, submitted)
+        final = await self._final_of(request, events, r, "messages")
+        if isinstance(final, JSONResponse):
+            return final
+        thought, content, calls = self._answer(r, parsed)
+        return JSONResponse(anthropic_api.message(
+            mid, self.model_name, r, anthropic_api.content_blocks(thought, content, calls),
+            anthropic_api.stop_reason(r, calls)))
+
+    def _event_stream(self, stream, events: asyncio.Queue,
+                      submitted: list[Request]) -> StreamingResponse:
+        """A Responses or Messages API stream as the HTTP response."""
+        return StreamingResponse(self._streamed(stream, events, False, submitted),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    async def _final_of(self, request: HttpRequest, events: asyncio.Queue, r: Request,
+                        kind: str):
+        """The one request's last event, or the response to send instead (the client left:
+        499; the answer failed: 500, in ``kind``'s error shape)."""
         try:
             final = await self._final_events(request, events, 1)
         finally:
@@ -303,22 +351,21 @@ class Server:
             return JSONResponse({}, status_code=499)
         if final[0].finish_reason == "error":
             return _error(api.ApiError(500, f"generation failed: {final[0].error}",
-                                       kind="server_error"))
+                                       kind="server_error"), kind)
+        return final[0]
+
+    def _answer(self, r: Request, parsed: api.ParsedRequest):
+        """A finished request's (thinking, content, tool calls)."""
         thought, text = None, r.text
         if self.reasoning is not None:
-            thought, text = self.reasoning.split(r.text,
-                                                 self.reasoning.opened_by(r.prompt, tokenizer))
+            thought, text = self.reasoning.split(
+                r.text, self.reasoning.opened_by(r.prompt, self.engine.model.tokenizer))
         content, calls = self._calls_reader(parsed).content_and_calls(r, text)
-        output = responses_api.output_items(thought, content, calls)
-        return JSONResponse(responses_api.response(rid, self.model_name, body, output, r))
+        return thought, content, calls
 
     def _chat_choice(self, index: int, r: Request, final: TokenEvent,
-                     read: tools.CallsReader) -> dict:
-        thought, text = None, r.text
-        if self.reasoning is not None:
-            opened = self.reasoning.opened_by(r.prompt, self.engine.model.tokenizer)
-            thought, text = self.reasoning.split(r.text, opened)
-        content, calls = read.content_and_calls(r, text)
+                     parsed: api.ParsedRequest) -> dict:
+        thought, content, calls = self._answer(r, parsed)
         return api.chat_choice(index, content, api.finish_reason(final.finish_reason),
                                self._logprobs(r, r.logprobs, True), calls, thought)
 
