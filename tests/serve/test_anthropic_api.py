@@ -54,6 +54,16 @@ def test_text_answers_are_chats(served):
         text = stream.get_final_text()
         final = stream.get_final_message()
     assert text == m.content[0].text and final.stop_reason == "max_tokens"
+    counted = client.messages.count_tokens(model="tiny", system="Be brief.",
+                                           messages=ask["messages"])
+    assert counted.input_tokens == m.usage.input_tokens
+    # a stop sequence: the reason and which one (a piece of the answer's text)
+    whole = m.content[0].text
+    assert len(whole) >= 6
+    stop = whole[3:6]
+    cut = client.messages.create(**{**ask, "max_tokens": 16}, stop_sequences=["zzzz", stop])
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
+    assert cut.content[0].text == whole.split(stop)[0]
 
 
 def test_errors_in_the_apis_shape(served):

@@ -9,7 +9,9 @@ answer is written back as a message's content blocks.
 ``max_tokens``, ``stop_sequences``, ``temperature``, ``top_p``, ``top_k`` and ``thinking``
 (disabled: Qwen3's ``enable_thinking: false``) map onto chat's fields. The answer is a
 ``thinking`` block where the model thought, a ``text`` block and a ``tool_use`` block a
-call; ``stop_reason`` is ``end_turn``, ``max_tokens`` or ``tool_use``. Errors have the
+call; ``stop_reason`` is ``end_turn``, ``max_tokens``, ``stop_sequence`` (with the
+``stop_sequence`` that ended it) or ``tool_use``. ``POST /v1/messages/count_tokens`` gives
+the prompt's ``input_tokens``. Errors have the
 API's shape (``{"type": "error", "error": {"type", "message"}}``); the key may come as
 ``x-api-key``. Images and documents are refused.
 """
@@ -32,9 +34,11 @@ def error_body(e: ApiError) -> dict:
             "error": {"type": ERROR_TYPES.get(e.status, "api_error"), "message": e.message}}
 
 
-def chat_body(body: dict) -> dict:
+def chat_body(body: dict, counting: bool = False) -> dict:
     """The chat completions body a Messages request amounts to (400 for what needle does
-    not do)."""
+    not do); ``counting``: a count_tokens request, which has no max_tokens."""
+    if counting:
+        body = {**body, "max_tokens": 1}
     if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
         raise bad("max_tokens is required: the most tokens to generate", "max_tokens")
     messages = _system(body.get("system"))
@@ -166,6 +170,8 @@ def content_blocks(thought: str | None, content: str | None, calls) -> list[dict
 def stop_reason(request, calls) -> str:
     if calls:
         return "tool_use"
+    if request.stopped_by is not None:
+        return "stop_sequence"
     return "max_tokens" if request.finish_reason == "length" else "end_turn"
 
 
@@ -176,5 +182,6 @@ def usage(request, output: bool = True) -> dict:
 
 def message(mid: str, model: str, request, blocks: list[dict], reason: str | None) -> dict:
     return {"id": mid, "type": "message", "role": "assistant", "model": model,
-            "content": blocks, "stop_reason": reason, "stop_sequence": None,
+            "content": blocks, "stop_reason": reason,
+            "stop_sequence": request.stopped_by if reason is not None else None,
             "usage": usage(request, reason is not None)}

@@ -75,7 +75,8 @@ class MessageStream:
             yield self._event("content_block_stop", index=self.blocks)
             self.blocks += 1
         yield self._event("message_delta", delta={
-            "stop_reason": aapi.stop_reason(self.request, calls), "stop_sequence": None},
+            "stop_reason": aapi.stop_reason(self.request, calls),
+            "stop_sequence": self.request.stopped_by},
             usage={"output_tokens": len(self.request.output)})
         yield self._event("message_stop")
 

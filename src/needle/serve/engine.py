@@ -439,10 +439,14 @@ class Engine:
         if reason is not None and r.detokenizer is not None:
             piece += r.detokenizer.flush()
         text = r.text + piece
-        cuts = [at for at in (text.find(stop, max(0, len(r.text) - len(stop) + 1))
-                              for stop in r.params.stop) if at >= 0]
+        cuts = []  # (where, which) of each stop string found in the text's new part
+        for stop in r.params.stop:
+            at = text.find(stop, max(0, len(r.text) - len(stop) + 1))
+            if at >= 0:
+                cuts.append((at, stop))
         if cuts:
-            text, reason = text[:min(cuts)], "stop"
+            at, r.stopped_by = min(cuts)
+            text, reason = text[:at], "stop"
         # hold back a tail that may be the start of a stop string
         keep = max((len(s) - 1 for s in r.params.stop), default=0) if reason is None else 0
         emitted = len(r.text) - r.held

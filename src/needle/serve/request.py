@@ -123,6 +123,7 @@ class Request:
     sampler: Sampler | None = None
     listener: object | None = None  # called with each event (the server's loop hook)
     constraint: object | None = None  # its grammar's matcher (grammar.Constraint), if any
+    stopped_by: str | None = None  # the stop string that ended it, if one did
 
     @property
     def length(self) -> int:

@@ -75,6 +75,7 @@ class Server:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),  # Anthropic's
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
             # vLLM's tokenizer endpoints (lm-evaluation-harness uses them when present)
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
@@ -192,6 +193,19 @@ class Server:
 
     async def messages(self, request: HttpRequest):
         return await self._generate(request, "messages")
+
+    async def count_tokens(self, request: HttpRequest):
+        """Anthropic's count_tokens: the prompt a Messages request would read."""
+        if (denied := self._check_key(request, "messages")) is not None:
+            return denied
+        model = self.engine.model
+        try:
+            body = await self._body(request)
+            parsed = api.parse_chat(anthropic_api.chat_body(body, counting=True),
+                                    model.tokenizer, model.generation_config, self.tool_parser)
+        except api.ApiError as e:
+            return _error(e, "messages")
+        return JSONResponse({"input_tokens": len(parsed.prompt)})
 
     def _check_key(self, request: HttpRequest, kind: str = "") -> JSONResponse | None:
         """None where the request carries the API key (``Authorization: Bearer <key>``, or
