@@ -12,17 +12,16 @@ import json
 from collections.abc import AsyncIterator
 
 from . import anthropic_api as aapi
+from .answer import AnswerReader
 from .api_error import ApiError
 
 
 class MessageStream:
     def __init__(self, request, mid: str, model: str, tokenizer, reasoning, calls):
         self.request, self.mid, self.model = request, mid, model
-        self.tokenizer, self.reasoning = tokenizer, reasoning
-        self.calls = calls if calls is not None and calls.parser is not None else None
+        self.reader = AnswerReader(request, tokenizer, reasoning, calls)
         self.blocks = 0  # content blocks started
         self.open: str | None = None  # the kind of the block open now
-        self.text, self.sent, self.sent_thought = "", 0, 0
 
     @staticmethod
     def _event(kind: str, **fields) -> str:
@@ -34,30 +33,18 @@ class MessageStream:
         """The events of the answer (the usage always comes with message_delta)."""
         yield self._event("message_start", message=aapi.message(
             self.mid, self.model, self.request, [], None))
-        opened = None if self.reasoning is None else self.reasoning.opened_by(
-            self.request.prompt, self.tokenizer)
         while True:
             _, event = await queue.get()
             if event.finish_reason == "error":
                 e = ApiError(500, f"generation failed: {event.error}", kind="server_error")
                 yield self._event("error", error=aapi.error_body(e)["error"])
                 return
-            self.text += event.text
             final = event.finish_reason is not None
-            thought, answer = ("", self.text) if self.reasoning is None else \
-                self.reasoning.split(self.text, opened, final)
-            if len(thought) > self.sent_thought:
-                for chunk in self._delta("thinking", thought[self.sent_thought:]):
-                    yield chunk
-                self.sent_thought = len(thought)
-            calls = self.calls.read(answer, self.request.output) \
-                if final and self.calls is not None else None
-            upto = len(answer) if self.calls is None or (final and calls is None) else \
-                self.calls.streamable(answer, self.request.output)
-            if upto > self.sent:
-                for chunk in self._delta("text", answer[self.sent:upto]):
-                    yield chunk
-                self.sent = upto
+            thought, content, calls = self.reader.push(event.text, final)
+            for kind, piece in (("thinking", thought), ("text", content)):
+                if piece:
+                    for chunk in self._delta(kind, piece):
+                        yield chunk
             if final:
                 break
         calls = calls.calls if calls is not None else []

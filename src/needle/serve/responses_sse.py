@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from . import responses_api as rapi
+from .answer import AnswerReader
 from .sse import sse
 
 
@@ -24,12 +25,10 @@ class ResponseStream:
     def __init__(self, request, rid: str, model: str, body: dict, tokenizer, reasoning,
                  calls):
         self.request, self.rid, self.model, self.body = request, rid, model, body
-        self.tokenizer, self.reasoning = tokenizer, reasoning
-        self.calls = calls if calls is not None and calls.parser is not None else None
+        self.reader = AnswerReader(request, tokenizer, reasoning, calls)
         self.seq = 0
         self.items: list[dict] = []  # the output items, finished or open
         self.thought_at = self.message_at = None  # their output indices
-        self.text, self.sent, self.sent_thought = "", 0, 0
         self._thought = self._message = ""  # the thinking and the message text so far
 
     def _event(self, kind: str, **fields) -> str:
@@ -45,36 +44,27 @@ class ResponseStream:
         """The events of the answer (the final response always carries its usage)."""
         yield self._event("response.created", response=self._response("in_progress"))
         yield self._event("response.in_progress", response=self._response("in_progress"))
-        opened = None if self.reasoning is None else self.reasoning.opened_by(
-            self.request.prompt, self.tokenizer)
         while True:
             _, event = await queue.get()
             if event.finish_reason == "error":
                 yield self._event("error", code="server_error", param=None,
                                   message=f"generation failed: {event.error}")
                 return
-            self.text += event.text
             final = event.finish_reason is not None
-            thought, answer = ("", self.text) if self.reasoning is None else \
-                self.reasoning.split(self.text, opened, final)
+            thought, content, calls = self.reader.push(event.text, final)
             for chunk in self._thinking(thought):
                 yield chunk
-            calls = self.calls.read(answer, self.request.output) \
-                if final and self.calls is not None else None
-            upto = len(answer) if self.calls is None or (final and calls is None) else \
-                self.calls.streamable(answer, self.request.output)
-            if upto > self.sent:
-                for chunk in self._text(answer[self.sent:upto]):
+            if content:
+                for chunk in self._text(content):
                     yield chunk
-                self.sent = upto
             if final:
                 break
         for chunk in self._finish(calls.calls if calls is not None else []):
             yield chunk
 
-    def _thinking(self, thought: str):
-        """The thinking's new text, in the reasoning item (opened on its first text)."""
-        if len(thought) <= self.sent_thought:
+    def _thinking(self, delta: str):
+        """New thinking, in the reasoning item (opened on its first text)."""
+        if not delta:
             return
         if self.thought_at is None:
             self.thought_at = len(self.items)
@@ -84,10 +74,8 @@ class ResponseStream:
                               item=self.items[-1])
         item = self.items[self.thought_at]
         yield self._event("response.reasoning_text.delta", item_id=item["id"],
-                          output_index=self.thought_at, content_index=0,
-                          delta=thought[self.sent_thought:])
-        self.sent_thought = len(thought)
-        self._thought = thought
+                          output_index=self.thought_at, content_index=0, delta=delta)
+        self._thought += delta
 
     def _close_thinking(self):
         if self.thought_at is None or self.items[self.thought_at]["status"] == "completed":

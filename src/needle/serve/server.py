@@ -23,7 +23,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, S
 from starlette.routing import Route
 
 from ..errors import GenerationError, NeedleError
-from . import anthropic_api, reasoning, responses_api, tokenize_api, tools
+from . import answer, anthropic_api, reasoning, responses_api, tokenize_api, tools
 from . import openai_api as api
 from .anthropic_sse import MessageStream
 from .engine import Engine, EngineStoppedError
@@ -370,12 +370,8 @@ class Server:
 
     def _answer(self, r: Request, parsed: api.ParsedRequest):
         """A finished request's (thinking, content, tool calls)."""
-        thought, text = None, r.text
-        if self.reasoning is not None:
-            thought, text = self.reasoning.split(
-                r.text, self.reasoning.opened_by(r.prompt, self.engine.model.tokenizer))
-        content, calls = self._calls_reader(parsed).content_and_calls(r, text)
-        return thought, content, calls
+        return answer.whole(r, self.engine.model.tokenizer, self.reasoning,
+                            self._calls_reader(parsed))
 
     def _chat_choice(self, index: int, r: Request, final: TokenEvent,
                      parsed: api.ParsedRequest) -> dict:

@@ -20,6 +20,7 @@ import json
 from collections.abc import AsyncIterator
 
 from . import openai_api as api
+from .answer import AnswerReader
 from .request import Request, TokenEvent
 from .tools import CallsReader
 
@@ -31,15 +32,12 @@ def sse(obj) -> str:
 class _Choice:
     """One choice's stream: its request, logprobs not yet sent, characters sent so far."""
 
-    def __init__(self, index: int, request: Request, echo):
+    def __init__(self, index: int, request: Request, echo, reader: AnswerReader):
         self.index, self.request, self.echo = index, request, echo
         self.pending: list = []
         self.offset = 0
         self.done = False
-        # an answer read for its thinking or tool calls: the text so far, the characters of
-        # its answer and of its thinking sent, whether the prompt opened the thinking
-        self.text, self.sent, self.sent_thought = "", 0, 0
-        self.opened: bool | None = None
+        self.reader = reader  # its thinking and tool calls, where the answer is read for them
 
 
 class Stream:
@@ -48,11 +46,12 @@ class Stream:
     def __init__(self, requests: list[Request], prompts: list, n: int, rid: str, model: str,
                  chat: bool, tokenizer, echo: bool, calls: CallsReader | None = None,
                  reasoning=None):
-        self.choices = [_Choice(i, r, prompts[i] if echo else None)
+        reasoning = reasoning if chat else None  # reasoning.ThinkParser, or None
+        self.choices = [_Choice(i, r, prompts[i] if echo else None,
+                                AnswerReader(r, tokenizer, reasoning, calls))
                         for i, r in enumerate(requests)]
         self.n, self.rid, self.model, self.chat, self.tokenizer = n, rid, model, chat, tokenizer
-        self.calls = calls if calls is not None and calls.parser is not None else None
-        self.reasoning = reasoning if chat else None  # reasoning.ThinkParser, or None
+        self.read = reasoning is not None or (calls is not None and calls.parser is not None)
 
     async def events(self, queue: asyncio.Queue, include_usage: bool) -> AsyncIterator[str]:
         if self.chat:
@@ -95,7 +94,7 @@ class Stream:
         if event.logprob is not None:
             c.pending.append(event.logprob)
         reason = api.finish_reason(event.finish_reason)
-        if self.calls is not None or self.reasoning is not None:
+        if self.read:
             yield from self._read_chunks(c, event.text, reason)
             return
         if event.text:
@@ -107,25 +106,13 @@ class Stream:
         """A chat answer read for its thinking (``reasoning_content`` deltas, then the
         answer as content) and/or for tool calls (content as far as it surely is content;
         at the end the calls, or the rest as content where none parses)."""
-        c.text += text
         final = reason is not None
-        answer = c.text
-        if self.reasoning is not None:
-            if c.opened is None:  # did the prompt open the thinking?
-                c.opened = self.reasoning.opened_by(c.request.prompt, self.tokenizer)
-            thought, answer = self.reasoning.split(c.text, c.opened, final)
-            if len(thought) > c.sent_thought:
-                yield sse(api.chat_chunk(self.rid, self.model,
-                                         {"reasoning_content": thought[c.sent_thought:]}, None,
-                                         index=c.index))
-                c.sent_thought = len(thought)
-        tokens = c.request.output
-        calls = self.calls.read(answer, tokens) if final and self.calls is not None else None
-        upto = len(answer) if self.calls is None or (final and calls is None) else \
-            self.calls.streamable(answer, tokens)
-        if upto > c.sent:
-            yield self._chunk(c, answer[c.sent:upto], None, self._logprobs(c))
-            c.sent = upto
+        thought, content, calls = c.reader.push(text, final)
+        if thought:
+            yield sse(api.chat_chunk(self.rid, self.model, {"reasoning_content": thought},
+                                     None, index=c.index))
+        if content:
+            yield self._chunk(c, content, None, self._logprobs(c))
         if not final:
             return
         if calls is not None:
