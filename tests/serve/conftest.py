@@ -37,3 +37,42 @@ def scored(scored_dir):
     from needle.models import load_pretrained
 
     return load_pretrained(scored_dir[0], device="cpu", dtype="float32")
+
+
+def _trained(tmp_path_factory, name: str, build):
+    """A tiny Llama trained once a session (``tool_model``) in its own directory."""
+    directory = tmp_path_factory.mktemp(name)
+    build(directory)
+    return directory
+
+
+def _loaded(directory):
+    from needle.models import load_pretrained
+
+    return load_pretrained(directory, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tool_dir(tmp_path_factory):
+    """The model that learned a tool conversation (``tool_model.build``)."""
+    from . import tool_model
+
+    return _trained(tmp_path_factory, "tool_model", tool_model.build)
+
+
+@pytest.fixture(scope="session")
+def tool_llm(tool_dir):
+    return _loaded(tool_dir)
+
+
+@pytest.fixture(scope="session")
+def thinker_dir(tmp_path_factory):
+    """The same conversation thought through first (``tool_model.build_thinker``)."""
+    from . import tool_model
+
+    return _trained(tmp_path_factory, "thinker", tool_model.build_thinker)
+
+
+@pytest.fixture(scope="session")
+def thinker(thinker_dir):
+    return _loaded(thinker_dir)

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import pytest
 
 from . import tool_model
-from .test_reasoning import TEMPLATE as THINKING_TEMPLATE
-from .test_reasoning import THINK_ANSWER, THINK_CALL
-
-anthropic = pytest.importorskip("anthropic", reason="the anthropic client is in the dev extra")
 
 KEY = "test-key"
 TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
@@ -84,12 +81,8 @@ def test_errors_in_the_apis_shape(served):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_a_thinking_tool_loop(tmp_path):
-    from needle.models import load_pretrained
-
-    tool_model.build(tmp_path, template=THINKING_TEMPLATE,
-                     answers=(THINK_CALL + tool_model.CALL, THINK_ANSWER + tool_model.ANSWER))
-    server, client = _serve(load_pretrained(tmp_path, device="cpu", dtype="float32"), "t")
+def test_a_thinking_tool_loop(thinker):
+    server, client = _serve(thinker, "t")
     try:
         ask = dict(model="t", max_tokens=200, extra_body={"temperature": 0}, tools=TOOLS)
         question = [{"role": "user", "content": tool_model.QUESTION[0]["content"]}]

@@ -7,21 +7,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from needle.serve import reasoning
 
 from . import tool_model
-
-THINK_CALL = "<think>\nThe user wants the weather: I call the tool.\n</think>\n\n"
-THINK_ANSWER = "<think>\nThe tool says sunny.\n</think>\n\n"
-# the tool model's template with Qwen3's switch: enable_thinking false closes an empty
-# thinking in the prompt
-TEMPLATE = tool_model.TEMPLATE.replace(
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and enable_thinking is false %}\n<think>\n\n</think>\n"
-    "{% endif %}\n{% endif %}")
 
 
 def test_the_split_of_each_form():
@@ -37,16 +25,6 @@ def test_the_split_of_each_form():
     assert p.split("Hello <", final=False) == ("", "Hello <")  # content: no tag can follow
 
 
-@pytest.fixture(scope="module")
-def thinker(tmp_path_factory):
-    from needle.models import load_pretrained
-
-    directory = tmp_path_factory.mktemp("thinker")
-    tool_model.build(directory, template=TEMPLATE,
-                     answers=(THINK_CALL + tool_model.CALL, THINK_ANSWER + tool_model.ANSWER))
-    return load_pretrained(directory, device="cpu", dtype="float32")
-
-
 def test_the_template_decides_and_the_prompt_may_open_it(thinker):
     tok = thinker.tokenizer
     assert isinstance(reasoning.parser_for("auto", tok), reasoning.ThinkParser)
@@ -57,7 +35,8 @@ def test_the_template_decides_and_the_prompt_may_open_it(thinker):
 
 
 def test_the_openai_client_gets_thinking_apart(thinker):
-    openai = pytest.importorskip("openai", reason="the openai client is in the dev extra")
+    import openai
+
     from .test_server import Running
 
     server = Running(thinker, name="thinker", max_seqs=4)
@@ -84,18 +63,15 @@ def test_the_openai_client_gets_thinking_apart(thinker):
         server.stop()
 
 
-def test_the_command_line_options(tmp_path):
+def test_the_command_line_options(thinker_dir):
     """``needle serve --reasoning-parser none --tool-call-parser hermes`` as a process: the
     thinking stays in the content (before the call, which is still read); by default it is
     reasoning_content."""
-    pytest.importorskip("openai", reason="the openai client is in the dev extra")
     from .serve_job import NAME, ServeJob
 
-    tool_model.build(tmp_path, template=TEMPLATE,
-                     answers=(THINK_CALL + tool_model.CALL, THINK_ANSWER + tool_model.ANSWER))
     for options, thinking_apart in ((("--reasoning-parser", "none", "--tool-call-parser",
                                       "hermes"), False), ((), True)):
-        job = ServeJob(tmp_path, *options)
+        job = ServeJob(thinker_dir, *options)
         try:
             message = job.client.chat.completions.create(
                 model=NAME, messages=tool_model.QUESTION, tools=tool_model.TOOLS,

@@ -9,14 +9,11 @@ from __future__ import annotations
 import json
 from typing import Literal
 
+import openai
 import pytest
 
 from . import tool_model
-from .test_reasoning import TEMPLATE as THINKING_TEMPLATE
-from .test_reasoning import THINK_ANSWER, THINK_CALL
 from .test_structured_output import SCHEMA, _valid
-
-openai = pytest.importorskip("openai", reason="the openai client is in the dev extra")
 
 KEY = "test-key"
 FLAT_TOOLS = [{"type": "function", **t["function"]} for t in tool_model.TOOLS]
@@ -84,12 +81,8 @@ def test_refusals(served):
             served.responses.create(model="tiny", input="Hi", **extra)
 
 
-def test_a_thinking_tool_loop(tmp_path):
-    from needle.models import load_pretrained
-
-    tool_model.build(tmp_path, template=THINKING_TEMPLATE,
-                     answers=(THINK_CALL + tool_model.CALL, THINK_ANSWER + tool_model.ANSWER))
-    server, client = _serve(load_pretrained(tmp_path, device="cpu", dtype="float32"), "t")
+def test_a_thinking_tool_loop(thinker):
+    server, client = _serve(thinker, "t")
     try:
         question = [{"role": "user", "content": tool_model.QUESTION[0]["content"]}]
         r = client.responses.create(model="t", input=question, tools=FLAT_TOOLS, temperature=0)

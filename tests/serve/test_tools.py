@@ -18,24 +18,11 @@ KEY = "test-key"
 
 
 @pytest.fixture(scope="module")
-def tool_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tool_model")
-    tool_model.build(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def tool_llm(tool_dir):
-    from needle.models import load_pretrained
-
-    return load_pretrained(tool_dir, device="cpu", dtype="float32")
-
-
-@pytest.fixture(scope="module")
 def tool_client(tool_llm):
     """The model served, driven by the openai client (the dev extra; the other tests here
     run without it)."""
-    openai = pytest.importorskip("openai", reason="the openai client is in the dev extra")
+    import openai
+
     from .test_server import Running
 
     server = Running(tool_llm, name="tools", api_key=KEY, max_seqs=4)

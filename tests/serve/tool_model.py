@@ -142,3 +142,20 @@ def _all_greedy(model, batches) -> bool:
         if not bool((choice[wanted != -100] == wanted[wanted != -100]).all()):
             return False
     return True
+
+
+# a reasoning model's version: the same template with Qwen3's switch (enable_thinking false
+# closes an empty thinking in the prompt), answers that think first
+THINKING_TEMPLATE = TEMPLATE.replace(
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{%- if enable_thinking is defined and enable_thinking is false %}\n<think>\n\n</think>\n"
+    "{% endif %}\n{% endif %}")
+THINK_CALL = "<think>\nThe user wants the weather: I call the tool.\n</think>\n\n"
+THINK_ANSWER = "<think>\nThe tool says sunny.\n</think>\n\n"
+
+
+def build_thinker(directory: Path) -> None:
+    """The model that thinks before its call and before its answer."""
+    build(directory, template=THINKING_TEMPLATE,
+          answers=(THINK_CALL + CALL, THINK_ANSWER + ANSWER))
