@@ -61,7 +61,7 @@ class DecodeState:
     """The inputs of one decode step, in device buffers the host rewrites before each step
     (or that the previous captured step advanced itself)."""
 
-    def __init__(self, cfg: ModelConfig, device):
+    def __init__(self, device):
         self.token = nd.zeros((1, 1), "int32", device)
         self.position = nd.zeros((1,), "int32", device)
         # the most positions this step may read, host-side (the decoder's band, see

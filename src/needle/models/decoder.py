@@ -38,7 +38,7 @@ class Decoder:
     def __init__(self, model):
         self.model = model
         self.cache = KVCache(model.config, model.max_seq_len, model.device, model.dtype)
-        self.state = DecodeState(model.config, model.device)
+        self.state = DecodeState(model.device)
         backend = model.device.backend
         self._capture = backend.capture if has(backend, "graphs") else None
         if os.environ.get("NEEDLE_DECODE_GRAPH", "1") == "0":
