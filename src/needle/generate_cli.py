@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from .errors import ModelFormatError
+from .errors import ArgumentError, ModelFormatError
 
 
 def add_model_dir(p: argparse.ArgumentParser) -> None:
@@ -41,6 +41,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="default: the checkpoint's own")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="KV cache length (default: what the prompt and answer need)")
+    p.add_argument("--adapter", default=None,
+                   help="a LoRA adapter directory (PEFT's format) merged into the weights")
 
 
 def sampling(args) -> dict:
@@ -86,12 +88,17 @@ def load(args, needed: int):
     max_seq_len = args.max_seq_len
     if max_seq_len is None:
         max_seq_len = min(needed, model_config(args.model_dir).max_position_embeddings)
+    adapter = getattr(args, "adapter", None)
     if getattr(args, "tp", 1) > 1:  # this rank's share (``needle.distributed``)
         from .distributed import load_tensor_parallel
 
+        if adapter is not None:
+            raise ArgumentError("--adapter with --tp: merge the adapter first (needle finetune "
+                                "--merge, or load_pretrained(..., adapter=) and save)")
+
         return load_tensor_parallel(args.model_dir, dtype=args.dtype, max_seq_len=max_seq_len)
     return load_pretrained(args.model_dir, device=args.device, dtype=args.dtype,
-                           max_seq_len=max_seq_len)
+                           max_seq_len=max_seq_len, adapter=adapter)
 
 
 def answer_budget(model, prompt_tokens: int, requested: int | None) -> int:

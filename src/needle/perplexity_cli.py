@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cpu_numpy, cuda[:i] or metal")
     p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                    help="default: the checkpoint's own")
+    p.add_argument("--adapter", default=None,
+                   help="a LoRA adapter directory (PEFT's format) merged into the weights")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ArgumentError(f"--context {context} exceeds the model's max_position_embeddings "
                             f"{cfg.max_position_embeddings}")
     model = load_pretrained(args.model_dir, device=args.device, dtype=args.dtype,
-                            max_seq_len=context)
+                            max_seq_len=context, adapter=args.adapter)
     start = time.perf_counter()
     result = perplexity(model, ids, context, args.stride, progress=not args.quiet)
     seconds = time.perf_counter() - start

@@ -78,6 +78,8 @@ def parser() -> argparse.ArgumentParser:
                    help="default: the checkpoint's own")
     p.add_argument("--max-seq-len", type=_positive, default=None,
                    help="prompt plus answer positions per sequence")
+    p.add_argument("--adapter", default=None,
+                   help="a LoRA adapter directory (PEFT's format) merged into the weights")
     p.add_argument("--max-batch-tokens", type=_positive, default=None,
                    help="tokens a step: decode tokens plus prompt chunks (default 2048, or "
                         "twice --max-seqs); smaller cuts long prompts into more steps")
@@ -100,6 +102,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
+    if args.adapter is not None and args.tp > 1:
+        parser().error("--adapter with --tp: merge the adapter first (needle finetune --merge)")
     if not Path(args.model_dir).exists():  # before the extra's check: fix the path first
         print(f"needle serve: {args.model_dir} does not exist; pass a Hugging Face model "
               "directory or a .gguf file", file=sys.stderr)
@@ -139,7 +143,7 @@ def _engine(args):
         from .models import load_pretrained
 
         model = load_pretrained(args.model_dir, device=args.device, dtype=args.dtype,
-                                max_seq_len=args.max_seq_len)
+                                max_seq_len=args.max_seq_len, adapter=args.adapter)
         return model, Engine(model, **options)
     from . import distributed
     from .serve.tp_engine import TensorParallelEngine

@@ -78,6 +78,17 @@ class Checkpoint:
         # a vision-language checkpoint's language model under text-model names (alias -> name)
         self.aliases = _text_model_names(self.tensors)
 
+    @classmethod
+    def from_file(cls, file: str | Path) -> Checkpoint:
+        """The tensors of one safetensors file (a LoRA adapter's, say) by name."""
+        file = Path(file)
+        if not file.is_file():
+            raise ModelFormatError(f"{file} does not exist")
+        self = cls.__new__(cls)
+        self.directory, self.source, self._maps = file.parent, file, {}
+        self.tensors, self.aliases = _read_header(file), {}
+        return self
+
     def model_tensors(self) -> dict[str, TensorInfo]:
         """The tensors of the language model under the names its config implies: every
         tensor, or a vision-language checkpoint's language-model tensors (no vision tower)."""

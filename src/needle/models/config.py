@@ -240,6 +240,14 @@ class _Fields:
         return kind(value)
 
 
+def text_model_config(raw: dict, source: str = "config.json") -> dict:
+    """The config.json of the text model ``raw`` describes: ``raw`` itself, or a
+    vision-language model's language model as its own text-model config (what a checkpoint
+    of the language model alone carries)."""
+    name = _architecture(raw, source)
+    return _text_config(raw, name, source) if name in TEXT_MODELS else dict(raw)
+
+
 def _architecture(raw: dict, source: str) -> str:
     archs = raw.get("architectures")
     if isinstance(archs, list) and archs:

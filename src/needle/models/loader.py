@@ -46,7 +46,8 @@ class LoadStats:
 
 
 def load_pretrained(path: str | Path, device: Device | str | None = None,
-                    dtype: str | None = None, max_seq_len: int | None = None) -> CausalLM:
+                    dtype: str | None = None, max_seq_len: int | None = None,
+                    adapter: str | Path | None = None) -> CausalLM:
     """Load a checkpoint of a supported family (``ARCHITECTURES``) from the directory ``path``
     (Hugging Face safetensors, plain or quantized by ``needle quantize``) or a ``.gguf`` file
     (``models/gguf.py``).
@@ -54,12 +55,19 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
     ``device``: a Device or a name ('cuda', 'cpu', 'auto'); default the best enabled one.
     ``dtype``: float32, float16 or bfloat16; default the checkpoint's own.
     ``max_seq_len``: prompt plus generated tokens the KV cache holds; default the model's
-    context length, at most 4096. The model carries ``.tokenizer`` (with its chat template)
-    when the directory has a ``tokenizer.json`` and the ``tokenizers`` package is installed,
-    else None, and ``.generation_config`` from generation_config.json.
+    context length, at most 4096. ``adapter``: a LoRA adapter directory (PEFT's format, as
+    ``needle finetune --lora-rank`` or PEFT's ``save_pretrained`` writes it), merged into the
+    weights as they load (``lora_format.adapter_deltas``). The model carries ``.tokenizer``
+    (with its chat template) when the directory has a ``tokenizer.json`` and the
+    ``tokenizers`` package is installed, else None, and ``.generation_config`` from
+    generation_config.json.
     """
     path = Path(path)
     if path.suffix.lower() == ".gguf" and path.is_file():
+        if adapter is not None:
+            raise ModelFormatError("a LoRA adapter merges into a safetensors checkpoint's "
+                                   "weights, not a GGUF file's; load the model's safetensors "
+                                   "directory with the adapter")
         from .gguf import load_gguf
 
         return load_gguf(path, device, dtype, max_seq_len, _resolve)
@@ -73,6 +81,7 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
     dtype = _dtype(dtype or cfg.dtype)
     max_seq_len = _max_seq_len(cfg, max_seq_len)
     checkpoint = Checkpoint(path)
+    deltas = _adapter(adapter, cfg, qcfg)
     for name, shape in cfg.tensor_shapes().items():
         if qcfg is not None and is_quantized(checkpoint, name):
             read_packed(checkpoint, name, shape, qcfg)  # checks the packed tensors' headers
@@ -96,6 +105,8 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
             return nd.QuantizedMatrix.from_packed(q, s, b, spec, shape[1], device)
         host = checkpoint.read(name, shape)
         read += host.nbytes
+        if name in deltas:  # W + s B A in float32, rounded once to the model's dtype
+            host = host.astype("float32") + deltas.pop(name)
         return nd.array(host, dtype=dtype, device=device)
 
     model, seconds = build(cfg, weights, max_seq_len, device, dtype, checkpoint)
@@ -117,6 +128,19 @@ def build(cfg: ModelConfig, weights, max_seq_len: int, device: Device, dtype: st
         if checkpoint is not None:
             checkpoint.close()
     return model, time.perf_counter() - start
+
+
+def _adapter(adapter, cfg: ModelConfig, qcfg) -> dict:
+    """The LoRA adapter's weight updates by weight name (none without an adapter)."""
+    if adapter is None:
+        return {}
+    if qcfg is not None:
+        raise ModelFormatError("a LoRA adapter merges into dense weights, and this checkpoint "
+                               "is quantized; load the original checkpoint with the adapter "
+                               "(or quantize after merging: needle finetune --merge)")
+    from .lora_format import adapter_deltas
+
+    return adapter_deltas(adapter, cfg.tensor_shapes())
 
 
 def _resolve(cfg: ModelConfig, device, dtype, max_seq_len):

@@ -26,6 +26,7 @@ from ..errors import ModelFormatError, ShapeError
 from ..quant.format import QuantSpec, quantize
 from .checkpoint import Checkpoint, TensorInfo
 from .config import ModelConfig, read_json_object
+from .safetensors_io import write_safetensors
 
 METHOD = "needle"
 FORMAT_VERSION = 1
@@ -175,7 +176,7 @@ def quantize_checkpoint(source: str | Path, target: str | Path, bits: int,
                          lambda n=name: np.ascontiguousarray(checkpoint.read(n))))
     target.mkdir(parents=True, exist_ok=True)
     try:
-        _write_safetensors(target / "model.safetensors", plan,
+        write_safetensors(target / "model.safetensors", plan,
                            tqdm(total=len(plan), desc="quantizing", unit="tensor",
                                 disable=not progress))
     finally:
@@ -205,33 +206,3 @@ def _quantized_entries(checkpoint, name, info, qcfg):
         kind = packed.rsplit(".", 1)[1]
         entries.append((packed, PACKED[kind][0], shape, lambda k=kind: part(k)))
     return entries
-
-
-_SIZES = {"I32": 4, "F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I8": 1, "U8": 1,
-          "BOOL": 1, "I16": 2, "U16": 2, "U32": 4, "U64": 8}
-
-
-def _write_safetensors(path: Path, plan, bar) -> None:
-    """A safetensors file written tensor by tensor (only one tensor in memory at a time)."""
-    header, offset = {}, 0
-    for name, code, shape, _ in plan:
-        if code not in _SIZES:
-            raise ModelFormatError(f"cannot copy tensor {name!r} of dtype {code}")
-        nbytes = math.prod(shape) * _SIZES[code]
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset,
-                                                                             offset + nbytes]}
-        offset += nbytes
-    header["__metadata__"] = {"format": "pt"}
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f, bar:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for name, _, shape, produce in plan:
-            data = produce()
-            if tuple(data.shape) != tuple(shape):
-                raise ModelFormatError(f"tensor {name!r}: produced {data.shape}, planned {shape}")
-            f.write(np.ascontiguousarray(data).view(np.uint8).data)
-            bar.update(1)
-    tmp.replace(path)

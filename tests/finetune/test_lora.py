@@ -1,0 +1,155 @@
+"""LoRA adapters against PEFT: adapters trained here load in PEFT with the same logits, and
+adapters PEFT writes (random B, rank and alpha patterns, rsLoRA, a layer subset) load here,
+attached for training or merged at load by load_pretrained; what PEFT can express and needle
+does not compute is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import needle as ndl
+from needle.errors import ArgumentError, ModelFormatError
+from needle.finetune import (
+    CausalLM,
+    LoraConfig,
+    adapters,
+    add_lora,
+    load_adapter,
+    merge_lora,
+    save_adapter,
+)
+from needle.models import load_pretrained
+
+from .test_model import batch, rel_error
+
+
+def peft_logits(hf, adapter_dir, ids) -> np.ndarray:
+    from peft import PeftModel
+
+    wrapped = PeftModel.from_pretrained(hf, adapter_dir).eval()
+    try:
+        with torch.no_grad():
+            return wrapped(torch.as_tensor(ids)).logits.numpy()
+    finally:
+        wrapped.unload()  # the session's shared reference model, as it was
+
+
+def train(model: CausalLM, steps: int = 3, lr: float = 1e-2) -> float:
+    opt = ndl.optim.AdamW(model.trainable_parameters(), lr=lr)
+    ids, labels = batch(5)
+    for _ in range(steps):
+        loss = model.loss(ids, labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return float(model.loss(ids, labels).numpy())
+
+
+@pytest.mark.parametrize("name", ["llama", "phi3", "qwen3", "gemma2"])
+def test_adapter_trained_here_loads_in_peft(checkpoints, device, name, tmp_path):
+    directory, hf = checkpoints(name)
+    model = CausalLM.from_pretrained(directory, device=device)
+    ids, labels = batch(4)
+    before = model(ids).numpy()
+    targets = add_lora(model, LoraConfig(r=4, alpha=8))
+    assert np.array_equal(model(ids).numpy(), before)  # B = 0: an untrained adapter is a no-op
+    assert all(".lora." in n for n, p in model.named_parameters() if p.requires_grad)
+    start = float(model.loss(ids, labels).numpy())
+    assert train(model) < start
+    frozen = [p for n, p in model.named_parameters() if ".lora." not in n]
+    assert all(p.grad is None for p in frozen)  # the weights were never differentiated
+    save_adapter(model, tmp_path)
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4
+    assert len(targets) == len(adapters(model))
+    assert rel_error(model(ids).numpy(), peft_logits(hf, tmp_path, ids)) < 1e-4
+
+
+def write_peft_adapter(hf, directory, **options) -> None:
+    from peft import LoraConfig as PeftConfig
+    from peft import get_peft_model
+
+    torch.manual_seed(7)
+    config = PeftConfig(task_type="CAUSAL_LM", init_lora_weights=False, **options)
+    wrapped = get_peft_model(hf, config)
+    wrapped.save_pretrained(directory)
+    wrapped.unload()
+
+
+PEFT_OPTIONS = {
+    "plain": dict(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]),
+    "patterns_rslora": dict(r=4, lora_alpha=8, target_modules="all-linear", use_rslora=True,
+                            rank_pattern={"o_proj": 2}, alpha_pattern={"up_proj": 3}),
+    "one_layer": dict(r=2, lora_alpha=4, layers_to_transform=[1],
+                      target_modules=["k_proj", "gate_proj"]),
+    "regex": dict(r=2, lora_alpha=4, target_modules=r".*\.1\.(self_attn|mlp)\.(k|up)_proj"),
+}
+
+
+@pytest.mark.parametrize("options", PEFT_OPTIONS)
+def test_peft_adapter_loads_and_merges(checkpoints, options, tmp_path):
+    directory, hf = checkpoints("llama")
+    write_peft_adapter(hf, tmp_path, **PEFT_OPTIONS[options])
+    ids, _ = batch(6)
+    expected = peft_logits(hf, tmp_path, ids)
+    model = CausalLM.from_pretrained(directory, device=ndl.cpu())
+    load_adapter(model, tmp_path)
+    assert rel_error(model(ids).numpy(), expected) < 1e-4
+    merged = load_pretrained(directory, device=ndl.cpu(), dtype="float32", adapter=tmp_path)
+    assert rel_error(merged(ids).numpy(), expected) < 1e-4
+    merge_lora(model)  # folded into the weights: the same function, no adapters left
+    assert not adapters(model)
+    assert rel_error(model(ids).numpy(), expected) < 1e-4
+
+
+def test_bf16_weights_with_float32_adapter(checkpoints):
+    """Frozen bf16 weights (what a LoRA run keeps on a GPU) with float32 adapters run with
+    and without autocast, near the float32 model."""
+    directory, _ = checkpoints("qwen2")
+    ids, labels = batch(8)
+    reference = CausalLM.from_pretrained(directory, device=ndl.cpu())
+    low = CausalLM.from_pretrained(directory, device=ndl.cpu(), dtype="bfloat16")
+    add_lora(low, LoraConfig(r=2))
+    expected = float(reference.loss(ids, labels).numpy())
+    assert abs(float(low.loss(ids, labels).numpy()) - expected) < 3e-2 * expected
+    with ndl.autocast("bfloat16"):
+        loss = low.loss(ids, labels)
+    loss.backward()
+    assert all(p.grad is not None for p in low.trainable_parameters())
+
+
+def test_adapter_errors(checkpoints, tmp_path):
+    directory, hf = checkpoints("llama")
+    model = CausalLM.from_pretrained(directory, device=ndl.cpu())
+    with pytest.raises(ArgumentError, match="match no projection"):
+        add_lora(model, LoraConfig(target_modules=["c_attn"]))
+    with pytest.raises(ArgumentError, match="no LoRA adapters to save"):
+        save_adapter(model, tmp_path / "none")
+    add_lora(model, LoraConfig(r=2))
+    with pytest.raises(ArgumentError, match="already has LoRA"):
+        add_lora(model, LoraConfig(r=2))
+    with pytest.raises(ArgumentError, match="rank r must be a positive int"):
+        LoraConfig(r=0)
+    with pytest.raises(ModelFormatError, match="adapter_config.json"):
+        load_pretrained(directory, device=ndl.cpu(), adapter=tmp_path)
+    # an adapter for a model of other sizes (qwen2 has one KV head, this llama two)
+    other, other_hf = checkpoints("qwen2")
+    write_peft_adapter(other_hf, tmp_path / "other", r=2, target_modules=["k_proj"])
+    with pytest.raises(ModelFormatError, match="another model"):
+        load_pretrained(directory, device=ndl.cpu(), adapter=tmp_path / "other")
+    # PEFT options needle does not compute are refused by name
+    write_peft_adapter(hf, tmp_path / "dora", r=2, target_modules=["q_proj"], use_dora=True)
+    with pytest.raises(ModelFormatError, match="use_dora"):
+        load_pretrained(directory, device=ndl.cpu(), adapter=tmp_path / "dora")
+    write_peft_adapter(hf, tmp_path / "bias", r=2, target_modules=["q_proj"], bias="all")
+    with pytest.raises(ModelFormatError, match="bias"):
+        load_pretrained(directory, device=ndl.cpu(), adapter=tmp_path / "bias")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "adapter_config.json").write_text(
+        (tmp_path / "other" / "adapter_config.json").read_text())
+    with pytest.raises(ModelFormatError, match="never pickled"):
+        load_pretrained(directory, device=ndl.cpu(), adapter=tmp_path / "bin")
