@@ -1,5 +1,5 @@
 """The ``needle`` command: ``devices``, ``demo``, ``bench``, ``generate``, ``chat``, ``warmup``,
-``serve``, ``quantize``, ``run``.
+``serve``, ``quantize``, ``finetune``, ``perplexity``, ``run``.
 
 Each subcommand's module is imported only when it runs, so ``needle devices`` works even
 where optional dependencies (scikit-learn, tokenizers, a GPU) are missing.
@@ -55,6 +55,7 @@ _COMMANDS = {
     "warmup": ("needle.warmup_cli", "compile a device's kernels ahead of use"),
     "serve": ("needle.serve_cli", "an OpenAI-compatible server for a local language model"),
     "quantize": ("needle.quantize_cli", "write an int8/int4 quantized copy of a model"),
+    "finetune": ("needle.finetune_cli", "fine-tune a model on a data file (full or LoRA)"),
     "perplexity": ("needle.perplexity_cli", "a language model's perplexity on a text file"),
     "run": ("needle.distributed.launcher", "run N ranks of a script (distributed jobs)"),
 }

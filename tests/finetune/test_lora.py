@@ -5,6 +5,7 @@ does not compute is refused by name."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -30,12 +31,10 @@ from .test_model import batch, rel_error
 def peft_logits(hf, adapter_dir, ids) -> np.ndarray:
     from peft import PeftModel
 
-    wrapped = PeftModel.from_pretrained(hf, adapter_dir).eval()
-    try:
-        with torch.no_grad():
-            return wrapped(torch.as_tensor(ids)).logits.numpy()
-    finally:
-        wrapped.unload()  # the session's shared reference model, as it was
+    # a copy: PEFT freezes the model it wraps, and the session's reference is shared
+    wrapped = PeftModel.from_pretrained(copy.deepcopy(hf), adapter_dir).eval()
+    with torch.no_grad():
+        return wrapped(torch.as_tensor(ids)).logits.numpy()
 
 
 def train(model: CausalLM, steps: int = 3, lr: float = 1e-2) -> float:
@@ -75,9 +74,7 @@ def write_peft_adapter(hf, directory, **options) -> None:
 
     torch.manual_seed(7)
     config = PeftConfig(task_type="CAUSAL_LM", init_lora_weights=False, **options)
-    wrapped = get_peft_model(hf, config)
-    wrapped.save_pretrained(directory)
-    wrapped.unload()
+    get_peft_model(copy.deepcopy(hf), config).save_pretrained(directory)
 
 
 PEFT_OPTIONS = {

@@ -27,8 +27,8 @@ from ..models.checkpoint import Checkpoint
 from ..models.config import ModelConfig, read_json_object
 from ..models.quantized import QuantConfig
 from ..nn import CrossEntropyLoss, Module, Parameter
+from .data import IGNORE
 
-IGNORE = -100  # a label that carries no loss (transformers' convention)
 TRAIN_DTYPES = ("float32", "float16", "bfloat16")
 
 

@@ -1,0 +1,170 @@
+"""A fine-tuning step of needle against PyTorch + PEFT in the same run.
+
+    python -m benchmarks.finetune_step --device cuda               # TinyLlama-1.1B shapes
+    python -m benchmarks.finetune_step --device cpu --quick        # a tiny model: a smoke test
+
+A Llama checkpoint of random weights is made by transformers and saved with
+``save_pretrained`` in bf16 (what the Hub holds). Each framework then trains on the same
+batches of random tokens (batch x seq, every next token labelled):
+
+* **LoRA** (rank 16 on every projection of the layers, frozen weights in bf16, adapters in
+  float32, products in bf16 under autocast): needle's ``finetune.CausalLM`` + ``add_lora``
+  and AdamW; PyTorch's ``LlamaForCausalLM`` (sdpa attention) + PEFT's ``get_peft_model`` and
+  ``torch.optim.AdamW``, under ``torch.autocast``.
+* **full** (every weight in float32 with AdamW, products in bf16 under autocast), on a
+  smaller model of the same family (``--full-layers`` layers) so that its optimizer state
+  fits beside the other runs.
+
+A step is forward, loss, backward, optimizer step; the time is the median over the timed
+steps after warm-up ones, synchronized on the device. Printed: ms a step, tokens a second,
+and needle's time over PyTorch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHAPES_1B = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                 num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                 max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0)
+SHAPES_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   max_position_embeddings=256, rms_norm_eps=1e-5)
+
+
+def make_checkpoint(directory: Path, shapes: dict) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**shapes, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(directory)
+
+
+def _median_ms(step, sync, warmup: int, steps: int) -> float:
+    times = []
+    for i in range(warmup + steps):
+        sync()
+        start = time.perf_counter()
+        step(i)
+        sync()
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def needle_step_ms(directory: Path, batches, lora: bool, device: str, warmup: int,
+                   steps: int) -> tuple[float, float]:
+    """(median ms a step, last loss)."""
+    import needle as ndl
+    from needle import backend_ndarray as nd
+    from needle.finetune import CausalLM, LoraConfig, add_lora
+
+    dev = nd.device_from_name(device)
+    mixed = dev.name.startswith("cuda")
+    dtype = "bfloat16" if lora and mixed else "float32"
+    model = CausalLM.from_pretrained(directory, device=dev, dtype=dtype)
+    if lora:
+        add_lora(model, LoraConfig(r=16, alpha=32))
+    opt = ndl.optim.AdamW(model.trainable_parameters(), lr=1e-4, weight_decay=0.0)
+    last = [0.0]
+
+    def step(i):
+        ids = batches[i % len(batches)]
+        with ndl.autocast("bfloat16", enabled=mixed):
+            loss = model.loss(ids, ids)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        last[0] = loss
+
+    ms = _median_ms(step, dev.synchronize, warmup, steps)
+    return ms, float(last[0].numpy())
+
+
+def torch_step_ms(directory: Path, batches, lora: bool, device: str, warmup: int,
+                  steps: int) -> tuple[float, float]:
+    import torch
+    import transformers
+
+    dev = torch.device("cuda" if device.startswith("cuda") else "cpu")
+    mixed = dev.type == "cuda"
+    dtype = torch.bfloat16 if lora and mixed else torch.float32
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        directory, dtype=dtype, attn_implementation="sdpa").to(dev)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                                                 task_type="CAUSAL_LM"))
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
+                            weight_decay=0.0)
+    last = [0.0]
+
+    def step(i):
+        ids = torch.as_tensor(batches[i % len(batches)], device=dev)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=mixed):
+            loss = model(ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        last[0] = loss
+
+    sync = torch.cuda.synchronize if mixed else (lambda: None)
+    ms = _median_ms(step, sync, warmup, steps)
+    return ms, float(last[0].detach())
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--quick", action="store_true", help="a tiny model (a smoke test)")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--full-layers", type=int, default=6,
+                   help="layers of the model the full fine-tune trains (1.1B widths)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--only", choices=("lora", "full"), default=None)
+    args = p.parse_args(argv)
+    shapes = SHAPES_TINY if args.quick else SHAPES_1B
+    seq = min(args.seq, shapes["max_position_embeddings"])
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, shapes["vocab_size"], (args.batch, seq)) for _ in range(4)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("lora", "full"):
+            if args.only and mode != args.only:
+                continue
+            model_shapes = dict(shapes)
+            if mode == "full" and not args.quick:
+                model_shapes["num_hidden_layers"] = args.full_layers
+            directory = Path(tmp) / mode
+            make_checkpoint(directory, model_shapes)
+            lora = mode == "lora"
+            ours, our_loss = needle_step_ms(directory, batches, lora, args.device,
+                                            args.warmup, args.steps)
+            theirs, their_loss = torch_step_ms(directory, batches, lora, args.device,
+                                               args.warmup, args.steps)
+            rows.append((mode, model_shapes["num_hidden_layers"], ours, theirs, our_loss,
+                         their_loss))
+    tokens = args.batch * seq
+    print(f"\nfine-tuning step, batch {args.batch} x {seq} tokens, {args.device} "
+          f"({'tiny' if args.quick else '1.1B widths'})")
+    print(f"{'mode':<6} {'layers':>6} {'needle ms':>10} {'torch ms':>9} {'needle tok/s':>13} "
+          f"{'torch tok/s':>12} {'needle/torch time':>18} {'loss n / t':>16}")
+    for mode, layers, ours, theirs, ol, tl in rows:
+        print(f"{mode:<6} {layers:>6} {ours:>10.1f} {theirs:>9.1f} {tokens / ours * 1e3:>13.0f} "
+              f"{tokens / theirs * 1e3:>12.0f} {ours / theirs:>17.2f}x {ol:>7.3f} / {tl:<7.3f}")
+
+
+if __name__ == "__main__":
+    main()

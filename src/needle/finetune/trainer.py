@@ -1,0 +1,204 @@
+"""``finetune``: a Hugging Face checkpoint trained on a data file, fully or with LoRA.
+
+The loop is the plain one a course teaches (forward, loss, backward, clip, AdamW step,
+cosine schedule with warmup) over ``data.read_examples``' token ids and labels, with a
+progress bar. On CUDA the products run in bfloat16 under ``autocast`` with float32
+master weights (a LoRA run keeps the frozen weights in bf16, halving their memory); on
+other devices everything is float32.
+
+Nothing is lost: the result is written whole or not at all (a full fine-tune as a
+checkpoint directory, a LoRA run as a PEFT adapter, or merged into a checkpoint), every
+``save_every`` steps and when the run is interrupted, with ``finetune.json`` beside it
+(the settings and every step's loss).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import backend_ndarray as nd
+from .. import checks
+from ..amp import autocast
+from ..errors import ArgumentError
+from ..init import manual_seed
+from ..models.config import ModelConfig
+from ..models.lora_format import ALL_LINEAR, LoraConfig
+from ..models.quantized import COPIED
+from ..models.tokenizer import load_tokenizer
+from ..optim import AdamW, CosineDecay, clip_grad_norm
+from .data import IGNORE, batches, read_examples
+from .lora import add_lora, save_adapter
+from .model import CausalLM
+from .save import save_pretrained
+
+LOG_FILE = "finetune.json"
+
+
+@dataclass
+class FinetuneSettings:
+    """What a run does. ``lora_rank`` None trains every weight; a rank trains LoRA adapters
+    (``lora_alpha`` default 2 x rank) on ``target_modules`` and leaves the weights frozen.
+    ``lr`` defaults to 2e-4 with LoRA and 2e-5 without (the usual starting points)."""
+
+    epochs: int = 1
+    batch_size: int = 4
+    max_len: int = 1024
+    lr: float | None = None
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_dropout: float = 0.0
+    target_modules: list[str] | str = ALL_LINEAR
+    merge: bool = False
+    save_every: int | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        where = "finetune"
+        checks.positive(self.epochs, "epochs", where)
+        checks.positive(self.batch_size, "batch_size", where)
+        checks.positive(self.max_len, "max_len", where)
+        if self.lora_rank is not None:
+            checks.positive(self.lora_rank, "lora_rank", where)
+        elif self.merge:
+            raise ArgumentError("finetune: merge applies to a LoRA run (give lora_rank); a "
+                                "full fine-tune writes a checkpoint already")
+        if self.save_every is not None:
+            checks.positive(self.save_every, "save_every", where)
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ArgumentError(f"finetune: warmup_ratio must be in [0, 1), got "
+                                f"{self.warmup_ratio!r}")
+        if self.lr is None:
+            self.lr = 2e-4 if self.lora_rank is not None else 2e-5
+        checks.number(self.lr, "lr", where, 0.0, low_open=True)
+
+
+@dataclass
+class FinetuneResult:
+    output: Path
+    steps: int
+    examples: int
+    tokens: int  # labelled tokens seen (each epoch counted)
+    seconds: float
+    losses: list[float] = field(default_factory=list)
+
+
+def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
+             settings: FinetuneSettings | None = None, device=None,
+             progress: bool = True) -> FinetuneResult:
+    """Train the checkpoint in ``model_dir`` on ``data`` (JSONL / JSON: text, prompt and
+    completion, or chat messages; ``data.py``) and write the result to ``out_dir``."""
+    from tqdm import tqdm
+
+    s = settings or FinetuneSettings()
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    device = _device(device)
+    cfg = ModelConfig.from_file(model_dir / "config.json")
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer is None:
+        raise ArgumentError(f"{model_dir} has no tokenizer.json (or the tokenizers package is "
+                            "missing); fine-tuning reads text, so it needs the tokenizer")
+    max_len = min(s.max_len, cfg.max_position_embeddings)
+    examples = read_examples(data, tokenizer, max_len, eos_id=_eos(cfg))
+    manual_seed(s.seed)
+    mixed = device.name.startswith("cuda")
+    base_dtype = "bfloat16" if mixed and s.lora_rank is not None else "float32"
+    model = CausalLM.from_pretrained(model_dir, device=device, dtype=base_dtype)
+    if s.lora_rank is not None:
+        add_lora(model, LoraConfig(r=s.lora_rank, alpha=s.lora_alpha or 2.0 * s.lora_rank,
+                                   dropout=s.lora_dropout, target_modules=s.target_modules))
+    params = model.trainable_parameters()
+    per_epoch = math.ceil(len(examples) / s.batch_size)
+    total = per_epoch * s.epochs
+    opt = AdamW(params, lr=s.lr, weight_decay=s.weight_decay)
+    warmup = min(int(s.warmup_ratio * total), total - 1)
+    schedule = CosineDecay(opt, total, warmup) if total > 1 else None
+    run = _Run(model, s, out_dir, model_dir, cfg.dtype)
+    bar = tqdm(total=total, desc="fine-tuning", unit="step", disable=not progress)
+    start = time.perf_counter()
+    try:
+        for epoch in range(s.epochs):
+            # right padding: a causal model's earlier positions never see it, and its labels
+            # are IGNORE, so any id pads (0)
+            for ids, labels in batches(examples, s.batch_size, pad_id=0, shuffle=True,
+                                       seed=s.seed + epoch):
+                with autocast("bfloat16", enabled=mixed):
+                    loss = model.loss(ids, labels)
+                opt.zero_grad()
+                loss.backward()
+                if s.max_grad_norm:
+                    clip_grad_norm(params, s.max_grad_norm)
+                opt.step()
+                if schedule is not None:
+                    schedule.step()
+                run.record(float(loss.numpy()), int((labels[:, 1:] != IGNORE).sum()))
+                bar.set_postfix(loss=f"{run.losses[-1]:.4f}", epoch=epoch + 1)
+                bar.update(1)
+                if s.save_every and len(run.losses) % s.save_every == 0 \
+                        and len(run.losses) < total:
+                    run.save(time.perf_counter() - start, finished=False)
+    except KeyboardInterrupt:
+        bar.close()
+        if run.losses:
+            run.save(time.perf_counter() - start, finished=False)
+            print(f"interrupted after {len(run.losses)} of {total} steps; saved that state "
+                  f"to {out_dir}", file=sys.stderr)
+        raise
+    bar.close()
+    seconds = time.perf_counter() - start
+    run.save(seconds, finished=True)
+    return FinetuneResult(out_dir, len(run.losses), len(examples), run.tokens, seconds,
+                          run.losses)
+
+
+class _Run:
+    """The losses so far and how to write the model as it stands."""
+
+    def __init__(self, model: CausalLM, settings: FinetuneSettings, out_dir: Path,
+                 source: Path, dtype: str):
+        self.model, self.settings, self.out_dir = model, settings, out_dir
+        self.source, self.dtype = source, dtype
+        self.losses: list[float] = []
+        self.tokens = 0
+
+    def record(self, loss: float, tokens: int) -> None:
+        if not np.isfinite(loss):
+            raise ArgumentError(f"the loss became {loss} at step {len(self.losses) + 1}; "
+                                "lower the learning rate (lr) or check the data")
+        self.losses.append(loss)
+        self.tokens += tokens
+
+    def save(self, seconds: float, finished: bool) -> None:
+        s = self.settings
+        if s.lora_rank is not None and not s.merge:
+            save_adapter(self.model, self.out_dir)
+            for extra in COPIED:  # the tokenizer beside the adapter, as PEFT users keep it
+                if (self.source / extra).is_file() and extra != "generation_config.json":
+                    (self.out_dir / extra).write_bytes((self.source / extra).read_bytes())
+        else:
+            save_pretrained(self.model, self.out_dir, dtype=self.dtype, progress=False)
+        log = {"base_model": str(self.source), "finished": finished,
+               "steps": len(self.losses), "labelled_tokens": self.tokens,
+               "seconds": round(seconds, 3), "settings": asdict(s), "losses": self.losses}
+        tmp = self.out_dir / (LOG_FILE + ".partial")
+        tmp.write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(self.out_dir / LOG_FILE)
+
+
+def _eos(cfg: ModelConfig) -> int | None:
+    return cfg.eos_token_ids[0] if cfg.eos_token_ids else None
+
+
+def _device(device):
+    if device is None:
+        return nd.default_device()
+    return nd.device_from_name(device) if isinstance(device, str) else device

@@ -1,0 +1,156 @@
+"""``needle finetune`` end to end on a tiny chat model (transformers' save_pretrained, a BPE
+tokenizer trained here, a ChatML template): the model learns answers it did not give, and
+says them through ``needle generate --adapter`` / ``load_pretrained``; the outputs load in
+PEFT and transformers; a run saves as it goes and when interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import needle as ndl
+from needle.cli import main as needle
+from needle.errors import ArgumentError
+from needle.finetune import FinetuneSettings, finetune
+from needle.models import load_pretrained
+
+PAIRS = [("ping", "pong pong"), ("colour of the sky?", "blue, mostly"),
+         ("two and two", "four"), ("say hi", "hello there")]
+
+
+def write_chat_data(path, repeat: int = 1) -> None:
+    with open(path, "w") as f:
+        for _ in range(repeat):
+            for question, answer in PAIRS:
+                f.write(json.dumps({"messages": [
+                    {"role": "system", "content": "Answer briefly."},
+                    {"role": "user", "content": question},
+                    {"role": "assistant", "content": answer}]}) + "\n")
+
+
+def answer(model, question: str) -> str:
+    tok = model.tokenizer
+    ids = tok.apply_chat_template([{"role": "system", "content": "Answer briefly."},
+                                   {"role": "user", "content": question}],
+                                  add_generation_prompt=True, return_dict=False)
+    out = model.generate(ids, max_new_tokens=12, temperature=0)
+    return tok.decode(out)
+
+
+def test_lora_run_learns_the_answers(chat_model, tmp_path, capsys):
+    directory, _ = chat_model
+    data = tmp_path / "chat.jsonl"
+    write_chat_data(data)
+    base = load_pretrained(directory, device=ndl.cpu(), dtype="float32")
+    assert all(answer(base, q) != a for q, a in PAIRS)  # nothing known before
+    out = tmp_path / "adapter"
+    assert needle(["finetune", str(directory), str(data), str(out), "--lora-rank", "16",
+                   "--epochs", "60", "--lr", "1e-2", "--device", "cpu", "--quiet"]) == 0
+    assert "loss" in capsys.readouterr().err
+    log = json.loads((out / "finetune.json").read_text())
+    assert log["finished"] and log["steps"] == 60
+    assert log["losses"][-1] < 0.1 * log["losses"][0]
+    tuned = load_pretrained(directory, device=ndl.cpu(), dtype="float32", adapter=out)
+    assert [answer(tuned, q) for q, _ in PAIRS] == [a for _, a in PAIRS]
+    # the command line says it too
+    capsys.readouterr()
+    assert needle(["generate", str(directory), "--adapter", str(out), "--chat", "--system",
+                   "Answer briefly.", "--prompt", "ping", "--temperature", "0",
+                   "--max-tokens", "16", "--device", "cpu"]) == 0
+    assert "pong pong" in capsys.readouterr().out
+    # and PEFT, on transformers' model, agrees with needle's merged one
+    from peft import PeftModel
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.float32, attn_implementation="eager")
+    peft = PeftModel.from_pretrained(hf, out).eval()
+    ids = np.array([tuned.tokenizer.encode("ping pong colour")])
+    with torch.no_grad():
+        expected = peft(torch.as_tensor(ids)).logits.numpy()
+    assert np.abs(tuned(ids).numpy() - expected).max() < 1e-4 * np.abs(expected).max()
+
+
+def test_full_run_writes_a_checkpoint_transformers_reads(chat_model, tmp_path):
+    directory, _ = chat_model
+    data = tmp_path / "chat.jsonl"
+    write_chat_data(data)
+    out = tmp_path / "tuned"
+    result = finetune(directory, data, out, FinetuneSettings(epochs=30, lr=3e-3),
+                      device="cpu", progress=False)
+    assert result.steps == 30 and result.losses[-1] < 0.2 * result.losses[0]
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    tuned = load_pretrained(out, device=ndl.cpu(), dtype="float32")
+    assert answer(tuned, "ping") == "pong pong"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, attn_implementation="eager").eval()
+    ids = np.array([tuned.tokenizer.encode("two and two")])
+    with torch.no_grad():
+        expected = hf(torch.as_tensor(ids)).logits.numpy()
+    assert np.abs(tuned(ids).numpy() - expected).max() < 1e-4 * np.abs(expected).max()
+
+
+def test_merged_lora_and_every_device(chat_model, tmp_path, device):
+    """A LoRA run on each device (bf16 products and frozen bf16 weights on CUDA) lowers the
+    loss; --merge writes a checkpoint."""
+    directory, _ = chat_model
+    data = tmp_path / "chat.jsonl"
+    write_chat_data(data)
+    settings = FinetuneSettings(epochs=20, lr=1e-2, lora_rank=8, merge=True)
+    result = finetune(directory, data, tmp_path / "merged", settings, device=device,
+                      progress=False)
+    assert result.losses[-1] < 0.5 * result.losses[0]
+    assert not (tmp_path / "merged" / "adapter_config.json").exists()
+    merged = load_pretrained(tmp_path / "merged", device=ndl.cpu(), dtype="float32")
+    assert merged(np.array([[1, 2, 3]])).numpy().shape == (1, 3, 302)
+
+
+def test_saves_as_it_goes_and_when_interrupted(chat_model, tmp_path):
+    directory, _ = chat_model
+    data = tmp_path / "chat.jsonl"
+    write_chat_data(data, repeat=4)
+    out = tmp_path / "run"
+    finetune(directory, data, out, FinetuneSettings(epochs=1, batch_size=2, lora_rank=2,
+                                                    save_every=3), device="cpu",
+             progress=False)
+    assert json.loads((out / "finetune.json").read_text())["steps"] == 8
+    # a long run stopped with Ctrl-C (SIGINT) leaves the adapter as it stood, loadable
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "needle.cli", "finetune", str(directory),
+                             str(data), str(stopped), "--lora-rank", "2", "--epochs", "10000",
+                             "--batch-size", "2", "--save-every", "1", "--device", "cpu",
+                             "--quiet"], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (stopped / "adapter_config.json").exists() and proc.poll() is None:
+            assert time.time() < deadline, "the run never started"
+            time.sleep(0.2)
+        time.sleep(1.0)  # a few more steps
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert "interrupted after" in err
+    log = json.loads((stopped / "finetune.json").read_text())
+    assert not log["finished"] and log["steps"] >= 1
+    load_pretrained(directory, device=ndl.cpu(), adapter=stopped)
+
+
+def test_settings_are_checked():
+    with pytest.raises(ArgumentError, match="merge applies to a LoRA run"):
+        FinetuneSettings(merge=True)
+    with pytest.raises(ArgumentError, match="warmup_ratio"):
+        FinetuneSettings(warmup_ratio=1.0)
+    with pytest.raises(ArgumentError):
+        FinetuneSettings(epochs=0)
