@@ -16,8 +16,10 @@ batches of random tokens (batch x seq, every next token labelled):
   fits beside the other runs.
 
 A step is forward, loss, backward, optimizer step; the time is the median over the timed
-steps after warm-up ones, synchronized on the device. Printed: ms a step, tokens a second,
-and needle's time over PyTorch's.
+steps after warm-up ones, synchronized on the device. needle's step is ``needle
+finetune``'s (``trainer.make_step``): recorded once and replayed (``ndl.compile``) on a GPU;
+the eager step is timed beside it. Printed: ms a step, tokens a second, and needle's time
+over PyTorch's (eager, as PEFT users run it).
 """
 
 from __future__ import annotations
@@ -61,11 +63,13 @@ def _median_ms(step, sync, warmup: int, steps: int) -> float:
 
 
 def needle_step_ms(directory: Path, batches, lora: bool, device: str, warmup: int,
-                   steps: int) -> tuple[float, float]:
-    """(median ms a step, last loss)."""
+                   steps: int, compiled: bool) -> tuple[float, float]:
+    """(median ms a step, last loss) of ``needle finetune``'s step (``make_step``)."""
     import needle as ndl
     from needle import backend_ndarray as nd
     from needle.finetune import CausalLM, LoraConfig, add_lora
+    from needle.finetune.model import next_token_targets
+    from needle.finetune.trainer import make_step
 
     dev = nd.device_from_name(device)
     mixed = dev.name.startswith("cuda")
@@ -74,16 +78,12 @@ def needle_step_ms(directory: Path, batches, lora: bool, device: str, warmup: in
     if lora:
         add_lora(model, LoraConfig(r=16, alpha=32))
     opt = ndl.optim.AdamW(model.trainable_parameters(), lr=1e-4, weight_decay=0.0)
+    train = make_step(model, opt, None, 0.0, mixed, compiled)
     last = [0.0]
 
     def step(i):
         ids = batches[i % len(batches)]
-        with ndl.autocast("bfloat16", enabled=mixed):
-            loss = model.loss(ids, ids)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        last[0] = loss
+        last[0] = train(model.ids_tensor(ids), *next_token_targets(ids, dev))
 
     ms = _median_ms(step, dev.synchronize, warmup, steps)
     return ms, float(last[0].numpy())
@@ -150,20 +150,24 @@ def main(argv=None) -> None:
             directory = Path(tmp) / mode
             make_checkpoint(directory, model_shapes)
             lora = mode == "lora"
+            eager, _ = needle_step_ms(directory, batches, lora, args.device, args.warmup,
+                                      args.steps, compiled=False)
             ours, our_loss = needle_step_ms(directory, batches, lora, args.device,
-                                            args.warmup, args.steps)
+                                            args.warmup, args.steps, compiled=not args.quick)
             theirs, their_loss = torch_step_ms(directory, batches, lora, args.device,
                                                args.warmup, args.steps)
-            rows.append((mode, model_shapes["num_hidden_layers"], ours, theirs, our_loss,
-                         their_loss))
+            rows.append((mode, model_shapes["num_hidden_layers"], eager, ours, theirs,
+                         our_loss, their_loss))
     tokens = args.batch * seq
     print(f"\nfine-tuning step, batch {args.batch} x {seq} tokens, {args.device} "
           f"({'tiny' if args.quick else '1.1B widths'})")
-    print(f"{'mode':<6} {'layers':>6} {'needle ms':>10} {'torch ms':>9} {'needle tok/s':>13} "
-          f"{'torch tok/s':>12} {'needle/torch time':>18} {'loss n / t':>16}")
-    for mode, layers, ours, theirs, ol, tl in rows:
-        print(f"{mode:<6} {layers:>6} {ours:>10.1f} {theirs:>9.1f} {tokens / ours * 1e3:>13.0f} "
-              f"{tokens / theirs * 1e3:>12.0f} {ours / theirs:>17.2f}x {ol:>7.3f} / {tl:<7.3f}")
+    print(f"{'mode':<6} {'layers':>6} {'eager ms':>9} {'needle ms':>10} {'torch ms':>9} "
+          f"{'needle tok/s':>13} {'torch tok/s':>12} {'needle/torch time':>18} "
+          f"{'loss n / t':>16}")
+    for mode, layers, eager, ours, theirs, ol, tl in rows:
+        print(f"{mode:<6} {layers:>6} {eager:>9.1f} {ours:>10.1f} {theirs:>9.1f} "
+              f"{tokens / ours * 1e3:>13.0f} {tokens / theirs * 1e3:>12.0f} "
+              f"{ours / theirs:>17.2f}x {ol:>7.3f} / {tl:<7.3f}")
 
 
 if __name__ == "__main__":

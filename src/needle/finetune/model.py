@@ -86,6 +86,7 @@ class Attention(Module):
             self.q_norm = get.norm(p + "q_norm.weight")
             self.k_norm = get.norm(p + "k_norm.weight")
         self.rope = _Rotary(cfg.layer_rope(layer), cfg.head_dim)
+        self.masks: dict[tuple, Tensor] = {}  # the composed attention's, by length
 
     def forward(self, h: Tensor) -> Tensor:
         cfg = self.cfg
@@ -125,14 +126,22 @@ class Attention(Module):
         scores = (q @ ops.transpose(k)) * cfg.attn_scale
         if cfg.attn_softcap is not None:
             scores = ops.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
-        query, key = np.arange(s)[:, None], np.arange(s)[None, :]
-        visible = key <= query
-        if self.window is not None:
-            visible &= key > query - self.window
-        mask = Tensor(np.where(visible, 0.0, -np.inf), device=q.device, dtype=scores.dtype,
-                      requires_grad=False)
-        probs = ops.softmax(scores + ops.broadcast_to(mask, scores.shape))
+        probs = ops.softmax(scores + ops.broadcast_to(self._mask(s, scores), scores.shape))
         return (probs if probs.dtype == v.dtype else ops.cast(probs, v.dtype)) @ v
+
+
+    def _mask(self, s: int, scores: Tensor) -> Tensor:
+        """0 where a query sees a key (causal, within the window), -inf elsewhere; made once
+        a length (a compiled step then reads the same array at every replay)."""
+        key = (s, scores.dtype, scores.device.name)
+        if key not in self.masks:
+            query, seen = np.arange(s)[:, None], np.arange(s)[None, :]
+            visible = seen <= query
+            if self.window is not None:
+                visible &= seen > query - self.window
+            self.masks[key] = Tensor(np.where(visible, 0.0, -np.inf), device=scores.device,
+                                     dtype=scores.dtype, requires_grad=False)
+        return self.masks[key]
 
 
 class MLP(Module):
@@ -245,7 +254,7 @@ class CausalLM(Module):
             checkpoint.close()
 
     def forward(self, ids) -> Tensor:
-        ids = self._ids(ids)
+        ids = self.ids_tensor(ids)
         h = self.model(ids)
         head = self.model.embed_tokens.weight if self.lm_head is None else None
         logits = h @ ops.transpose(head) if head is not None else self.lm_head(h)
@@ -256,17 +265,28 @@ class CausalLM(Module):
         """Mean cross-entropy of each labelled next token (transformers' ``labels=``: labels
         (batch, seq) are the ids, IGNORE (-100) where no loss is taken; position t's logits
         predict labels[t + 1])."""
-        ids = self._ids(ids)
+        ids = self.ids_tensor(ids)
         labels = np.asarray(labels.numpy() if isinstance(labels, Tensor) else labels)
         if labels.shape != tuple(ids.shape):
             raise ShapeError(f"labels of shape {labels.shape} do not match ids of shape "
                              f"{tuple(ids.shape)}")
-        return lm_loss(self(ids), labels)
+        return self.loss_of(ids, *next_token_targets(labels, ids.device))
+
+    def loss_of(self, ids: Tensor, targets: Tensor, weights: Tensor) -> Tensor:
+        """``loss`` from device tensors alone (``next_token_targets``' two), with nothing
+        read from the host: the form a step compiled by ``ndl.compile`` takes."""
+        logits = self(ids)
+        b, s, vocab = logits.shape
+        losses = CrossEntropyLoss(reduction="none")(ops.reshape(logits, (b * s, vocab)),
+                                                    targets)
+        if losses.dtype != weights.dtype:
+            losses = ops.cast(losses, weights.dtype)
+        return ops.summation(losses * weights)
 
     def trainable_parameters(self) -> list[Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
-    def _ids(self, ids) -> Tensor:
+    def ids_tensor(self, ids) -> Tensor:
         if isinstance(ids, Tensor):
             return ids
         host = np.asarray(ids)
@@ -281,10 +301,11 @@ class CausalLM(Module):
                       requires_grad=False)
 
 
-def lm_loss(logits: Tensor, labels: np.ndarray) -> Tensor:
-    """Mean cross-entropy of logits (b, s, vocab) against the next position's label of
-    ``labels`` (b, s) (IGNORE: none), over the labelled positions."""
-    b, s, vocab = logits.shape
+def next_token_targets(labels: np.ndarray, device) -> tuple[Tensor, Tensor]:
+    """(targets, weights) of ``labels`` (b, s): position t's target is labels[t + 1] (0
+    where that is IGNORE or past the end) and its weight 1 / (labelled positions), else 0,
+    both flat (b * s,), so that sum(weights * cross-entropy) is the mean over labels."""
+    b, s = labels.shape
     target = np.full((b, s), IGNORE, np.int64)
     target[:, :-1] = labels[:, 1:]
     keep = target != IGNORE
@@ -292,13 +313,10 @@ def lm_loss(logits: Tensor, labels: np.ndarray) -> Tensor:
     if count == 0:
         raise ArgumentError("no position carries a label: every next token is IGNORE "
                             "(-100), so there is no loss to take")
-    flat = ops.reshape(logits, (b * s, vocab))
-    ids = Tensor(np.where(keep, target, 0).reshape(-1), device=logits.device,
-                 requires_grad=False)
-    losses = CrossEntropyLoss(reduction="none")(flat, ids)
-    weights = Tensor(keep.reshape(-1).astype(np.float32) / count, device=logits.device,
-                     dtype=losses.dtype, requires_grad=False)
-    return ops.summation(losses * weights)
+    targets = Tensor(np.where(keep, target, 0).reshape(-1), device=device, requires_grad=False)
+    weights = Tensor(keep.reshape(-1).astype(np.float32) / count, device=device,
+                     dtype="float32", requires_grad=False)
+    return targets, weights
 
 
 def gelu_tanh(x: Tensor) -> Tensor:

@@ -4,7 +4,8 @@ The loop is the plain one a course teaches (forward, loss, backward, clip, AdamW
 cosine schedule with warmup) over ``data.read_examples``' token ids and labels, with a
 progress bar. On CUDA the products run in bfloat16 under ``autocast`` with float32
 master weights (a LoRA run keeps the frozen weights in bf16, halving their memory); on
-other devices everything is float32.
+other devices everything is float32. On devices that record work (CUDA, Metal) the step is
+recorded once per batch shape and replayed (``make_step``).
 
 Nothing is lost: the result is written whole or not at all (a full fine-tune as a
 checkpoint directory, a LoRA run as a PEFT adapter, or merged into a checkpoint), every
@@ -26,6 +27,7 @@ import numpy as np
 from .. import backend_ndarray as nd
 from .. import checks
 from ..amp import autocast
+from ..compiled import compile as compile_step
 from ..errors import ArgumentError
 from ..init import manual_seed
 from ..models.config import ModelConfig
@@ -35,7 +37,7 @@ from ..models.tokenizer import load_tokenizer
 from ..optim import AdamW, CosineDecay, clip_grad_norm
 from .data import IGNORE, batches, read_examples
 from .lora import add_lora, save_adapter
-from .model import CausalLM
+from .model import CausalLM, next_token_targets
 from .save import save_pretrained
 
 LOG_FILE = "finetune.json"
@@ -61,6 +63,7 @@ class FinetuneSettings:
     merge: bool = False
     save_every: int | None = None
     seed: int = 0
+    compile: bool | None = None  # record the step once and replay it; None: on GPUs
 
     def __post_init__(self):
         where = "finetune"
@@ -116,30 +119,29 @@ def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
     if s.lora_rank is not None:
         add_lora(model, LoraConfig(r=s.lora_rank, alpha=s.lora_alpha or 2.0 * s.lora_rank,
                                    dropout=s.lora_dropout, target_modules=s.target_modules))
-    params = model.trainable_parameters()
     per_epoch = math.ceil(len(examples) / s.batch_size)
     total = per_epoch * s.epochs
-    opt = AdamW(params, lr=s.lr, weight_decay=s.weight_decay)
+    opt = AdamW(model.trainable_parameters(), lr=s.lr, weight_decay=s.weight_decay)
     warmup = min(int(s.warmup_ratio * total), total - 1)
     schedule = CosineDecay(opt, total, warmup) if total > 1 else None
+    # LoRA dropout draws its masks on the host, which a replay cannot repeat: such a run is
+    # eager (asked for compile, ndl.compile says why and runs eagerly all the same)
+    compiled = s.compile if s.compile is not None else (
+        hasattr(device.backend, "capture") and not s.lora_dropout)
+    step = make_step(model, opt, schedule, s.max_grad_norm, mixed, compiled)
     run = _Run(model, s, out_dir, model_dir, cfg.dtype)
     bar = tqdm(total=total, desc="fine-tuning", unit="step", disable=not progress)
     start = time.perf_counter()
     try:
         for epoch in range(s.epochs):
             # right padding: a causal model's earlier positions never see it, and its labels
-            # are IGNORE, so any id pads (0)
+            # are IGNORE, so any id pads (0); a compiled step's lengths are rounded up to a
+            # multiple of 64 so that few shapes are recorded
             for ids, labels in batches(examples, s.batch_size, pad_id=0, shuffle=True,
                                        seed=s.seed + epoch):
-                with autocast("bfloat16", enabled=mixed):
-                    loss = model.loss(ids, labels)
-                opt.zero_grad()
-                loss.backward()
-                if s.max_grad_norm:
-                    clip_grad_norm(params, s.max_grad_norm)
-                opt.step()
-                if schedule is not None:
-                    schedule.step()
+                if compiled:
+                    ids, labels = _round_length(ids, labels, 64, max_len)
+                loss = step(model.ids_tensor(ids), *next_token_targets(labels, device))
                 run.record(float(loss.numpy()), int((labels[:, 1:] != IGNORE).sum()))
                 bar.set_postfix(loss=f"{run.losses[-1]:.4f}", epoch=epoch + 1)
                 bar.update(1)
@@ -158,6 +160,39 @@ def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
     run.save(seconds, finished=True)
     return FinetuneResult(out_dir, len(run.losses), len(examples), run.tokens, seconds,
                           run.losses)
+
+
+def make_step(model: CausalLM, opt, schedule, max_grad_norm: float, mixed: bool,
+          compiled: bool):
+    """One training step on device tensors (ids, targets, weights) -> the loss; recorded
+    and replayed (``ndl.compile``: one CUDA graph, fused elementwise kernels) when
+    ``compiled``, which takes the Python of ~6,000 launches a step off the host."""
+    params = model.trainable_parameters()
+
+    def step(ids, targets, weights):
+        with autocast("bfloat16", enabled=mixed):
+            loss = model.loss_of(ids, targets, weights)
+        opt.zero_grad()
+        loss.backward()
+        if max_grad_norm:
+            clip_grad_norm(params, max_grad_norm)
+        opt.step()
+        if schedule is not None:
+            schedule.step()
+        return loss
+
+    return compile_step(step) if compiled else step
+
+
+def _round_length(ids: np.ndarray, labels: np.ndarray, multiple: int, most: int):
+    """The batch padded on the right to a multiple of ``multiple`` positions (at most
+    ``most``): ids with 0, labels with IGNORE."""
+    b, s = ids.shape
+    target = min(-(-s // multiple) * multiple, max(most, s))
+    if target == s:
+        return ids, labels
+    pad = ((0, 0), (0, target - s))
+    return np.pad(ids, pad), np.pad(labels, pad, constant_values=IGNORE)
 
 
 class _Run:
