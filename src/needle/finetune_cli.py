@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model_dir")
     p.add_argument("data", help=".jsonl (one record a line) or .json (a list of records)")
     p.add_argument("out_dir")
+    p.add_argument("--eval-data", default=None,
+                   help="a held-out file of the same forms: its loss before training and "
+                        "after each epoch")
     p.add_argument("--lora-rank", type=int, default=None,
                    help="train LoRA adapters of this rank (weights frozen); default: every "
                         "weight")
@@ -52,12 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         target_modules=targets if targets == "all-linear" else targets.split(","),
         merge=args.merge, save_every=args.save_every, seed=args.seed)
     result = finetune(args.model_dir, args.data, args.out_dir, settings, device=args.device,
-                      progress=not args.quiet)
+                      progress=not args.quiet, eval_data=args.eval_data)
     first, last = result.losses[0], result.losses[-1]
     kind = ("LoRA adapter" if args.lora_rank and not args.merge else "checkpoint")
     print(f"wrote {kind} to {result.output}: {result.steps} steps over {result.examples} "
           f"examples ({result.tokens} labelled tokens) in {result.seconds:.1f} s; loss "
-          f"{first:.4f} -> {last:.4f}", file=sys.stderr)
+          f"{first:.4f} -> {last:.4f}"
+          + (f"; held-out loss {result.eval_losses[0]:.4f} -> {result.eval_losses[-1]:.4f}"
+             if result.eval_losses else ""), file=sys.stderr)
     return 0
 
 

@@ -85,9 +85,15 @@ def test_full_run_writes_a_checkpoint_transformers_reads(chat_model, tmp_path):
     data = tmp_path / "chat.jsonl"
     write_chat_data(data)
     out = tmp_path / "tuned"
+    held_out = tmp_path / "held_out.json"  # a JSON list, in the prompt/completion form
+    held_out.write_text(json.dumps([{"prompt": "ping", "completion": "pong pong"}]))
     result = finetune(directory, data, out, FinetuneSettings(epochs=30, lr=3e-3),
-                      device="cpu", progress=False)
+                      device="cpu", progress=False, eval_data=held_out)
     assert result.steps == 30 and result.losses[-1] < 0.2 * result.losses[0]
+    # measured before training and after each epoch, and logged
+    assert len(result.eval_losses) == 31 and result.eval_losses[-1] < result.eval_losses[0]
+    log = json.loads((out / "finetune.json").read_text())
+    assert [e["epoch"] for e in log["eval"]] == list(range(31))
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
     tuned = load_pretrained(out, device=ndl.cpu(), dtype="float32")
     assert answer(tuned, "ping") == "pong pong"

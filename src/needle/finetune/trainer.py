@@ -29,6 +29,7 @@ from .. import checks
 from ..amp import autocast
 from ..compiled import compile as compile_step
 from ..errors import ArgumentError
+from ..grad_mode import no_grad
 from ..init import manual_seed
 from ..models.config import ModelConfig
 from ..models.lora_format import ALL_LINEAR, LoraConfig
@@ -93,13 +94,16 @@ class FinetuneResult:
     tokens: int  # labelled tokens seen (each epoch counted)
     seconds: float
     losses: list[float] = field(default_factory=list)
+    eval_losses: list[float] = field(default_factory=list)  # before training, each epoch
 
 
 def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
              settings: FinetuneSettings | None = None, device=None,
-             progress: bool = True) -> FinetuneResult:
+             progress: bool = True, eval_data: str | Path | None = None) -> FinetuneResult:
     """Train the checkpoint in ``model_dir`` on ``data`` (JSONL / JSON: text, prompt and
-    completion, or chat messages; ``data.py``) and write the result to ``out_dir``."""
+    completion, or chat messages; ``data.py``) and write the result to ``out_dir``. With
+    ``eval_data`` (a file of the same forms), its loss over the labelled tokens is measured
+    before training and after each epoch (``FinetuneResult.eval_losses``, finetune.json)."""
     from tqdm import tqdm
 
     s = settings or FinetuneSettings()
@@ -112,6 +116,8 @@ def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
                             "missing); fine-tuning reads text, so it needs the tokenizer")
     max_len = min(s.max_len, cfg.max_position_embeddings)
     examples = read_examples(data, tokenizer, max_len, eos_id=_eos(cfg))
+    held_out = (read_examples(eval_data, tokenizer, max_len, eos_id=_eos(cfg))
+                if eval_data is not None else None)
     manual_seed(s.seed)
     mixed = device.name.startswith("cuda")
     base_dtype = "bfloat16" if mixed and s.lora_rank is not None else "float32"
@@ -132,6 +138,8 @@ def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
     run = _Run(model, s, out_dir, model_dir, cfg.dtype)
     bar = tqdm(total=total, desc="fine-tuning", unit="step", disable=not progress)
     start = time.perf_counter()
+    if held_out is not None:
+        run.evaluate(held_out, mixed, epoch=0)
     try:
         for epoch in range(s.epochs):
             # right padding: a causal model's earlier positions never see it, and its labels
@@ -148,6 +156,9 @@ def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
                 if s.save_every and len(run.losses) % s.save_every == 0 \
                         and len(run.losses) < total:
                     run.save(time.perf_counter() - start, finished=False)
+            if held_out is not None:
+                bar.set_postfix(eval_loss=f"{run.evaluate(held_out, mixed, epoch + 1):.4f}",
+                                epoch=epoch + 1)
     except KeyboardInterrupt:
         bar.close()
         if run.losses:
@@ -159,7 +170,7 @@ def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
     seconds = time.perf_counter() - start
     run.save(seconds, finished=True)
     return FinetuneResult(out_dir, len(run.losses), len(examples), run.tokens, seconds,
-                          run.losses)
+                          run.losses, [e["loss"] for e in run.eval_losses])
 
 
 def make_step(model: CausalLM, opt, schedule, max_grad_norm: float, mixed: bool,
@@ -203,7 +214,26 @@ class _Run:
         self.model, self.settings, self.out_dir = model, settings, out_dir
         self.source, self.dtype = source, dtype
         self.losses: list[float] = []
+        self.eval_losses: list[dict] = []
         self.tokens = 0
+
+    def evaluate(self, examples, mixed: bool, epoch: int) -> float:
+        """The held-out loss: the mean cross-entropy over every labelled token of
+        ``examples`` (batches weighted by their labelled tokens), without gradients."""
+        total, count = 0.0, 0
+        self.model.eval()
+        try:
+            with no_grad(), autocast("bfloat16", enabled=mixed):
+                for ids, labels in batches(examples, self.settings.batch_size, pad_id=0,
+                                           shuffle=False, seed=0):
+                    n = int((labels[:, 1:] != IGNORE).sum())
+                    total += float(self.model.loss(ids, labels).numpy()) * n
+                    count += n
+        finally:
+            self.model.train()
+        self.eval_losses.append({"epoch": epoch, "step": len(self.losses),
+                                 "loss": total / count})
+        return total / count
 
     def record(self, loss: float, tokens: int) -> None:
         if not np.isfinite(loss):
@@ -223,7 +253,8 @@ class _Run:
             save_pretrained(self.model, self.out_dir, dtype=self.dtype, progress=False)
         log = {"base_model": str(self.source), "finished": finished,
                "steps": len(self.losses), "labelled_tokens": self.tokens,
-               "seconds": round(seconds, 3), "settings": asdict(s), "losses": self.losses}
+               "seconds": round(seconds, 3), "settings": asdict(s), "losses": self.losses,
+               "eval": self.eval_losses}
         tmp = self.out_dir / (LOG_FILE + ".partial")
         tmp.write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
         tmp.replace(self.out_dir / LOG_FILE)
