@@ -128,6 +128,8 @@ def test_bad_inputs_are_clear_errors(checkpoints, tmp_path):
         model(ids + 300)
     with pytest.raises(ShapeError, match="integers"):
         model(ids.astype(np.float32))
+    with pytest.raises(ShapeError, match="label -5 is neither"):
+        model.loss(ids, np.where(labels == -100, -5, labels))
     with pytest.raises(ShapeError, match="do not match"):
         model.loss(ids, labels[:, :5])
     with pytest.raises(ArgumentError, match="no position carries a label"):

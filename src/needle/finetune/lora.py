@@ -18,12 +18,13 @@ from .. import backend_ndarray as nd
 from .. import init, ops
 from ..amp import autocast_dtype
 from ..autograd import Tensor
-from ..errors import ArgumentError, ModelFormatError
+from ..errors import ArgumentError
 from ..models.lora_format import (
     CONFIG_FILE,
     KEY_PREFIX,
     WEIGHTS_FILE,
     LoraConfig,
+    check_adapter,
     read_adapter,
     write_config,
 )
@@ -114,7 +115,8 @@ def load_adapter(model: CausalLM, directory: str | Path) -> list[str]:
     adapter trainable); returns the adapted module names."""
     config, weights = read_adapter(directory)
     modules = {n: m for n, m in model.named_modules() if isinstance(m, Linear)}
-    _check_modules(weights, modules, directory)
+    check_adapter(weights, {f"{n}.weight": m.weight.shape for n, m in modules.items()},
+                  directory)
     if adapters(model):
         raise ArgumentError("this model already has LoRA adapters; merge them first")
     for p in model.parameters():
@@ -131,25 +133,12 @@ def load_adapter(model: CausalLM, directory: str | Path) -> list[str]:
     return sorted(weights)
 
 
-def _check_modules(weights: dict, modules: dict, directory) -> None:
-    for name, (a, b) in weights.items():
-        linear = modules.get(name)
-        if linear is None:
-            raise ModelFormatError(f"{directory}: the adapter adapts {name}, which this model "
-                                   "does not have; it was trained for another model")
-        out_features, in_features = linear.weight.shape
-        if a.shape[1] != in_features or b.shape[0] != out_features:
-            raise ModelFormatError(f"{directory}: {name}'s adapter maps {a.shape[1]} -> "
-                                   f"{b.shape[0]} features but the projection maps "
-                                   f"{in_features} -> {out_features}; it was trained for "
-                                   "another model")
-
-
 def merge_lora(model: CausalLM) -> None:
     """Fold every adapter into its projection's weight (W += s B A, rounded once to the
     weight's dtype) and remove it; the weights stay frozen or trainable as they were."""
+    modules = dict(model.named_modules())
     for name, lora in adapters(model).items():
-        linear = dict(model.named_modules())[name]
+        linear = modules[name]
         w = linear.weight
         merged = w.numpy().astype(np.float32) + lora.delta()
         linear.weight.data = Tensor(nd.array(merged, dtype=w.dtype, device=w.device),

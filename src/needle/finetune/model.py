@@ -129,7 +129,6 @@ class Attention(Module):
         probs = ops.softmax(scores + ops.broadcast_to(self._mask(s, scores), scores.shape))
         return (probs if probs.dtype == v.dtype else ops.cast(probs, v.dtype)) @ v
 
-
     def _mask(self, s: int, scores: Tensor) -> Tensor:
         """0 where a query sees a key (causal, within the window), -inf elsewhere; made once
         a length (a compiled step then reads the same array at every replay)."""
@@ -223,6 +222,7 @@ class CausalLM(Module):
         self.config, self.source = cfg, source
         self.model = Decoder(cfg, get)
         self.lm_head = None if cfg.tie_word_embeddings else get.linear("lm_head", bias=False)
+        self.lora_config = None  # the adapters' LoraConfig, once lora.py attaches some
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: Device | str | None = None,
@@ -256,8 +256,10 @@ class CausalLM(Module):
     def forward(self, ids) -> Tensor:
         ids = self.ids_tensor(ids)
         h = self.model(ids)
-        head = self.model.embed_tokens.weight if self.lm_head is None else None
-        logits = h @ ops.transpose(head) if head is not None else self.lm_head(h)
+        if self.lm_head is None:  # tied: the output head is the embedding
+            logits = h @ ops.transpose(self.model.embed_tokens.weight)
+        else:
+            logits = self.lm_head(h)
         cap = self.config.final_softcap
         return logits if cap is None else ops.tanh(logits / cap) * cap
 
@@ -270,6 +272,10 @@ class CausalLM(Module):
         if labels.shape != tuple(ids.shape):
             raise ShapeError(f"labels of shape {labels.shape} do not match ids of shape "
                              f"{tuple(ids.shape)}")
+        wrong = labels[(labels != IGNORE) & ((labels < 0) | (labels >= self.config.vocab_size))]
+        if wrong.size:
+            raise ShapeError(f"label {wrong[0]} is neither a token id in [0, "
+                             f"{self.config.vocab_size}) nor IGNORE ({IGNORE})")
         return self.loss_of(ids, *next_token_targets(labels, ids.device))
 
     def loss_of(self, ids: Tensor, targets: Tensor, weights: Tensor) -> Tensor:

@@ -185,24 +185,32 @@ def _text_model_name(module: str) -> str:
     return module
 
 
+def check_adapter(found: dict[str, tuple[np.ndarray, np.ndarray]],
+                  shapes: dict[str, tuple[int, ...]], directory) -> None:
+    """Refuse an adapter (module name -> (A, B)) that does not fit a model whose weights have
+    ``shapes`` (HF name -> shape): one trained for another model."""
+    for name, (a, b) in found.items():
+        shape = shapes.get(f"{name}.weight")
+        if shape is None:
+            raise ModelFormatError(f"{directory}: the adapter adapts {name}, which this model "
+                                   "does not have; it was trained for another model")
+        if tuple(shape) != (b.shape[0], a.shape[1]):
+            raise ModelFormatError(f"{directory}: {name}'s adapter maps {a.shape[1]} -> "
+                                   f"{b.shape[0]} features but the weight is {tuple(shape)}; "
+                                   "it was trained for another model")
+
+
 def adapter_deltas(directory: str | Path, shapes: dict[str, tuple[int, ...]]
                    ) -> dict[str, np.ndarray]:
     """What merging the adapter in ``directory`` adds to a model's weights: checkpoint weight
     name -> s * B A (float32), checked against the model's tensor ``shapes`` (HF name ->
     shape) so that an adapter for another model is refused before any weight is read."""
     config, found = read_adapter(directory)
+    check_adapter(found, shapes, directory)
     deltas = {}
     for name, (a, b) in found.items():
-        key = f"{name}.weight"
-        if key not in shapes:
-            raise ModelFormatError(f"{directory}: the adapter adapts {name}, which this model "
-                                   "does not have; it was trained for another model")
-        if tuple(shapes[key]) != (b.shape[0], a.shape[1]):
-            raise ModelFormatError(f"{directory}: {name}'s adapter maps {a.shape[1]} -> "
-                                   f"{b.shape[0]} features but the weight is {shapes[key]}; it "
-                                   "was trained for another model")
         r, alpha = a.shape[0], config.rank_and_alpha(name)[1]
-        deltas[key] = (b @ a) * np.float32(config.scale(r, alpha))
+        deltas[f"{name}.weight"] = (b @ a) * np.float32(config.scale(r, alpha))
     return deltas
 
 
