@@ -11,20 +11,23 @@ batches of random tokens (batch x seq, every next token labelled):
   float32, products in bf16 under autocast): needle's ``finetune.CausalLM`` + ``add_lora``
   and AdamW; PyTorch's ``LlamaForCausalLM`` (sdpa attention) + PEFT's ``get_peft_model`` and
   ``torch.optim.AdamW``, under ``torch.autocast``.
-* **full** (every weight in float32 with AdamW, products in bf16 under autocast), on a
-  smaller model of the same family (``--full-layers`` layers) so that its optimizer state
-  fits beside the other runs.
+* **full** (every weight in float32 with AdamW, products in bf16 under autocast), on
+  ``--full-layers`` layers of the same widths (default all 22: ~18 GB of weights,
+  gradients and optimizer state; fewer on a smaller GPU).
 
 A step is forward, loss, backward, optimizer step; the time is the median over the timed
 steps after warm-up ones, synchronized on the device. needle's step is ``needle
 finetune``'s (``trainer.make_step``): recorded once and replayed (``ndl.compile``) on a GPU;
-the eager step is timed beside it. Printed: ms a step, tokens a second, and needle's time
-over PyTorch's (eager, as PEFT users run it).
+the eager step is timed beside it (``NEEDLE_FUSION=1``: the compiled step with its
+elementwise chains fused, faster, at the recording's memory cost). Printed: ms a step,
+tokens a second, needle's time over PyTorch's (eager, as PEFT users run it), and the peak
+device memory in use (needle's allocator; torch.cuda.max_memory_allocated).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -50,6 +53,13 @@ def make_checkpoint(directory: Path, shapes: dict) -> None:
     model.save_pretrained(directory)
 
 
+def _collect() -> None:
+    """Free the previous run's model before the next measures its peak."""
+    import gc
+
+    gc.collect()
+
+
 def _median_ms(step, sync, warmup: int, steps: int) -> float:
     times = []
     for i in range(warmup + steps):
@@ -63,8 +73,9 @@ def _median_ms(step, sync, warmup: int, steps: int) -> float:
 
 
 def needle_step_ms(directory: Path, batches, lora: bool, device: str, warmup: int,
-                   steps: int, compiled: bool) -> tuple[float, float]:
-    """(median ms a step, last loss) of ``needle finetune``'s step (``make_step``)."""
+                   steps: int, compiled: bool) -> tuple[float, float, float]:
+    """(median ms a step, last loss, peak GiB in use) of ``needle finetune``'s step
+    (``make_step``)."""
     import needle as ndl
     from needle import backend_ndarray as nd
     from needle.finetune import CausalLM, LoraConfig, add_lora
@@ -72,30 +83,43 @@ def needle_step_ms(directory: Path, batches, lora: bool, device: str, warmup: in
     from needle.finetune.trainer import make_step
 
     dev = nd.device_from_name(device)
+    allocator = getattr(dev.backend, "allocator", None)  # GPUs: peak bytes in use
+    _collect()
+    if allocator is not None:
+        dev.backend.empty_cache()
+        allocator.reset_peak()
     mixed = dev.name.startswith("cuda")
     dtype = "bfloat16" if lora and mixed else "float32"
     model = CausalLM.from_pretrained(directory, device=dev, dtype=dtype)
     if lora:
         add_lora(model, LoraConfig(r=16, alpha=32))
     opt = ndl.optim.AdamW(model.trainable_parameters(), lr=1e-4, weight_decay=0.0)
-    train = make_step(model, opt, None, 0.0, mixed, compiled)
+    train = make_step(model, opt, None, 0.0, mixed, compiled,
+                      fuse=os.environ.get("NEEDLE_FUSION") == "1")
     last = [0.0]
 
     def step(i):
         ids = batches[i % len(batches)]
-        last[0] = train(model.ids_tensor(ids), *next_token_targets(ids, dev))
+        last[0] = float(train(model.ids_tensor(ids), *next_token_targets(ids, dev)).numpy())
 
     ms = _median_ms(step, dev.synchronize, warmup, steps)
-    return ms, float(last[0].numpy())
+    peak = allocator.stats().peak / 2**30 if allocator is not None else float("nan")
+    loss = last[0]
+    return ms, loss, peak
 
 
 def torch_step_ms(directory: Path, batches, lora: bool, device: str, warmup: int,
-                  steps: int) -> tuple[float, float]:
+                  steps: int) -> tuple[float, float, float]:
+    """(median ms a step, last loss, peak GiB allocated)."""
     import torch
     import transformers
 
     dev = torch.device("cuda" if device.startswith("cuda") else "cpu")
     mixed = dev.type == "cuda"
+    _collect()
+    if mixed:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     dtype = torch.bfloat16 if lora and mixed else torch.float32
     model = transformers.LlamaForCausalLM.from_pretrained(
         directory, dtype=dtype, attn_implementation="sdpa").to(dev)
@@ -116,11 +140,13 @@ def torch_step_ms(directory: Path, batches, lora: bool, device: str, warmup: int
         opt.zero_grad()
         loss.backward()
         opt.step()
-        last[0] = loss
+        last[0] = float(loss.detach())
 
     sync = torch.cuda.synchronize if mixed else (lambda: None)
     ms = _median_ms(step, sync, warmup, steps)
-    return ms, float(last[0].detach())
+    peak = torch.cuda.max_memory_allocated() / 2**30 if mixed else float("nan")
+    loss = last[0]
+    return ms, loss, peak
 
 
 def main(argv=None) -> None:
@@ -129,7 +155,7 @@ def main(argv=None) -> None:
     p.add_argument("--quick", action="store_true", help="a tiny model (a smoke test)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--full-layers", type=int, default=6,
+    p.add_argument("--full-layers", type=int, default=22,
                    help="layers of the model the full fine-tune trains (1.1B widths)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
@@ -150,24 +176,27 @@ def main(argv=None) -> None:
             directory = Path(tmp) / mode
             make_checkpoint(directory, model_shapes)
             lora = mode == "lora"
-            eager, _ = needle_step_ms(directory, batches, lora, args.device, args.warmup,
-                                      args.steps, compiled=False)
-            ours, our_loss = needle_step_ms(directory, batches, lora, args.device,
-                                            args.warmup, args.steps, compiled=not args.quick)
-            theirs, their_loss = torch_step_ms(directory, batches, lora, args.device,
-                                               args.warmup, args.steps)
+            eager, _, eager_peak = needle_step_ms(directory, batches, lora, args.device,
+                                                  args.warmup, args.steps, compiled=False)
+            ours, our_loss, our_peak = needle_step_ms(directory, batches, lora, args.device,
+                                                      args.warmup, args.steps,
+                                                      compiled=not args.quick)
+            theirs, their_loss, their_peak = torch_step_ms(directory, batches, lora,
+                                                           args.device, args.warmup,
+                                                           args.steps)
             rows.append((mode, model_shapes["num_hidden_layers"], eager, ours, theirs,
-                         our_loss, their_loss))
+                         our_loss, their_loss, eager_peak, our_peak, their_peak))
     tokens = args.batch * seq
     print(f"\nfine-tuning step, batch {args.batch} x {seq} tokens, {args.device} "
           f"({'tiny' if args.quick else '1.1B widths'})")
     print(f"{'mode':<6} {'layers':>6} {'eager ms':>9} {'needle ms':>10} {'torch ms':>9} "
           f"{'needle tok/s':>13} {'torch tok/s':>12} {'needle/torch time':>18} "
-          f"{'loss n / t':>16}")
-    for mode, layers, eager, ours, theirs, ol, tl in rows:
+          f"{'loss n / t':>16}  {'peak GiB eager / needle / torch':>31}")
+    for mode, layers, eager, ours, theirs, ol, tl, ep, op, tp in rows:
         print(f"{mode:<6} {layers:>6} {eager:>9.1f} {ours:>10.1f} {theirs:>9.1f} "
               f"{tokens / ours * 1e3:>13.0f} {tokens / theirs * 1e3:>12.0f} "
-              f"{ours / theirs:>17.2f}x {ol:>7.3f} / {tl:<7.3f}")
+              f"{ours / theirs:>17.2f}x {ol:>7.3f} / {tl:<7.3f}  "
+              f"{ep:>9.1f} / {op:>6.1f} / {tp:>5.1f}")
 
 
 if __name__ == "__main__":

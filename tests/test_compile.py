@@ -288,3 +288,31 @@ def test_capability_functions_replay_with_each_calls_input(device):
         g, u = gu[:, :8], gu[:, 8:]
         np.testing.assert_allclose(got, g / (1 + np.exp(-g)) * u, rtol=1e-4, atol=1e-5)
     assert fn.stats(ndl.Tensor(x, device=device, requires_grad=False))["recorded"]
+
+
+@pytest.mark.parametrize("name", ["cpu_numpy", "cuda"])
+def test_watching_a_step_holds_only_what_outlives_it(name):
+    """The watched (eager) calls free their temporaries as an eager step does: what the
+    watch keeps for comparing with the next call are the arrays still alive then (it kept
+    every array a call made: a 1.1B LoRA step's 76 GiB against 20 eager)."""
+    dev = ndl.cpu_numpy() if name == "cpu_numpy" else ndl.cuda()
+    if not dev.enabled():
+        pytest.skip(f"{name}: {dev.reason}")
+    model = _model(dev)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        opt.zero_grad()
+        loss = (model(x) * 2.0 + 1.0).relu().sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled = ndl.compile(step)
+    x, _ = _data(dev, *_batches(1)[0])
+    compiled(x)  # the loss dropped at once, as a loop that reads it drops it
+    (entry,) = compiled._entries.values()
+    entry.last.keep_survivors()  # what the next call is compared with
+    held = entry.last.allocations
+    assert 0 < len(held) <= 4  # the four gradients: not the step's temporaries
+    assert len(held) < entry.eager_calls

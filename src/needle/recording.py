@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numbers
 import threading
+import weakref
 
 import numpy as np
 
@@ -94,7 +95,12 @@ class StepRecorder:
         self.thread = threading.get_ident()  # only this thread's calls are the step's
         self.log: list[tuple] = []  # (name, scalar arguments) of every work call
         self.uploads: list[np.ndarray] = []
-        self.allocations: list = []  # strong refs: ids stay unique while we compare
+        # ("probe") the arrays it made, by weak reference (its temporaries and what the
+        # caller drops are freed as they would be eagerly); when the next call is compared
+        # with it, ``keep_survivors`` holds those still alive, so that their ids stay unique
+        # meanwhile (an array that died cannot be read by a later call)
+        self.allocations: list = []
+        self._survivors_held = False
         self.reason: str | None = None
         self.calls: list[Call] = []  # ("record", "defer") the backend calls, in order
         self.segments: list = []
@@ -105,6 +111,8 @@ class StepRecorder:
         self._paused = False
         self._capture = None  # the open capture context ("capture")
         self._staged: list = []  # ("capture") device copies of the previous call's uploads
+        if previous is not None:
+            previous.keep_survivors()
         self._stale = ({id(a) for a in previous.allocations} if previous is not None
                        else set())
 
@@ -117,8 +125,18 @@ class StepRecorder:
 
     def allocated(self, array):
         if not self._paused and self.mode == "probe":
-            self.allocations.append(array)
+            try:
+                self.allocations.append(weakref.ref(array))
+            except TypeError:  # a backend array without weak references: held
+                self.allocations.append(lambda a=array: a)
         return array
+
+    def keep_survivors(self) -> None:
+        """The arrays the probed call made that are still alive, held (once)."""
+        if not self._survivors_held:
+            self.allocations = [a for a in (ref() for ref in self.allocations)
+                                if a is not None]
+            self._survivors_held = True
 
     def work(self, name, fn, args, kwargs):
         if self._paused:

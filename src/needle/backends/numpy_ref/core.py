@@ -11,7 +11,7 @@ from ...errors import OutOfMemoryError
 class Array:
     """A flat buffer of ``size`` elements of ``dtype`` held in a numpy array."""
 
-    __slots__ = ("array", "dtype")
+    __slots__ = ("array", "dtype", "__weakref__")  # weak: ndl.compile's watch
 
     def __init__(self, size: int, dtype: str = "float32"):
         try:
