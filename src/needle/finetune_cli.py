@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
     p.add_argument("--save-every", type=int, default=None, help="also save every N steps")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the unfinished run in OUT_DIR (interrupted, or saved with "
+                        "--save-every) with the same model, data and options")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cuda, metal, cpu (default: the best)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         target_modules=targets if targets == "all-linear" else targets.split(","),
         merge=args.merge, save_every=args.save_every, seed=args.seed)
     result = finetune(args.model_dir, args.data, args.out_dir, settings, device=args.device,
-                      progress=not args.quiet, eval_data=args.eval_data)
+                      progress=not args.quiet, eval_data=args.eval_data,
+                      resume=args.resume)
     first, last = result.losses[0], result.losses[-1]
     kind = ("LoRA adapter" if args.lora_rank and not args.merge else "checkpoint")
     print(f"wrote {kind} to {result.output}: {result.steps} steps over {result.examples} "

@@ -166,3 +166,65 @@ def test_settings_are_checked():
         FinetuneSettings(warmup_ratio=1.0)
     with pytest.raises(ArgumentError):
         FinetuneSettings(epochs=0)
+
+
+def _stop_at(step: int):
+    def on_step(done: int, loss: float) -> None:
+        if done == step:
+            raise KeyboardInterrupt  # what Ctrl-C raises between two steps
+    return on_step
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_resumed_run_ends_where_an_uninterrupted_one_ends(chat_model, tmp_path, lora):
+    """Stopped after 5 of 12 steps and resumed, a run writes the same weights, losses and
+    held-out losses as one that never stopped (the CPUs: the same bits)."""
+    directory, _ = chat_model
+    data, held_out = tmp_path / "chat.jsonl", tmp_path / "held_out.jsonl"
+    write_chat_data(data, repeat=2)
+    held_out.write_text(json.dumps({"prompt": "ping", "completion": "pong pong"}) + "\n")
+    settings = FinetuneSettings(epochs=3, batch_size=2, lr=1e-2,
+                                lora_rank=4 if lora else None)
+    whole = finetune(directory, data, tmp_path / "whole", settings, device="cpu",
+                     progress=False, eval_data=held_out)
+    parts = tmp_path / "parts"
+    with pytest.raises(KeyboardInterrupt):
+        finetune(directory, data, parts, settings, device="cpu", progress=False,
+                 eval_data=held_out, on_step=_stop_at(5))
+    log = json.loads((parts / "finetune.json").read_text())
+    assert log["steps"] == 5 and not log["finished"]
+    assert (parts / "trainer_state.safetensors").is_file()
+    with pytest.raises(ArgumentError, match="unfinished run"):  # not overwritten by mistake
+        finetune(directory, data, parts, settings, device="cpu", progress=False)
+    resumed = finetune(directory, data, parts, settings, device="cpu", progress=False,
+                       eval_data=held_out, resume=True)
+    assert resumed.steps == whole.steps == 12
+    assert resumed.losses == whole.losses and resumed.eval_losses == whole.eval_losses
+    assert not (parts / "trainer_state.safetensors").exists()  # finished: no state kept
+    name = "adapter_model.safetensors" if lora else "model.safetensors"
+    assert (parts / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+
+
+def test_resume_refuses_another_run(chat_model, tmp_path):
+    directory, _ = chat_model
+    data = tmp_path / "chat.jsonl"
+    write_chat_data(data, repeat=2)
+    settings = FinetuneSettings(epochs=2, batch_size=2, lora_rank=2)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        finetune(directory, data, out, settings, device="cpu", progress=False,
+                 on_step=_stop_at(2))
+    with pytest.raises(ArgumentError, match="lr: 0.0002, now 0.001"):
+        finetune(directory, data, out, FinetuneSettings(epochs=2, batch_size=2, lora_rank=2,
+                                                        lr=1e-3),
+                 device="cpu", progress=False, resume=True)
+    other = tmp_path / "other.jsonl"
+    write_chat_data(other, repeat=3)
+    with pytest.raises(ArgumentError, match="data file differs"):
+        finetune(directory, other, out, settings, device="cpu", progress=False, resume=True)
+    finetune(directory, data, out, settings, device="cpu", progress=False, resume=True)
+    with pytest.raises(ArgumentError, match="finished"):
+        finetune(directory, data, out, settings, device="cpu", progress=False, resume=True)
+    with pytest.raises(ArgumentError, match="nothing to resume"):
+        finetune(directory, data, tmp_path / "empty", settings, device="cpu", progress=False,
+                 resume=True)

@@ -10,16 +10,17 @@ recorded once per batch shape and replayed (``make_step``).
 Nothing is lost: the result is written whole or not at all (a full fine-tune as a
 checkpoint directory, a LoRA run as a PEFT adapter, or merged into a checkpoint), every
 ``save_every`` steps and when the run is interrupted, with ``finetune.json`` beside it
-(the settings and every step's loss).
+(the settings and every step's loss) and, until the run finishes, the state it resumes
+from (``run.py``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,19 +30,15 @@ from .. import checks
 from ..amp import autocast
 from ..compiled import compile as compile_step
 from ..errors import ArgumentError
-from ..grad_mode import no_grad
 from ..init import manual_seed
 from ..models.config import ModelConfig
 from ..models.lora_format import ALL_LINEAR, LoraConfig
-from ..models.quantized import COPIED
 from ..models.tokenizer import load_tokenizer
 from ..optim import AdamW, CosineDecay, clip_grad_norm
 from .data import IGNORE, batches, read_examples
-from .lora import add_lora, save_adapter
+from .lora import add_lora
 from .model import CausalLM, next_token_targets
-from .save import save_pretrained
-
-LOG_FILE = "finetune.json"
+from .run import STATE_FILE, Run
 
 
 @dataclass
@@ -102,15 +99,17 @@ class FinetuneResult:
 
 def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
              settings: FinetuneSettings | None = None, device=None,
-             progress: bool = True, eval_data: str | Path | None = None) -> FinetuneResult:
+             progress: bool = True, eval_data: str | Path | None = None,
+             resume: bool = False,
+             on_step: Callable[[int, float], None] | None = None) -> FinetuneResult:
     """Train the checkpoint in ``model_dir`` on ``data`` (JSONL / JSON: text, prompt and
     completion, or chat messages; ``data.py``) and write the result to ``out_dir``. With
     ``eval_data`` (a file of the same forms), its loss over the labelled tokens is measured
-    before training and after each epoch (``FinetuneResult.eval_losses``, finetune.json)."""
-    from tqdm import tqdm
-
+    before training and after each epoch (``FinetuneResult.eval_losses``, finetune.json).
+    ``resume`` continues the unfinished run in ``out_dir`` (same model, data and settings;
+    ``run.py``). ``on_step(step, loss)`` is called after each step (1-based)."""
     s = settings or FinetuneSettings()
-    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    model_dir, out_dir, data = Path(model_dir), Path(out_dir), Path(data)
     device = _device(device)
     cfg = ModelConfig.from_file(model_dir / "config.json")
     tokenizer = load_tokenizer(model_dir)
@@ -121,61 +120,104 @@ def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
     examples = read_examples(data, tokenizer, max_len, eos_id=_eos(cfg))
     held_out = (read_examples(eval_data, tokenizer, max_len, eos_id=_eos(cfg))
                 if eval_data is not None else None)
-    manual_seed(s.seed)
+    if not resume and (out_dir / STATE_FILE).is_file():
+        raise ArgumentError(f"{out_dir} holds an unfinished run; continue it with resume "
+                            "(--resume) or write to another directory")
     mixed = device.name.startswith("cuda")
-    base_dtype = "bfloat16" if mixed and s.lora_rank is not None else "float32"
-    model = CausalLM.from_pretrained(model_dir, device=device, dtype=base_dtype)
-    if s.lora_rank is not None:
-        add_lora(model, LoraConfig(r=s.lora_rank, alpha=s.lora_alpha or 2.0 * s.lora_rank,
-                                   dropout=s.lora_dropout, target_modules=s.target_modules))
-    per_epoch = math.ceil(len(examples) / s.batch_size)
-    total = per_epoch * s.epochs
+    model = _model(model_dir, s, device, mixed)
+    total = math.ceil(len(examples) / s.batch_size) * s.epochs
     opt = AdamW(model.trainable_parameters(), lr=s.lr, weight_decay=s.weight_decay)
     warmup = min(int(s.warmup_ratio * total), total - 1)
     schedule = CosineDecay(opt, total, warmup) if total > 1 else None
+    run = Run(model, s, out_dir, model_dir, cfg.dtype, data)
+    if resume:
+        run.restore(opt, schedule, device)
     # LoRA dropout draws its masks on the host, which a replay cannot repeat: such a run is
     # eager (asked for compile, ndl.compile says why and runs eagerly all the same)
     compiled = s.compile if s.compile is not None else (
         hasattr(device.backend, "capture") and not s.lora_dropout)
     step = make_step(model, opt, schedule, s.max_grad_norm, mixed, compiled, s.fuse)
-    run = _Run(model, s, out_dir, model_dir, cfg.dtype)
-    bar = tqdm(total=total, desc="fine-tuning", unit="step", disable=not progress)
-    start = time.perf_counter()
-    if held_out is not None:
-        run.evaluate(held_out, mixed, epoch=0)
-    try:
-        for epoch in range(s.epochs):
-            # right padding: a causal model's earlier positions never see it, and its labels
-            # are IGNORE, so any id pads (0); a compiled step's lengths are rounded up to a
-            # multiple of 64 so that few shapes are recorded
-            for ids, labels in batches(examples, s.batch_size, pad_id=0, shuffle=True,
-                                       seed=s.seed + epoch):
-                if compiled:
-                    ids, labels = _round_length(ids, labels, 64, max_len)
-                # read at once: the loss tensor (and the graph it holds) is dropped here
-                loss = float(step(model.ids_tensor(ids), *next_token_targets(labels,
-                                                                               device)).numpy())
-                run.record(loss, int((labels[:, 1:] != IGNORE).sum()))
-                bar.set_postfix(loss=f"{run.losses[-1]:.4f}", epoch=epoch + 1)
-                bar.update(1)
-                if s.save_every and len(run.losses) % s.save_every == 0 \
-                        and len(run.losses) < total:
-                    run.save(time.perf_counter() - start, finished=False)
-            if held_out is not None:
-                bar.set_postfix(eval_loss=f"{run.evaluate(held_out, mixed, epoch + 1):.4f}",
-                                epoch=epoch + 1)
-    except KeyboardInterrupt:
-        bar.close()
-        if run.losses:
-            run.save(time.perf_counter() - start, finished=False)
-            print(f"interrupted after {len(run.losses)} of {total} steps; saved that state "
-                  f"to {out_dir}", file=sys.stderr)
-        raise
-    bar.close()
-    seconds = time.perf_counter() - start
-    run.save(seconds, finished=True)
+    loop = _Loop(run, step, opt, schedule, examples, held_out, total, max_len, compiled,
+                 mixed, on_step)
+    seconds = loop.train(progress)
     return FinetuneResult(out_dir, len(run.losses), len(examples), run.tokens, seconds,
                           run.losses, [e["loss"] for e in run.eval_losses])
+
+
+def _model(model_dir: Path, s: FinetuneSettings, device, mixed: bool) -> CausalLM:
+    """The model to train: every weight float32, or frozen weights (bf16 on CUDA) with
+    fresh adapters."""
+    manual_seed(s.seed)
+    base_dtype = "bfloat16" if mixed and s.lora_rank is not None else "float32"
+    model = CausalLM.from_pretrained(model_dir, device=device, dtype=base_dtype)
+    if s.lora_rank is not None:
+        add_lora(model, LoraConfig(r=s.lora_rank, alpha=s.lora_alpha or 2.0 * s.lora_rank,
+                                   dropout=s.lora_dropout, target_modules=s.target_modules))
+    return model
+
+
+class _Loop:
+    """The epochs of a run, from where it stands (a resumed run skips the batches done)."""
+
+    def __init__(self, run: Run, step, opt, schedule, examples, held_out, total: int,
+                 max_len: int, compiled: bool, mixed: bool, on_step):
+        self.run, self.step, self.opt, self.schedule = run, step, opt, schedule
+        self.examples, self.held_out, self.total = examples, held_out, total
+        self.max_len, self.compiled, self.mixed, self.on_step = max_len, compiled, mixed, on_step
+
+    def train(self, progress: bool) -> float:
+        """Train to the end, saving as asked and when interrupted; the seconds taken."""
+        from tqdm import tqdm
+
+        run, s = self.run, self.run.settings
+        done = len(run.losses)
+        bar = tqdm(total=self.total, initial=done, desc="fine-tuning", unit="step",
+                   disable=not progress)
+        start = self.start = time.perf_counter()
+        if self.held_out is not None and not run.eval_losses:
+            run.evaluate(self.held_out, self.mixed, epoch=0)
+        try:
+            for epoch in range(s.epochs):
+                self._epoch(epoch, done, bar)
+        except KeyboardInterrupt:
+            bar.close()
+            if len(run.losses) > done:
+                run.save(time.perf_counter() - start, False, self.opt, self.schedule)
+                print(f"interrupted after {len(run.losses)} of {self.total} steps; saved "
+                      f"that state to {run.out_dir} (resume: --resume)", file=sys.stderr)
+            raise
+        bar.close()
+        seconds = time.perf_counter() - start
+        run.save(seconds, True, self.opt, self.schedule)
+        return seconds
+
+    def _epoch(self, epoch: int, done: int, bar) -> None:
+        run, s = self.run, self.run.settings
+        device = run.model.model.embed_tokens.weight.device
+        per_epoch = self.total // s.epochs
+        # right padding: a causal model's earlier positions never see it, and its labels
+        # are IGNORE, so any id pads (0); a compiled step's lengths are rounded up to a
+        # multiple of 64 so that few shapes are recorded
+        for i, (ids, labels) in enumerate(batches(self.examples, s.batch_size, pad_id=0,
+                                                  shuffle=True, seed=s.seed + epoch)):
+            if epoch * per_epoch + i < done:
+                continue  # taken before the run was resumed
+            if self.compiled:
+                ids, labels = _round_length(ids, labels, 64, self.max_len)
+            # read at once: the loss tensor (and the graph it holds) is dropped here
+            loss = float(self.step(run.model.ids_tensor(ids),
+                                   *next_token_targets(labels, device)).numpy())
+            run.record(loss, int((labels[:, 1:] != IGNORE).sum()))
+            bar.set_postfix(loss=f"{loss:.4f}", epoch=epoch + 1)
+            bar.update(1)
+            if self.on_step is not None:
+                self.on_step(len(run.losses), loss)
+            if s.save_every and len(run.losses) % s.save_every == 0 \
+                    and len(run.losses) < self.total:
+                run.save(time.perf_counter() - self.start, False, self.opt, self.schedule)
+        if self.held_out is not None and (epoch + 1) * per_epoch > done:
+            loss = run.evaluate(self.held_out, self.mixed, epoch + 1)
+            bar.set_postfix(eval_loss=f"{loss:.4f}", epoch=epoch + 1)
 
 
 def make_step(model: CausalLM, opt, schedule, max_grad_norm: float, mixed: bool,
@@ -209,60 +251,6 @@ def _round_length(ids: np.ndarray, labels: np.ndarray, multiple: int, most: int)
         return ids, labels
     pad = ((0, 0), (0, target - s))
     return np.pad(ids, pad), np.pad(labels, pad, constant_values=IGNORE)
-
-
-class _Run:
-    """The losses so far and how to write the model as it stands."""
-
-    def __init__(self, model: CausalLM, settings: FinetuneSettings, out_dir: Path,
-                 source: Path, dtype: str):
-        self.model, self.settings, self.out_dir = model, settings, out_dir
-        self.source, self.dtype = source, dtype
-        self.losses: list[float] = []
-        self.eval_losses: list[dict] = []
-        self.tokens = 0
-
-    def evaluate(self, examples, mixed: bool, epoch: int) -> float:
-        """The held-out loss: the mean cross-entropy over every labelled token of
-        ``examples`` (batches weighted by their labelled tokens), without gradients."""
-        total, count = 0.0, 0
-        self.model.eval()
-        try:
-            with no_grad(), autocast("bfloat16", enabled=mixed):
-                for ids, labels in batches(examples, self.settings.batch_size, pad_id=0,
-                                           shuffle=False, seed=0):
-                    n = int((labels[:, 1:] != IGNORE).sum())
-                    total += float(self.model.loss(ids, labels).numpy()) * n
-                    count += n
-        finally:
-            self.model.train()
-        self.eval_losses.append({"epoch": epoch, "step": len(self.losses),
-                                 "loss": total / count})
-        return total / count
-
-    def record(self, loss: float, tokens: int) -> None:
-        if not np.isfinite(loss):
-            raise ArgumentError(f"the loss became {loss} at step {len(self.losses) + 1}; "
-                                "lower the learning rate (lr) or check the data")
-        self.losses.append(loss)
-        self.tokens += tokens
-
-    def save(self, seconds: float, finished: bool) -> None:
-        s = self.settings
-        if s.lora_rank is not None and not s.merge:
-            save_adapter(self.model, self.out_dir)
-            for extra in COPIED:  # the tokenizer beside the adapter, as PEFT users keep it
-                if (self.source / extra).is_file() and extra != "generation_config.json":
-                    (self.out_dir / extra).write_bytes((self.source / extra).read_bytes())
-        else:
-            save_pretrained(self.model, self.out_dir, dtype=self.dtype, progress=False)
-        log = {"base_model": str(self.source), "finished": finished,
-               "steps": len(self.losses), "labelled_tokens": self.tokens,
-               "seconds": round(seconds, 3), "settings": asdict(s), "losses": self.losses,
-               "eval": self.eval_losses}
-        tmp = self.out_dir / (LOG_FILE + ".partial")
-        tmp.write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(self.out_dir / LOG_FILE)
 
 
 def _eos(cfg: ModelConfig) -> int | None:
