@@ -26,9 +26,8 @@ from ..models.lora_format import (
     LoraConfig,
     check_adapter,
     read_adapter,
-    write_config,
 )
-from ..models.safetensors_io import write_safetensors
+from ..models.safetensors_io import write_json, write_safetensors
 from ..nn import Dropout, Module, Parameter
 from .model import CausalLM, Linear
 
@@ -57,11 +56,11 @@ class LoRA(Module):
     def _update(self, x: Tensor) -> Tensor:
         return ((x @ ops.transpose(self.lora_A)) @ ops.transpose(self.lora_B)) * self.scale
 
-    def delta(self) -> np.ndarray:
-        """s * B A as float32 on the host: what merging adds to the weight."""
+    def merged(self, weight) -> np.ndarray:
+        """W + s B A in float32 on the host: ``weight`` (out, in) with this update merged."""
         a = self.lora_A.numpy().astype(np.float32)
         b = self.lora_B.numpy().astype(np.float32)
-        return (b @ a) * np.float32(self.scale)
+        return weight.numpy().astype(np.float32) + (b @ a) * np.float32(self.scale)
 
 
 def add_lora(model: CausalLM, config: LoraConfig | None = None) -> list[str]:
@@ -106,7 +105,7 @@ def save_adapter(model: CausalLM, directory: str | Path) -> Path:
                          lambda h=host: h))
     write_safetensors(directory / WEIGHTS_FILE, plan)
     config = model.lora_config.to_json(str(model.source) if model.source else None)
-    write_config(directory / CONFIG_FILE, config)
+    write_json(directory / CONFIG_FILE, config)
     return directory
 
 
@@ -140,7 +139,7 @@ def merge_lora(model: CausalLM) -> None:
     for name, lora in adapters(model).items():
         linear = modules[name]
         w = linear.weight
-        merged = w.numpy().astype(np.float32) + lora.delta()
+        merged = lora.merged(w)
         linear.weight.data = Tensor(nd.array(merged, dtype=w.dtype, device=w.device),
                                     requires_grad=False)
         linear.lora = None

@@ -25,6 +25,7 @@ from ..backend_ndarray import Device, dtypes
 from ..errors import ArgumentError, ShapeError
 from ..models.checkpoint import Checkpoint
 from ..models.config import ModelConfig, read_json_object
+from ..models.loader import resolve_device
 from ..models.quantized import QuantConfig
 from ..nn import CrossEntropyLoss, Module, Parameter
 from .data import IGNORE
@@ -240,7 +241,7 @@ class CausalLM(Module):
             raise ArgumentError(f"{path} is quantized by needle quantize; fine-tune its "
                                 "original checkpoint (quantize the result afterwards)")
         cfg = ModelConfig.from_dict(raw, str(path / "config.json"))
-        device = _device(device)
+        device = resolve_device(device)
         dtype = dtypes.canonical(dtype)
         if dtype not in TRAIN_DTYPES:
             raise ArgumentError(f"a model trains in {', '.join(TRAIN_DTYPES)}, not {dtype}")
@@ -381,8 +382,3 @@ class _Getter:
         return Linear(self.param(f"{prefix}.weight"),
                       self.param(f"{prefix}.bias") if has_bias else None)
 
-
-def _device(device) -> Device:
-    if device is None:
-        return nd.default_device()
-    return nd.device_from_name(device) if isinstance(device, str) else device

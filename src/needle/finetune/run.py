@@ -14,7 +14,7 @@ resumed run ends where an uninterrupted one would. The state goes when the run f
 from __future__ import annotations
 
 import hashlib
-import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,7 +22,9 @@ from .. import serialization
 from ..amp import autocast
 from ..errors import ArgumentError
 from ..grad_mode import no_grad
+from ..models.config import read_json_object
 from ..models.quantized import COPIED
+from ..models.safetensors_io import write_json
 from .data import IGNORE, batches
 from .lora import save_adapter
 from .model import CausalLM
@@ -38,8 +40,9 @@ class Run:
     """The losses so far and how to write (and read back) the run as it stands."""
 
     def __init__(self, model: CausalLM, settings, out_dir: Path, source: Path, dtype: str,
-                 data: Path):
+                 data: Path, opt, schedule):
         self.model, self.settings, self.out_dir = model, settings, out_dir
+        self.opt, self.schedule = opt, schedule  # their state is the run's too
         self.source, self.dtype = source, dtype
         self.data_digest = _digest(data)
         self.losses: list[float] = []
@@ -48,7 +51,7 @@ class Run:
         self.seconds_before = 0.0  # training time of the run before it was resumed
 
     def record(self, loss: float, tokens: int) -> None:
-        if loss != loss or loss in (float("inf"), float("-inf")):
+        if not math.isfinite(loss):
             raise ArgumentError(f"the loss became {loss} at step {len(self.losses) + 1}; "
                                 "lower the learning rate (lr) or check the data")
         self.losses.append(loss)
@@ -73,7 +76,7 @@ class Run:
         return total / count
 
     # --- writing -------------------------------------------------------------------------
-    def save(self, seconds: float, finished: bool, opt, schedule) -> None:
+    def save(self, seconds: float, finished: bool) -> None:
         """The model, then (unfinished) the state to resume from, then the log: the log
         names a step only once everything of that step is on disk."""
         s = self.settings
@@ -91,18 +94,17 @@ class Run:
         else:
             params = self.model.trainable_parameters()
             serialization.save({"params": {str(i): p for i, p in enumerate(params)},
-                                "optimizer": opt.state_dict(),
-                                "schedule": schedule.state_dict() if schedule else {}}, state)
+                                "optimizer": self.opt.state_dict(),
+                                "schedule": self.schedule.state_dict() if self.schedule else {}},
+                               state)
         log = {"base_model": str(self.source), "finished": finished,
                "steps": len(self.losses), "labelled_tokens": self.tokens,
                "seconds": round(self.seconds_before + seconds, 3), "data_sha256": self.data_digest,
                "settings": asdict(s), "losses": self.losses, "eval": self.eval_losses}
-        tmp = self.out_dir / (LOG_FILE + ".partial")
-        tmp.write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(self.out_dir / LOG_FILE)
+        write_json(self.out_dir / LOG_FILE, log)
 
     # --- reading back --------------------------------------------------------------------
-    def restore(self, opt, schedule, device) -> None:
+    def restore(self, device) -> None:
         """Continue the unfinished run in ``out_dir``: refuse one whose settings, base model
         or data differ from this run's, then load its parameters, optimizer and schedule
         state and its losses."""
@@ -119,9 +121,9 @@ class Run:
                 raise ArgumentError(f"{self.out_dir / STATE_FILE}: parameter {i} has shape "
                                     f"{tuple(value.shape)}, this run's {tuple(p.shape)}")
             p.data = value.astype(p.dtype) if value.dtype != p.dtype else value
-        opt.load_state_dict(state["optimizer"])
-        if schedule is not None:
-            schedule.load_state_dict(state["schedule"])
+        self.opt.load_state_dict(state["optimizer"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["schedule"])
         self.losses = [float(x) for x in log["losses"]]
         self.eval_losses = list(log.get("eval", []))
         self.tokens = int(log["labelled_tokens"])
@@ -132,7 +134,7 @@ class Run:
         if not path.is_file() or not (self.out_dir / STATE_FILE).is_file():
             raise ArgumentError(f"nothing to resume in {self.out_dir}: it holds no {LOG_FILE} "
                                 f"and {STATE_FILE} of an unfinished run")
-        log = json.loads(path.read_text(encoding="utf-8"))
+        log = read_json_object(path, LOG_FILE)
         if log.get("finished"):
             raise ArgumentError(f"the run in {self.out_dir} finished; start a new one (in "
                                 "another directory) to train further")

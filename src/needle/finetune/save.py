@@ -9,7 +9,6 @@ any LoRA adapters merged in: the file holds the model as it computes.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from ..backend_ndarray import dtypes
 from ..errors import ArgumentError
 from ..models.config import read_json_object, text_model_config
 from ..models.quantized import COPIED
-from ..models.safetensors_io import write_safetensors
+from ..models.safetensors_io import write_json, write_safetensors
 from .lora import adapters
 from .model import TRAIN_DTYPES, CausalLM
 
@@ -64,9 +63,7 @@ def save_pretrained(model: CausalLM, directory: str | Path, dtype: str | None = 
 
 def _host(param, lora, np_dtype) -> np.ndarray:
     """The parameter's values as the file stores them (its adapter merged in float32)."""
-    values = param.numpy()
-    if lora is not None:
-        values = values.astype(np.float32) + lora.delta()
+    values = param.numpy() if lora is None else lora.merged(param)
     return values.astype(np_dtype)
 
 
@@ -82,6 +79,4 @@ def _write_config(model: CausalLM, directory: Path, dtype: str) -> None:
     raw["torch_dtype"] = dtype
     if "dtype" in raw:
         raw["dtype"] = dtype
-    tmp = directory / "config.json.partial"
-    tmp.write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(directory / "config.json")
+    write_json(directory / "config.json", raw)

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import backend_ndarray as nd
 from .. import checks
 from ..amp import autocast
 from ..compiled import compile as compile_step
 from ..errors import ArgumentError
 from ..init import manual_seed
 from ..models.config import ModelConfig
+from ..models.loader import resolve_device
 from ..models.lora_format import ALL_LINEAR, LoraConfig
 from ..models.tokenizer import load_tokenizer
 from ..optim import AdamW, CosineDecay, clip_grad_norm
@@ -110,7 +110,7 @@ def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
     ``run.py``). ``on_step(step, loss)`` is called after each step (1-based)."""
     s = settings or FinetuneSettings()
     model_dir, out_dir, data = Path(model_dir), Path(out_dir), Path(data)
-    device = _device(device)
+    device = resolve_device(device)
     cfg = ModelConfig.from_file(model_dir / "config.json")
     tokenizer = load_tokenizer(model_dir)
     if tokenizer is None:
@@ -129,16 +129,15 @@ def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
     opt = AdamW(model.trainable_parameters(), lr=s.lr, weight_decay=s.weight_decay)
     warmup = min(int(s.warmup_ratio * total), total - 1)
     schedule = CosineDecay(opt, total, warmup) if total > 1 else None
-    run = Run(model, s, out_dir, model_dir, cfg.dtype, data)
+    run = Run(model, s, out_dir, model_dir, cfg.dtype, data, opt, schedule)
     if resume:
-        run.restore(opt, schedule, device)
+        run.restore(device)
     # LoRA dropout draws its masks on the host, which a replay cannot repeat: such a run is
     # eager (asked for compile, ndl.compile says why and runs eagerly all the same)
     compiled = s.compile if s.compile is not None else (
         hasattr(device.backend, "capture") and not s.lora_dropout)
     step = make_step(model, opt, schedule, s.max_grad_norm, mixed, compiled, s.fuse)
-    loop = _Loop(run, step, opt, schedule, examples, held_out, total, max_len, compiled,
-                 mixed, on_step)
+    loop = _Loop(run, step, examples, held_out, total, max_len, compiled, mixed, on_step)
     seconds = loop.train(progress)
     return FinetuneResult(out_dir, len(run.losses), len(examples), run.tokens, seconds,
                           run.losses, [e["loss"] for e in run.eval_losses])
@@ -159,9 +158,9 @@ def _model(model_dir: Path, s: FinetuneSettings, device, mixed: bool) -> CausalL
 class _Loop:
     """The epochs of a run, from where it stands (a resumed run skips the batches done)."""
 
-    def __init__(self, run: Run, step, opt, schedule, examples, held_out, total: int,
-                 max_len: int, compiled: bool, mixed: bool, on_step):
-        self.run, self.step, self.opt, self.schedule = run, step, opt, schedule
+    def __init__(self, run: Run, step, examples, held_out, total: int, max_len: int,
+                 compiled: bool, mixed: bool, on_step):
+        self.run, self.step = run, step
         self.examples, self.held_out, self.total = examples, held_out, total
         self.max_len, self.compiled, self.mixed, self.on_step = max_len, compiled, mixed, on_step
 
@@ -182,13 +181,13 @@ class _Loop:
         except KeyboardInterrupt:
             bar.close()
             if len(run.losses) > done:
-                run.save(time.perf_counter() - start, False, self.opt, self.schedule)
+                run.save(time.perf_counter() - start, False)
                 print(f"interrupted after {len(run.losses)} of {self.total} steps; saved "
                       f"that state to {run.out_dir} (resume: --resume)", file=sys.stderr)
             raise
         bar.close()
         seconds = time.perf_counter() - start
-        run.save(seconds, True, self.opt, self.schedule)
+        run.save(seconds, True)
         return seconds
 
     def _epoch(self, epoch: int, done: int, bar) -> None:
@@ -214,7 +213,7 @@ class _Loop:
                 self.on_step(len(run.losses), loss)
             if s.save_every and len(run.losses) % s.save_every == 0 \
                     and len(run.losses) < self.total:
-                run.save(time.perf_counter() - self.start, False, self.opt, self.schedule)
+                run.save(time.perf_counter() - self.start, False)
         if self.held_out is not None and (epoch + 1) * per_epoch > done:
             loss = run.evaluate(self.held_out, self.mixed, epoch + 1)
             bar.set_postfix(eval_loss=f"{loss:.4f}", epoch=epoch + 1)
@@ -256,8 +255,3 @@ def _round_length(ids: np.ndarray, labels: np.ndarray, multiple: int, most: int)
 def _eos(cfg: ModelConfig) -> int | None:
     return cfg.eos_token_ids[0] if cfg.eos_token_ids else None
 
-
-def _device(device):
-    if device is None:
-        return nd.default_device()
-    return nd.device_from_name(device) if isinstance(device, str) else device

@@ -77,7 +77,7 @@ def load_pretrained(path: str | Path, device: Device | str | None = None,
     cfg = ModelConfig.from_file(path / "config.json")
     qcfg = QuantConfig.read(read_json_object(path, "config.json"), str(path / "config.json"))
     generation = GenerationConfig.read(path, cfg.eos_token_ids)
-    device = _device(device)
+    device = resolve_device(device)
     dtype = _dtype(dtype or cfg.dtype)
     max_seq_len = _max_seq_len(cfg, max_seq_len)
     checkpoint = Checkpoint(path)
@@ -145,10 +145,10 @@ def _adapter(adapter, cfg: ModelConfig, qcfg) -> dict:
 
 def _resolve(cfg: ModelConfig, device, dtype, max_seq_len):
     """load_pretrained's argument rules, for loaders of other formats (GGUF)."""
-    return _device(device), _dtype(dtype or cfg.dtype), _max_seq_len(cfg, max_seq_len)
+    return resolve_device(device), _dtype(dtype or cfg.dtype), _max_seq_len(cfg, max_seq_len)
 
 
-def _device(device) -> Device:
+def resolve_device(device) -> Device:
     if device is None:
         return nd.default_device()
     dev = nd.device_from_name(device) if isinstance(device, str) else device

@@ -12,7 +12,6 @@ rather than ignored.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import numpy as np
 
 from ..errors import ArgumentError, ModelFormatError
 from .checkpoint import Checkpoint
+from .config import read_json_object
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -137,13 +137,7 @@ def read_adapter(directory: str | Path) -> tuple[LoraConfig, dict[str, tuple[np.
     if not config_path.is_file():
         raise ModelFormatError(f"{directory} has no {CONFIG_FILE}; pass a LoRA adapter "
                                "directory as PEFT's save_pretrained writes it")
-    try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelFormatError(f"{config_path} is not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ModelFormatError(f"{config_path} must hold a JSON object")
-    config = LoraConfig.from_json(raw, str(config_path))
+    config = LoraConfig.from_json(read_json_object(config_path, CONFIG_FILE), str(config_path))
     if not (directory / WEIGHTS_FILE).is_file():
         raise ModelFormatError(f"{directory} has no {WEIGHTS_FILE} (needle reads safetensors "
                                "adapters, never pickled adapter_model.bin)")
@@ -221,10 +215,3 @@ def _pattern_value(pattern: dict, module: str, default):
         if re.match(rf"(.*\.)?({key})$", module):
             return value
     return default
-
-
-def write_config(path: Path, value: dict) -> None:
-    """adapter_config.json, replaced whole."""
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)

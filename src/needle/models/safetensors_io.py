@@ -3,8 +3,9 @@
 ``needle.save`` writes needle's own state files (with a tree of names in the metadata);
 checkpoints that transformers, PEFT and ``load_pretrained`` must read carry only
 ``{"format": "pt"}`` and are written here: ``needle quantize``'s packed copies, fine-tuned
-checkpoints and LoRA adapters. The file appears whole or not at all (written beside the
-target, flushed to disk, then renamed over it).
+checkpoints and LoRA adapters, and the JSON files beside them. A file appears whole or not
+at all (written beside the target, then renamed over it; the weights flushed to disk
+first).
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ SIZES = {"I32": 4, "F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I8": 1, "
 
 # (name, dtype code, shape, a function that produces the array when its turn comes)
 PlanEntry = tuple[str, str, tuple[int, ...], Callable[[], np.ndarray]]
+
+
+def write_json(path: Path, value) -> None:
+    """A JSON file beside such a checkpoint (config.json, adapter_config.json, a run's log),
+    replaced whole or not at all."""
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 def write_safetensors(path: Path, plan: Sequence[PlanEntry], bar=None) -> None:
