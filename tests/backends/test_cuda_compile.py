@@ -30,8 +30,9 @@ FAMILIES = sorted(p.stem for p in compiler.KERNEL_DIR.glob("*.cu"))
 
 
 def test_the_kernel_families_exist():
-    assert FAMILIES == ["attention_simt", "attention_simt_bwd", "decode", "decode_mega",
-                        "decode_tc", "elementwise", "gemm_tma", "layout", "matmul",
+    assert FAMILIES == ["attention_simt", "attention_simt_bwd", "attention_tc_bwd", "decode",
+                        "decode_mega", "decode_tc", "elementwise", "gemm_tma", "layout",
+                        "matmul",
                         "nn", "optim", "paged", "quant", "quant_decode", "quant_gemm",
                         "quant_skinny", "reduce", "sampling", "skinny"]
 

@@ -290,13 +290,21 @@ class ScaledDotProductAttention(TensorOp):
         (``create_graph``): its results are constants."""
         if is_grad_enabled():
             return None
-        q, k, v, out, out_grad = _widen(*node.inputs, node, out_grad)
-        grads = nd.attention_backward(*(t.realize_cached_data() for t in (q, k, v, out,
-                                                                          out_grad)),
-                                      scale=self.scale, causal=self.causal, stats=self.stats)
+        tensors = (*node.inputs, node, out_grad)
+        grads = None
+        if len({t.dtype for t in tensors}) == 1 and tensors[0].dtype in ("float16", "bfloat16"):
+            # half types as they are where the backend has a kernel for them (CUDA's tensor
+            # cores); elsewhere widened, as the composed gradient computes
+            grads = self._backend_gradient(tensors)
+        if grads is None:
+            grads = self._backend_gradient(_widen(*tensors))
         if grads is None:
             return None
         return tuple(Tensor.make_const(g) for g in grads)
+
+    def _backend_gradient(self, tensors):
+        return nd.attention_backward(*(t.realize_cached_data() for t in tensors),
+                                     scale=self.scale, causal=self.causal, stats=self.stats)
 
 
 def _repeat_kv(t: Tensor, group: int) -> Tensor:

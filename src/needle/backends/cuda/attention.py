@@ -22,17 +22,19 @@ _ATTN_ROWS = struct.Struct("6q")  # attention.cuh's AttnRows: q's and out's row 
 _ATTN_SIMT_SHARED = ((64 + 2 * 64) * 68 + 64 * 80) * 4  # attention_simt.cu's tiles
 _ATTN_GRADS = struct.Struct("33q")  # attention_simt_bwd.cu's AttnGrads: strides, offsets, slab
 _ATTN_BWD_SHARED = (5 * 64 * 68 + 64 * 80 + 4 * 64) * 4  # attention_simt_bwd.cu's tiles
+TC_BACKWARD_DIMS = (64, 128)  # head sizes of attention_tc_bwd.cu's kernels (half types)
 _DECODE_TC_TILES = {64: 4, 128: 2}  # decode_tc.cu's Smem::NS: tiles a group keeps in flight
 _DECODE_CLUSTER = 8  # decode_tc.cu's dtc::CLUSTER: the most ranges its ...c kernels merge
 
 
 def _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, scale,
-                 causal, window: int = 0) -> bytes:
-    """attention.cuh's AttnParams of a one-pass kernel (splits 1, one chunk of kv_len), the
-    scale as float32 hi + lo; these kernels do not soft-cap (softcap 0)."""
+                 causal, window: int = 0, splits: int = 1) -> bytes:
+    """attention.cuh's AttnParams of a one-pass kernel (one chunk of kv_len; splits 1 but
+    where a kernel reads it), the scale as float32 hi + lo; these kernels do not soft-cap
+    (softcap 0)."""
     hi, lo = split_scale(scale)
-    return ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, 1, kv_len,
-                     hi, int(bool(causal)), window, lo, 0.0)
+    return ATTN.pack(batch, q_heads, kv_heads, q_len, kv_len, kv_capacity, head_dim, splits,
+                     kv_len, hi, int(bool(causal)), window, lo, 0.0)
 
 
 class AttentionOps(NNOps):
@@ -88,9 +90,15 @@ class AttentionOps(NNOps):
 
     def attention_backward_supported(self, dtype: str, head_dim: int,
                                      rows: tuple[int, ...]) -> bool:
-        """Float32 with head_dim 64 and 16-byte rows (tuning ``attention_backward``)."""
-        return (self.tuning.attention_backward and dtype == "float32" and head_dim == 64
-                and all(s % 4 == 0 for s in rows))
+        """Float32 with head_dim 64 (attention_simt_bwd.cu), float16 and bfloat16 with
+        head_dim 64 or 128 on tensor cores (attention_tc_bwd.cu), with 16-byte rows
+        (tuning ``attention_backward``)."""
+        if not self.tuning.attention_backward:
+            return False
+        if dtype == "float32":
+            return head_dim == 64 and all(s % 4 == 0 for s in rows)
+        return (dtype in HALF and head_dim in TC_BACKWARD_DIMS and self.tuning.mma
+                and all(s % 8 == 0 for s in rows))
 
     def _require_backward(self, op: str, dtype: str, head_dim: int, rows) -> None:
         if not self.attention_backward_supported(dtype, head_dim, rows):
@@ -100,13 +108,20 @@ class AttentionOps(NNOps):
     def attention_with_stats(self, q, k, v, out, stats, batch, q_heads, kv_heads, q_len,
                              kv_len, head_dim, scale, causal, q_rows, out_rows,
                              kv_rows) -> None:
-        """numpy_ref.attention_with_stats: attention_simt.cu's kernel also writing each row's
-        max and 1 / sum (attention_simt64_train_f32), K and V read through their strides,
-        for any number of rows."""
+        """numpy_ref.attention_with_stats: the forward kernel also writing each row's max and
+        1 / sum, K and V read through their strides, for any number of rows: float32 on
+        attention_simt.cu's tiles (attention_simt64_train_f32), half types on tensor cores
+        (attention_tc_bwd.cu's attention_tc{64,128}_train_*)."""
         self._require_backward("attention_with_stats", q.dtype, head_dim,
                                q_rows + out_rows + kv_rows)
-        kern = self._kernel("attention_simt", "attention_simt64_train_f32")
-        self._launch_row_attention(kern, 256, _ATTN_SIMT_SHARED,
+        if q.dtype in HALF:
+            kern, threads = self._kernel(
+                "attention_tc_bwd", f"attention_tc{head_dim}_train_{SUFFIX[q.dtype]}"), 128
+            shared = (64 + 4 * 64) * head_dim * 2  # Q tile + two stages of K and V tiles
+        else:
+            kern, threads = self._kernel("attention_simt", "attention_simt64_train_f32"), 256
+            shared = _ATTN_SIMT_SHARED
+        self._launch_row_attention(kern, threads, shared,
                                    (q.buffer, k.buffer, v.buffer, out.buffer, stats.buffer),
                                    batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim,
                                    scale, causal, q_rows, out_rows, kv_rows)
@@ -123,6 +138,11 @@ class AttentionOps(NNOps):
         if gy > MAX_GRID_YZ:
             raise ShapeError(f"attention_backward over {gy} (batch x kv heads) exceeds the "
                              "GPU grid")
+        if q.dtype in HALF:
+            self._attention_backward_tc(q, k, v, out, dout, dq, dk, dv, batch, q_heads,
+                                        kv_heads, q_len, kv_len, head_dim, scale, causal, rows,
+                                        stats)
+            return
         params = _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim, scale,
                               causal)
         slabs = self._new_array(blocks * dq.size, "float32") if blocks > 1 else dq
@@ -144,6 +164,61 @@ class AttentionOps(NNOps):
                             raw_args=(grads,))
         if blocks > 1:
             self._reduce("sum", slabs, dq, 1, blocks, dq.size)
+
+    def _attention_backward_tc(self, q, k, v, out, dout, dq, dk, dv, batch, q_heads,
+                               kv_heads, q_len, kv_len, head_dim, scale, causal, rows,
+                               stats) -> None:
+        """attention_backward in half types on tensor cores (attention_tc_bwd.cu): a group
+        per 64 query rows computes each row's D = dO . O and dQ (recomputing the rows'
+        statistics first where the forward kept none), then a group per 64 keys dK and dV,
+        each summing over every query head of its KV head: no atomics, no slabs."""
+        rows_total, sfx = q_heads // kv_heads * q_len, SUFFIX[q.dtype]
+        drow = self._new_array(batch * q_heads * q_len, "float32")
+        recompute = stats is None
+        if recompute:
+            stats = self._new_array(2 * batch * q_heads * q_len, "float32")
+        grads = _ATTN_GRADS.pack(*rows, 0)
+        params = _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim, scale,
+                              causal)
+        tile = 64 * head_dim * 2
+        kern = self._kernel("attention_tc_bwd",
+                            f"attention_tc{head_dim}_bwd_{'dqs' if recompute else 'dq'}_{sfx}")
+        kern.check_threads(128)
+        shared = 6 * tile + 64 * 4  # Q, dO, two stages of K and V; each row's D
+        kern.reserve_shared(shared)
+        if max(cdiv(rows_total, 64), cdiv(kv_len, 64)) > MAX_GRID_YZ:
+            raise ShapeError(f"attention_backward over {rows_total} query rows or {kv_len} "
+                             "keys a KV head exceeds the GPU grid")
+        # groups (batch x KV head, tile): each KV head's longest causal walks first
+        self.queue.dispatch(kern, (batch * kv_heads, cdiv(rows_total, 64), 1), (128, 1, 1),
+                            (q.buffer, k.buffer, v.buffer, out.buffer, dout.buffer,
+                             stats.buffer, drow.buffer, dq.buffer), params, shared,
+                            raw_args=(grads,))
+        kern = self._kernel("attention_tc_bwd", f"attention_tc{head_dim}_bwd_dkv_{sfx}")
+        kern.check_threads(128)
+        shared = 6 * tile + 2 * 4 * 64 * 4  # K, V, two stages of Q, dO and the rows' info
+        kern.reserve_shared(shared)
+        # few key blocks (one sequence, few KV heads): the walk over the grouped query heads
+        # split into parts, enough groups for ~4 a multiprocessor, their float32 sums added
+        blocks, group = cdiv(kv_len, 64) * batch * kv_heads, q_heads // kv_heads
+        parts = 1
+        if self.tuning.attention_backward_parts:
+            parts = cdiv(group, cdiv(group, min(group, cdiv(4 * self.device.compute_units,
+                                                            blocks))))
+        n = batch * kv_heads * kv_len * head_dim
+        part = self._new_array(2 * parts * n, "float32") if parts > 1 else dk
+        params = _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim, scale,
+                              causal, splits=parts)
+        self.queue.dispatch(kern, (batch * kv_heads * parts, cdiv(kv_len, 64), 1), (128, 1, 1),
+                            (q.buffer, k.buffer, v.buffer, dout.buffer, stats.buffer,
+                             drow.buffer, dk.buffer, dv.buffer, part.buffer), params, shared,
+                            raw_args=(grads,))
+        if parts > 1:
+            kern = self._kernel("attention_tc_bwd", f"attention_tc{head_dim}_sum_parts_{sfx}")
+            kern.check_threads(256)
+            self.queue.dispatch(kern, (min(cdiv(n, 4 * 256), 8 * self.device.compute_units), 1, 1),
+                                (256, 1, 1), (part.buffer, dk.buffer, dv.buffer), params,
+                                raw_args=(grads,))
 
     def _attention_tc(self, q, k, v, out, batch, q_heads, kv_heads, q_len, kv_len,
                       kv_capacity, head_dim, scale, causal, window, q_rows, out_rows) -> bool:

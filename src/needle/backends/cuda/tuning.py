@@ -102,8 +102,11 @@ class CudaTuning(GpuTuning):
     narrow_f32: bool = True  # float32 products of <= 64 columns on 128 x 64 tiles
     attention_simt: bool = True  # float32 attention (head_dim 64, >= 64 query rows) as
     # tiled products (attention_simt.cu) rather than nn.cu's attention_f32
-    attention_backward: bool = True  # float32 attention gradients (head_dim 64) fused
-    # (attention_simt_bwd.cu) rather than composed of products and a softmax
+    attention_backward: bool = True  # attention gradients fused (float32 head_dim 64:
+    # attention_simt_bwd.cu; half types head_dim 64/128: attention_tc_bwd.cu) rather than
+    # composed of products and a softmax
+    attention_backward_parts: bool = True  # attention_tc_bwd.cu's dK/dV walk split by query
+    # heads where there are few key blocks (float32 sums added after)
     transpose: bool = True  # compact() of transposed matrices by a tiled transpose kernel
     skinny: bool = True  # products of <= 8 rows read B once (matmul_skinny)
     skinny_tc: int = 128  # X @ W^T of 2..this many rows on tensor cores, W read once

@@ -26,3 +26,14 @@ __device__ __forceinline__ i64 attn_first_key(const AttnParams& p, i64 r0, i64 l
 // Heads-first arrays (batch, heads, len, D) have q_pos = D; token-major ones (batch, len,
 // heads, D), e.g. the query part of a fused QKV projection, have q_head = D.
 struct AttnRows { i64 q_batch, q_head, q_pos, o_batch, o_head, o_pos; };
+
+// Where K's and V's rows live: key j of KV head h in batch b at k + b * k_batch + h * k_head
+// + j * k_pos (the same for v); heads-first caches for attention, token-major projections'
+// rows for a training step's forward (the *_train_* kernels).
+struct KVRows { i64 k_batch, k_head, k_pos, v_batch, v_head, v_pos; };
+
+// The rows of a backward's arrays (the training kernels' by-value argument): q, k, v, out,
+// dout, dq, dk, dv: element (b, h, i, c) at off[x] + b * s[x][0] + h * s[x][1] + i * s[x][2] +
+// c; dq_slab: the elements between key blocks' dQ slabs (0: dq itself; float32 kernel only)
+struct AttnGrads { i64 s[8][3]; i64 off[8]; i64 dq_slab; };
+enum { GQ, GK, GV, GO, GDO, GDQ, GDK, GDV };

@@ -34,10 +34,7 @@ constexpr int SHARED_FLOATS = (BR + 2 * BC) * LD + BR * PLD;
 using simt::dot4, simt::half_warp_max, simt::half_warp_sum, simt::ld4, simt::rows4_times4,
     simt::st4;
 
-// Where K's and V's rows live: key j of KV head h in batch b at k + b * k_batch + h * k_head
-// + j * k_pos (the same for v); heads-first caches for attention, token-major projections'
-// rows for a training step's forward (attention_simt64_train_f32).
-struct KVRows { i64 k_batch, k_head, k_pos, v_batch, v_head, v_pos; };
+using KVRows = ::KVRows;  // attention.cuh
 
 // STATS: also each row's max score and 1 / sum of exponentials, for the backward
 // (attention_simt_bwd.cu reads them: stats[(b * kv_heads + kv_head) * rows + r] and R

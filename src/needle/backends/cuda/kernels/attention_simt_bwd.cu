@@ -36,11 +36,6 @@
 #define ATTN_BWD_UNROLL 4
 #endif
 
-// q, k, v, out, dout, dq, dk, dv: element (b, h, i, c) at off[x] + b * s[x][0] +
-// h * s[x][1] + i * s[x][2] + c; dq_slab: the elements between key blocks' dQ slabs (0: dq
-// itself)
-struct AttnGrads { i64 s[8][3]; i64 off[8]; i64 dq_slab; };
-enum { GQ, GK, GV, GO, GDO, GDQ, GDK, GDV };
 
 namespace abwd {
 // bwd's shared memory (cuda/attention.py's _ATTN_BWD_SHARED): K, V, Q, dO and dSᵀ tiles

@@ -18,7 +18,10 @@
 // key the group can see are zero-filled, never read.
 //
 // Where q's and out's rows live: AttnRows (attention.cuh), a by-value argument after the
-// params.
+// params; K's and V's: KVRows (heads-first caches for nn.cu's kernels, a training step's
+// token-major projections for attention_tc_bwd.cu's). STATS: each row's max score (natural
+// units) and 1 / sum of exponentials also go to stats[(b * kv_heads + kv_head) * rows + r]
+// and R = batch * q_heads * q_len floats further, for the backward.
 
 namespace fa {
 constexpr int BR = 64, BC = 64, THREADS = 128;
@@ -26,11 +29,11 @@ constexpr int BR = 64, BC = 64, THREADS = 128;
 using tc::ex2;
 using tc::swz;
 
-template <class T, int D>
+template <class T, int D, bool STATS = false>
 __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict__ k,
                                     const T* __restrict__ v, T* __restrict__ out,
-                                    const AttnParams& p, const AttnRows& rows,
-                                    unsigned char* smem) {
+                                    const AttnParams& p, const AttnRows& rows, const KVRows& kvr,
+                                    float* __restrict__ stats, unsigned char* smem) {
   constexpr int CH = D / 8, KD = D / 16, NS = BC / 8, NO = D / 8;
   constexpr u32 Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;
   const u32 sq = tc::smem_u32(smem), sk = sq + Q_BYTES, sv = sk + 2 * KV_BYTES;
@@ -63,8 +66,8 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
     }
     tc::cp_async16(sq + swz<D>(r, ch), src, ok ? 16 : 0);
   }
-  const T* kbase = k + (b * p.kv_heads + kvh) * p.kv_capacity * D;
-  const T* vbase = v + (b * p.kv_heads + kvh) * p.kv_capacity * D;
+  const T* kbase = k + b * kvr.k_batch + kvh * kvr.k_head;
+  const T* vbase = v + b * kvr.v_batch + kvh * kvr.v_head;
   auto load_kv = [&](int stage, int tile) {
     const u32 ks = sk + stage * KV_BYTES, vs = sv + stage * KV_BYTES;
 #pragma unroll
@@ -72,9 +75,9 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
       const int c = tid + i * THREADS, j = c / CH, ch = c % CH;
       const i64 key = (i64)tile * BC + j;
       const bool ok = key < k_end;
-      const i64 off = ok ? key * D + ch * 8 : 0;
-      tc::cp_async16(ks + swz<D>(j, ch), kbase + off, ok ? 16 : 0);
-      tc::cp_async16(vs + swz<D>(j, ch), vbase + off, ok ? 16 : 0);
+      const i64 ko = ok ? key * kvr.k_pos + ch * 8 : 0, vo = ok ? key * kvr.v_pos + ch * 8 : 0;
+      tc::cp_async16(ks + swz<D>(j, ch), kbase + ko, ok ? 16 : 0);
+      tc::cp_async16(vs + swz<D>(j, ch), vbase + vo, ok ? 16 : 0);
     }
   };
   if (tile0 < tiles) load_kv(0, tile0);
@@ -204,6 +207,11 @@ __device__ __forceinline__ void run(const T* __restrict__ q, const T* __restrict
     const i64 hq = kvh * group + row / p.q_len, pos = row % p.q_len;
     T* dst = out + b * rows.o_batch + hq * rows.o_head + pos * rows.o_pos + t4 * 2;
     const float inv = 1.f / total[h];
+    if (STATS && t4 == 0) {  // m in base-2 units back to natural ones
+      const i64 at = (b * p.kv_heads + kvh) * rows_total + row;
+      stats[at] = m[h] * 0.6931471805599453f;
+      stats[p.batch * p.q_heads * p.q_len + at] = inv;
+    }
 #pragma unroll
     for (int n = 0; n < NO; n++)
       *reinterpret_cast<u32*>(dst + n * 8) = tc::pack2<T>(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);

@@ -440,7 +440,9 @@ __device__ __forceinline__ void rope(const T* __restrict__ x, const T* __restric
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define FA_BODY(T, D)                                                                          \
   extern __shared__ __align__(128) unsigned char smem[];                                       \
-  fa::run<T, D>(q, k, v, out, p, rows, smem);
+  const i64 head = p.kv_capacity * D; /* heads-first caches */                                \
+  const KVRows kv = {p.kv_heads * head, head, D, p.kv_heads * head, head, D};                  \
+  fa::run<T, D>(q, k, v, out, p, rows, kv, nullptr, smem);
 #else
 #define FA_BODY(T, D) __trap();
 #endif
