@@ -13,7 +13,7 @@
 //    16, K and V in shared memory; it walks the query tiles that can see them (every query
 //    head of the KV head: the grouped heads' sum is in the walk), two stages of Q, dO and the
 //    rows' m, 1 / l, D and last visible key in flight: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ and dSᵀ
-//    in registers, dV += Pᵀ dO and dK += dSᵀ Q. Sᵀ and dPᵀ are made 64 (D = 128: 32) query
+//    in registers, dV += Pᵀ dO and dK += dSᵀ Q. Sᵀ and dPᵀ are made 64 (D = 128: 16) query
 //    columns at a time so dK, dV and them fit the registers. Where there are few key blocks
 //    (one sequence, few KV heads) the walk is split by query heads (grid z): each part
 //    writes float32 sums to `part`, and attention_tc_sum_parts_{sfx} adds them in order.
@@ -23,6 +23,24 @@
 #include "common.cuh"
 #include "attention.cuh"
 #include "attention_tc.cuh"
+
+// tuning knobs (NEEDLE_CUDA_OPTIONS): groups an SM the dQ and dK/dV kernels are compiled for
+// at head size 64 and 128 (the registers they may use: 2 -> 255, 3 -> 168; H200, 1 x 2,048
+// tokens, 32 / 4 heads of 64: dK/dV 280 -> 322 us at 3), and the query columns of Sᵀ and dPᵀ
+// the dK/dV kernel makes at a time (head size 128: 32 -> 16 took it from 558 to 471 us at
+// 24 / 8 heads; docs/cuda_notes.md v46)
+#ifndef ATTN_TC_BWD_MIN_BLOCKS64
+#define ATTN_TC_BWD_MIN_BLOCKS64 2
+#endif
+#ifndef ATTN_TC_BWD_MIN_BLOCKS128
+#define ATTN_TC_BWD_MIN_BLOCKS128 2
+#endif
+#ifndef ATTN_TC_BWD_QW64
+#define ATTN_TC_BWD_QW64 64
+#endif
+#ifndef ATTN_TC_BWD_QW128
+#define ATTN_TC_BWD_QW128 16
+#endif
 
 namespace fab {
 constexpr int BR = 64, BC = 64, THREADS = 128;
@@ -305,7 +323,7 @@ __device__ __forceinline__ void dkv_run(const T* __restrict__ q, const T* __rest
                                         T* __restrict__ dv, float* __restrict__ part,
                                         const AttnParams& p, const AttnGrads& g,
                                         unsigned char* smem) {
-  constexpr int QW = D == 128 ? 32 : 64;  // query columns of Sᵀ and dPᵀ at a time
+  constexpr int QW = D == 128 ? ATTN_TC_BWD_QW128 : ATTN_TC_BWD_QW64;  // Sᵀ, dPᵀ columns
   constexpr int NQ = QW / 8, NO = D / 8;
   constexpr u32 TILE = 64 * D * 2;
   const u32 sk = tc::smem_u32(smem), sv = sk + TILE, sq = sv + TILE, sdo = sq + 2 * TILE;
@@ -470,6 +488,7 @@ __device__ __forceinline__ void sum_parts(const float* __restrict__ part, T* __r
 #else
 #define FAB_BODY(...) __trap();
 #endif
+#define FAB_MIN_BLOCKS(D) ((D) == 64 ? ATTN_TC_BWD_MIN_BLOCKS64 : ATTN_TC_BWD_MIN_BLOCKS128)
 #define FAB(SFX, T, D)                                                                        \
   extern "C" __global__ void __launch_bounds__(fab::THREADS)                                  \
       attention_tc##D##_train_##SFX(const T* __restrict__ q, const T* __restrict__ k,         \
@@ -480,7 +499,7 @@ __device__ __forceinline__ void sum_parts(const float* __restrict__ part, T* __r
     extern __shared__ __align__(128) unsigned char smem[];                                    \
     FAB_BODY(fa::run<T, D, true>(q, k, v, out, p, rows, kv, stats, smem);)                    \
   }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(fab::THREADS)                                  \
+  extern "C" __global__ void __launch_bounds__(fab::THREADS, FAB_MIN_BLOCKS(D))                \
       attention_tc##D##_bwd_dq_##SFX(const T* __restrict__ q, const T* __restrict__ k,        \
                                      const T* __restrict__ v, const T* __restrict__ out,      \
                                      const T* __restrict__ dout, float* __restrict__ stats,   \
@@ -490,7 +509,7 @@ __device__ __forceinline__ void sum_parts(const float* __restrict__ part, T* __r
     extern __shared__ __align__(128) unsigned char smem[];                                    \
     FAB_BODY(fab::dq_run<T, D, false>(q, k, v, out, dout, stats, drow, dq, p, g, smem);)      \
   }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(fab::THREADS)                                  \
+  extern "C" __global__ void __launch_bounds__(fab::THREADS, FAB_MIN_BLOCKS(D))                \
       attention_tc##D##_bwd_dqs_##SFX(const T* __restrict__ q, const T* __restrict__ k,       \
                                       const T* __restrict__ v, const T* __restrict__ out,     \
                                       const T* __restrict__ dout, float* __restrict__ stats,  \
@@ -500,7 +519,7 @@ __device__ __forceinline__ void sum_parts(const float* __restrict__ part, T* __r
     extern __shared__ __align__(128) unsigned char smem[];                                    \
     FAB_BODY(fab::dq_run<T, D, true>(q, k, v, out, dout, stats, drow, dq, p, g, smem);)       \
   }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(fab::THREADS)                                  \
+  extern "C" __global__ void __launch_bounds__(fab::THREADS, FAB_MIN_BLOCKS(D))                \
       attention_tc##D##_bwd_dkv_##SFX(const T* __restrict__ q, const T* __restrict__ k,       \
                                       const T* __restrict__ v, const T* __restrict__ dout,    \
                                       const float* __restrict__ stats,                        \
