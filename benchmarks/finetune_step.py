@@ -1,6 +1,7 @@
 """A fine-tuning step of needle against PyTorch + PEFT in the same run.
 
     python -m benchmarks.finetune_step --device cuda               # TinyLlama-1.1B shapes
+    python -m benchmarks.finetune_step --device cuda --head-dim 128   # 16 heads of 128
     python -m benchmarks.finetune_step --device cpu --quick        # a tiny model: a smoke test
 
 A Llama checkpoint of random weights is made by transformers and saved with
@@ -160,8 +161,13 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--only", choices=("lora", "full"), default=None)
+    p.add_argument("--head-dim", type=int, choices=(64, 128), default=64,
+                   help="128: 16 query heads over 4 KV heads at the same widths (the head size "
+                        "of Llama-3.2-3B, Qwen3, Mistral)")
     args = p.parse_args(argv)
-    shapes = SHAPES_TINY if args.quick else SHAPES_1B
+    shapes = dict(SHAPES_TINY if args.quick else SHAPES_1B)
+    if args.head_dim == 128 and not args.quick:
+        shapes.update(num_attention_heads=16, num_key_value_heads=4)
     seq = min(args.seq, shapes["max_position_embeddings"])
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, shapes["vocab_size"], (args.batch, seq)) for _ in range(4)]
@@ -188,7 +194,8 @@ def main(argv=None) -> None:
                          our_loss, their_loss, eager_peak, our_peak, their_peak))
     tokens = args.batch * seq
     print(f"\nfine-tuning step, batch {args.batch} x {seq} tokens, {args.device} "
-          f"({'tiny' if args.quick else '1.1B widths'})")
+          f"({'tiny' if args.quick else '1.1B widths'}, head size "
+          f"{shapes['hidden_size'] // shapes['num_attention_heads']})")
     print(f"{'mode':<6} {'layers':>6} {'eager ms':>9} {'needle ms':>10} {'torch ms':>9} "
           f"{'needle tok/s':>13} {'torch tok/s':>12} {'needle/torch time':>18} "
           f"{'loss n / t':>16}  {'peak GiB eager / needle / torch':>31}")
