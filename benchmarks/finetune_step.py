@@ -2,6 +2,7 @@
 
     python -m benchmarks.finetune_step --device cuda               # TinyLlama-1.1B shapes
     python -m benchmarks.finetune_step --device cuda --head-dim 128   # 16 heads of 128
+    python -m benchmarks.finetune_step --device cuda --gradient-checkpointing
     python -m benchmarks.finetune_step --device cpu --quick        # a tiny model: a smoke test
 
 A Llama checkpoint of random weights is made by transformers and saved with
@@ -74,7 +75,8 @@ def _median_ms(step, sync, warmup: int, steps: int) -> float:
 
 
 def needle_step_ms(directory: Path, batches, lora: bool, device: str, warmup: int,
-                   steps: int, compiled: bool) -> tuple[float, float, float]:
+                   steps: int, compiled: bool,
+                   checkpointing: bool = False) -> tuple[float, float, float]:
     """(median ms a step, last loss, peak GiB in use) of ``needle finetune``'s step
     (``make_step``)."""
     import needle as ndl
@@ -94,6 +96,8 @@ def needle_step_ms(directory: Path, batches, lora: bool, device: str, warmup: in
     model = CausalLM.from_pretrained(directory, device=dev, dtype=dtype)
     if lora:
         add_lora(model, LoraConfig(r=16, alpha=32))
+    if checkpointing:
+        model.gradient_checkpointing_enable()
     opt = ndl.optim.AdamW(model.trainable_parameters(), lr=1e-4, weight_decay=0.0)
     train = make_step(model, opt, None, 0.0, mixed, compiled,
                       fuse=os.environ.get("NEEDLE_FUSION") == "1")
@@ -110,7 +114,7 @@ def needle_step_ms(directory: Path, batches, lora: bool, device: str, warmup: in
 
 
 def torch_step_ms(directory: Path, batches, lora: bool, device: str, warmup: int,
-                  steps: int) -> tuple[float, float, float]:
+                  steps: int, checkpointing: bool = False) -> tuple[float, float, float]:
     """(median ms a step, last loss, peak GiB allocated)."""
     import torch
     import transformers
@@ -129,6 +133,11 @@ def torch_step_ms(directory: Path, batches, lora: bool, device: str, warmup: int
 
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
                                                  task_type="CAUSAL_LM"))
+    if checkpointing:  # transformers' own, non-reentrant (what TRL and PEFT guides use)
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora:
+            model.enable_input_require_grads()
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
                             weight_decay=0.0)
@@ -161,6 +170,8 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--only", choices=("lora", "full"), default=None)
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="both frameworks recompute each layer in the backward pass")
     p.add_argument("--head-dim", type=int, choices=(64, 128), default=64,
                    help="128: 16 query heads over 4 KV heads at the same widths (the head size "
                         "of Llama-3.2-3B, Qwen3, Mistral)")
@@ -182,20 +193,24 @@ def main(argv=None) -> None:
             directory = Path(tmp) / mode
             make_checkpoint(directory, model_shapes)
             lora = mode == "lora"
+            ckpt = args.gradient_checkpointing
             eager, _, eager_peak = needle_step_ms(directory, batches, lora, args.device,
-                                                  args.warmup, args.steps, compiled=False)
+                                                  args.warmup, args.steps, compiled=False,
+                                                  checkpointing=ckpt)
             ours, our_loss, our_peak = needle_step_ms(directory, batches, lora, args.device,
                                                       args.warmup, args.steps,
-                                                      compiled=not args.quick)
+                                                      compiled=not args.quick,
+                                                      checkpointing=ckpt)
             theirs, their_loss, their_peak = torch_step_ms(directory, batches, lora,
                                                            args.device, args.warmup,
-                                                           args.steps)
+                                                           args.steps, checkpointing=ckpt)
             rows.append((mode, model_shapes["num_hidden_layers"], eager, ours, theirs,
                          our_loss, their_loss, eager_peak, our_peak, their_peak))
     tokens = args.batch * seq
     print(f"\nfine-tuning step, batch {args.batch} x {seq} tokens, {args.device} "
           f"({'tiny' if args.quick else '1.1B widths'}, head size "
-          f"{shapes['hidden_size'] // shapes['num_attention_heads']})")
+          f"{shapes['hidden_size'] // shapes['num_attention_heads']}"
+          f"{', gradient checkpointing' if args.gradient_checkpointing else ''})")
     print(f"{'mode':<6} {'layers':>6} {'eager ms':>9} {'needle ms':>10} {'torch ms':>9} "
           f"{'needle tok/s':>13} {'torch tok/s':>12} {'needle/torch time':>18} "
           f"{'loss n / t':>16}  {'peak GiB eager / needle / torch':>31}")

@@ -13,6 +13,7 @@ from .autograd import (
 )
 from .backend_ndarray import all_devices, cpu, cpu_numpy, cuda, default_device, metal
 from .backends.precision import get_float32_matmul_precision, set_float32_matmul_precision
+from .checkpointing import checkpoint
 from .compiled import CompileFallbackWarning, compile  # noqa: A004 -- as torch.compile
 from .errors import (
     ArgumentError,

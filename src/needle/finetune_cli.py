@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
     p.add_argument("--save-every", type=int, default=None, help="also save every N steps")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="keep one layer's activations at a time and recompute each in the "
+                        "backward pass: less memory, ~a third more compute")
     p.add_argument("--resume", action="store_true",
                    help="continue the unfinished run in OUT_DIR (interrupted, or saved with "
                         "--save-every) with the same model, data and options")
@@ -56,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         max_grad_norm=args.max_grad_norm, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
         target_modules=targets if targets == "all-linear" else targets.split(","),
-        merge=args.merge, save_every=args.save_every, seed=args.seed)
+        merge=args.merge, save_every=args.save_every, seed=args.seed,
+        gradient_checkpointing=args.gradient_checkpointing)
     result = finetune(args.model_dir, args.data, args.out_dir, settings, device=args.device,
                       progress=not args.quiet, eval_data=args.eval_data,
                       resume=args.resume)

@@ -205,6 +205,31 @@ def test_resumed_run_ends_where_an_uninterrupted_one_ends(chat_model, tmp_path, 
     assert (parts / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
 
 
+@pytest.mark.parametrize("lora", [True, False])
+def test_gradient_checkpointing_trains_the_same_weights(chat_model, tmp_path, lora):
+    """--gradient-checkpointing recomputes each layer in the backward pass: the same losses
+    and the same weights file, bit for bit on the CPUs (LoRA with dropout too: its masks
+    are drawn again from the same generator state)."""
+    directory, _ = chat_model
+    data = tmp_path / "chat.jsonl"
+    write_chat_data(data)
+    options = dict(epochs=2, batch_size=2, lr=1e-2, lora_rank=4 if lora else None,
+                   lora_dropout=0.1 if lora else 0.0)
+    plain = finetune(directory, data, tmp_path / "plain", FinetuneSettings(**options),
+                     device="cpu", progress=False)
+    args = [str(directory), str(data), str(tmp_path / "ckpt"), "--epochs", "2",
+            "--batch-size", "2", "--lr", "1e-2", "--device", "cpu", "--quiet",
+            "--gradient-checkpointing"]
+    if lora:
+        args += ["--lora-rank", "4", "--lora-dropout", "0.1"]
+    assert needle(["finetune", *args]) == 0
+    log = json.loads((tmp_path / "ckpt" / "finetune.json").read_text())
+    assert log["settings"]["gradient_checkpointing"] is True
+    assert log["losses"] == plain.losses
+    name = "adapter_model.safetensors" if lora else "model.safetensors"
+    assert (tmp_path / "ckpt" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+
+
 def test_resume_refuses_another_run(chat_model, tmp_path):
     directory, _ = chat_model
     data = tmp_path / "chat.jsonl"

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import backend_ndarray as nd
-from .. import ops
+from .. import checkpointing, ops
 from ..autograd import Tensor
 from ..backend_ndarray import Device, dtypes
 from ..errors import ArgumentError, ShapeError
@@ -203,13 +203,14 @@ class Decoder(Module):
         self.norm = get.norm("model.norm.weight")
         # Gemma multiplies embeddings by sqrt(hidden), rounded to the model's dtype
         self.embed_scale = math.sqrt(cfg.hidden_size) if cfg.arch.scale_embeddings else None
+        self.gradient_checkpointing = False  # each layer recomputed in the backward pass
 
     def forward(self, ids: Tensor) -> Tensor:
         x = self.embed_tokens(ids)
         if self.embed_scale is not None:
             x = x * float(np.asarray(self.embed_scale, dtypes.to_numpy_dtype(x.dtype)))
         for layer in self.layers:
-            x = layer(x)
+            x = checkpointing.checkpoint(layer, x) if self.gradient_checkpointing else layer(x)
         return self.norm(x)
 
 
@@ -289,6 +290,20 @@ class CausalLM(Module):
         if losses.dtype != weights.dtype:
             losses = ops.cast(losses, weights.dtype)
         return ops.summation(losses * weights)
+
+    def gradient_checkpointing_enable(self) -> None:
+        """Keep only each decoder layer's input for the backward pass and run the layer
+        again there (``ndl.checkpoint``; transformers' method of the same name): the
+        activations of one layer at a time instead of every layer's, for about a third
+        more compute."""
+        self.model.gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.model.gradient_checkpointing = False
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return self.model.gradient_checkpointing
 
     def trainable_parameters(self) -> list[Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

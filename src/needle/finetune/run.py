@@ -33,7 +33,7 @@ from .save import save_pretrained
 LOG_FILE = "finetune.json"
 STATE_FILE = "trainer_state.safetensors"
 # settings that may differ on resume (they do not change what the run computes)
-_FREE_ON_RESUME = ("save_every",)
+_FREE_ON_RESUME = ("save_every", "gradient_checkpointing")
 
 
 class Run:
