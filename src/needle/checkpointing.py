@@ -9,7 +9,8 @@ modules it calls: the trainable ones are found through ``params`` (default: ever
 ``requires_grad`` Parameter of ``fn`` when it is a Module). The second run repeats the first
 exactly: it runs under the autocast the first ran under, and the host generator that draws
 dropout masks (``needle.init``) is rewound to where the first run found it, so its masks are
-the same.
+the same. Other side effects of ``fn`` (a BatchNorm's running statistics) happen twice, as
+with PyTorch's.
 """
 
 from __future__ import annotations

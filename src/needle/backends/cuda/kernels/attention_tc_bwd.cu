@@ -15,8 +15,8 @@
 //    rows' m, 1 / l, D and last visible key in flight: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ and dSᵀ
 //    in registers, dV += Pᵀ dO and dK += dSᵀ Q. Sᵀ and dPᵀ are made 64 (D = 128: 16) query
 //    columns at a time so dK, dV and them fit the registers. Where there are few key blocks
-//    (one sequence, few KV heads) the walk is split by query heads (grid z): each part
-//    writes float32 sums to `part`, and attention_tc_sum_parts_{sfx} adds them in order.
+//    (one sequence, few KV heads) the walk is split by query heads (p.splits parts): each
+//    part writes float32 sums to `part`, and attention_tc_sum_parts_{sfx} adds them in order.
 // FlashAttention-2's backward without its atomics: dQ in a kernel of its own (two more
 // products) keeps the result independent of the order groups finish and needs no
 // (blocks x dq) slabs. Every array is read and written through AttnGrads' strides.
@@ -275,7 +275,7 @@ __device__ __forceinline__ void dq_run(const T* __restrict__ q, const T* __restr
 
   float dq_acc[NO][4];
   zero(dq_acc);
-  float drow_h[2];
+  float drow_h[2] = {0.f, 0.f};  // each of the thread's two rows' D (read once Q has landed)
   for (int it = 0; it < tiles; it++) {
     const int stage = it & 1;
     if (it + 1 < tiles) load_kv(stage ^ 1, it + 1);
