@@ -68,6 +68,47 @@ def test_bf16_checkpoint_and_autocast(tmp_path):
     assert abs(low - ref_loss) < 3e-2 * ref_loss
 
 
+CUDA = ndl.cuda(0)
+
+
+@pytest.mark.skipif(not CUDA.enabled(), reason=f"cuda disabled: {CUDA.reason}")
+@pytest.mark.parametrize("variant,overrides", [
+    # head size 64, 4 query heads over 2; transformers' usual initializer scale (TINY's 0.2
+    # at this width makes scores so large that bf16 alone moves the gradients by >10%)
+    ("llama", dict(hidden_size=256, initializer_range=0.02)),
+    ("qwen3", dict(head_dim=128)),     # head size 128
+], ids=["llama_d64", "qwen3_d128"])
+def test_cuda_autocast_gradients_take_the_tensor_core_attention(tmp_path, variant,
+                                                                overrides):
+    """Under bf16 autocast on CUDA, head sizes 64 and 128 take attention's gradient from the
+    tensor-core kernels (attention_tc_bwd.cu): every parameter's gradient is bf16-close to
+    transformers' float32 one, and close to needle's own composed gradient."""
+    hf = build(variant, tmp_path, **overrides)
+    ids, labels = batch(2, shape=(2, 96))
+    _, ref_loss, ref_grads = reference_loss_and_grads(hf, ids, labels)
+    d = overrides.get("head_dim", 64)
+
+    def grads(fused: bool):
+        model = CausalLM.from_pretrained(tmp_path, device=CUDA)
+        with CUDA.backend.tuned(attention_backward=fused), CUDA.backend.profile() as prof:
+            with ndl.autocast("bfloat16"):
+                loss = model.loss(ids, labels)
+            loss.backward()
+            found = {n: p.grad.numpy() for n, p in model.named_parameters()}
+        return float(loss.numpy()), found, set(prof.totals)
+
+    loss, fused, kernels = grads(True)
+    assert {f"attention_tc{d}_train_bf16", f"attention_tc{d}_bwd_dq_bf16",
+            f"attention_tc{d}_bwd_dkv_bf16"} <= kernels
+    assert abs(loss - ref_loss) < 3e-2 * ref_loss
+    _, composed, kernels = grads(False)
+    assert not any(k.startswith("attention_tc") and "_bwd_" in k for k in kernels)
+    for name, want in ref_grads.items():
+        off, apart = rel_error(fused[name], want), rel_error(fused[name], composed[name])
+        assert off < 0.1 and apart < 0.05, f"{name}: {off:.3f} off transformers' float32 " \
+                                           f"gradient, {apart:.3f} off the composed one"
+
+
 @pytest.mark.parametrize("name", ["llama", "phi3", "gemma3", "qwen2"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_trained_model_saved_back_reads_in_transformers_and_needle(checkpoints, name, dtype,
