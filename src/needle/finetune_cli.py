@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
     p.add_argument("--save-every", type=int, default=None, help="also save every N steps")
+    p.add_argument("--gradient-accumulation-steps", type=int, default=1,
+                   help="batches whose gradients add up before each update (a step learns "
+                        "from batch size x N examples)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="keep one layer's activations at a time and recompute each in the "
                         "backward pass: less memory, ~a third more compute")
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
         target_modules=targets if targets == "all-linear" else targets.split(","),
         merge=args.merge, save_every=args.save_every, seed=args.seed,
-        gradient_checkpointing=args.gradient_checkpointing)
+        gradient_checkpointing=args.gradient_checkpointing,
+        gradient_accumulation_steps=args.gradient_accumulation_steps)
     result = finetune(args.model_dir, args.data, args.out_dir, settings, device=args.device,
                       progress=not args.quiet, eval_data=args.eval_data,
                       resume=args.resume)

@@ -230,6 +230,64 @@ def test_gradient_checkpointing_trains_the_same_weights(chat_model, tmp_path, lo
     assert (tmp_path / "ckpt" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
 
 
+def test_gradient_accumulation_learns_what_one_larger_batch_learns(chat_model, tmp_path):
+    """Two batches of 2 accumulated before each update learn what one batch of 4 learns:
+    the same losses and weights (float rounding apart; AdamW magnifies it where a gradient
+    is near zero); the CLI's flag reaches the run."""
+    from safetensors.numpy import load_file
+
+    directory, _ = chat_model
+    data = tmp_path / "chat.jsonl"
+    write_chat_data(data, repeat=2)  # 8 examples: 2 steps an epoch either way
+    common = dict(epochs=2, lr=1e-2, lora_rank=4)
+    big = finetune(directory, data, tmp_path / "big", FinetuneSettings(**common, batch_size=4),
+                   device="cpu", progress=False)
+    accum = finetune(directory, data, tmp_path / "accum",
+                     FinetuneSettings(**common, batch_size=2, gradient_accumulation_steps=2),
+                     device="cpu", progress=False)
+    assert accum.steps == big.steps == 4 and accum.tokens == big.tokens
+    # a step's loss is the mean over all 4 examples' labels, not a sum of two means
+    np.testing.assert_allclose(accum.losses, big.losses, rtol=1e-5)
+    weights = [load_file(tmp_path / name / "adapter_model.safetensors")
+               for name in ("big", "accum")]
+    assert weights[0].keys() == weights[1].keys()
+    for key, want in weights[0].items():
+        np.testing.assert_allclose(weights[1][key], want, rtol=1e-4,
+                                   atol=1e-3 * np.abs(want).max())
+    args = [str(directory), str(data), str(tmp_path / "cli"), "--batch-size", "2",
+            "--gradient-accumulation-steps", "3", "--lora-rank", "4", "--device", "cpu",
+            "--quiet"]
+    assert needle(["finetune", *args]) == 0
+    log = json.loads((tmp_path / "cli" / "finetune.json").read_text())
+    assert log["settings"]["gradient_accumulation_steps"] == 3
+    assert log["steps"] == 2  # 4 batches of 2: a step of 3, then one of the last batch
+
+
+RECORDING = [d for d in ndl.backend_ndarray.all_devices() if d.kind in ("cuda", "metal")]
+
+
+@pytest.mark.parametrize("gpu", RECORDING, ids=[d.name for d in RECORDING])
+def test_accumulating_step_is_recorded_and_replayed(chat_model, tmp_path, gpu):
+    """Where steps are recorded (CUDA graphs, Metal), a step of several batches records
+    once per shape and replays without falling back to eager: its losses are the eager
+    run's."""
+    if not gpu.enabled():
+        pytest.skip(f"{gpu.name} disabled: {gpu.reason}")
+    directory, _ = chat_model
+    data = tmp_path / "chat.jsonl"
+    write_chat_data(data, repeat=2)
+    options = dict(epochs=3, lr=1e-2, lora_rank=4, batch_size=2, gradient_accumulation_steps=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recorded = finetune(directory, data, tmp_path / "recorded",
+                            FinetuneSettings(**options), device=gpu, progress=False)
+    assert not [w for w in caught if issubclass(w.category, ndl.CompileFallbackWarning)]
+    eager = finetune(directory, data, tmp_path / "eager",
+                     FinetuneSettings(**options, compile=False), device=gpu, progress=False)
+    assert recorded.steps == eager.steps == 6
+    np.testing.assert_allclose(recorded.losses, eager.losses, rtol=1e-4)
+
+
 def test_resume_refuses_another_run(chat_model, tmp_path):
     directory, _ = chat_model
     data = tmp_path / "chat.jsonl"

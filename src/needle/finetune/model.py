@@ -323,15 +323,18 @@ class CausalLM(Module):
                       requires_grad=False)
 
 
-def next_token_targets(labels: np.ndarray, device) -> tuple[Tensor, Tensor]:
+def next_token_targets(labels: np.ndarray, device,
+                       count: int | None = None) -> tuple[Tensor, Tensor]:
     """(targets, weights) of ``labels`` (b, s): position t's target is labels[t + 1] (0
     where that is IGNORE or past the end) and its weight 1 / (labelled positions), else 0,
-    both flat (b * s,), so that sum(weights * cross-entropy) is the mean over labels."""
+    both flat (b * s,), so that sum(weights * cross-entropy) is the mean over labels.
+    ``count``: the labelled positions to divide by instead (those of every batch a step
+    accumulates: their losses then add up to the mean over all of them)."""
     b, s = labels.shape
     target = np.full((b, s), IGNORE, np.int64)
     target[:, :-1] = labels[:, 1:]
     keep = target != IGNORE
-    count = int(keep.sum())
+    count = int(keep.sum()) if count is None else count
     if count == 0:
         raise ArgumentError("no position carries a label: every next token is IGNORE "
                             "(-100), so there is no loss to take")

@@ -68,11 +68,15 @@ class FinetuneSettings:
     # keep one decoder layer's activations at a time, recomputing each in the backward
     # pass (CausalLM.gradient_checkpointing_enable): less memory, ~a third more compute
     gradient_checkpointing: bool = False
+    # batches whose gradients add up before each optimizer step: a step then learns from
+    # batch_size x this many examples, holding one batch's activations at a time
+    gradient_accumulation_steps: int = 1
 
     def __post_init__(self):
         where = "finetune"
         checks.positive(self.epochs, "epochs", where)
         checks.positive(self.batch_size, "batch_size", where)
+        checks.positive(self.gradient_accumulation_steps, "gradient_accumulation_steps", where)
         checks.positive(self.max_len, "max_len", where)
         if self.lora_rank is not None:
             checks.positive(self.lora_rank, "lora_rank", where)
@@ -128,7 +132,8 @@ def finetune(model_dir: str | Path, data: str | Path, out_dir: str | Path,
                             "(--resume) or write to another directory")
     mixed = device.name.startswith("cuda")
     model = _model(model_dir, s, device, mixed)
-    total = math.ceil(len(examples) / s.batch_size) * s.epochs
+    total = math.ceil(math.ceil(len(examples) / s.batch_size)
+                      / s.gradient_accumulation_steps) * s.epochs
     opt = AdamW(model.trainable_parameters(), lr=s.lr, weight_decay=s.weight_decay)
     warmup = min(int(s.warmup_ratio * total), total - 1)
     schedule = CosineDecay(opt, total, warmup) if total > 1 else None
@@ -202,16 +207,22 @@ class _Loop:
         # right padding: a causal model's earlier positions never see it, and its labels
         # are IGNORE, so any id pads (0); a compiled step's lengths are rounded up to a
         # multiple of 64 so that few shapes are recorded
-        for i, (ids, labels) in enumerate(batches(self.examples, s.batch_size, pad_id=0,
-                                                  shuffle=True, seed=s.seed + epoch)):
+        groups = _groups(batches(self.examples, s.batch_size, pad_id=0, shuffle=True,
+                                 seed=s.seed + epoch), s.gradient_accumulation_steps)
+        for i, group in enumerate(groups):
             if epoch * per_epoch + i < done:
                 continue  # taken before the run was resumed
             if self.compiled:
-                ids, labels = _round_length(ids, labels, 64, self.max_len)
+                group = [_round_length(ids, labels, 64, self.max_len) for ids, labels in group]
+            # every batch's losses weighted by the group's labelled positions, so that the
+            # step's loss and gradient are those of the group as one batch
+            count = sum(int((labels[:, 1:] != IGNORE).sum()) for _, labels in group)
+            inputs = [t for ids, labels in group
+                      for t in (run.model.ids_tensor(ids),
+                                *next_token_targets(labels, device, count))]
             # read at once: the loss tensor (and the graph it holds) is dropped here
-            loss = float(self.step(run.model.ids_tensor(ids),
-                                   *next_token_targets(labels, device)).numpy())
-            run.record(loss, int((labels[:, 1:] != IGNORE).sum()))
+            loss = float(self.step(*inputs).numpy())
+            run.record(loss, count)
             bar.set_postfix(loss=f"{loss:.4f}", epoch=epoch + 1)
             bar.update(1)
             if self.on_step is not None:
@@ -226,24 +237,41 @@ class _Loop:
 
 def make_step(model: CausalLM, opt, schedule, max_grad_norm: float, mixed: bool,
               compiled: bool, fuse: bool = False):
-    """One training step on device tensors (ids, targets, weights) -> the loss; recorded
-    and replayed (``ndl.compile``: one CUDA graph; elementwise chains fused with ``fuse``)
-    when ``compiled``, which takes the Python of ~6,000 launches a step off the host."""
+    """One training step on device tensors (ids, targets, weights), or several such triples
+    whose gradients add up before the update (gradient accumulation: each batch's graph is
+    dropped after its backward pass) -> the summed loss; recorded and replayed
+    (``ndl.compile``: one CUDA graph; elementwise chains fused with ``fuse``) when
+    ``compiled``, which takes the Python of ~6,000 launches a step off the host."""
     params = model.trainable_parameters()
 
-    def step(ids, targets, weights):
-        with autocast("bfloat16", enabled=mixed):
-            loss = model.loss_of(ids, targets, weights)
+    def step(*batches):
         opt.zero_grad()
-        loss.backward()
+        total = None
+        for i in range(0, len(batches), 3):
+            with autocast("bfloat16", enabled=mixed):
+                loss = model.loss_of(*batches[i:i + 3])
+            loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
         if max_grad_norm:
             clip_grad_norm(params, max_grad_norm)
         opt.step()
         if schedule is not None:
             schedule.step()
-        return loss
+        return total
 
     return compile_step(step, fuse=fuse) if compiled else step
+
+
+def _groups(items, n: int):
+    """Consecutive lists of n items (the last may be shorter)."""
+    group = []
+    for item in items:
+        group.append(item)
+        if len(group) == n:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def _round_length(ids: np.ndarray, labels: np.ndarray, multiple: int, most: int):
