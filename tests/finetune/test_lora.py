@@ -150,3 +150,70 @@ def test_adapter_errors(checkpoints, tmp_path):
         (tmp_path / "other" / "adapter_config.json").read_text())
     with pytest.raises(ModelFormatError, match="never pickled"):
         load_pretrained(directory, device=ndl.cpu(), adapter=tmp_path / "bin")
+
+
+def _held_bytes(root) -> int:
+    """Bytes of the distinct intermediate arrays the graph under ``root`` keeps for the
+    backward pass (parameters and inputs not counted)."""
+    seen, total, stack = set(), 0, [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op is not None and node.cached_data is not None:
+            total += node.cached_data.nbytes
+        stack.extend(node.inputs)
+    return total
+
+
+def _adapted_run(directory, device, fused: bool, monkeypatch, low: bool = False):
+    """loss, every adapter's gradient and the bytes the graph holds, with the projections'
+    adapters as one node (lora_projection) or composed."""
+    import needle.finetune.model as model_module
+
+    model = CausalLM.from_pretrained(directory, device=device,
+                                     dtype="bfloat16" if low else "float32")
+    ndl.manual_seed(0)  # the same A in both forms
+    add_lora(model, LoraConfig(r=4, alpha=8))
+    rng = np.random.default_rng(3)
+    for lora in adapters(model).values():  # B random: the update is not zero
+        lora.lora_B.data = ndl.Tensor(rng.standard_normal(lora.lora_B.shape).astype(
+            np.float32) * 0.1, device=device, requires_grad=False)
+    with monkeypatch.context() as patch:
+        if not fused:
+            patch.setattr(model_module, "lora_projection", lambda *args: None)
+        ids, labels = batch(9)
+        with ndl.autocast("bfloat16", enabled=low):
+            loss = model.loss(ids, labels)
+        held = _held_bytes(loss)
+        loss.backward()
+    grads = {n: p.grad.numpy() for n, p in model.named_parameters() if p.requires_grad}
+    return float(loss.numpy()), grads, held
+
+
+def test_adapted_projections_are_one_graph_node(checkpoints, device, monkeypatch):
+    """A projection with an adapter is one node (lora_projection.py): the composed form's
+    loss and gradients, and the graph holds far fewer bytes for the backward pass (the base
+    product, the update and the scaled update are not kept)."""
+    directory, _ = checkpoints("llama")
+    loss, grads, held = _adapted_run(directory, device, True, monkeypatch)
+    want_loss, want, want_held = _adapted_run(directory, device, False, monkeypatch)
+    assert abs(loss - want_loss) < 1e-5 * want_loss
+    assert grads.keys() == want.keys() and len(grads) == 2 * 7 * 2  # A, B; 7 a layer; 2 layers
+    for name, g in grads.items():
+        assert rel_error(g, want[name]) < 1e-4, name
+    assert held < 0.8 * want_held, f"{held} bytes held, composed {want_held}"
+
+
+def test_adapted_projections_under_autocast(checkpoints, monkeypatch):
+    """Frozen bf16 weights, float32 adapters and bf16 products (a GPU LoRA run's setting, on
+    the CPUs): the fused node gives the composed form's loss and gradients, bf16-close."""
+    directory, _ = checkpoints("llama")
+    loss, grads, held = _adapted_run(directory, ndl.cpu(), True, monkeypatch, low=True)
+    want_loss, want, want_held = _adapted_run(directory, ndl.cpu(), False, monkeypatch,
+                                              low=True)
+    assert abs(loss - want_loss) < 1e-2 * want_loss
+    for name, g in grads.items():
+        assert rel_error(g, want[name]) < 3e-2, name
+    assert held < 0.8 * want_held

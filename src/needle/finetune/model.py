@@ -29,6 +29,7 @@ from ..models.loader import resolve_device
 from ..models.quantized import QuantConfig
 from ..nn import CrossEntropyLoss, Module, Parameter
 from .data import IGNORE
+from .lora_projection import lora_projection
 
 TRAIN_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -43,6 +44,11 @@ class Linear(Module):
         self.lora = None  # a lora.LoRA, set by lora.add_lora
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.lora is not None:
+            # one graph node where it applies: the base product and the update are not kept
+            fused = lora_projection(x, self.weight, self.bias, self.lora)
+            if fused is not None:
+                return fused
         y = x @ ops.transpose(self.weight)
         if self.bias is not None:
             y = y + self.bias
