@@ -192,11 +192,12 @@ def _adapted_run(directory, device, fused: bool, monkeypatch, low: bool = False)
     return float(loss.numpy()), grads, held
 
 
-def test_adapted_projections_are_one_graph_node(checkpoints, device, monkeypatch):
+@pytest.mark.parametrize("name", ["llama", "qwen2"])  # qwen2: q, k and v have biases
+def test_adapted_projections_are_one_graph_node(checkpoints, device, monkeypatch, name):
     """A projection with an adapter is one node (lora_projection.py): the composed form's
     loss and gradients, and the graph holds far fewer bytes for the backward pass (the base
     product, the update and the scaled update are not kept)."""
-    directory, _ = checkpoints("llama")
+    directory, _ = checkpoints(name)
     loss, grads, held = _adapted_run(directory, device, True, monkeypatch)
     want_loss, want, want_held = _adapted_run(directory, device, False, monkeypatch)
     assert abs(loss - want_loss) < 1e-5 * want_loss
@@ -217,3 +218,28 @@ def test_adapted_projections_under_autocast(checkpoints, monkeypatch):
     for name, g in grads.items():
         assert rel_error(g, want[name]) < 3e-2, name
     assert held < 0.8 * want_held
+
+
+def test_one_node_projection_gradients_of_every_input(device):
+    """Every input of the one-node projection (x, weight, A, B, bias) takes the composed
+    form's gradient, whichever of them a caller trains."""
+    from needle import ops
+    from needle.finetune.lora_projection import _LoraProjection
+
+    rng = np.random.default_rng(4)
+
+    def tensors():
+        return [ndl.Tensor(rng.standard_normal(s).astype(np.float32), device=device)
+                for s in ((2, 5, 8), (6, 8), (3, 8), (6, 3), (6,))]
+
+    fused_in = tensors()
+    composed_in = [ndl.Tensor(t.numpy(), device=device) for t in fused_in]
+    w_out = ndl.Tensor(rng.standard_normal((2, 5, 6)).astype(np.float32), device=device,
+                       requires_grad=False)
+    (_LoraProjection(1.5)(*fused_in) * w_out).sum().backward()
+    x, w, a, b, bias = composed_in
+    y = (x @ ops.transpose(w) + bias) + ((x @ ops.transpose(a)) @ ops.transpose(b)) * 1.5
+    (y * w_out).sum().backward()
+    for got, want in zip(fused_in, composed_in):
+        np.testing.assert_allclose(got.grad.numpy(), want.grad.numpy(), rtol=1e-5,
+                                   atol=1e-5 * np.abs(want.grad.numpy()).max())
