@@ -12,7 +12,7 @@ recomputes x Aᵀ (rank r wide: cheap).
 from __future__ import annotations
 
 from .. import ops
-from ..amp import low_precision_inputs
+from ..amp import autocast_dtype, low_precision_inputs
 from ..autograd import Tensor, TensorOp
 
 
@@ -55,10 +55,12 @@ def lora_projection(x: Tensor, weight: Tensor, bias: Tensor | None, lora) -> Ten
     """``x Wᵀ (+ bias) + lora(x)`` as one node, or None where it does not apply (dropout
     on the adapter's input, or operands of different dtypes outside autocast: frozen bf16
     weights with float32 adapters), and the caller composes it."""
-    if lora.dropout is not None and lora.training:
+    if (lora.dropout is not None and lora.training) or x.ndim < 2:
         return None
-    x, w, a, b = low_precision_inputs(x, weight, lora.lora_A, lora.lora_B)  # autocast
-    inputs = [x, w, a, b] if bias is None else [x, w, a, b, bias]
-    if len({t.dtype for t in inputs}) != 1 or x.ndim < 2:
+    low = autocast_dtype()  # decided before casting: a declined call casts nothing
+    dtypes = {low if low and t.dtype == "float32" else t.dtype
+              for t in (x, weight, lora.lora_A, lora.lora_B)}
+    if len(dtypes | ({bias.dtype} if bias is not None else set())) != 1:
         return None
-    return _LoraProjection(lora.scale)(*inputs)
+    inputs = low_precision_inputs(x, weight, lora.lora_A, lora.lora_B)  # autocast
+    return _LoraProjection(lora.scale)(*inputs, *([] if bias is None else [bias]))

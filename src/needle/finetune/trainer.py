@@ -16,6 +16,7 @@ from (``run.py``).
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import time
@@ -264,13 +265,8 @@ def make_step(model: CausalLM, opt, schedule, max_grad_norm: float, mixed: bool,
 
 def _groups(items, n: int):
     """Consecutive lists of n items (the last may be shorter)."""
-    group = []
-    for item in items:
-        group.append(item)
-        if len(group) == n:
-            yield group
-            group = []
-    if group:
+    it = iter(items)
+    while group := list(itertools.islice(it, n)):
         yield group
 
 

@@ -178,8 +178,16 @@ class AttentionOps(NNOps):
         if recompute:
             stats = self._new_array(2 * batch * q_heads * q_len, "float32")
         grads = _ATTN_GRADS.pack(*rows, 0)
+        # few key blocks (one sequence, few KV heads): the dK/dV walk over the grouped query
+        # heads split into parts, enough groups for ~4 a multiprocessor, their float32 sums
+        # added after; AttnParams' splits carries the parts (the dQ kernel ignores it)
+        blocks, group = cdiv(kv_len, 64) * batch * kv_heads, q_heads // kv_heads
+        parts = 1
+        if self.tuning.attention_backward_parts:
+            parts = cdiv(group, cdiv(group, min(group, cdiv(4 * self.device.compute_units,
+                                                            blocks))))
         params = _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim, scale,
-                              causal)
+                              causal, splits=parts)
         tile = 64 * head_dim * 2
         kern = self._kernel("attention_tc_bwd",
                             f"attention_tc{head_dim}_bwd_{'dqs' if recompute else 'dq'}_{sfx}")
@@ -198,17 +206,8 @@ class AttentionOps(NNOps):
         kern.check_threads(128)
         shared = 6 * tile + 2 * 4 * 64 * 4  # K, V, two stages of Q, dO and the rows' info
         kern.reserve_shared(shared)
-        # few key blocks (one sequence, few KV heads): the walk over the grouped query heads
-        # split into parts, enough groups for ~4 a multiprocessor, their float32 sums added
-        blocks, group = cdiv(kv_len, 64) * batch * kv_heads, q_heads // kv_heads
-        parts = 1
-        if self.tuning.attention_backward_parts:
-            parts = cdiv(group, cdiv(group, min(group, cdiv(4 * self.device.compute_units,
-                                                            blocks))))
         n = batch * kv_heads * kv_len * head_dim
         part = self._new_array(2 * parts * n, "float32") if parts > 1 else dk
-        params = _attn_params(batch, q_heads, kv_heads, q_len, kv_len, kv_len, head_dim, scale,
-                              causal, splits=parts)
         self.queue.dispatch(kern, (batch * kv_heads * parts, cdiv(kv_len, 64), 1), (128, 1, 1),
                             (q.buffer, k.buffer, v.buffer, dout.buffer, stats.buffer,
                              drow.buffer, dk.buffer, dv.buffer, part.buffer), params, shared,

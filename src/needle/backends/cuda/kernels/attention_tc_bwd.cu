@@ -388,6 +388,19 @@ __device__ __forceinline__ void sum_parts(const float* __restrict__ part, T* __r
 #define FAB_BODY(...) __trap();
 #endif
 #define FAB_MIN_BLOCKS(D) ((D) == 64 ? ATTN_TC_BWD_MIN_BLOCKS64 : ATTN_TC_BWD_MIN_BLOCKS128)
+// the dQ kernel, NAME dqs where it first recomputes the rows' statistics (RECOMPUTE)
+#define FAB_DQ(SFX, T, D, NAME, RECOMPUTE)                                                   \
+  extern "C" __global__ void __launch_bounds__(fab::THREADS, FAB_MIN_BLOCKS(D))                \
+      attention_tc##D##_bwd_##NAME##_##SFX(const T* __restrict__ q, const T* __restrict__ k,  \
+                                           const T* __restrict__ v, const T* __restrict__ out, \
+                                           const T* __restrict__ dout,                        \
+                                           float* __restrict__ stats,                         \
+                                           float* __restrict__ drow, T* __restrict__ dq,      \
+                                           AttnParams p, AttnGrads g) {                       \
+    pdl_entry();                                                                              \
+    extern __shared__ __align__(128) unsigned char smem[];                                    \
+    FAB_BODY(fab::dq_run<T, D, RECOMPUTE>(q, k, v, out, dout, stats, drow, dq, p, g, smem);)  \
+  }
 #define FAB(SFX, T, D)                                                                        \
   extern "C" __global__ void __launch_bounds__(fab::THREADS)                                  \
       attention_tc##D##_train_##SFX(const T* __restrict__ q, const T* __restrict__ k,         \
@@ -398,26 +411,8 @@ __device__ __forceinline__ void sum_parts(const float* __restrict__ part, T* __r
     extern __shared__ __align__(128) unsigned char smem[];                                    \
     FAB_BODY(fa::run<T, D, true>(q, k, v, out, p, rows, kv, stats, smem);)                    \
   }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(fab::THREADS, FAB_MIN_BLOCKS(D))                \
-      attention_tc##D##_bwd_dq_##SFX(const T* __restrict__ q, const T* __restrict__ k,        \
-                                     const T* __restrict__ v, const T* __restrict__ out,      \
-                                     const T* __restrict__ dout, float* __restrict__ stats,   \
-                                     float* __restrict__ drow, T* __restrict__ dq,            \
-                                     AttnParams p, AttnGrads g) {                             \
-    pdl_entry();                                                                              \
-    extern __shared__ __align__(128) unsigned char smem[];                                    \
-    FAB_BODY(fab::dq_run<T, D, false>(q, k, v, out, dout, stats, drow, dq, p, g, smem);)      \
-  }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(fab::THREADS, FAB_MIN_BLOCKS(D))                \
-      attention_tc##D##_bwd_dqs_##SFX(const T* __restrict__ q, const T* __restrict__ k,       \
-                                      const T* __restrict__ v, const T* __restrict__ out,     \
-                                      const T* __restrict__ dout, float* __restrict__ stats,  \
-                                      float* __restrict__ drow, T* __restrict__ dq,           \
-                                      AttnParams p, AttnGrads g) {                            \
-    pdl_entry();                                                                              \
-    extern __shared__ __align__(128) unsigned char smem[];                                    \
-    FAB_BODY(fab::dq_run<T, D, true>(q, k, v, out, dout, stats, drow, dq, p, g, smem);)       \
-  }                                                                                           \
+  FAB_DQ(SFX, T, D, dq, false)                                                                \
+  FAB_DQ(SFX, T, D, dqs, true)                                                                \
   extern "C" __global__ void __launch_bounds__(fab::THREADS, FAB_MIN_BLOCKS(D))                \
       attention_tc##D##_bwd_dkv_##SFX(const T* __restrict__ q, const T* __restrict__ k,       \
                                       const T* __restrict__ v, const T* __restrict__ dout,    \
