@@ -270,7 +270,9 @@ RECORDING = [d for d in ndl.backend_ndarray.all_devices() if d.kind in ("cuda", 
 def test_accumulating_step_is_recorded_and_replayed(chat_model, tmp_path, gpu):
     """Where steps are recorded (CUDA graphs, Metal), a step of several batches records
     once per shape and replays without falling back to eager: its losses are the eager
-    run's."""
+    run's. On CUDA the products are bfloat16 (autocast) and a recorded step's batches are
+    padded to a multiple of 64 positions (eager ones are not), so products of other shapes
+    round otherwise: 1.8e-4 apart before the first update, 1.8e-3 after five (H200)."""
     if not gpu.enabled():
         pytest.skip(f"{gpu.name} disabled: {gpu.reason}")
     directory, _ = chat_model
@@ -285,7 +287,9 @@ def test_accumulating_step_is_recorded_and_replayed(chat_model, tmp_path, gpu):
     eager = finetune(directory, data, tmp_path / "eager",
                      FinetuneSettings(**options, compile=False), device=gpu, progress=False)
     assert recorded.steps == eager.steps == 6
-    np.testing.assert_allclose(recorded.losses, eager.losses, rtol=1e-4)
+    bf16 = gpu.kind == "cuda"
+    np.testing.assert_allclose(recorded.losses[0], eager.losses[0], rtol=1e-3 if bf16 else 1e-4)
+    np.testing.assert_allclose(recorded.losses, eager.losses, rtol=1e-2 if bf16 else 1e-4)
 
 
 def test_resume_refuses_another_run(chat_model, tmp_path):
