@@ -25,6 +25,9 @@ CASES = [
     # int4 groups of whole 64-value blocks (the CPU's transposed-x path) with a partial block
     # in the last group, and a batched decode of five rows
     (1, 9, 200, 4, 128, False), (5, 6, 320, 4, 64, True),
+    # int4 in 128-value steps (x86 with AVX-512 VNNI): groups of 32 over whole steps, a
+    # last block of 64 and a ragged end; groups of 256 spanning two steps, the last one short
+    (1, 11, 352, 4, 32, False), (3, 6, 384, 4, 32, True), (1, 5, 640, 4, 256, True),
 ]
 
 

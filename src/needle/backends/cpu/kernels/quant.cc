@@ -12,52 +12,11 @@
 
 #include "common.h"
 #include "matmul.h"
+#include "quant.h"
+#include "quant_intx.h"
 
 namespace needle {
 namespace {
-
-struct QuantMatrix {
-  const uint32_t* q;
-  const float* scales;
-  const float* offsets;  // nullptr: symmetric
-  int64_t n, k, words, groups, group;
-  int bits;
-};
-
-// Eight floats as one vector (GCC/Clang vector extensions: AVX2's ymm, two NEON registers).
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
-
-inline f32x8 load_f32x8(const float* p) {
-  f32x8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// Eight int8 values as floats. GCC turns the portable form into byte-by-byte code, so x86
-// takes the two conversion instructions directly (5x faster per element, measured).
-inline f32x8 int8x8_to_f32(const int8_t* p) {
-#if defined(__AVX2__)
-  return (f32x8)_mm256_cvtepi32_ps(
-      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-#else
-  f32x8 v;
-  for (int e = 0; e < 8; ++e) v[e] = (float)p[e];
-  return v;
-#endif
-}
-
-// The eight int4 values of one word (nibble e is element e) as floats.
-inline f32x8 int4x8_to_f32(uint32_t word) {
-  const u32x8 shift = {0, 4, 8, 12, 16, 20, 24, 28};
-  return __builtin_convertvector(((u32x8){} + word) >> shift & 15u, f32x8);
-}
-
-// Value j of row q (its stored int8 or int4 value, before scale and offset).
-template <int BITS> inline float stored(const uint32_t* q, int64_t j) {
-  if constexpr (BITS == 8) return (float)reinterpret_cast<const int8_t*>(q)[j];
-  return (float)((q[j >> 3] >> ((j & 7) * 4)) & 15u);
-}
 
 // Row r of W into w[0..k) as float32 (the rule of numpy_ref.quant: (u - 8) * s for
 // symmetric int4, u * s + b with offsets, v * s for int8), eight values at a time.
@@ -102,112 +61,6 @@ inline void int4x64_dot(const uint32_t* q, const float* xt, f32x8& even, f32x8& 
   }
 }
 
-// y[t] = tail[t] + the lanes of tot[t] (each row's vector total summed once, at the end)
-template <int R> inline void row_totals(const f32x8 (&tot)[R], const float (&tail)[R], float* y) {
-  for (int t = 0; t < R; ++t) {
-    float sum = tail[t];
-    for (int e = 0; e < 8; ++e) sum += tot[t][e];
-    y[t] = sum;
-  }
-}
-
-// x as integers for int4's integer products (AVX2 only: elsewhere x takes the float form)
-struct XBlocks {
-  std::vector<uint8_t> planes;  // (blocks of 64, 4, 32)
-  std::vector<float> scale;     // 2^-k a 32-value chunk; NaN where it holds an inf or NaN
-};
-
-#if defined(__AVX2__)
-// 16-bit x as integers for int4 (the CUDA kernels' form, kernels/quant_intx.cuh): each
-// 32-value chunk of x as q = x * 2^k with one power of two a chunk and |q| < 2^15 (a bf16 /
-// f16 value has at most 11 significant bits, so the chunk's largest |x| is exact), split into
-// a signed high byte and an unsigned low byte (q = 256 hi + lo), laid out to meet the nibbles
-// of 8 packed words (a 64-value block): 32 bytes each of even-hi, odd-hi, even-lo, odd-lo,
-// byte b pairing with word b / 4's byte b % 4 (lo nibble: element 8 (b / 4) + 2 (b % 4), hi
-// nibble the next). vpmaddubsw multiplies unsigned by signed bytes and adds pairs into int16
-// (nibble x hi <= 2 * 15 * 128, lo x nibble <= 2 * 255 * 15: no saturation): ~21
-// instructions a row and block against int4x64_dot's ~40.
-XBlocks int_blocks(const float* x, int64_t k) {
-  const int64_t blocks = k / 64;
-  XBlocks xb{std::vector<uint8_t>(blocks * 128), std::vector<float>(2 * blocks)};
-  for (int64_t c = 0; c < 2 * blocks; ++c) {
-    const float* v = x + 32 * c;
-    uint32_t mb = 0;  // the largest |x| as bits: integer order is float order below NaN
-    for (int e = 0; e < 32; ++e) {
-      uint32_t u;
-      std::memcpy(&u, v + e, 4);
-      mb = std::max(mb, u & 0x7fffffffu);
-    }
-    const int em = std::max((int)(mb >> 23), 1), sh = 141 - em;  // |x| < 2^(em - 126)
-    // 2^sh (-113 <= sh <= 140) as two exact factors within float's range
-    const float f1 = std::ldexp(1.0f, sh / 2), f2 = std::ldexp(1.0f, sh - sh / 2);
-    uint8_t* pl = xb.planes.data() + 128 * (c / 2);  // chunk c: half c % 2 of a block
-    for (int e = 0; e < 32; ++e) {
-      const int q = (int)std::lrint(v[e] * f1 * f2);  // exact scaling, |q| < 2^15
-      const int at = 32 * (c % 2) + e, byte = 4 * (at / 8) + (at % 8) / 2, odd = e % 2;
-      pl[32 * odd + byte] = (uint8_t)((q >> 8) & 0xff);
-      pl[64 + 32 * odd + byte] = (uint8_t)(q & 0xff);
-    }
-    xb.scale[c] = mb >= 0x7f800000u ? std::numeric_limits<float>::quiet_NaN()
-                                    : std::ldexp(1.0f, -sh);
-  }
-  return xb;
-}
-
-// the int32 sums of u * q over the 64 nibbles u of 8 words at q, lanes 0-3 over the first 32
-// values, 4-7 over the second, as floats
-inline f32x8 int4x64_sums(const uint32_t* q, const uint8_t* pl) {
-  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-  const __m256i mask = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  const __m256i lo = _mm256_and_si256(w, mask);
-  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
-  auto plane = [&](int i) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pl + 32 * i));
-  };
-  const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, plane(0)),
-                                      _mm256_maddubs_epi16(hi, plane(1)));
-  const __m256i pq = _mm256_add_epi16(_mm256_maddubs_epi16(plane(2), lo),
-                                      _mm256_maddubs_epi16(plane(3), hi));
-  const __m256i t = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(ph, ones), 8),
-                                     _mm256_madd_epi16(pq, ones));
-  return (f32x8)_mm256_cvtepi32_ps(t);
-}
-
-// lanes 0-3 a, 4-7 b
-inline f32x8 halves(float a, float b) { return f32x8{a, a, a, a, b, b, b, b}; }
-
-// rows_dot for int4 in groups of 32 with x as integers: each 64-value block is two groups,
-// so its sums take each half's x scale times its group's weight scale at once; the offsets'
-// (or symmetric int4's -8 s) part from each group's sum of x, as in rows_dot
-template <int R>
-void rows_dot_g32(const QuantMatrix& w, int64_t r0, const float* x, const XBlocks& xb,
-                  const float* xsum, float* y) {
-  const uint32_t* q[R];
-  const float* s[R];
-  const float* b[R];
-  for (int t = 0; t < R; ++t) {
-    q[t] = w.q + (r0 + t) * w.words;
-    s[t] = w.scales + (r0 + t) * w.groups;
-    b[t] = w.offsets ? w.offsets + (r0 + t) * w.groups : nullptr;
-  }
-  f32x8 tot[R] = {};
-  float tail[R] = {};
-  const int64_t blocks = w.k / 64;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const uint8_t* pl = xb.planes.data() + 128 * blk;
-    const float sx0 = xb.scale[2 * blk], sx1 = xb.scale[2 * blk + 1];
-    for (int t = 0; t < R; ++t)
-      tot[t] += int4x64_sums(q[t] + 8 * blk, pl) *
-                halves(sx0 * s[t][2 * blk], sx1 * s[t][2 * blk + 1]);
-  }
-  for (int64_t j = 64 * blocks; j < w.k; ++j)  // a last group of 32 or fewer values
-    for (int t = 0; t < R; ++t) tail[t] += x[j] * stored<4>(q[t], j) * s[t][j / 32];
-  for (int64_t g = 0; g < w.groups; ++g)
-    for (int t = 0; t < R; ++t) tail[t] += (b[t] ? b[t][g] : -8.0f * s[t][g]) * xsum[g];
-  row_totals<R>(tot, tail, y);
-}
-#endif
-
 // y[t] = x . W[r0 + t] for R rows: per group g, s_g * (x . u)_g + b_g * xsum_g, with u the
 // stored values and b_g the offset (symmetric int4: -8 s_g, as it stores q + 8). x is
 // loaded once for the R rows; each group's vector partial sums are scaled into vector
@@ -219,6 +72,10 @@ void rows_dot_g32(const QuantMatrix& w, int64_t r0, const float* x, const XBlock
 template <int R, int BITS>
 void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
               const XBlocks* xb, const float* xsum, float* y) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  if constexpr (BITS == 4)
+    if (xb != nullptr && vnni_group(w.group)) return rows_int4_vnni<R>(w, r0, x, *xb, xsum, y);
+#endif
 #if defined(__AVX2__)
   if constexpr (BITS == 4)
     if (xb != nullptr && w.group == 32) return rows_dot_g32<R>(w, r0, x, *xb, xsum, y);
@@ -236,19 +93,26 @@ void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
 #if defined(__AVX2__)
     if (BITS == 4 && xb != nullptr)
       for (; j + 64 <= hi; j += 64)
-        for (int t = 0; t < R; ++t)  // each chunk's 2^-k times its sum of u * q
+        for (int t = 0; t < R; ++t) {  // each chunk's 2^-k times its sum of u * q
+          if (j % 128 == 0) prefetch_ahead<R>(q[t], w.words, j / 2);
           acc[t] += int4x64_sums(q[t] + (j >> 3), xb->planes.data() + 2 * j) *
                     halves(xb->scale[j / 32], xb->scale[j / 32 + 1]);
+        }
 #endif
     if (BITS == 4 && xt != nullptr) {
       f32x8 odd[R] = {};
       for (; j + 64 <= hi; j += 64)
-        for (int t = 0; t < R; ++t) int4x64_dot(q[t] + (j >> 3), xt + j, acc[t], odd[t]);
+        for (int t = 0; t < R; ++t) {
+          if (j % 128 == 0) prefetch_ahead<R>(q[t], w.words, j / 2);
+          int4x64_dot(q[t] + (j >> 3), xt + j, acc[t], odd[t]);
+        }
       for (int t = 0; t < R; ++t) acc[t] += odd[t];
     }
     for (; j + 8 <= hi; j += 8) {
       const f32x8 xv = load_f32x8(x + j);
+      const bool line = (j * BITS / 8) % 64 == 0;  // a new line of each row
       for (int t = 0; t < R; ++t) {
+        if (line) prefetch_ahead<R>(q[t], w.words, j * BITS / 8);
         const f32x8 u = BITS == 8 ? int8x8_to_f32(reinterpret_cast<const int8_t*>(q[t]) + j)
                                   : int4x8_to_f32(q[t][j >> 3]);
         acc[t] += xv * u;  // the bias comes back below, as -bias * sum(x)
@@ -354,7 +218,10 @@ void quant_matmul(const Array& x, const Array& qweight, const Array& scales,
   without_gil([&] {
     Scratch<float> xs(m * k), ys(m * n);
     convert_in(x.data, xs.p, m * k);
-    constexpr int64_t kRows = 16;  // rows per work item: enough work to amortize the wake-up
+    // rows per work item: enough work to amortize the wake-up; decoding, runs of up to 128
+    // rows (a thread streams 128 KiB of a 2048-wide int4 matrix before it moves) while every
+    // thread still gets four items: 16-row items took 20-30% longer (1.1B matvecs, 2 vCPUs)
+    const int64_t kRows = std::clamp<int64_t>(n / (4 * max_threads()) / 4 * 4, 16, 128);
     const int64_t items = (n + kRows - 1) / kRows;
     if (m <= 8 && (w.bits == 8 || w.group % 8 == 0)) {  // decoding: see the header
       std::vector<float> xsum(m * w.groups, 0.0f);
