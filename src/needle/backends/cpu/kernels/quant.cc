@@ -75,6 +75,8 @@ void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   if constexpr (BITS == 4)
     if (xb != nullptr && vnni_group(w.group)) return rows_int4_vnni<R>(w, r0, x, *xb, xsum, y);
+  if constexpr (BITS == 8)
+    if (xb != nullptr) return rows_int8_vnni<R>(w, r0, x, *xb, xsum, y);
 #endif
 #if defined(__AVX2__)
   if constexpr (BITS == 4)
@@ -241,12 +243,17 @@ void quant_matmul(const Array& x, const Array& qweight, const Array& scales,
           for (int64_t i = 0; i < m; ++i) transpose64(xs.p + i * k, xts.data() + i * k, k);
         }
       }
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+      // int8 with bf16 / f16 x: 16-bit x as integers in its own order (rows_int8_vnni)
+      if (w.bits == 8 && x.dtype != DType::f32 && vnni_int8_group(w))
+        for (int64_t i = 0; i < m; ++i) xbs.push_back(int_chunks(xs.p + i * k, k));
+#endif
       const float* xt = xts.empty() ? nullptr : xts.data();
       const XBlocks* xb = xbs.empty() ? nullptr : xbs.data();
       parallel_items(items, kRows * k * (m + 1), [&](int64_t it) {
         const int64_t r0 = it * kRows, r1 = std::min(n, r0 + kRows);
         if (w.bits == 8)
-          matvec_rows<8>(w, r0, r1, xs.p, nullptr, nullptr, xsum.data(), m, ys.p);
+          matvec_rows<8>(w, r0, r1, xs.p, nullptr, xb, xsum.data(), m, ys.p);
         else
           matvec_rows<4>(w, r0, r1, xs.p, xt, xb, xsum.data(), m, ys.p);
       });
