@@ -122,6 +122,22 @@ inline bool vnni_group(int64_t group) { return group == 32 || group == 64 || gro
 // scaled by its chunk's 2^-k times its group's scale; the last block of 64 (k % 128) as
 // rows_dot_g32, the offsets' (or symmetric int4's -8 s) part from each group's sum of x, as
 // in rows_dot.
+// sum over the groups of b_g * xsum_g (b: the offsets, or symmetric int4's -8 s_g): 16 groups
+// a vector, not one dependent add a group (a 2048-wide row in groups of 32 has 64, as many
+// cycles of latency as its products)
+inline float offset_terms(const float* b, const float* s, const float* xsum, int64_t groups) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t g = 0;
+  for (; g + 16 <= groups; g += 16) {
+    const __m512 bg = b ? _mm512_loadu_ps(b + g) : _mm512_mul_ps(_mm512_set1_ps(-8.0f),
+                                                                 _mm512_loadu_ps(s + g));
+    acc = _mm512_fmadd_ps(bg, _mm512_loadu_ps(xsum + g), acc);
+  }
+  float sum = _mm512_reduce_add_ps(acc);
+  for (; g < groups; ++g) sum += (b ? b[g] : -8.0f * s[g]) * xsum[g];
+  return sum;
+}
+
 template <int R>
 void rows_int4_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlocks& xb,
                     const float* xsum, float* y) {
@@ -196,11 +212,9 @@ void rows_int4_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlo
   }
   for (int64_t j = w.k / 64 * 64; j < w.k; ++j)  // fewer than 64 values
     for (int t = 0; t < R; ++t) tail[t] += x[j] * stored<4>(q[t], j) * s[t][j / group];
-  for (int t = 0; t < R; ++t) {
-    const float* b = w.offsets ? w.offsets + (r0 + t) * w.groups : nullptr;
-    for (int64_t gi = 0; gi < w.groups; ++gi)
-      tail[t] += (b ? b[gi] : -8.0f * s[t][gi]) * xsum[gi];
-  }
+  for (int t = 0; t < R; ++t)
+    tail[t] += offset_terms(w.offsets ? w.offsets + (r0 + t) * w.groups : nullptr, s[t], xsum,
+                            w.groups);
   row_totals<R>(tot8, tail, y);
 }
 
