@@ -68,7 +68,8 @@ inline void int4x64_dot(const uint32_t* q, const float* xt, f32x8& even, f32x8& 
 // % 8 == 0, checked by the caller); with xt (x transposed by 64-value blocks, given where
 // the groups are multiples of 64) int4 takes 64 values at a time (int4x64_dot), and with xb
 // (16-bit x as integers, AVX2; those groups or 32) by integer products (int4x64_sums,
-// rows_dot_g32).
+// rows_dot_g32; rows_int4_vnni and, for int8, rows_int8_vnni where the CPU has AVX-512
+// VNNI: quant_intx.h).
 template <int R, int BITS>
 void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
               const XBlocks* xb, const float* xsum, float* y) {

@@ -1,6 +1,7 @@
-// x as integers for int4's integer products (x86; elsewhere x takes the float form):
-// 16-bit x a 32-value chunk, multiplied with the packed nibbles by AVX2's vpmaddubsw or, where
-// the CPU has it, AVX-512 VNNI's vpdpbusd. Included by quant.cc only.
+// x as integers for the quantized matvecs' integer products (x86; elsewhere x takes the float
+// form): 16-bit x a 32-value chunk, multiplied with int4's packed nibbles by AVX2's
+// vpmaddubsw or, where the CPU has AVX-512 VNNI, vpdpbusd, and with int8's bytes by VNNI's
+// vpdpwssd. Included by quant.cc only.
 #pragma once
 #include "quant.h"
 
@@ -232,7 +233,7 @@ XBlocks int_chunks(const float* x, int64_t k) {
 inline bool vnni_int8_group(const QuantMatrix& w) { return w.group % 32 == 0 || w.groups == 1; }
 
 // rows_dot for int8 by vpdpwssd: a chunk's 32 stored bytes widened to int16 (vpmovsxbw) and
-// multiplied with the chunk's 16-bit x in pairs into int32 lanes (no saturation: 2 x 127 x
+// multiplied with the chunk's 16-bit x in pairs into int32 lanes (no saturation: 2 x 128 x
 // 2^15 < 2^31), the lanes scaled by the chunk's 2^-k times its group's scale: ~6
 // instructions a row and chunk against ~20 for the float form's 8-value steps. The values
 // past the last whole chunk, and the offsets' part (from each group's sum of x), as in
@@ -256,9 +257,10 @@ void rows_int8_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlo
     const float sx = xb.scale[c];
     for (int t = 0; t < R; ++t) {
       if (c % 2 == 0) prefetch_ahead<R>(w.q + (r0 + t) * w.words, w.words, 32 * c);
-      const __m512i wv =
-          _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t] + 32 * c)));
-      const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(_mm512_setzero_si512(), xv, wv));
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t] + 32 * c));
+      const __m512i wv = _mm512_cvtepi8_epi16(bytes);
+      const __m512 sums =
+          _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(_mm512_setzero_si512(), xv, wv));
       tot[t] = _mm512_fmadd_ps(sums, _mm512_set1_ps(sx * s[t][g]), tot[t]);
     }
     if (++into == chunks_a_group) {
