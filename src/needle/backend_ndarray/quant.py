@@ -8,6 +8,7 @@ compact buffers of the dtypes it expects.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,7 +133,7 @@ def quant_matmul(x: NDArray, w: QuantizedMatrix) -> NDArray:
                          f"(W is {w.shape})")
     backend = w._backend()
     lead = x.shape[:-1]
-    m = int(np.prod(lead)) if lead else 1
+    m = math.prod(lead)  # not np.prod: ~5 us a call on a tuple, a decode step's 88 calls
     xc = x.compact()
     out = NDArray.make(lead + (n,), device=x.device, dtype=x.dtype)
     if out.size:
