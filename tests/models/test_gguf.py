@@ -84,6 +84,21 @@ def test_logits_match_transformers_reading_the_same_file(hf_llama, tmp_path, kin
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_K"])
+def test_bfloat16_activations_match_transformers(hf_llama, tmp_path, kind, device):
+    """The same files run with bf16 activations: where x is bf16 the CPU multiplies the
+    packed values by x as 16-bit integers (kernels/quant_intx.h), another path than the
+    float32 test's; the logits within bf16's rounding of transformers' float32 ones."""
+    write_llama_gguf(hf_llama, tmp_path / "m.gguf", T[kind], np.random.default_rng(0))
+    model = load_pretrained(tmp_path / "m.gguf", device=device, dtype="bfloat16")
+    ids = [[1, 40, 7, 200, 13, 99, 286]]
+    got = model(ids).numpy().astype(np.float32)
+    with torch.no_grad():
+        want = _reference(tmp_path, "m.gguf")(torch.tensor(ids)).logits.numpy()
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 3e-2, f"{kind}: logits {err:.2e} of their largest apart"
+
+
 # architecture -> the hf_models variant and its sizes: heads of 256 (Gemma 3's, so that its
 # query_pre_attn_scalar is what GGUF readers assume), six layers (its five-to-one window
 # pattern, which GGUF does not record), the local rotary base llama.cpp assumes
