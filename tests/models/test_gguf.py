@@ -63,6 +63,15 @@ def _reference(directory, name):
     return model.eval()
 
 
+IDS = [[1, 40, 7, 200, 13, 99, 286]]
+
+
+def _reference_logits(directory, name):
+    """transformers' float32 logits of IDS from the GGUF file it reads itself."""
+    with torch.no_grad():
+        return _reference(directory, name)(torch.tensor(IDS)).logits.numpy()
+
+
 @pytest.mark.parametrize("kind", ["F32", "F16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K",
                                   "Q4_K_M"])
 def test_logits_match_transformers_reading_the_same_file(hf_llama, tmp_path, kind, device):
@@ -76,11 +85,8 @@ def test_logits_match_transformers_reading_the_same_file(hf_llama, tmp_path, kin
     model = load_pretrained(tmp_path / "m.gguf", device=device, dtype="float32")
     if kind not in ("F32", "F16"):  # the block types run packed
         assert type(model.weights.layers[0].gate_up.weight).__name__ == "QuantizedMatrix"
-    ref = _reference(tmp_path, "m.gguf")
-    ids = [[1, 40, 7, 200, 13, 99, 286]]
-    got = model(ids).numpy()
-    with torch.no_grad():
-        want = ref(torch.tensor(ids)).logits.numpy()
+    got = model(IDS).numpy()
+    want = _reference_logits(tmp_path, "m.gguf")
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
 
 
@@ -91,10 +97,8 @@ def test_bfloat16_activations_match_transformers(hf_llama, tmp_path, kind, devic
     float32 test's; the logits within bf16's rounding of transformers' float32 ones."""
     write_llama_gguf(hf_llama, tmp_path / "m.gguf", T[kind], np.random.default_rng(0))
     model = load_pretrained(tmp_path / "m.gguf", device=device, dtype="bfloat16")
-    ids = [[1, 40, 7, 200, 13, 99, 286]]
-    got = model(ids).numpy().astype(np.float32)
-    with torch.no_grad():
-        want = _reference(tmp_path, "m.gguf")(torch.tensor(ids)).logits.numpy()
+    got = model(IDS).numpy().astype(np.float32)
+    want = _reference_logits(tmp_path, "m.gguf")
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < 3e-2, f"{kind}: logits {err:.2e} of their largest apart"
 

@@ -123,6 +123,12 @@ inline bool vnni_group(int64_t group) { return group == 32 || group == 64 || gro
 // scaled by its chunk's 2^-k times its group's scale; the last block of 64 (k % 128) as
 // rows_dot_g32, the offsets' (or symmetric int4's -8 s) part from each group's sum of x, as
 // in rows_dot.
+// the two 8-lane halves of v added: a 16-lane total as row_totals takes it
+inline f32x8 fold_halves(__m512 v) {
+  return (f32x8)_mm256_add_ps(_mm512_castps512_ps256(v),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
 // sum over the groups of b_g * xsum_g (b: the offsets, or symmetric int4's -8 s_g): 16 groups
 // a vector, not one dependent add a group (a 2048-wide row in groups of 32 has 64, as many
 // cycles of latency as its products)
@@ -199,9 +205,7 @@ void rows_int4_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlo
   f32x8 tot8[R];
   float tail[R] = {};
   for (int t = 0; t < R; ++t)
-    tot8[t] = (f32x8)_mm256_add_ps(
-        _mm512_castps512_ps256(tot[t]),
-        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(tot[t]), 1)));
+    tot8[t] = fold_halves(tot[t]);
   const int64_t done = 128 * steps;
   if (done + 64 <= w.k) {  // a last whole block of 64
     const int64_t blk = done / 64;
@@ -243,10 +247,12 @@ void rows_int8_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlo
                     const float* xsum, float* y) {
   const int64_t chunks = w.k / 32;
   const int64_t chunks_a_group = w.groups == 1 ? chunks + 1 : w.group / 32;
+  const uint32_t* row[R];
   const int8_t* q[R];
   const float* s[R];
   for (int t = 0; t < R; ++t) {
-    q[t] = reinterpret_cast<const int8_t*>(w.q + (r0 + t) * w.words);
+    row[t] = w.q + (r0 + t) * w.words;
+    q[t] = reinterpret_cast<const int8_t*>(row[t]);
     s[t] = w.scales + (r0 + t) * w.groups;
   }
   __m512 tot[R];
@@ -256,7 +262,7 @@ void rows_int8_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlo
     const __m512i xv = _mm512_loadu_si512(xb.ints.data() + 32 * c);
     const float sx = xb.scale[c];
     for (int t = 0; t < R; ++t) {
-      if (c % 2 == 0) prefetch_ahead<R>(w.q + (r0 + t) * w.words, w.words, 32 * c);
+      if (c % 2 == 0) prefetch_ahead<R>(row[t], w.words, 32 * c);
       const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t] + 32 * c));
       const __m512i wv = _mm512_cvtepi8_epi16(bytes);
       const __m512 sums =
@@ -271,11 +277,9 @@ void rows_int8_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlo
   f32x8 tot8[R];
   float tail[R] = {};
   for (int t = 0; t < R; ++t) {
-    tot8[t] = (f32x8)_mm256_add_ps(
-        _mm512_castps512_ps256(tot[t]),
-        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(tot[t]), 1)));
+    tot8[t] = fold_halves(tot[t]);
     for (int64_t j = 32 * chunks; j < w.k; ++j)  // fewer than 32 values
-      tail[t] += x[j] * stored<8>(w.q + (r0 + t) * w.words, j) * s[t][j / w.group];
+      tail[t] += x[j] * stored<8>(row[t], j) * s[t][j / w.group];
     if (w.offsets != nullptr) {
       const float* b = w.offsets + (r0 + t) * w.groups;
       for (int64_t gi = 0; gi < w.groups; ++gi) tail[t] += b[gi] * xsum[gi];
