@@ -129,10 +129,14 @@ CUDA = nd.cuda()
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("fmt", [(8, None, True, 512), (4, 64, True, 256), (4, 32, False, 384),
                                  (8, 16, True, 1536), (4, 128, True, 4352)], ids=str)
-def test_cuda_runs_each_projection_as_one_kernel(dtype, fmt, rng):
-    """On CUDA each packed projection of one row is one quant_decode.cu kernel (the model's
-    decode step relies on it: five launches a layer), right against the float64 reference;
-    a matrix of row views (qweight[:70]) reads its own rows."""
+@pytest.mark.parametrize("stream", ["off", "always"])
+def test_cuda_runs_each_projection_as_one_kernel(dtype, fmt, stream, rng):
+    """On CUDA each packed projection of one row is one kernel (the model's decode step
+    relies on it: five launches a layer): quant_decode.cu's, or with 16-bit x on sm_90
+    quant_stream.cu's (NEEDLE_QUANT_STREAM); right against the float64 reference; a matrix
+    of row views (qweight[:70]) reads its own rows."""
+    if stream != "off" and CUDA.backend.device.capability < 90:
+        pytest.skip("quant_stream.cu needs an sm_90 GPU")
     bits, group, symmetric, k = fmt
     sfx = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}[dtype]
     x, w = random(rng, (1, k), dtype, -2, 2), random(rng, (k,), dtype, 0.5, 1.5)
@@ -141,14 +145,17 @@ def test_cuda_runs_each_projection_as_one_kernel(dtype, fmt, rng):
     w70 = nd.QuantizedMatrix(qm.qweight[:70], qm.scales[:70],
                              None if qm.offsets is None else qm.offsets[:70], qm.spec, (70, k))
     X, Wn, T = on(CUDA, x), on(CUDA, w), on(CUDA, t0)
-    with CUDA.backend.profile() as prof:
+    with CUDA.backend.tuned(quant_stream=stream), CUDA.backend.profile() as prof:
         plain = nd.rmsnorm_matvec(X, Wn, qm, EPS)
         act = nd.rmsnorm_matvec(X, Wn, qm, EPS, activation="swiglu")
         nd.matvec_add(X, w70, T)
     calls = {name: t.calls for name, t in prof.totals.items()}
     o = "" if symmetric else "o"  # the kernels for offsets
-    assert calls == {f"rmsnorm_qmv{bits}{o}_{sfx}": 1, f"rmsnorm_qmv_swiglu{bits}{o}_{sfx}": 1,
-                     f"qmv_add{bits}{o}_{sfx}": 1}, prof.table()
+    if stream != "off" and dtype != "float32":
+        names = (f"qstream_norm{bits}{o}", f"qstream_swiglu{bits}{o}", f"qstream_add{bits}{o}")
+    else:
+        names = (f"rmsnorm_qmv{bits}{o}", f"rmsnorm_qmv_swiglu{bits}{o}", f"qmv_add{bits}{o}")
+    assert calls == {f"{name}_{sfx}": 1 for name in names}, prof.table()
     h = _normed(x, w, dtype)
     assert_close(plain, h @ exact.T, dtype, "matmul")
     gu = _rounded(h @ exact.T, dtype)

@@ -34,7 +34,7 @@ def test_the_kernel_families_exist():
                         "decode_mega", "decode_tc", "elementwise", "gemm_tma", "layout",
                         "matmul",
                         "nn", "optim", "paged", "quant", "quant_decode", "quant_gemm",
-                        "quant_skinny", "reduce", "sampling", "skinny"]
+                        "quant_skinny", "quant_stream", "reduce", "sampling", "skinny"]
 
 
 @needs_nvrtc

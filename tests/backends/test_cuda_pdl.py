@@ -7,8 +7,8 @@ kernels once issued their first weight loads early) can read stale bytes when th
 predecessor wrote them. Here a strided setitem kernel rewrites the packed weights and scales
 right before each product, and every replay with new weights must equal the eager run.
 The race is timing-dependent, so a regression may pass some runs; the test pins the
-semantics on the paths the decode steps take (quant_decode.cu for one row, quant_skinny.cu
-for a few)."""
+semantics on the paths the decode steps take (quant_decode.cu or, on sm_90, quant_stream.cu's
+bulk copies for one row; quant_skinny.cu for a few)."""
 
 from __future__ import annotations
 
@@ -55,10 +55,10 @@ def _replays_equal_eager(step, sources, trials=4):
 
 
 @gpu
-@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("rows,stream", [(1, "off"), (1, "always"), (4, "off")])
 @pytest.mark.parametrize("bits,group", [(8, None), (4, 128)])
 @pytest.mark.parametrize("last", ["qweight", "scales"])
-def test_a_product_reads_the_weights_its_predecessor_wrote(rows, bits, group, last):
+def test_a_product_reads_the_weights_its_predecessor_wrote(rows, stream, bits, group, last):
     n, k = 1024, 2048
     packed = _packed(n, k, bits, group)
     sources = {"qweight": _packed(n, k, bits, group).qweight,
@@ -70,8 +70,9 @@ def test_a_product_reads_the_weights_its_predecessor_wrote(rows, bits, group, la
     def step():
         for name in sorted(sources, key=lambda name: name == last):  # `last` written last
             _rewrite(getattr(packed, name), sources[name])
-        if rows == 1:  # quant_decode.cu: the decode step's norm + projection
-            return nd.rmsnorm_matvec(x, norm, packed, EPS)
+        if rows == 1:  # quant_decode.cu or quant_stream.cu: the decode step's norm + product
+            with DEV.backend.tuned(quant_stream=stream):
+                return nd.rmsnorm_matvec(x, norm, packed, EPS)
         return nd.quant_matmul(x, packed)  # quant_skinny.cu (int4) or qmv per row (int8)
 
     _replays_equal_eager(step, sources)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import struct
 
 from ..gpu.array import SUFFIX, GpuArray, aligned16, cdiv, overlap
-from ..gpu.quant import ACTIVATIONS, QuantOps, group_shift
+from ..gpu.quant import ACTIVATIONS, group_shift
+from .quant_stream import QuantStreamOps
 
 # QDecodeParams (kernels/quant.cuh): k, p, words, groups, rows_per_warp, group_shift,
 # per_group, eps (and the struct's padding)
@@ -20,7 +21,7 @@ WARPS = 4  # a group's warps
 STEP = {"rmsnorm_qmv": 2, "rmsnorm_qmv_swiglu": 1, "qmv_add": 2}
 
 
-class QuantDecodeOps(QuantOps):
+class QuantDecodeOps(QuantStreamOps):
     def _quant_matvec_special(self, kind: str, x: GpuArray, w: GpuArray | None,
                               qweight: GpuArray, scales: GpuArray, offsets: GpuArray | None,
                               out: GpuArray, rows: int, dim: int, p: int, eps: float,
@@ -42,6 +43,15 @@ class QuantDecodeOps(QuantOps):
         words, groups = dim // (32 // bits), cdiv(dim, group_size)
         if qweight.size != n * words or scales.size != n * groups:
             return False  # the composed form's checks name the mismatch
+        per_group = group_size // chunk
+
+        def params(per: int) -> bytes:  # per: outputs a warp (quant_decode), a group (stream)
+            return QDECODE.pack(dim, p, words, groups, per, group_shift(groups, per_group),
+                                per_group, eps)
+
+        if self._quant_stream_special(kind, x, w, qweight, scales, offsets, out, dim, p, eps,
+                                      bits, group_size, params):
+            return True
         # suffix o: the kernel for offsets (int4 with zero points)
         o = "o" if offsets is not None else ""
         kern = self._kernel("quant_decode", f"{kind}{bits}{o}_{SUFFIX[x.dtype]}")
@@ -51,12 +61,9 @@ class QuantDecodeOps(QuantOps):
         step = STEP[kind]
         warps = kern.resident_groups(32 * WARPS, shared) * WARPS
         per_warp = step * cdiv(cdiv(p, step), warps)
-        per_group = group_size // chunk
-        params = QDECODE.pack(dim, p, words, groups, per_warp, group_shift(groups, per_group),
-                              per_group, eps)
         extra = (offsets if offsets is not None else scales).buffer
         inputs = (x.buffer,) if w is None else (x.buffer, w.buffer)
         self.queue.dispatch(kern, (cdiv(p, per_warp * WARPS), 1, 1), (32 * WARPS, 1, 1),
                             inputs + (qweight.buffer, scales.buffer, extra, out.buffer),
-                            params, shared)
+                            params(per_warp), shared)
         return True

@@ -25,6 +25,12 @@ Environment overrides (docs/cuda.md lists them):
   up to 256 rows, and up to 768 where each multiprocessor's share of the k steps is at
   least a 2,048-wide tile's (faster there on the H100; docs/cuda_notes.md v32), "always"
   wherever it applies, "off" never.
+- ``NEEDLE_QUANT_STREAM=auto|always|off``: one row's int8 / int4 decode projections with
+  bf16 / fp16 x by bulk copies of each multiprocessor's rows into shared memory
+  (quant_stream.cu, sm_90) instead of quant_decode.cu's register rounds: by default
+  ("auto") where each warp of a multiprocessor's group has one step of rows, or the rows
+  are at least 160 16-byte chunks (5,120 int4 or 2,560 int8 values; faster there:
+  docs/cuda_notes.md v49), "always" wherever they fit, "off" never.
 - ``NEEDLE_SKINNY_TC=N``: products X @ W^T of 2..N rows (default 127 with the TMA GEMM,
   whose 128-row tile 128 rows fill, else 128; 0: none) take the skinny tensor-core kernel
   (skinny.cu) instead of the tiled GEMMs.
@@ -129,6 +135,9 @@ class CudaTuning(GpuTuning):
     quant_gemm: str = "off"  # more rows times int8 / int4 weights, W dequantized in registers
     # as the wgmma's A operand (quant_gemm.cu, sm_90a): "auto" (cuda/quant_gemm.py's
     # takes()), "always", "off"
+    quant_stream: str = "off"  # one row times int8 / int4 weights (16-bit x) by bulk copies
+    # of each multiprocessor's rows into shared memory (quant_stream.cu, sm_90), not
+    # quant_decode.cu's register rounds: "auto" (cuda/quant_stream.py's rule), "always", "off"
     fused_matvec: bool = False  # the decode step's norm/SwiGLU/residual fused into its gemvs
     # (off by default: on the H100 the fused kernels are still slower than gemv + add_rmsnorm,
     # docs/cuda_notes.md v9)
@@ -175,7 +184,10 @@ class CudaTuning(GpuTuning):
                    tma_tile=_tma_tile(env.get("NEEDLE_TMA_TILE")),
                    tma_groups=_positive(env, "NEEDLE_TMA_GROUPS"),
                    quant_skinny=capability >= 80 and env.get("NEEDLE_QUANT_SKINNY", "1") != "0",
-                   quant_gemm=_quant_gemm(env.get("NEEDLE_QUANT_GEMM")) if hopper else "off",
+                   quant_gemm=_choice("NEEDLE_QUANT_GEMM", env.get("NEEDLE_QUANT_GEMM"))
+                   if hopper else "off",
+                   quant_stream=_choice("NEEDLE_QUANT_STREAM", env.get("NEEDLE_QUANT_STREAM"))
+                   if target >= 90 else "off",
                    fused_matvec=env.get("NEEDLE_FUSED_MATVEC", "0") == "1",
                    folded_norm=env.get("NEEDLE_FOLDED_NORM", "1") != "0",
                    l2_prefetch=target >= 90 and env.get("NEEDLE_L2_PREFETCH", "0") == "1",
@@ -186,12 +198,12 @@ class CudaTuning(GpuTuning):
                    decode_bands=env.get("NEEDLE_DECODE_BANDS", "1") != "0")
 
 
-def _quant_gemm(value: str | None) -> str:
-    """NEEDLE_QUANT_GEMM: "auto" (unset), "always" (or 1), "off" (or 0)."""
+def _choice(name: str, value: str | None) -> str:
+    """NEEDLE_QUANT_GEMM, NEEDLE_QUANT_STREAM: "auto" (unset), "always" (or 1), "off" (or 0)."""
     choice = {None: "auto", "": "auto", "auto": "auto", "always": "always", "1": "always",
               "off": "off", "0": "off"}.get(value)
     if choice is None:
-        raise DeviceError(f"NEEDLE_QUANT_GEMM={value!r}: use auto, always or off")
+        raise DeviceError(f"{name}={value!r}: use auto, always or off")
     return choice
 
 
