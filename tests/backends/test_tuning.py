@@ -47,6 +47,13 @@ def test_cuda_tuning_from_the_device_and_the_environment():
     assert CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_WGMMA": "0"}).quant_gemm == "off"
     with pytest.raises(DeviceError, match="NEEDLE_QUANT_GEMM='yes': use auto, always or off"):
         CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_QUANT_GEMM": "yes"})
+    # one token's streamed quantized projections: "auto" on sm_90 (bulk copies, mbarriers)
+    assert (hopper.quant_stream, ampere.quant_stream) == ("auto", "off")
+    assert CudaTuning.for_device(90, "sm_90", env={}).quant_stream == "auto"
+    assert CudaTuning.for_device(90, "sm_90a",
+                                 env={"NEEDLE_QUANT_STREAM": "0"}).quant_stream == "off"
+    with pytest.raises(DeviceError, match="NEEDLE_QUANT_STREAM='on': use auto, always or off"):
+        CudaTuning.for_device(90, "sm_90a", env={"NEEDLE_QUANT_STREAM": "on"})
 
 
 def test_float32_on_fp64_tensor_cores_follows_the_model_and_the_environment():
