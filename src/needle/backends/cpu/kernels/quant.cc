@@ -231,8 +231,10 @@ void quant_matmul(const Array& x, const Array& qweight, const Array& scales,
       for (int64_t i = 0; i < m; ++i)  // group by group (a division a value cost ~5 us a call)
         for (int64_t g = 0; g < w.groups; ++g) {
           const float* v = xs.p + i * k + g * w.group;
-          float sum = 0.0f;
-          for (int64_t j = 0, end = std::min(w.group, k - g * w.group); j < end; ++j) sum += v[j];
+          const int64_t end = std::min(w.group, k - g * w.group);
+          float sum = 0.0f;  // in vector lanes: one dependent add a value cost ~1 us at k 2048
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < end; ++j) sum += v[j];
           xsum[i * w.groups + g] = sum;
         }
       // int4 with groups of whole 64-value blocks or of 32: 16-bit x as integers (AVX2),
