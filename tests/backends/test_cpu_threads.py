@@ -78,3 +78,35 @@ def test_the_loaded_backend_uses_the_chosen_team_size():
 def test_the_team_follows_the_affinity_mask():
     cpu = sorted(os.sched_getaffinity(0))[0]
     assert _team_size({}, ["taskset", "-c", str(cpu)]) == 1
+
+
+DECODE_SPLIT = """
+import numpy as np
+from needle import backend_ndarray as nd
+rng = np.random.default_rng(0)
+worst = 0.0
+for qh, kvh, d, p in [(5, 1, 64, 70), (10, 2, 32, 3), (7, 1, 128, 200), (16, 2, 64, 130),
+                      (3, 3, 16, 0)]:
+    arrays = [rng.standard_normal((qh + 2 * kvh) * d), rng.standard_normal((256, d // 2)),
+              rng.standard_normal((256, d // 2)), np.array([p], np.int32),
+              rng.standard_normal((kvh, 256, d)), rng.standard_normal((kvh, 256, d))]
+    got, want = (nd.attention_decode(*[nd.array(a.astype(a.dtype if a.dtype == np.int32
+                                                         else np.float32), device=dev)
+                                       for a in arrays], qh).numpy()
+                 for dev in (nd.cpu(), nd.cpu_numpy()))
+    worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+print(worst)
+"""
+
+
+@pytest.mark.parametrize("team", ["3", "4", "7"])
+def test_decode_attention_splits_a_kv_head_among_the_threads(team):
+    """attention_decode takes a KV head with its query heads as one item, split into parts
+    where there are fewer KV heads than threads: every split (5 query heads over 1 KV head
+    with 4 threads: parts of 2, 2, 1) gives numpy_ref's result."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "NEEDLE_CPU_THREADS")}
+    out = subprocess.run([sys.executable, "-c", DECODE_SPLIT],
+                         env={**clean, "OMP_NUM_THREADS": team}, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert float(out) < 1e-5, out

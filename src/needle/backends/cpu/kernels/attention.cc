@@ -214,8 +214,8 @@ template <class S> void attention_decode_kernel(const void* qkv_, const void* co
   const int64_t n = (int64_t)p + 1 - lo, group = g.q_heads / g.kv_heads;
   // an item: a KV head and `per` of its query heads (all of them unless there are fewer KV
   // heads than threads), so that each block of keys and values is made float once for them
-  const int64_t parts = std::min<int64_t>(group, (max_threads() + g.kv_heads - 1) / g.kv_heads);
-  const int64_t per = (group + parts - 1) / parts;
+  const int64_t want = std::min<int64_t>(group, (max_threads() + g.kv_heads - 1) / g.kv_heads);
+  const int64_t per = (group + want - 1) / want, parts = (group + per - 1) / per;  // none empty
   parallel_items(g.kv_heads * parts, n * D * 2 * per, [&](int64_t item) {
     const int64_t kvh = item / parts, h0 = kvh * group + item % parts * per;
     const int64_t heads_here = std::min(per, kvh * group + group - h0);
