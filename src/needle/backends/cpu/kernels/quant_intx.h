@@ -31,15 +31,6 @@ template <class Put> inline void chunk_ints(const float* v, float& scale, Put&& 
 }
 
 #if defined(__AVX2__)
-// 16-bit x as integers for int4 (the CUDA kernels' form, kernels/quant_intx.cuh): each
-// 32-value chunk of x as q = x * 2^k with one power of two a chunk and |q| < 2^15 (a bf16 /
-// f16 value has at most 11 significant bits, so the chunk's largest |x| is exact), split into
-// a signed high byte and an unsigned low byte (q = 256 hi + lo), laid out to meet the nibbles
-// of 8 packed words (a 64-value block): 32 bytes each of even-hi, odd-hi, even-lo, odd-lo,
-// byte b pairing with word b / 4's byte b % 4 (lo nibble: element 8 (b / 4) + 2 (b % 4), hi
-// nibble the next). vpmaddubsw multiplies unsigned by signed bytes and adds pairs into int16
-// (nibble x hi <= 2 * 15 * 128, lo x nibble <= 2 * 255 * 15: no saturation): ~21
-// instructions a row and block against int4x64_dot's ~40.
 #if defined(__AVX512F__)
 // chunk_ints in vectors: the chunk's 32 q as two vectors of int32 (values 0-15, 16-31)
 inline void chunk_vectors(const float* v, float& scale, __m512i& qa, __m512i& qb) {
@@ -78,6 +69,15 @@ inline void chunk_planes(const float* v, float& scale, uint8_t* pl, int half) {
 }
 #endif
 
+// 16-bit x as integers for int4 (the CUDA kernels' form, kernels/quant_intx.cuh): each
+// 32-value chunk of x as q = x * 2^k with one power of two a chunk and |q| < 2^15 (a bf16 /
+// f16 value has at most 11 significant bits, so the chunk's largest |x| is exact), split into
+// a signed high byte and an unsigned low byte (q = 256 hi + lo), laid out to meet the nibbles
+// of 8 packed words (a 64-value block): 32 bytes each of even-hi, odd-hi, even-lo, odd-lo,
+// byte b pairing with word b / 4's byte b % 4 (lo nibble: element 8 (b / 4) + 2 (b % 4), hi
+// nibble the next). vpmaddubsw multiplies unsigned by signed bytes and adds pairs into int16
+// (nibble x hi <= 2 * 15 * 128, lo x nibble <= 2 * 255 * 15: no saturation): ~21
+// instructions a row and block against int4x64_dot's ~40.
 XBlocks int_blocks(const float* x, int64_t k) {
   const int64_t blocks = k / 64;
   XBlocks xb{std::vector<uint8_t>(blocks * 128), std::vector<float>(2 * blocks), {}};
