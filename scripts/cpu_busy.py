@@ -23,8 +23,10 @@ SETTINGS = {
     "needle default (sized team, passive wait)": {},
     "spinning wait (OMP_WAIT_POLICY=active)": {"OMP_WAIT_POLICY": "active"},
     "one thread (OMP_NUM_THREADS=1)": {"OMP_NUM_THREADS": "1"},
+    "short spin (GOMP_SPINCOUNT=3000)": {"GOMP_SPINCOUNT": "3000"},
+    "passive wait (OMP_WAIT_POLICY=passive)": {"OMP_WAIT_POLICY": "passive"},
 }
-SHORT = dict(zip(("default", "spin", "one"), SETTINGS))
+SHORT = dict(zip(("default", "spin", "one", "short", "passive"), SETTINGS))
 BUSY_LOOP = "while True: pass"
 
 
@@ -101,7 +103,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=60,
                         help="seconds after which a run is stopped and reported as inf / 0")
     parser.add_argument("--settings", default="default,spin,one",
-                        help="comma-separated subset of: default, spin, one")
+                        help="comma-separated subset of: default, spin, one, short, passive")
     args = parser.parse_args()
     chosen = [SHORT[s] for s in args.settings.split(",")]
     rows = []

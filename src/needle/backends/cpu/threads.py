@@ -12,7 +12,9 @@ has not set:
   spinning team is a few microseconds faster per parallel region on an idle machine, but on a
   busy one the spinners take the cores that the preempted team member needs, and every barrier
   waits for it: the demo took 26.5 s instead of 1.5 s with other processes running (issue 19;
-  docs/cpu_notes.md has the measurements).
+  docs/cpu_notes.md has the measurements). A user's ``GOMP_SPINCOUNT`` is kept instead: a
+  short spin (3000) halves a small model's decode time on an idle machine and costs ~20% on
+  a busy one (docs/cpu_notes.md).
 
 ``NEEDLE_CPU_THREADS`` overrides the thread count for needle alone (it is applied as
 ``OMP_NUM_THREADS`` unless that is set too). Small ops never wake the team: the kernels run
