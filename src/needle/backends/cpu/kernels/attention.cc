@@ -2,11 +2,11 @@
 // and attention_decode (one token against a KV cache). fp16/bf16 compute in fp32 and round
 // once on store.
 #include <initializer_list>
-#include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "common.h"
+#include "decode_heads.h"
 #include "matmul.h"
 #include "rows.h"
 #include "vmath.h"
@@ -113,62 +113,6 @@ struct DecodeArgs {
   double softcap;  // scores soft-capped (Gemma 2: common.h soft_cap), 0: none
 };
 
-// Query heads q (`heads` of them, D floats each, roped) of one KV head over its n cached
-// rows kc / vc (the window's), into out. Per block of DECODE_KEYS keys the keys are made
-// float once, transposed (dimension-major), so that each head's scores are vector FMAs of
-// one q value against DECODE_KEYS keys (no horizontal sum a key); the values are made float
-// once a block and each head's weights added in row by row. A query head that converted the
-// keys itself and summed each 64-long product across lanes took ~120 cycles a (head, key)
-// pair (docs/cpu_notes.md).
-constexpr int64_t DECODE_KEYS = 64;
-template <class S, class C>
-void decode_heads(const C* q, const S* kc, const S* vc, int64_t n, int64_t D, int64_t heads,
-                  C scale, double softcap, S* out) {
-  constexpr int64_t J = DECODE_KEYS;
-  std::vector<C> s((size_t)(heads * n)), o((size_t)(heads * D), C(0));
-  std::unique_ptr<C[]> blk(new C[(size_t)(J * D)]);
-  alignas(64) C acc[J];
-  for (int64_t j0 = 0; j0 < n; j0 += J) {
-    // the block's keys, padded with zeros to a multiple of 16 (a short cache's one block
-    // does not pay for 64)
-    const int64_t m = std::min(J, n - j0), mr = (m + 15) / 16 * 16;
-    for (int64_t d = 0; d < D; ++d) {
-      C* row = blk.get() + d * J;
-      for (int64_t j = 0; j < m; ++j) row[j] = load(kc[(j0 + j) * D + d]);
-      for (int64_t j = m; j < mr; ++j) row[j] = C(0);
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-#pragma omp simd
-      for (int64_t j = 0; j < mr; ++j) acc[j] = C(0);
-      for (int64_t d = 0; d < D; ++d) {
-        const C qd = q[h * D + d];
-        const C* kd = blk.get() + d * J;
-#pragma omp simd
-        for (int64_t j = 0; j < mr; ++j) acc[j] += qd * kd[j];
-      }
-      C* sh = s.data() + h * n + j0;
-      for (int64_t j = 0; j < m; ++j) sh[j] = soft_cap(acc[j] * scale, softcap);
-    }
-  }
-  for (int64_t h = 0; h < heads; ++h) softmax_row(s.data() + h * n, n);
-  for (int64_t j0 = 0; j0 < n; j0 += J) {
-    const int64_t m = std::min(J, n - j0);
-#pragma omp simd
-    for (int64_t i = 0; i < m * D; ++i) blk[i] = load(vc[j0 * D + i]);
-    for (int64_t h = 0; h < heads; ++h) {
-      C* oh = o.data() + h * D;
-      const C* wh = s.data() + h * n + j0;
-      for (int64_t j = 0; j < m; ++j) {
-        const C pj = wh[j];
-        const C* vr = blk.get() + j * D;
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) oh[d] += pj * vr[d];
-      }
-    }
-  }
-  for (int64_t i = 0; i < heads * D; ++i) out[i] = store<S>(o[i]);
-}
-
 // One token's step (numpy_ref.attention_decode): rope the queries and the key with row p of
 // the tables (rounded to S), store key and value at row p of the caches, then attention of
 // every query head over rows lo..p of its KV head (lo: 0, or p - window + 1 with a sliding
@@ -219,9 +163,11 @@ template <class S> void attention_decode_kernel(const void* qkv_, const void* co
   parallel_items(g.kv_heads * parts, n * D * 2 * per, [&](int64_t item) {
     const int64_t kvh = item / parts, h0 = kvh * group + item % parts * per;
     const int64_t heads_here = std::min(per, kvh * group + group - h0);
-    decode_heads<S, C>(q.data() + h0 * D, keys + (kvh * g.capacity + lo) * D,
-                       values + (kvh * g.capacity + lo) * D, n, D, heads_here, (C)g.scale,
-                       g.softcap, out + h0 * D);
+    const S* kc = keys + (kvh * g.capacity + lo) * D;  // rows lo.. of the KV head
+    const S* vc = values + (kvh * g.capacity + lo) * D;
+    decode_heads<S, C>(q.data() + h0 * D, n, D, heads_here, (C)g.scale, g.softcap,
+                       [&](int64_t j) { return kc + j * D; },
+                       [&](int64_t j) { return vc + j * D; }, out + h0 * D);
   });
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common.h"
+#include "decode_heads.h"
 
 namespace needle {
 namespace {
@@ -38,8 +39,9 @@ template <class S> void write_kernel(const void* k_, const void* v_, const int32
 }
 
 // One query token's every head over positions lo..p (lo: 0, or the start of a sliding
-// window): keys and values are read once per KV
-// head for the whole group of query heads (online softmax, one pass).
+// window): decode_heads for each KV head, with its query heads, row j of the window read
+// from its page (a scalar online softmax a key, one 64-long dependent sum a head and key,
+// took ~4x longer at 2,048 positions: docs/cpu_notes.md).
 template <class S> void one_token(const S* q, const S* kp, const S* vp, const int32_t* table,
                                   int64_t p, S* out, const PagedArgs& g) {
   using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
@@ -51,31 +53,18 @@ template <class S> void one_token(const S* q, const S* kp, const S* vp, const in
     std::fill(out, out + g.q_heads * D, store<S>(std::numeric_limits<C>::quiet_NaN()));
     return;
   }
-  std::vector<C> qf(G * D), acc(G * D), m(G), l(G);
+  const int64_t lo = window_start(p, g.window), n = p + 1 - lo;
+  auto slot = [&](int64_t j) {  // row j of the window: position lo + j
+    const int64_t at = lo + j;
+    return (int64_t)table[at / g.page_size] * g.page_size + at % g.page_size;
+  };
+  std::vector<C> qf(G * D);
   for (int64_t kh = 0; kh < g.kv_heads; ++kh) {
     for (int64_t i = 0; i < G * D; ++i) qf[i] = load(q[kh * G * D + i]);
-    std::fill(acc.begin(), acc.end(), C(0));
-    std::fill(m.begin(), m.end(), -std::numeric_limits<C>::infinity());
-    std::fill(l.begin(), l.end(), C(0));
-    const int64_t lo = window_start(p, g.window);
-    for (int64_t j = lo; j <= p; ++j) {
-      const int64_t slot = (int64_t)table[j / g.page_size] * g.page_size + j % g.page_size;
-      const S* kr = kp + slot * row + kh * D;
-      const S* vr = vp + slot * row + kh * D;
-      for (int64_t h = 0; h < G; ++h) {
-        C s = 0;
-        for (int64_t i = 0; i < D; ++i) s += qf[h * D + i] * (C)load(kr[i]);
-        s = soft_cap(s * (C)g.scale, g.softcap);
-        const C mn = std::max(m[h], s), corr = std::exp(m[h] - mn), e = std::exp(s - mn);
-        C* a = acc.data() + h * D;
-        for (int64_t i = 0; i < D; ++i) a[i] = a[i] * corr + e * (C)load(vr[i]);
-        l[h] = l[h] * corr + e;
-        m[h] = mn;
-      }
-    }
-    for (int64_t h = 0; h < G; ++h)
-      for (int64_t i = 0; i < D; ++i)
-        out[(kh * G + h) * D + i] = store<S>(acc[h * D + i] / l[h]);
+    decode_heads<S, C>(qf.data(), n, D, G, (C)g.scale, g.softcap,
+                       [&](int64_t j) { return kp + slot(j) * row + kh * D; },
+                       [&](int64_t j) { return vp + slot(j) * row + kh * D; },
+                       out + kh * G * D);
   }
 }
 
