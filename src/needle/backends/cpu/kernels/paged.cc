@@ -53,18 +53,20 @@ template <class S> void one_token(const S* q, const S* kp, const S* vp, const in
     std::fill(out, out + g.q_heads * D, store<S>(std::numeric_limits<C>::quiet_NaN()));
     return;
   }
+  // where row j of the window (position lo + j) starts in the pool, found once for every
+  // KV head and both passes (a division by the page size a lookup)
   const int64_t lo = window_start(p, g.window), n = p + 1 - lo;
-  auto slot = [&](int64_t j) {  // row j of the window: position lo + j
-    const int64_t at = lo + j;
-    return (int64_t)table[at / g.page_size] * g.page_size + at % g.page_size;
-  };
+  std::vector<int64_t> at((size_t)n);
+  for (int64_t j = 0, page = lo / g.page_size, in = lo % g.page_size; j < n; ++j) {
+    at[j] = ((int64_t)table[page] * g.page_size + in) * row;
+    if (++in == g.page_size) in = 0, ++page;
+  }
   std::vector<C> qf(G * D);
   for (int64_t kh = 0; kh < g.kv_heads; ++kh) {
     for (int64_t i = 0; i < G * D; ++i) qf[i] = load(q[kh * G * D + i]);
     decode_heads<S, C>(qf.data(), n, D, G, (C)g.scale, g.softcap,
-                       [&](int64_t j) { return kp + slot(j) * row + kh * D; },
-                       [&](int64_t j) { return vp + slot(j) * row + kh * D; },
-                       out + kh * G * D);
+                       [&](int64_t j) { return kp + at[j] + kh * D; },
+                       [&](int64_t j) { return vp + at[j] + kh * D; }, out + kh * G * D);
   }
 }
 

@@ -84,8 +84,8 @@ void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
     if (xb != nullptr && w.group == 32) return rows_dot_g32<R>(w, r0, x, *xb, xsum, y);
 #endif
   const float bias = (BITS == 4 && !w.offsets) ? 8.0f : 0.0f;  // symmetric int4 stores q + 8
-  const uint32_t* q[R];
-  for (int t = 0; t < R; ++t) q[t] = w.q + (r0 + t) * w.words;
+  const RowsOf<R> rows(w, r0);
+  const auto& q = rows.q;
   f32x8 tot[R] = {};
   float tail[R] = {};
   for (int64_t g = 0; g < w.groups; ++g) {
@@ -124,8 +124,8 @@ void rows_dot(const QuantMatrix& w, int64_t r0, const float* x, const float* xt,
     for (; j < hi; ++j)  // a ragged last group
       for (int t = 0; t < R; ++t) rest[t] += x[j] * stored<BITS>(q[t], j);
     for (int t = 0; t < R; ++t) {
-      const float sg = w.scales[(r0 + t) * w.groups + g];
-      const float bg = w.offsets ? w.offsets[(r0 + t) * w.groups + g] : -bias * sg;
+      const float sg = rows.s[t][g];
+      const float bg = rows.b[t] ? rows.b[t][g] : -bias * sg;
       tot[t] += sg * acc[t];
       tail[t] += sg * rest[t] + bg * xsum[g];
     }

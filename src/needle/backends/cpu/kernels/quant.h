@@ -16,6 +16,20 @@ struct QuantMatrix {
   int bits;
 };
 
+// Rows r0 .. r0 + R - 1 of w: each one's packed words, scales and offsets (nullptr: none)
+template <int R> struct RowsOf {
+  const uint32_t* q[R];
+  const float* s[R];
+  const float* b[R];
+  RowsOf(const QuantMatrix& w, int64_t r0) {
+    for (int t = 0; t < R; ++t) {
+      q[t] = w.q + (r0 + t) * w.words;
+      s[t] = w.scales + (r0 + t) * w.groups;
+      b[t] = w.offsets ? w.offsets + (r0 + t) * w.groups : nullptr;
+    }
+  }
+};
+
 // Eight floats as one vector (GCC/Clang vector extensions: AVX2's ymm, two NEON registers).
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));

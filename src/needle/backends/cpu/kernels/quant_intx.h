@@ -124,14 +124,8 @@ inline f32x8 halves(float a, float b) { return f32x8{a, a, a, a, b, b, b, b}; }
 template <int R>
 void rows_dot_g32(const QuantMatrix& w, int64_t r0, const float* x, const XBlocks& xb,
                   const float* xsum, float* y) {
-  const uint32_t* q[R];
-  const float* s[R];
-  const float* b[R];
-  for (int t = 0; t < R; ++t) {
-    q[t] = w.q + (r0 + t) * w.words;
-    s[t] = w.scales + (r0 + t) * w.groups;
-    b[t] = w.offsets ? w.offsets + (r0 + t) * w.groups : nullptr;
-  }
+  const RowsOf<R> rows(w, r0);
+  const auto &q = rows.q, &s = rows.s, &b = rows.b;
   f32x8 tot[R] = {};
   float tail[R] = {};
   const int64_t blocks = w.k / 64;
@@ -195,12 +189,8 @@ void rows_int4_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlo
   // lane L's chunk (L / 4) and, for groups of 64 / 32, its group within the step
   const __m512i chunk_of = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   const __m512i half_of = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const uint32_t* q[R];
-  const float* s[R];
-  for (int t = 0; t < R; ++t) {
-    q[t] = w.q + (r0 + t) * w.words;
-    s[t] = w.scales + (r0 + t) * w.groups;
-  }
+  const RowsOf<R> rows(w, r0);
+  const auto &q = rows.q, &s = rows.s;
   __m512 tot[R];
   for (int t = 0; t < R; ++t) tot[t] = _mm512_setzero_ps();
   // groups of 128 or more: the step's group, counted (no division in the loop)
@@ -260,8 +250,7 @@ void rows_int4_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlo
   for (int64_t j = w.k / 64 * 64; j < w.k; ++j)  // fewer than 64 values
     for (int t = 0; t < R; ++t) tail[t] += x[j] * stored<4>(q[t], j) * s[t][j / group];
   for (int t = 0; t < R; ++t)
-    tail[t] += offset_terms(w.offsets ? w.offsets + (r0 + t) * w.groups : nullptr, s[t], xsum,
-                            w.groups);
+    tail[t] += offset_terms(rows.b[t], s[t], xsum, w.groups);
   row_totals<R>(tot8, tail, y);
 }
 
@@ -298,14 +287,10 @@ void rows_int8_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlo
                     const float* xsum, float* y) {
   const int64_t chunks = w.k / 32;
   const int64_t chunks_a_group = w.groups == 1 ? chunks + 1 : w.group / 32;
-  const uint32_t* row[R];
+  const RowsOf<R> rows(w, r0);
+  const auto &row = rows.q, &s = rows.s;
   const int8_t* q[R];
-  const float* s[R];
-  for (int t = 0; t < R; ++t) {
-    row[t] = w.q + (r0 + t) * w.words;
-    q[t] = reinterpret_cast<const int8_t*>(row[t]);
-    s[t] = w.scales + (r0 + t) * w.groups;
-  }
+  for (int t = 0; t < R; ++t) q[t] = reinterpret_cast<const int8_t*>(row[t]);
   __m512 tot[R];
   for (int t = 0; t < R; ++t) tot[t] = _mm512_setzero_ps();
   int64_t g = 0, into = 0;
@@ -331,10 +316,8 @@ void rows_int8_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlo
     tot8[t] = fold_halves(tot[t]);
     for (int64_t j = 32 * chunks; j < w.k; ++j)  // fewer than 32 values
       tail[t] += x[j] * stored<8>(row[t], j) * s[t][j / w.group];
-    if (w.offsets != nullptr) {
-      const float* b = w.offsets + (r0 + t) * w.groups;
-      for (int64_t gi = 0; gi < w.groups; ++gi) tail[t] += b[gi] * xsum[gi];
-    }
+    if (rows.b[t] != nullptr)
+      for (int64_t gi = 0; gi < w.groups; ++gi) tail[t] += rows.b[t][gi] * xsum[gi];
   }
   row_totals<R>(tot8, tail, y);
 }
