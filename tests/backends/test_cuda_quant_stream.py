@@ -69,11 +69,14 @@ def _names(prefix: str, bits: int, symmetric: bool, dtype: str) -> set[str]:
 @needs_sm90
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("fmt", [(8, None, True, 512), (8, 32, True, 256), (4, 128, True, 1024),
-                                 (4, 32, False, 384), (4, 64, True, 2816)], ids=str)
+                                 (4, 32, False, 384), (4, 64, True, 2816),
+                                 (4, 128, True, 640)], ids=str)
 @pytest.mark.parametrize("p", [5, 1000, 4321])
 def test_streamed_projections_match_the_reference(dtype, fmt, p, rng):
     """p = 5: a few groups of one partly empty step; 1,000 and 4,321: groups of 4-33 outputs,
-    warps of up to 3 steps (SwiGLU: 1 pair a step), the last group shorter."""
+    warps of up to 3 steps (SwiGLU: 1 pair a step), the last group shorter. The scales come
+    by bulk copies where a row's groups are a multiple of 4 (8, 12, 44 here), by 4-byte
+    copies otherwise (1 and 5)."""
     bits, _, symmetric, _ = fmt
     _check(dtype, fmt, p, "always", _names("qstream", bits, symmetric, dtype), rng)
 

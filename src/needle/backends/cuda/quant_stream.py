@@ -27,7 +27,8 @@ def stream_shared_bytes(rows: int, dim: int, words: int, groups: int, bits: int,
     """Shared memory of a group holding ``rows`` packed rows (quant_stream.cu's layout)."""
     chunks = dim // (128 // bits)
     tables = 4 * rows * groups * (2 if offsets else 1)
-    return BARRIERS + 4 * rows * words + 2 * dim + 8 * chunks + 4 * WARPS + tables
+    # (+ 16: the tables start on a 16-byte boundary, where bulk copies may write them)
+    return BARRIERS + 4 * rows * words + 2 * dim + 8 * chunks + 4 * WARPS + 16 + tables
 
 
 class QuantStreamOps(QuantOps):

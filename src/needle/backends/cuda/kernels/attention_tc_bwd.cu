@@ -262,7 +262,7 @@ __device__ __forceinline__ void dkv_run(const T* __restrict__ q, const T* __rest
       const int which = c / 64, r = c % 64;
       const bool ok = r0 + r < row_end;
       const float* src = which == 0 ? stats : which == 1 ? stats + R : drow;
-      cp_async4(at + (which * 64 + r) * 4, ok ? src + base + r0 + r : src, ok ? 4 : 0);
+      tc::cp_async4(at + (which * 64 + r) * 4, ok ? src + base + r0 + r : src, ok ? 4 : 0);
     }
     if (tid < 64)  // the last key row r0 + tid sees, plain (no global read)
       reinterpret_cast<int*>(info + stage * 4 * 64 + 3 * 64)[tid] =

@@ -47,10 +47,6 @@ __device__ __forceinline__ void load_tile(u32 dst, const T* base, const AttnGrad
     tc::cp_async16(dst + swz<D>(r, ch), src, ok ? 16 : 0);
   }
 }
-// 4 bytes global -> shared (bytes 0: zero)
-__device__ __forceinline__ void cp_async4(u32 dst, const void* src, int bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
 
 // acc[NT][4] += A (16 rows of tile `a` from row a0, k along D) times B where B's n are rows
 // n0.. of tile `bt` and its k is D: the S = Q Kᵀ pattern of the forward

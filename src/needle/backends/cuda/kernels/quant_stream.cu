@@ -10,8 +10,9 @@
 // group a multiprocessor owns a contiguous run of output rows, whose packed rows are one
 // contiguous run of memory, and thread 0 asks for all of them at the start: a stage (one
 // step of NR rows for each warp) a 1-D bulk copy into shared memory (two with SwiGLU: the
-// gate rows, the up rows), an mbarrier a stage. Meanwhile the group copies its rows' scales
-// (and offsets) and stages x as integers (quant_intx.cuh); each lane then holds its chunks of
+// gate rows, the up rows), an mbarrier a stage, and the rows' scales (and offsets) by bulk
+// copies too where they are whole 16-byte units, else by the group's 4-byte copies. Meanwhile
+// the group stages x as integers (quant_intx.cuh); each lane then holds its chunks of
 // x in registers (rows up to 6,144 values), and each warp waits on its stages in order and
 // dots its rows with dp4a from shared memory.
 //
@@ -27,11 +28,13 @@
 //   [0, 8 STAGES)           the mbarriers, stage g's at 8 g
 //   weights                 RT rows of words u32 (row i of the group at i * words * 4)
 //   planes, sx, qsum, red   x as integers: 2k bytes, chunks floats, chunks ints, WARPS floats
-//   scales (, offsets)      RT * groups floats each, row-major as in global memory
+//   scales (, offsets)      RT * groups floats each, row-major as in global memory, from the
+//                           next 16-byte boundary
 #include "common.cuh"
 #include "mbarrier.cuh"
 #include "quant.cuh"
 #include "quant_intx.cuh"
+#include "tensor_core.cuh"
 
 namespace qs {
 constexpr int WARPS = 8;  // a group's warps
@@ -39,9 +42,8 @@ constexpr int STAGES = 16;  // most stages a group: a stage is a step of each wa
 constexpr int BARS = 8 * STAGES;  // bytes of barriers
 constexpr int XCHUNKS = 6;  // most chunks of x a lane holds in registers: k <= 6,144
 
-__device__ __forceinline__ void copy4(float* dst, const float* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n"
-               ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+__device__ __forceinline__ float* align16(float* p) {  // p rounded up to 16 bytes
+  return reinterpret_cast<float*>((reinterpret_cast<u64>(p) + 15) & ~(u64)15);
 }
 
 template <class T, int BITS, int KIND, int NR, bool OFF>
@@ -62,19 +64,25 @@ __device__ __forceinline__ void qstream(const T* __restrict__ x, const T* __rest
   const int steps = (R + NR - 1) / NR;  // stage g: steps g WARPS .. (g + 1) WARPS - 1
   const int stages = (steps + WARPS - 1) / WARPS;
 
-  const u32 bars = (u32)__cvta_generic_to_shared(smem);
+  const u32 bars = tc::smem_u32(smem);
   unsigned char* wsm = smem + BARS;
   uint4* planes = reinterpret_cast<uint4*>(wsm + RT * row_bytes);
   float* sx = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(planes) + 2 * k);
   int* qsum = reinterpret_cast<int*>(sx + chunks);
   float* red = reinterpret_cast<float*>(qsum + chunks);
-  float* ssm = red + WARPS;
+  float* ssm = align16(red + WARPS);  // (a bulk copy's destination)
   float* osm = ssm + RT * groups;
 
   // the weights are read after the wait too: a load issued before it can see stale bytes if
   // the previous kernel wrote them (quant_decode.cu)
   pdl_entry();
-  const u32 w0 = (u32)__cvta_generic_to_shared(wsm);
+  const u32 w0 = tc::smem_u32(wsm);
+  // the scales (and offsets): by bulk copies counted on the first stage's barrier, which
+  // every warp waits on before its first row, where each run is whole 16-byte units (a row's
+  // groups a multiple of 4); else by 4-byte asynchronous copies, all in flight at once (a loop
+  // of loads and stores took a round trip each, cold)
+  const bool bulk_tables = groups % 4 == 0 && aligned16(s) && (!OFF || aligned16(b));
+  const u32 run = (u32)(R * groups * 4), parts = KIND == 1 ? 2 : 1;
   // a barrier a stage, then each stage's rows (and its up rows) by one copy each, all at
   // once (asking for a stage only when the one two or three before it had landed, so that
   // the first stages land early, was no faster: docs/cuda_notes.md v49)
@@ -84,31 +92,36 @@ __device__ __forceinline__ void qstream(const T* __restrict__ x, const T* __rest
     for (int g = 0; g < stages; g++) {
       const int first = g * WARPS * NR, n = min(WARPS * NR, R - first);
       const u32 bytes = (u32)(n * row_bytes), bar = bars + 8 * g;
-      bar_expect_tx(bar, KIND == 1 ? 2 * bytes : bytes);
+      const u32 tables = g == 0 && bulk_tables ? parts * run * (OFF ? 2 : 1) : 0;
+      bar_expect_tx(bar, parts * bytes + tables);
+      for (u32 part = 0; tables && part < parts; part++) {
+        const i64 src = (r0 + (part ? p.p : 0)) * groups;
+        const int dst = part * RA * groups;
+        bulk_copy(tc::smem_u32(ssm + dst), s + src, run, bar);
+        if (OFF) bulk_copy(tc::smem_u32(osm + dst), b + src, run, bar);
+      }
       bulk_copy(w0 + (u32)(first * row_bytes), q + (r0 + first) * p.words, bytes, bar);
       if (KIND == 1)  // the up rows, p rows on
         bulk_copy(w0 + (u32)((RA + first) * row_bytes), q + (p.p + r0 + first) * p.words,
                   bytes, bar);
     }
   }
-  // the group's scales (and offsets), gate rows' run then up rows', by 4-byte asynchronous
-  // copies: all in flight at once (a loop of loads and stores took a round trip each, cold)
-  for (int part = 0; part < (KIND == 1 ? 2 : 1); part++) {
+  for (int part = 0; !bulk_tables && part < (KIND == 1 ? 2 : 1); part++) {
     const i64 src = (r0 + (part ? p.p : 0)) * groups;
     const int n = R * groups, dst = part * RA * groups;
     for (int i = tid; i < n; i += WARPS * 32) {
-      copy4(ssm + dst + i, s + src + i);
-      if (OFF) copy4(osm + dst + i, b + src + i);
+      tc::cp_async4(tc::smem_u32(ssm + dst + i), s + src + i);
+      if (OFF) tc::cp_async4(tc::smem_u32(osm + dst + i), b + src + i);
     }
   }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  tc::cp_commit();
   float rs = 1.f;
   if (NORM) {
     const float ss = group_sum_squares<T>(x, k, red, tid, WARPS * 32);
     rs = 1.f / sqrtf(ss / (float)k + p.eps);
   }
   stage_x_int<T, BITS, NORM>(x, nw, rs, k, planes, sx, qsum, tid, WARPS * 32);
-  asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's scales, then everyone's
+  tc::cp_wait<0>();  // this thread's 4-byte scale copies, then (the barrier) everyone's
   __syncthreads();
 
   // this lane's chunks of x (lane, lane + 32, ..), held for every step
