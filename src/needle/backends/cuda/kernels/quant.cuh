@@ -9,6 +9,19 @@ struct QDecodeParams {  // cuda/quant_decode.py QDECODE
   float eps;  // (offsets or not: the kernel's name, suffix o)
 };
 
+// The six kernels of one bit width and dtype of a family of these projections (quant_decode.cu,
+// quant_stream.cu), each without offsets and with them (suffix o: int4 with zero points):
+// NORM(name, SFX, T, BITS, KIND, NR, OFF, O) defines the norm (KIND 0, NR 2 outputs a step)
+// and SwiGLU (KIND 1, one gate and up pair a step) kernels, ADD(SFX, T, BITS, OFF, O) the
+// residual one.
+#define QPROJECTIONS(NORM, ADD, NORM_NAME, SWIGLU_NAME, SFX, T, BITS)                          \
+  NORM(NORM_NAME, SFX, T, BITS, 0, 2, false, )                                                \
+  NORM(NORM_NAME, SFX, T, BITS, 0, 2, true, o)                                                \
+  NORM(SWIGLU_NAME, SFX, T, BITS, 1, 1, false, )                                              \
+  NORM(SWIGLU_NAME, SFX, T, BITS, 1, 1, true, o)                                              \
+  ADD(SFX, T, BITS, false, )                                                                  \
+  ADD(SFX, T, BITS, true, o)
+
 // the float subtracted from a byte placed in 2^23's mantissa (byte_f) to get the value:
 // int8 (stored q xor 0x80 = q + 128), int4 symmetric (u - 8), int4 with offsets (u)
 template <int BITS> __device__ __forceinline__ float value_magic(bool offsets) {

@@ -213,15 +213,9 @@ __device__ __forceinline__ void qgemv(const T* __restrict__ x, const T* __restri
     extern __shared__ __align__(16) float qdecode_smem[];                                       \
     qd::qgemv<T, BITS, 2, 2, 4, OFF>(a, a, q, s, b, total, p, qdecode_smem);                    \
   }
-// each kernel without offsets and with them (suffix o: int4 with zero points)
-#define QDECODE_BOTH(SFX, T, BITS)                                                              \
-  QDECODE_NORM(rmsnorm_qmv, SFX, T, BITS, 0, 2, false, )                                        \
-  QDECODE_NORM(rmsnorm_qmv, SFX, T, BITS, 0, 2, true, o)                                        \
-  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, BITS, 1, 1, false, )                                 \
-  QDECODE_NORM(rmsnorm_qmv_swiglu, SFX, T, BITS, 1, 1, true, o)                                 \
-  QDECODE_ADD(SFX, T, BITS, false, )                                                            \
-  QDECODE_ADD(SFX, T, BITS, true, o)
-#define QDECODE(SFX, T) QDECODE_BOTH(SFX, T, 8) QDECODE_BOTH(SFX, T, 4)
+#define QDECODE(SFX, T)                                                                        \
+  QPROJECTIONS(QDECODE_NORM, QDECODE_ADD, rmsnorm_qmv, rmsnorm_qmv_swiglu, SFX, T, 8)          \
+  QPROJECTIONS(QDECODE_NORM, QDECODE_ADD, rmsnorm_qmv, rmsnorm_qmv_swiglu, SFX, T, 4)
 
 ONLY(f16, QDECODE(f16, half_t))
 ONLY(bf16, QDECODE(bf16, bf16_t))

@@ -203,15 +203,9 @@ __device__ __forceinline__ void qstream(const T* __restrict__ x, const T* __rest
     extern __shared__ __align__(128) unsigned char qstream_smem[];                              \
     qs::qstream<T, BITS, 2, 2, OFF>(a, a, q, s, b, total, p, qstream_smem);                     \
   }
-// each kernel without offsets and with them (suffix o: int4 with zero points)
-#define QSTREAM_BOTH(SFX, T, BITS)                                                              \
-  QSTREAM_NORM(qstream_norm, SFX, T, BITS, 0, 2, false, )                                       \
-  QSTREAM_NORM(qstream_norm, SFX, T, BITS, 0, 2, true, o)                                       \
-  QSTREAM_NORM(qstream_swiglu, SFX, T, BITS, 1, 1, false, )                                     \
-  QSTREAM_NORM(qstream_swiglu, SFX, T, BITS, 1, 1, true, o)                                     \
-  QSTREAM_ADD(SFX, T, BITS, false, )                                                            \
-  QSTREAM_ADD(SFX, T, BITS, true, o)
-#define QSTREAM(SFX, T) QSTREAM_BOTH(SFX, T, 8) QSTREAM_BOTH(SFX, T, 4)
+#define QSTREAM(SFX, T)                                                                        \
+  QPROJECTIONS(QSTREAM_NORM, QSTREAM_ADD, qstream_norm, qstream_swiglu, SFX, T, 8)             \
+  QPROJECTIONS(QSTREAM_NORM, QSTREAM_ADD, qstream_norm, qstream_swiglu, SFX, T, 4)
 
 ONLY(f16, QSTREAM(f16, half_t))
 ONLY(bf16, QSTREAM(bf16, bf16_t))
