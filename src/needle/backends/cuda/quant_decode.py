@@ -11,7 +11,7 @@ import struct
 
 from ..gpu.array import SUFFIX, GpuArray, aligned16, cdiv, overlap
 from ..gpu.quant import ACTIVATIONS, group_shift
-from .quant_stream import QuantStreamOps
+from .quant_stream import QuantStreamOps, packed_buffers
 
 # QDecodeParams (kernels/quant.cuh): k, p, words, groups, rows_per_warp, group_shift,
 # per_group, eps (and the struct's padding)
@@ -49,8 +49,8 @@ class QuantDecodeOps(QuantStreamOps):
             return QDECODE.pack(dim, p, words, groups, per, group_shift(groups, per_group),
                                 per_group, eps)
 
-        if self._quant_stream_special(kind, x, w, qweight, scales, offsets, out, dim, p, eps,
-                                      bits, group_size, params):
+        if self._quant_stream_special(kind, x, w, qweight, scales, offsets, out, dim, p, words,
+                                      groups, bits, params):
             return True
         # suffix o: the kernel for offsets (int4 with zero points)
         o = "o" if offsets is not None else ""
@@ -61,9 +61,7 @@ class QuantDecodeOps(QuantStreamOps):
         step = STEP[kind]
         warps = kern.resident_groups(32 * WARPS, shared) * WARPS
         per_warp = step * cdiv(cdiv(p, step), warps)
-        extra = (offsets if offsets is not None else scales).buffer
-        inputs = (x.buffer,) if w is None else (x.buffer, w.buffer)
         self.queue.dispatch(kern, (cdiv(p, per_warp * WARPS), 1, 1), (32 * WARPS, 1, 1),
-                            inputs + (qweight.buffer, scales.buffer, extra, out.buffer),
+                            packed_buffers(x, w, qweight, scales, offsets, out),
                             params(per_warp), shared)
         return True

@@ -22,6 +22,16 @@ KERNELS = {"rmsnorm_qmv": ("qstream_norm", 2), "rmsnorm_qmv_swiglu": ("qstream_s
            "qmv_add": ("qstream_add", 2)}
 
 
+def packed_buffers(x: GpuArray, w: GpuArray | None, qweight: GpuArray, scales: GpuArray,
+                   offsets: GpuArray | None, out: GpuArray) -> tuple:
+    """The buffers of a decode projection kernel (quant_decode.cu, quant_stream.cu): x (and
+    the norm's weight), the packed matrix, its scales and offsets (scales again where there
+    are none: the kernels without offsets never read it), out."""
+    extra = (offsets if offsets is not None else scales).buffer
+    inputs = (x.buffer,) if w is None else (x.buffer, w.buffer)
+    return inputs + (qweight.buffer, scales.buffer, extra, out.buffer)
+
+
 def stream_shared_bytes(rows: int, dim: int, words: int, groups: int, bits: int,
                         offsets: bool) -> int:
     """Shared memory of a group holding ``rows`` packed rows (quant_stream.cu's layout)."""
@@ -34,8 +44,8 @@ def stream_shared_bytes(rows: int, dim: int, words: int, groups: int, bits: int,
 class QuantStreamOps(QuantOps):
     def _quant_stream_special(self, kind: str, x: GpuArray, w: GpuArray | None,
                               qweight: GpuArray, scales: GpuArray, offsets: GpuArray | None,
-                              out: GpuArray, dim: int, p: int, eps: float, bits: int,
-                              group_size: int, params) -> bool:
+                              out: GpuArray, dim: int, p: int, words: int, groups: int,
+                              bits: int, params) -> bool:
         """One projection of one row as a quant_stream.cu kernel where the tuning takes it
         and each group's rows fit its shared memory in one wave; ``params`` packs the
         QDecodeParams for a given number of outputs a group. The caller has checked the
@@ -56,7 +66,6 @@ class QuantStreamOps(QuantOps):
         # us, int8 9.1 -> 11.0). docs/cuda_notes.md v49
         if choice == "auto" and stages > 1 and dim // (128 // bits) < AUTO_CHUNKS:
             return False
-        words, groups = dim // (32 // bits), cdiv(dim, group_size)
         rows = 2 * per_group if kind == "rmsnorm_qmv_swiglu" else per_group
         shared = stream_shared_bytes(rows, dim, words, groups, bits, offsets is not None)
         if shared > self.device.max_shared_bytes:
@@ -68,9 +77,7 @@ class QuantStreamOps(QuantOps):
         grid = cdiv(p, per_group)
         if grid > kern.resident_groups(32 * WARPS, shared):
             return False  # a second wave would wait for the first's bytes
-        extra = (offsets if offsets is not None else scales).buffer
-        inputs = (x.buffer,) if w is None else (x.buffer, w.buffer)
         self.queue.dispatch(kern, (grid, 1, 1), (32 * WARPS, 1, 1),
-                            inputs + (qweight.buffer, scales.buffer, extra, out.buffer),
+                            packed_buffers(x, w, qweight, scales, offsets, out),
                             params(per_group), shared)
         return True

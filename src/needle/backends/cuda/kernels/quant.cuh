@@ -9,6 +9,12 @@ struct QDecodeParams {  // cuda/quant_decode.py QDECODE
   float eps;  // (offsets or not: the kernel's name, suffix o)
 };
 
+// the scale group of 16-byte chunk c of a row: a shift where the chunks a group are a power of
+// two (group_shift 30: one group a row), else a division
+__device__ __forceinline__ int scale_group(int c, const QDecodeParams& p) {
+  return p.group_shift >= 0 ? c >> p.group_shift : c / (int)p.per_group;
+}
+
 // The six kernels of one bit width and dtype of a family of these projections (quant_decode.cu,
 // quant_stream.cu), each without offsets and with them (suffix o: int4 with zero points):
 // NORM(name, SFX, T, BITS, KIND, NR, OFF, O) defines the norm (KIND 0, NR 2 outputs a step)

@@ -48,7 +48,7 @@ struct Round {
     for (int u = 0; u < U; u++) {
       const int c = c0 + 32 * u;
       if (c >= chunks) break;
-      const i64 g = p.group_shift >= 0 ? c >> p.group_shift : c / (int)p.per_group;
+      const i64 g = scale_group(c, p);
 #pragma unroll
       for (int i = 0; i < RW; i++) {
         const i64 j = j0 + i % NR;

@@ -159,7 +159,7 @@ __device__ __forceinline__ void qstream(const T* __restrict__ x, const T* __rest
     for (int u = 0; u < CPL; u++) {
       const int c = lane + 32 * u;
       if (c >= chunks) break;
-      const int gi = p.group_shift >= 0 ? c >> p.group_shift : c / (int)p.per_group;
+      const int gi = scale_group(c, p);
 #pragma unroll
       for (int r = 0; r < RW; r++) {
         const uint4 w = *reinterpret_cast<const uint4*>(wsm + rows[r] * row_bytes + 16 * c);
