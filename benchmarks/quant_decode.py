@@ -1,6 +1,7 @@
 """Decode (and prefill) speed of quantized weights against bf16, in one run, on one device.
 
     python -m benchmarks.quant_decode [--device cuda] [--tokens 256] [--quick]
+    python -m benchmarks.quant_decode --device cuda --kernels --no-decode [--shapes 8b]
 
 The model is TinyLlama-1.1B-shaped (hidden 2048, 22 layers, 32 heads, 4 KV heads,
 intermediate 5632, vocab 32000) with random weights; ``--quick`` uses a tiny one (a smoke
@@ -26,6 +27,11 @@ import time
 import numpy as np
 
 from .cases_array import LAYER_SHAPES
+
+# a Llama-3-8B layer's matrices (n, k) for the kernel table: the same products with 2-5x the
+# bytes of the 1.1B model's, so a launch's fixed cost is a smaller share of each
+LAYER_SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+                   "down": (4096, 14336)}
 
 TINYLLAMA = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                  num_attention_heads=32, num_key_value_heads=4, vocab_size=32000)
@@ -208,15 +214,18 @@ def _fused(x, ws, total):
     return op
 
 
-def kernel_table(device, copy: float, quick: bool) -> None:
+def kernel_table(device, copy: float, quick: bool, shapes: str = "1.1b",
+                 only: list[str] | None = None) -> None:
     """Matrix-vector (decode), 8-row (a batched decode step) and 512-row (prefill) products of
     each layer shape: bf16 against each quantized format; GB/s counts the bytes of the
     weights as stored (packed). "fused us": the same product as the decode step runs it,
-    ``matvec_add`` (into a residual)."""
+    ``matvec_add`` (into a residual). ``shapes``: "1.1b" (TinyLlama's layer) or "8b"
+    (Llama-3-8B's); ``only``: the variants to time (bf16 always, the ratios' base)."""
     from needle import backend_ndarray as nd
 
     # one decoder layer's matrices (n, k): fused qkv, o, fused gate/up, down
-    shapes = [(64, 256), (256, 64)] if quick else list(LAYER_SHAPES.values())
+    layer = LAYER_SHAPES_8B if shapes == "8b" else LAYER_SHAPES
+    shapes = [(64, 256), (256, 64)] if quick else list(layer.values())
     rng = np.random.default_rng(0)
     print(f"\n{'shape (n, k)':<14} {'format':<27} {'matvec us':>9} {'GB/s':>6} {'% copy':>7} "
           f"{'x bf16':>7} {'fused us':>8} {'GB/s':>6} {'8-row us':>8} {'/ bf16':>7} "
@@ -230,6 +239,8 @@ def kernel_table(device, copy: float, quick: bool) -> None:
                       dtype="bfloat16")  # a batched decode step of 8 sequences
         base = base_mm = base_8 = None
         for name, fmt in VARIANTS.items():
+            if only and fmt is not None and name not in only:
+                continue
             if fmt is None:
                 nbytes = n * k * 2
                 copies = max(1, -(-L2_SPILL // nbytes))
@@ -265,6 +276,8 @@ def main(argv=None) -> None:
     parser.add_argument("--only", nargs="*", default=None, help="variant names to run")
     parser.add_argument("--kernels", action="store_true", help="also time each layer matrix")
     parser.add_argument("--no-decode", action="store_true", help="skip the whole-model runs")
+    parser.add_argument("--shapes", choices=("1.1b", "8b"), default="1.1b",
+                        help="the layer whose matrices --kernels times")
     args = parser.parse_args(argv)
     from needle import backend_ndarray as nd
 
@@ -272,7 +285,7 @@ def main(argv=None) -> None:
     cfg = _config(args.quick)
     copy = copy_bandwidth(device)
     if args.kernels:
-        kernel_table(device, copy, args.quick)
+        kernel_table(device, copy, args.quick, args.shapes, args.only)
     rows = []
     for name, fmt in VARIANTS.items():
         if args.no_decode or (args.only and name not in args.only):

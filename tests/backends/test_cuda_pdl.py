@@ -73,6 +73,6 @@ def test_a_product_reads_the_weights_its_predecessor_wrote(rows, stream, bits, g
         if rows == 1:  # quant_decode.cu or quant_stream.cu: the decode step's norm + product
             with DEV.backend.tuned(quant_stream=stream):
                 return nd.rmsnorm_matvec(x, norm, packed, EPS)
-        return nd.quant_matmul(x, packed)  # quant_skinny.cu (int4) or qmv per row (int8)
+        return nd.quant_matmul(x, packed)  # quant_skinny.cu (the word form for int8)
 
     _replays_equal_eager(step, sources)

@@ -235,6 +235,11 @@ __device__ __forceinline__ uint2 ld_stream8(const void* p) {
                : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
+__device__ __forceinline__ u32 ld_stream4(const void* p) {
+  u32 r;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
+  return r;
+}
 template <class T, int V>
 __device__ __forceinline__ Vec<T, V> ld_stream(const Vec<T, V>* p) {
   static_assert(sizeof(Vec<T, V>) == 16, "16-byte vectors");
