@@ -16,9 +16,9 @@ Environment overrides (docs/cuda.md lists them):
   (decode_tc.cu); ``NEEDLE_DECODE_SPLITS=N``: most ranges per KV head (default 32);
   ``NEEDLE_DECODE_CLUSTER=0``: on sm_90, a short cache's ranges merged through memory rather
   than within a thread-block cluster.
-- ``NEEDLE_QUANT_SKINNY=0``: products of 2..16 rows with int4 weights per row (quant.cu's
-  qmv) or dequantized first, instead of one pass over the weights on tensor cores
-  (quant_skinny.cu, sm_80+).
+- ``NEEDLE_QUANT_SKINNY=0``: products of 2..16 rows with int8 / int4 weights per row
+  (quant.cu's qmv) or dequantized first, instead of one pass over the weights on tensor
+  cores (quant_skinny.cu, sm_80+).
 - ``NEEDLE_QUANT_GEMM=auto|always|off``: products of more than 16 rows with int8 / int4
   weights (prefill) dequantize W in registers as the warpgroup MMA's operand
   (quant_gemm.cu, sm_90a) instead of into a workspace for the GEMM: by default ("auto")
@@ -131,7 +131,7 @@ class CudaTuning(GpuTuning):
     tma_tile: int | None = None  # the TMA GEMM's N tile; None: tma_width's choice
     tma_groups: int | None = None  # the TMA GEMM's persistent grid: None, one group an SM;
     # fewer make each group walk more tiles (tests), more than the tiles one tile a group
-    quant_skinny: bool = False  # 2..16 rows times int4 weights on tensor cores: sm_80+
+    quant_skinny: bool = False  # 2..16 rows times int8 / int4 weights on tensor cores: sm_80+
     quant_gemm: str = "off"  # more rows times int8 / int4 weights, W dequantized in registers
     # as the wgmma's A operand (quant_gemm.cu, sm_90a): "auto" (cuda/quant_gemm.py's
     # takes()), "always", "off"
