@@ -10,8 +10,8 @@ from __future__ import annotations
 import struct
 
 from ..gpu.array import SUFFIX, GpuArray, aligned16, cdiv, overlap
-from ..gpu.quant import ACTIVATIONS, group_shift
-from .quant_stream import QuantStreamOps, packed_buffers
+from ..gpu.quant import ACTIVATIONS, group_shift, packed_buffers
+from .quant_stream import QuantStreamOps, decode_inputs
 
 # QDecodeParams (kernels/quant.cuh): k, p, words, groups, rows_per_warp, group_shift,
 # per_group, eps (and the struct's padding)
@@ -62,6 +62,6 @@ class QuantDecodeOps(QuantStreamOps):
         warps = kern.resident_groups(32 * WARPS, shared) * WARPS
         per_warp = step * cdiv(cdiv(p, step), warps)
         self.queue.dispatch(kern, (cdiv(p, per_warp * WARPS), 1, 1), (32 * WARPS, 1, 1),
-                            packed_buffers(x, w, qweight, scales, offsets, out),
+                            packed_buffers(decode_inputs(x, w), qweight, scales, offsets, out),
                             params(per_warp), shared)
         return True

@@ -27,7 +27,7 @@ import struct
 
 from ...errors import DeviceError
 from ..gpu.array import SUFFIX, GpuArray, cdiv
-from ..gpu.quant import QuantOps
+from ..gpu.quant import QuantOps, packed_buffers
 from .memory import address
 from .tensor_map import matrix_map, tiled
 
@@ -173,9 +173,8 @@ class QuantGemmOps(QuantOps):
         partials = self._workspace(grid * accumulators(tk)) if shared_tiles else out.buffer
         params = QUANT_GEMM.pack(m, n, k, 0 if per_row else shift, _PER_ROW if per_row else 0,
                                  chunk, chunks)
-        extra = (offsets if offsets is not None else scales).buffer
         self.queue.dispatch(kern, (grid, 1, 1), (384, 1, 1),
-                            (x.buffer, qweight.buffer, scales.buffer, extra, out.buffer,
+                            (*packed_buffers((x.buffer,), qweight, scales, offsets, out),
                              partials, self._counters(tiles)),
                             params, shared, raw_args=maps)
         return True

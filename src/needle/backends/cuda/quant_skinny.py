@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 
 from ..gpu.array import SUFFIX, GpuArray, aligned16, cdiv
-from ..gpu.quant import QuantOps
+from ..gpu.quant import QuantOps, packed_buffers
 
 # QuantSkinnyParams: m, n, k, words, groups, group, has_offsets
 QUANT_SKINNY = struct.Struct("7q")
@@ -60,17 +60,16 @@ class QuantSkinnyOps(QuantOps):
         kern.reserve_shared(shared)
         params = QUANT_SKINNY.pack(m, n, k, k * bits // 32, groups, group_size,
                                    int(offsets is not None))
-        extra = (offsets if offsets is not None else scales).buffer
         self.queue.dispatch(kern, (cdiv(n, ROWS), 1, 1), (32 * warps, 1, 1),
-                            (x.buffer, qweight.buffer, scales.buffer, extra, out.buffer),
-                            params, shared)
+                            packed_buffers((x.buffer,), qweight, scales, offsets, out), params,
+                            shared)
         return True
 
 
 def _load_width(bits: int, k: int, group_size: int) -> int:
-    """Words a lane of the word form loads at once: the most (4, 2, 1) whose set (4 lanes'
-    loads: 16 x width int8 or 32 x width int4 values) lies in one group and tiles k; 0:
-    none (int8 groups of other than a multiple of 16, int4 of 32)."""
+    """Words a lane of qmm*w* loads at once: the most (4, 2, 1) whose set (4 lanes' loads:
+    16 x width int8 or 32 x width int4 values) lies in one group and tiles k; 0: none (int8
+    groups of other than a multiple of 16, int4 of 32)."""
     for width in (4, 2, 1):
         values = 4 * width * 32 // bits
         if group_size % values == 0 and k % values == 0:

@@ -10,7 +10,7 @@ describes it, docs/cuda_notes.md v49 how it was measured.
 from __future__ import annotations
 
 from ..gpu.array import SUFFIX, GpuArray, cdiv
-from ..gpu.quant import QuantOps
+from ..gpu.quant import QuantOps, packed_buffers
 
 # kernels/quant_stream.cu's qs:: constants: a group's warps, its most stages (a stage is a
 # step of each warp), and the widest x whose chunks a lane holds in registers
@@ -22,14 +22,10 @@ KERNELS = {"rmsnorm_qmv": ("qstream_norm", 2), "rmsnorm_qmv_swiglu": ("qstream_s
            "qmv_add": ("qstream_add", 2)}
 
 
-def packed_buffers(x: GpuArray, w: GpuArray | None, qweight: GpuArray, scales: GpuArray,
-                   offsets: GpuArray | None, out: GpuArray) -> tuple:
-    """The buffers of a decode projection kernel (quant_decode.cu, quant_stream.cu): x (and
-    the norm's weight), the packed matrix, its scales and offsets (scales again where there
-    are none: the kernels without offsets never read it), out."""
-    extra = (offsets if offsets is not None else scales).buffer
-    inputs = (x.buffer,) if w is None else (x.buffer, w.buffer)
-    return inputs + (qweight.buffer, scales.buffer, extra, out.buffer)
+def decode_inputs(x: GpuArray, w: GpuArray | None) -> tuple:
+    """A decode projection kernel's inputs before the packed matrix: x, and the norm's
+    weight where the projection has a norm (quant_decode.cu, quant_stream.cu)."""
+    return (x.buffer,) if w is None else (x.buffer, w.buffer)
 
 
 def stream_shared_bytes(rows: int, dim: int, words: int, groups: int, bits: int,
@@ -78,6 +74,6 @@ class QuantStreamOps(QuantOps):
         if grid > kern.resident_groups(32 * WARPS, shared):
             return False  # a second wave would wait for the first's bytes
         self.queue.dispatch(kern, (grid, 1, 1), (32 * WARPS, 1, 1),
-                            packed_buffers(x, w, qweight, scales, offsets, out),
+                            packed_buffers(decode_inputs(x, w), qweight, scales, offsets, out),
                             params(per_group), shared)
         return True

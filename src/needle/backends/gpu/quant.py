@@ -27,6 +27,16 @@ QMV_MAX_M = 8
 ACTIVATIONS = ("float16", "bfloat16", "float32")
 
 
+def packed_buffers(inputs: tuple, qweight: GpuArray, scales: GpuArray,
+                   offsets: GpuArray | None, out: GpuArray) -> tuple:
+    """The buffers every packed-weight kernel takes (quant.cu, quant_skinny.cu,
+    quant_decode.cu, quant_stream.cu, quant_gemm.cu): ``inputs`` (x, and the decode
+    projections' norm weight), the packed words, the scales, the offsets (the scales again
+    where there are none: the kernels without offsets never read it), out."""
+    extra = (offsets if offsets is not None else scales).buffer
+    return (*inputs, qweight.buffer, scales.buffer, extra, out.buffer)
+
+
 class QuantOps(GpuBase):
     # whether the device's qmv kernels stage x in shared memory (quant.cu does, quant.metal
     # reads x directly); a device backend sets it
@@ -51,8 +61,7 @@ class QuantOps(GpuBase):
         shift = group_shift(groups, group_size // chunk)
         params = QUANT.pack(m, n, k, words, groups, group_size, int(offsets is not None),
                             int(staged), shift)
-        extra = (offsets if offsets is not None else scales).buffer
-        return params, extra, shared
+        return params, shared
 
     def quant_matmul(self, x: GpuArray, qweight: GpuArray, scales: GpuArray,
                      offsets: GpuArray | None, out: GpuArray, m: int, n: int, k: int,
@@ -62,8 +71,8 @@ class QuantOps(GpuBase):
             raise DTypeError(f"quant_matmul needs float16, bfloat16 or float32 x, not {x.dtype}")
         if out.size == 0:
             return
-        params, extra, shared = self._quant_params(qweight, scales, offsets, m, n, k, bits,
-                                                   group_size, "quant_matmul", x)
+        params, shared = self._quant_params(qweight, scales, offsets, m, n, k, bits,
+                                            group_size, "quant_matmul", x)
         if m > 1 and self._quant_skinny_special(x, qweight, scales, offsets, out, m, n, k,
                                                 bits, group_size):
             return
@@ -81,7 +90,7 @@ class QuantOps(GpuBase):
         if shared:
             kern.reserve_shared(shared)
         self.queue.dispatch(kern, (groups, m, 1), (32, warps, 1),
-                            (x.buffer, qweight.buffer, scales.buffer, extra, out.buffer), params,
+                            packed_buffers((x.buffer,), qweight, scales, offsets, out), params,
                             shared)
 
     def dequantize(self, qweight: GpuArray, scales: GpuArray, offsets: GpuArray | None,
@@ -91,10 +100,10 @@ class QuantOps(GpuBase):
             raise DTypeError(f"dequantize writes float16, bfloat16 or float32, not {out.dtype}")
         if out.size == 0:
             return
-        params, extra, _ = self._quant_params(qweight, scales, offsets, n, n, k, bits,
-                                              group_size, "dequantize")
+        params, _ = self._quant_params(qweight, scales, offsets, n, n, k, bits, group_size,
+                                       "dequantize")
         self._launch_1d(f"dequant{bits}_{SUFFIX[out.dtype]}", qweight.size,
-                        (qweight.buffer, scales.buffer, extra, out.buffer), params, "quant")
+                        packed_buffers((), qweight, scales, offsets, out), params, "quant")
 
     # --- the decode step's fused projections ------------------------------------------------
     def quant_rmsnorm_matvec(self, x: GpuArray, w: GpuArray, qweight: GpuArray,

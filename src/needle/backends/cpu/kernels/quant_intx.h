@@ -316,8 +316,7 @@ void rows_int8_vnni(const QuantMatrix& w, int64_t r0, const float* x, const XBlo
     tot8[t] = fold_halves(tot[t]);
     for (int64_t j = 32 * chunks; j < w.k; ++j)  // fewer than 32 values
       tail[t] += x[j] * stored<8>(row[t], j) * s[t][j / w.group];
-    if (rows.b[t] != nullptr)
-      for (int64_t gi = 0; gi < w.groups; ++gi) tail[t] += rows.b[t][gi] * xsum[gi];
+    if (rows.b[t] != nullptr) tail[t] += offset_terms(rows.b[t], s[t], xsum, w.groups);
   }
   row_totals<R>(tot8, tail, y);
 }

@@ -63,12 +63,12 @@ template <class T> __device__ __forceinline__ void byte_pairs(u32 w, u32& p01, u
 
 // LW words of a weight row, streamed
 template <int LW> __device__ __forceinline__ void load_words(const u32* p, u32 (&w)[LW]) {
-  if (LW == 4) {
+  if constexpr (LW == 4) {
     const uint4 r = ld_stream16(p);
-    w[0] = r.x, w[1] = r.y, w[LW > 2 ? 2 : 0] = r.z, w[LW > 3 ? 3 : 0] = r.w;
-  } else if (LW == 2) {
+    w[0] = r.x, w[1] = r.y, w[2] = r.z, w[3] = r.w;
+  } else if constexpr (LW == 2) {
     const uint2 r = ld_stream8(p);
-    w[0] = r.x, w[LW > 1 ? 1 : 0] = r.y;
+    w[0] = r.x, w[1] = r.y;
   } else {
     w[0] = ld_stream4(p);
   }
@@ -76,7 +76,7 @@ template <int LW> __device__ __forceinline__ void load_words(const u32* p, u32 (
 
 // NP pairs of x values (2 NP values) from p, or zeros (a token past m)
 template <int NP> __device__ __forceinline__ void x_pairs(const void* p, bool live, u32 (&v)[NP]) {
-  if (NP >= 4) {
+  if constexpr (NP >= 4) {
 #pragma unroll
     for (int i = 0; i < NP / 4; i++) {
       const uint4 r = live ? __ldg(reinterpret_cast<const uint4*>(p) + i) : make_uint4(0, 0, 0, 0);
@@ -84,7 +84,7 @@ template <int NP> __device__ __forceinline__ void x_pairs(const void* p, bool li
     }
   } else {
     const uint2 r = live ? __ldg(reinterpret_cast<const uint2*>(p)) : make_uint2(0u, 0u);
-    v[0] = r.x, v[NP > 1 ? 1 : 0] = r.y;
+    v[0] = r.x, v[1] = r.y;
   }
 }
 

@@ -106,7 +106,7 @@ __device__ __forceinline__ void qstream(const T* __restrict__ x, const T* __rest
                   bytes, bar);
     }
   }
-  for (int part = 0; !bulk_tables && part < (KIND == 1 ? 2 : 1); part++) {
+  for (u32 part = 0; !bulk_tables && part < parts; part++) {
     const i64 src = (r0 + (part ? p.p : 0)) * groups;
     const int n = R * groups, dst = part * RA * groups;
     for (int i = tid; i < n; i += WARPS * 32) {
